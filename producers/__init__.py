@@ -1,0 +1,1 @@
+"""Broker producers (``SharedStreamProducer`` implementations), one module per broker."""

@@ -1,0 +1,41 @@
+"""sharedstream: one shared broker consumer per stream, fanned out to many triggers.
+
+Public API (names match Apache Airflow 3.3's trigger API, so trigger code
+ports by changing imports only).
+"""
+
+from sharedstream.errors import (
+    AckTimeout,
+    DuplicateSubscription,
+    InvalidStreamKey,
+    PollTerminated,
+    ProducerContractError,
+    SharedStreamError,
+    SubscriberFailure,
+    SubscriberOverflow,
+)
+from sharedstream.events import TriggerEvent
+from sharedstream.manager import SharedStreamManager
+from sharedstream.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from sharedstream.stream import reject_shared_stream_event
+from sharedstream.trigger import BaseEventTrigger, BaseTrigger
+
+__all__ = [
+    "AckTimeout",
+    "AdvanceItem",
+    "AdvanceOutcome",
+    "BaseEventTrigger",
+    "BaseTrigger",
+    "DuplicateSubscription",
+    "InvalidStreamKey",
+    "PollTerminated",
+    "ProducerContractError",
+    "SharedStreamError",
+    "SharedStreamManager",
+    "SharedStreamProducer",
+    "SubscriberFailure",
+    "SubscriberOverflow",
+    "TriggerEvent",
+    "reject_shared_stream_event",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,86 @@
+"""One error hierarchy for sharedstream.
+
+Every error the library raises on purpose derives from :class:`SharedStreamError`.
+Each class is named after what went wrong and says, through ``retryable``,
+whether trying the same thing again can help: a subscriber that was
+force-failed can be restarted and will see the broker redeliver; a trigger
+that returns an unhashable lane will fail the same way every time.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AckTimeout",
+    "DuplicateSubscription",
+    "InvalidStreamKey",
+    "PollTerminated",
+    "ProducerContractError",
+    "SharedStreamError",
+    "SubscriberFailure",
+    "SubscriberOverflow",
+]
+
+
+class SharedStreamError(Exception):
+    """Base class of every error sharedstream raises on purpose.
+
+    ``retryable`` tells a caller whether running the same work again can
+    succeed (for example after the broker redelivers); ``False`` means the
+    cause is in code or configuration and will recur.
+    """
+
+    retryable: bool = False
+
+
+class SubscriberFailure(SharedStreamError):
+    """A single subscriber was force-failed; the rest of its group is untouched.
+
+    Raised from the subscriber's shared-stream iterator. Every event the
+    subscriber still owed is resolved as *failed*, so the broker redelivers
+    it; restarting the trigger is safe.
+    """
+
+    retryable = True
+
+
+class AckTimeout(SubscriberFailure):
+    """The subscriber did not resolve an event within the ack timeout.
+
+    Either its filter was still on the event, or some trigger events it
+    derived from it were never confirmed persisted.
+    """
+
+
+class SubscriberOverflow(SubscriberFailure):
+    """The subscriber's bounded queue was full when a new event was fanned out.
+
+    The filter fell behind the shared poll; rather than block the other
+    subscribers or drop events silently, this subscriber alone is failed.
+    """
+
+
+class PollTerminated(SharedStreamError):
+    """The shared poll returned instead of yielding forever.
+
+    ``open_shared_stream`` / ``open_stream`` must yield for the lifetime of the
+    group or raise; returning would leave subscribers waiting on nothing.
+    """
+
+    retryable = True
+
+
+class ProducerContractError(SharedStreamError):
+    """A trigger or producer broke the shared-stream contract.
+
+    Examples: ``open_stream`` yielded something that is not a
+    ``(raw_event, broker_payload)`` pair, or ``get_advance_lane`` returned an
+    unhashable value. The group is terminated; the bug is in that code.
+    """
+
+
+class DuplicateSubscription(SharedStreamError, RuntimeError):
+    """The same trigger id subscribed twice to a live group."""
+
+
+class InvalidStreamKey(SharedStreamError, ValueError):
+    """A shared-stream key was ``None`` or not hashable."""

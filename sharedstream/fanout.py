@@ -1,0 +1,130 @@
+"""Fan-out: bounded per-subscriber inboxes fed by one broadcast loop.
+
+Invariants:
+
+* Every item broadcast while a subscriber is *live* lands in its inbox in
+  broadcast order, or - if the inbox already holds ``capacity`` items - the
+  subscriber is reported as overflowed and receives nothing more.
+* A terminal error is held in its own slot, never in the inbox, so it
+  reaches the subscriber even when the inbox is full; the inbox is emptied
+  when the error is set, so nothing stale is delivered after it.
+* A subscriber that is parked (waiting on an empty inbox) is woken exactly
+  when an item or an error arrives.
+
+This module holds no resolution bookkeeping and never awaits; the async
+iterators in :mod:`sharedstream.stream` read from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Hashable
+from typing import Any
+
+__all__ = ["FanOut", "Subscriber"]
+
+
+class Subscriber:
+    """One trigger's inbox in a group, plus the fields the async iterator parks on.
+
+    ``waiter`` is the future the iterator awaits while the inbox is empty;
+    ``error`` is the terminal exception the iterator raises once set.
+    """
+
+    __slots__ = ("error", "inbox", "trigger_id", "waiter")
+
+    def __init__(self, trigger_id: Hashable) -> None:
+        self.trigger_id = trigger_id
+        self.inbox: deque[Any] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.error: BaseException | None = None
+
+    def wake(self) -> None:
+        """Release the parked iterator, if any. Safe to call at any time."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def set_error(self, error: BaseException) -> None:
+        """Make ``error`` the next thing the iterator raises; drop undelivered items.
+
+        The first error wins: a subscriber fails for one reason.
+        """
+        if self.error is None:
+            self.error = error
+        self.inbox.clear()
+        self.wake()
+
+
+class FanOut:
+    """The live subscribers of one group and the broadcast loop over them.
+
+    ``capacity`` bounds every inbox. ``crowded`` is set by :meth:`broadcast`
+    when some inbox is at least half full: the poll then yields to the event
+    loop so subscribers can drain before anyone overflows. Subscribers that
+    wait on an empty inbox register in ``parked`` and are woken once per
+    broadcast, so the per-subscriber loop only touches inboxes.
+    """
+
+    __slots__ = ("_high_water", "_inboxes", "capacity", "crowded", "live", "parked")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"subscriber queue capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._high_water = max(1, capacity // 2)
+        self.live: list[Subscriber] = []
+        self._inboxes: list[deque[Any]] = []
+        self.parked: list[Subscriber] = []
+        self.crowded = False
+
+    def broadcast(self, item: Any) -> list[Subscriber] | None:
+        """Append ``item`` to every live inbox; return the subscribers that overflowed.
+
+        Overflowed subscribers did not receive ``item`` and are no longer
+        live; the caller decides how they fail. Returns ``None`` (not an
+        empty list) in the common case, to keep this loop allocation-free.
+        """
+        high_water = self._high_water
+        crowded = False
+        full: list[deque[Any]] | None = None
+        for inbox in self._inboxes:
+            if len(inbox) >= high_water:
+                if len(inbox) >= self.capacity:
+                    if full is None:
+                        full = []
+                    full.append(inbox)
+                    continue
+                crowded = True
+            inbox.append(item)
+        self.crowded = crowded
+        if self.parked:
+            parked, self.parked = self.parked, []
+            for sub in parked:
+                sub.wake()
+        if full is None:
+            return None
+        overflowed = [sub for sub in self.live if any(sub.inbox is inbox for inbox in full)]
+        for sub in overflowed:
+            self.drop(sub)
+        return overflowed
+
+    def add(self, sub: Subscriber) -> None:
+        """Make ``sub`` live: it is in the snapshot of every later broadcast."""
+        self.live.append(sub)
+        self._inboxes.append(sub.inbox)
+
+    def drop(self, sub: Subscriber) -> None:
+        """Stop broadcasting to ``sub``. Idempotent."""
+        if sub in self.live:
+            self.live.remove(sub)
+            self._inboxes.remove(sub.inbox)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Deliver ``error`` to every live subscriber and stop broadcasting to them."""
+        subs, self.live, self._inboxes = self.live, [], []
+        for sub in subs:
+            sub.set_error(error)

@@ -1,0 +1,311 @@
+"""One shared-stream group: a poll, its subscribers, and (ack mode) pump and watchdog.
+
+Lifecycle invariant - a group is reachable from the manager only while its
+poll is alive and accepting subscribers:
+
+* When the poll ends by itself (it raised, or it returned, which is
+  :class:`PollTerminated`), the group is evicted from the manager and every
+  subscriber receives the cause in one synchronous step, before anything
+  else can run; a subscriber arriving afterwards creates a fresh group.
+* When ``advance`` raises, the pump does the same and cancels the poll.
+* When the manager stops a group it evicts it first, then awaits
+  :meth:`StreamGroup.stop`.
+
+Whatever ends the poll, the exit path advances what is already resolved
+(bounded by ``DRAIN_TIMEOUT``; not after an ``advance`` failure), then calls
+``producer.aclose()`` exactly once. Unresolved events are abandoned to
+broker redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+from sharedstream.errors import DuplicateSubscription, PollTerminated, ProducerContractError
+from sharedstream.fanout import FanOut, Subscriber
+from sharedstream.producer import SharedStreamProducer
+from sharedstream.pump import AdvancePump
+from sharedstream.resolution import AckSubscriber, ResolutionBook, overflow_error
+from sharedstream.stream import ack_stream, fast_stream
+from sharedstream.telemetry import instruments
+from sharedstream.timeouts import run_ack_watchdog
+from sharedstream.trigger import BaseEventTrigger, uses_ack_mode
+
+__all__ = ["StreamGroup"]
+
+log = logging.getLogger("sharedstream.stream")
+
+DRAIN_TIMEOUT = 30.0
+"""Seconds a stopping group waits for resolved events to be advanced before giving up."""
+
+YIELD_EVERY = 256
+"""The poll yields to the event loop at least once per this many raw events."""
+
+
+class StreamGroup:
+    """The subscribers of one shared-stream key and the single poll feeding them.
+
+    Built and owned by :class:`~sharedstream.manager.SharedStreamManager`;
+    the poll starts with :meth:`start`. ``on_terminate`` is called
+    synchronously when the group ends by itself, so the manager can evict it.
+    """
+
+    def __init__(
+        self,
+        *,
+        key: Hashable,
+        trigger_class: type[BaseEventTrigger],
+        kwargs: dict[str, Any],
+        max_subscriber_queue: int,
+        ack_timeout: float,
+        cohort_grace_period: float,
+        clock: Callable[[], float],
+        seq_counter: Iterator[int],
+        seq_index: dict[int, AckSubscriber],
+        on_terminate: Callable[[StreamGroup], None],
+    ) -> None:
+        self.key = key
+        self.trigger_class = trigger_class
+        self.kwargs = kwargs
+        self.ack_mode = uses_ack_mode(trigger_class)
+        self._grace = cohort_grace_period
+        self._clock = clock
+        self._on_terminate = on_terminate
+        self.fanout = FanOut(max_subscriber_queue)
+        self.book: ResolutionBook | None = None
+        if self.ack_mode:
+            self.book = ResolutionBook(
+                key=key,
+                fanout=self.fanout,
+                ack_timeout=ack_timeout,
+                seq_counter=seq_counter,
+                seq_index=seq_index,
+            )
+        self._fast_subscribers: dict[Hashable, Subscriber] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._terminated = False
+
+    # -- membership (called by the manager, synchronously) -----------------------
+
+    def start(self) -> None:
+        """Start the poll task. Called exactly once, from inside the event loop."""
+        if self._task is not None:
+            raise RuntimeError(f"shared stream group {self.key!r} already started")
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"sharedstream-poll[{self.key!r}]"
+        )
+
+    def subscribe(self, trigger_id: Hashable) -> AsyncIterator[Any]:
+        """Add a subscriber; it is in the snapshot of every event broadcast from now on."""
+        if trigger_id in self._fast_subscribers or (
+            self.book is not None and trigger_id in self.book.subscribers
+        ):
+            raise DuplicateSubscription(
+                f"trigger {trigger_id!r} is already subscribed to shared stream {self.key!r}; "
+                "unsubscribe it first"
+            )
+        if self.book is not None:
+            return ack_stream(self.book, self.book.add_subscriber(trigger_id))
+        sub = Subscriber(trigger_id)
+        self._fast_subscribers[trigger_id] = sub
+        self.fanout.add(sub)
+        return fast_stream(sub, self.fanout)
+
+    def unsubscribe(self, trigger_id: Hashable) -> None:
+        """Remove a subscriber; see :meth:`ResolutionBook.remove_subscriber` for ack mode."""
+        if self.book is not None:
+            self.book.remove_subscriber(trigger_id)
+            return
+        sub = self._fast_subscribers.pop(trigger_id, None)
+        if sub is not None:
+            self.fanout.drop(sub)
+
+    def is_empty(self) -> bool:
+        """Whether no subscriber is registered any more."""
+        if self.book is not None:
+            return not self.book.subscribers
+        return not self._fast_subscribers
+
+    def bind(self, trigger_id: Hashable) -> int | None:
+        """Bind an event the subscriber just emitted; ``None`` on the fast path or if no window."""
+        book = self.book
+        if book is None:
+            return None
+        sub = book.subscribers.get(trigger_id)
+        if sub is None:
+            return None
+        return book.bind(sub)
+
+    # -- ending ----------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Cancel the poll and wait until it advanced what was resolved and closed the producer.
+
+        The caller must have evicted the group already. Idempotent.
+        """
+        task = self._task
+        if task is None or task.done():
+            return
+        task.cancel()
+        await asyncio.wait([task])
+
+    def _terminate(self, error: BaseException) -> None:
+        """Evict the group and hand ``error`` to every subscriber. Synchronous; idempotent."""
+        if self._terminated:
+            return
+        self._terminated = True
+        self._on_terminate(self)
+        if self.book is not None:
+            self.book.terminate(error)
+        else:
+            self.fanout.fail_all(error)
+
+    def _fail_from_pump(self, error: BaseException) -> None:
+        self._terminate(error)
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- the poll ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        terminal: BaseException | None = None
+        async with AsyncExitStack() as exits:
+            try:
+                if self._grace > 0:
+                    await asyncio.sleep(self._grace)
+                if self.book is not None:
+                    await self._poll_ack(self.book, exits)
+                else:
+                    await self._poll_fast(exits)
+                terminal = PollTerminated(
+                    f"the poll of shared stream {self.key!r} returned; open_shared_stream / "
+                    "open_stream must yield for the lifetime of the group or raise"
+                )
+            except asyncio.CancelledError:
+                raise  # stop() or the pump ended us; whoever did has already evicted
+            except Exception as exc:
+                # Any poll error ends the group; subscribers get the cause and
+                # the broker redelivers what was not advanced.
+                terminal = exc
+                log.exception("the poll of shared stream %r failed", self.key)
+            finally:
+                if terminal is not None:
+                    self._terminate(terminal)
+            # Leaving the exit stack (only now: eviction above must not wait on
+            # anything) closes the source, stops the watchdog, drains the
+            # pump and closes the producer, in that order.
+
+    async def _poll_fast(self, exits: AsyncExitStack) -> None:
+        source = self.trigger_class.open_shared_stream(self.kwargs)
+        exits.push_async_callback(self._close_source, source)
+        broadcast = self.fanout.broadcast
+        count = 0
+        async for raw in source:
+            overflowed = broadcast(raw)
+            if overflowed is not None:
+                for sub in overflowed:
+                    self._report_overflow(sub)
+                    sub.set_error(overflow_error(self.key, sub.trigger_id, self.fanout.capacity))
+            count += 1
+            if self.fanout.crowded or not count % YIELD_EVERY:
+                await asyncio.sleep(0)
+
+    async def _poll_ack(self, book: ResolutionBook, exits: AsyncExitStack) -> None:
+        producer = self.trigger_class.create_shared_stream_producer(self.kwargs)
+        if not isinstance(producer, SharedStreamProducer):
+            raise ProducerContractError(
+                f"{self.trigger_class.__qualname__}.create_shared_stream_producer returned "
+                f"{type(producer).__qualname__}, not a SharedStreamProducer"
+            )
+        exits.push_async_callback(self._close_producer, producer)
+        pump = AdvancePump(book, producer, on_failure=self._fail_from_pump)
+        book.on_ready = pump.notify
+        pump_task = asyncio.get_running_loop().create_task(
+            pump.run(), name=f"sharedstream-advance[{self.key!r}]"
+        )
+        exits.push_async_callback(_drain_pump, pump, pump_task, self.key)
+        watchdog = asyncio.get_running_loop().create_task(
+            run_ack_watchdog(book, self._clock), name=f"sharedstream-ack-watchdog[{self.key!r}]"
+        )
+        exits.push_async_callback(_cancel_and_wait, watchdog)
+
+        source = producer.open_stream()
+        exits.push_async_callback(self._close_source, source)
+        get_lane = producer.get_advance_lane
+        clock = self._clock
+        fanout = self.fanout
+        count = 0
+        async for item in source:
+            try:
+                raw, payload = item
+            except (TypeError, ValueError) as exc:
+                raise ProducerContractError(
+                    f"{type(producer).__qualname__}.open_stream must yield "
+                    f"(raw_event, broker_payload) pairs, got {type(item).__qualname__}"
+                ) from exc
+            lane = get_lane(payload)
+            try:
+                overflowed = book.broadcast(raw, payload, lane, clock())
+            except TypeError as exc:
+                raise ProducerContractError(
+                    f"{type(producer).__qualname__}.get_advance_lane returned an "
+                    f"unhashable {type(lane).__qualname__}"
+                ) from exc
+            if overflowed is not None:
+                for sub in overflowed:
+                    self._report_overflow(sub)
+            count += 1
+            if fanout.crowded or not count % YIELD_EVERY:
+                await asyncio.sleep(0)
+
+    def _report_overflow(self, sub: Subscriber) -> None:
+        instruments().forced_failures.add(1, {"stream": repr(self.key), "reason": "overflow"})
+        log.warning(
+            "trigger %r fell behind shared stream %r (queue of %d full); failing it alone",
+            sub.trigger_id,
+            self.key,
+            self.fanout.capacity,
+        )
+
+    async def _close_source(self, source: AsyncIterator[Any]) -> None:
+        """Close an async-generator source now, in this task, so its ``finally`` runs here."""
+        aclose = getattr(source, "aclose", None)
+        if aclose is None:
+            return
+        try:
+            await aclose()
+        except Exception:
+            # The poll is over; a failing cleanup in the source must not stop
+            # the drain and producer close that follow.
+            log.exception("closing the source of shared stream %r failed", self.key)
+
+    async def _close_producer(self, producer: SharedStreamProducer) -> None:
+        try:
+            await producer.aclose()
+        except Exception:
+            # Best-effort by contract: the poll is over either way, and what
+            # was not advanced will be redelivered.
+            log.exception("producer.aclose() of shared stream %r failed", self.key)
+
+
+async def _cancel_and_wait(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.wait([task])
+
+
+async def _drain_pump(pump: AdvancePump, task: asyncio.Task[None], key: Hashable) -> None:
+    """Let the pump advance what is resolved, for at most ``DRAIN_TIMEOUT`` seconds."""
+    pump.request_stop()
+    done, _ = await asyncio.wait([task], timeout=DRAIN_TIMEOUT)
+    if not done:
+        log.error(
+            "shared stream %r: advancing resolved events took over %ss at stop; abandoning "
+            "them to broker redelivery",
+            key,
+            DRAIN_TIMEOUT,
+        )
+        await _cancel_and_wait(task)

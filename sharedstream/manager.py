@@ -1,0 +1,165 @@
+"""``SharedStreamManager``: the runner-facing entry point of the engine.
+
+The manager maps each shared-stream key to one live :class:`StreamGroup`
+and routes the runner's calls to it. It is single-event-loop and not
+thread-safe; the trigger runner is its only owner. Group membership changes
+are synchronous, so a key is in the map only while its poll is alive (see
+:mod:`sharedstream.group`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from typing import Any
+
+from sharedstream.errors import InvalidStreamKey
+from sharedstream.group import StreamGroup
+from sharedstream.resolution import AckSubscriber
+from sharedstream.trigger import BaseEventTrigger
+
+__all__ = ["SharedStreamManager"]
+
+log = logging.getLogger("sharedstream.stream")
+
+
+class SharedStreamManager:
+    """One group per shared-stream key; every raw event to every live subscriber.
+
+    :param max_subscriber_queue: raw events a subscriber may have pending
+        before it is force-failed with :class:`SubscriberOverflow`.
+    :param ack_timeout: seconds after fan-out within which every subscriber
+        must resolve an event (ack mode) or fail with :class:`AckTimeout`.
+    :param cohort_grace_period: seconds a new group waits before polling, so
+        triggers re-subscribing together all make the first snapshot.
+    :param clock: monotonic clock in seconds for ack deadlines (injectable
+        for tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_subscriber_queue: int = 1024,
+        ack_timeout: float = 300.0,
+        cohort_grace_period: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_subscriber_queue < 1:
+            raise ValueError(f"max_subscriber_queue must be >= 1, got {max_subscriber_queue}")
+        if not ack_timeout > 0:
+            raise ValueError(f"ack_timeout must be > 0 seconds, got {ack_timeout}")
+        if not cohort_grace_period >= 0:
+            raise ValueError(f"cohort_grace_period must be >= 0 seconds, got {cohort_grace_period}")
+        self._max_subscriber_queue = max_subscriber_queue
+        self._ack_timeout = ack_timeout
+        self._cohort_grace_period = cohort_grace_period
+        self._clock = clock
+        self._groups: dict[Hashable, StreamGroup] = {}
+        # Persist-confirmation seqs are unique per manager, shared by all groups.
+        self._seq_counter = itertools.count()
+        self._seq_index: dict[int, AckSubscriber] = {}
+
+    def subscribe(
+        self, *, trigger_id: Hashable, trigger: BaseEventTrigger, key: Hashable
+    ) -> AsyncIterator[Any]:
+        """Subscribe ``trigger`` to the group of ``key`` and return its raw-event iterator.
+
+        Synchronous; call it from inside the running event loop. The first
+        subscriber of a key creates the group from its own class and
+        serialized kwargs, and starts the poll. The subscriber is in the
+        snapshot of every event broadcast after this call. Feed the returned
+        iterator to ``trigger.filter_shared_stream``.
+
+        Raises :class:`InvalidStreamKey` (a ``ValueError``) for a ``None`` or
+        unhashable key and :class:`DuplicateSubscription` (a
+        ``RuntimeError``) if ``trigger_id`` is already subscribed to the live
+        group of ``key``.
+        """
+        if key is None:
+            raise InvalidStreamKey("a shared stream key must not be None")
+        try:
+            group = self._groups.get(key)
+        except TypeError as exc:
+            raise InvalidStreamKey(
+                f"a shared stream key must be hashable, got {type(key).__qualname__}"
+            ) from exc
+        if group is None:
+            _, kwargs = trigger.serialize()
+            group = StreamGroup(
+                key=key,
+                trigger_class=type(trigger),
+                kwargs=kwargs,
+                max_subscriber_queue=self._max_subscriber_queue,
+                ack_timeout=self._ack_timeout,
+                cohort_grace_period=self._cohort_grace_period,
+                clock=self._clock,
+                seq_counter=self._seq_counter,
+                seq_index=self._seq_index,
+                on_terminate=self._evict,
+            )
+            stream = group.subscribe(trigger_id)
+            self._groups[key] = group
+            group.start()
+            log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
+            return stream
+        return group.subscribe(trigger_id)
+
+    def bind_pending_event(self, *, trigger_id: Hashable, key: Hashable) -> int | None:
+        """Bind the trigger event the subscriber just emitted to the raw event it is on.
+
+        Call it right after taking the event from the filter, before any
+        ``await``. Returns the seq to pass to :meth:`confirm_persisted` once
+        the event is durably stored, or ``None`` when nothing waits on it
+        (fast path, group gone, no open window). O(1).
+        """
+        group = self._groups.get(key)
+        if group is None:
+            return None
+        return group.bind(trigger_id)
+
+    def confirm_persisted(self, seqs: Iterable[int]) -> None:
+        """Record that the trigger events behind ``seqs`` are durably stored.
+
+        Unknown seqs (already confirmed, or whose subscriber failed or whose
+        group ended) are ignored. O(len(seqs)).
+        """
+        index = self._seq_index
+        for seq in seqs:
+            sub = index.pop(seq, None)
+            if sub is not None:
+                sub.book.confirm(sub, seq)
+
+    def has_group(self, key: Hashable) -> bool:
+        """Whether a live group exists for ``key``."""
+        return key in self._groups
+
+    async def unsubscribe(self, trigger_id: Hashable, key: Hashable) -> None:
+        """Remove a subscriber; the last one out stops the group.
+
+        Events the subscriber had not pulled resolve as failed; the one it was
+        on resolves as acked once its derived events are confirmed. When the
+        group empties it is evicted first (a new subscriber gets a fresh
+        group) and then stopped: resolved events are advanced and the producer
+        closed before this returns.
+        """
+        group = self._groups.get(key)
+        if group is None:
+            return
+        group.unsubscribe(trigger_id)
+        if group.is_empty():
+            del self._groups[key]
+            await group.stop()
+            log.debug("shared stream %r stopped: last subscriber left", key)
+
+    async def stop_all(self) -> None:
+        """Stop every group (triggerer shutdown): evict all, then stop each in turn."""
+        groups = list(self._groups.values())
+        self._groups.clear()
+        for group in groups:
+            await group.stop()
+
+    def _evict(self, group: StreamGroup) -> None:
+        if self._groups.get(group.key) is group:
+            del self._groups[group.key]

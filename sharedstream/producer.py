@@ -1,0 +1,117 @@
+"""The producer contract: the broker-side half of an ack-mode shared stream.
+
+A :class:`SharedStreamProducer` owns one broker connection for the lifetime
+of one poll. The engine drives it through four calls, always from one event
+loop and never concurrently with itself:
+
+1. ``open_stream()`` - once; an async generator of ``(raw_event,
+   broker_payload)`` pairs that yields forever or raises.
+2. ``get_advance_lane(broker_payload)`` - once per pair, synchronously,
+   before the raw event is fanned out.
+3. ``advance(batch)`` - whenever a lane has a contiguous prefix of fully
+   resolved events; at most one call is awaited at any moment.
+4. ``aclose()`` - exactly once when the poll ends, best-effort.
+
+Ack decisions are data: each batch item carries an :class:`AdvanceOutcome`
+with the counts of how the subscribers resolved the event, and the
+producer alone decides what that means for its broker (commit, delete,
+dead-letter, nack, ...).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import Any, NamedTuple
+
+__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer"]
+
+
+class AdvanceOutcome(NamedTuple):
+    """How the subscribers that were online at fan-out resolved one event.
+
+    Each such subscriber is counted in exactly one field, so the three sum
+    to the size of the fan-out snapshot:
+
+    * ``acked`` - moved past the event, and every trigger event it derived
+      from it was confirmed persisted;
+    * ``failed`` - force-failed (queue overflow, ack timeout) or left before
+      pulling the event: redelivery is the usual answer;
+    * ``rejected`` - refused it with :func:`reject_shared_stream_event`:
+      dead-letter or discard it, do not redeliver.
+    """
+
+    acked: int
+    failed: int
+    rejected: int = 0
+
+    @property
+    def is_clean(self) -> bool:
+        """True when at least one subscriber acked and none failed or rejected.
+
+        An event fanned out to nobody (all counts zero) is not clean: nothing
+        accepted it.
+        """
+        return self.acked > 0 and self.failed == 0 and self.rejected == 0
+
+
+class AdvanceItem(NamedTuple):
+    """One fully resolved event in a batch handed to :meth:`SharedStreamProducer.advance`."""
+
+    broker_payload: Any
+    """What ``open_stream`` yielded beside the raw event (offset, receipt handle, ...)."""
+
+    outcome: AdvanceOutcome
+    """How the subscribers resolved the event."""
+
+
+class SharedStreamProducer(abc.ABC):
+    """Broker-side half of an ack-mode shared stream.
+
+    Built by ``BaseEventTrigger.create_shared_stream_producer(kwargs)`` once
+    per group. The constructor must not connect: connect inside
+    :meth:`open_stream`.
+    """
+
+    @abc.abstractmethod
+    def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Connect and yield ``(raw_event, broker_payload)`` pairs, forever.
+
+        Implemented as an async generator. Called once per poll. Returning is
+        an error (subscribers see :class:`PollTerminated`); raising ends the
+        group, and every subscriber sees the exception. Cancellation (the
+        group stopping) arrives as ``CancelledError`` at an ``await`` inside it.
+        """
+
+    @abc.abstractmethod
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Advance the broker for one lane's batch of fully resolved events.
+
+        ``batch`` is never empty; its items are in fan-out order and are the
+        lane's contiguous resolved prefix. Within a lane the next batch comes
+        only after this call returned; across all lanes at most one call is
+        awaited at any moment. Committing the last item of a batch therefore
+        never skips an unresolved event of that lane.
+
+        If this raises, the whole group is terminated: every subscriber gets
+        the exception, nothing further is advanced, and the broker redelivers
+        whatever was not advanced. Handle per-message broker errors here and
+        raise only when the connection itself is broken.
+        """
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """Return the lane of one event; events of different lanes never wait for each other.
+
+        Called synchronously once per event before fan-out, so it must be
+        O(1) and must not block. The default puts every event in one lane
+        (a single global order). Raising, or returning an unhashable value,
+        fails the poll.
+        """
+        return None
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Release broker resources. Called exactly once when the poll ends.
+
+        Best-effort: an exception is logged and not propagated. Resolved
+        events were already advanced before this call.
+        """

@@ -1,0 +1,440 @@
+"""Resolution bookkeeping for ack mode: a pure, synchronous state machine.
+
+Nothing here awaits or needs an event loop; the async pieces (the stream
+iterators, the advance pump, the ack watchdog) call into it. Terms:
+
+* **record** - one raw event after fan-out (:class:`EventRecord`). Its
+  *snapshot* is the set of subscribers live at broadcast; ``pending`` counts
+  those that have not resolved it yet.
+* **window** - a subscriber's *binding window* is open on the record it
+  pulled last, until it pulls the next one or leaves. Trigger events the
+  subscriber emits meanwhile are *bound* to that record through a seq.
+* **resolution** - each snapshot subscriber resolves each record exactly
+  once: *acked* (window closed and every bound seq confirmed persisted),
+  *rejected* (it called reject while the window was open) or *failed*
+  (force-failed, or left before pulling it).
+* **lane** - records with equal lanes are advanced in fan-out order; a lane
+  is *ready* when its oldest record is fully resolved.
+
+Invariants (checked by ``tests/unit/test_resolution_properties.py``):
+
+1. ``acked + failed + rejected + pending`` equals the snapshot size, always.
+2. A record leaves its lane only through :meth:`ResolutionBook.take_batch`,
+   only when ``pending == 0``, and only together with every older record of
+   its lane - so nothing is advanced twice or out of lane order.
+3. A record is never resolved as acked while a seq bound to it by that
+   subscriber is unconfirmed.
+4. A failed or departed subscriber owes nothing: its inbox is empty and
+   its seqs are gone from the index, so late confirmations are ignored.
+
+Cost model: a subscriber pulling a record is O(1); failing or removing a
+subscriber is O(what it still owes); the ack watchdog looks only at the
+oldest unresolved record (the fan-out timeline is in creation order).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any
+
+from sharedstream.errors import AckTimeout, SubscriberOverflow
+from sharedstream.fanout import FanOut, Subscriber
+from sharedstream.producer import AdvanceItem, AdvanceOutcome
+
+__all__ = ["AckSubscriber", "EventRecord", "ResolutionBook", "overflow_error"]
+
+
+class EventRecord:
+    """One fanned-out raw event and how far its snapshot got in resolving it."""
+
+    __slots__ = (
+        "acked",
+        "broker_payload",
+        "created_at",
+        "failed",
+        "lane",
+        "lane_queue",
+        "pending",
+        "position",
+        "raw",
+        "rejected",
+    )
+
+    def __init__(  # noqa: PLR0917 - built once per raw event on the hot path
+        self,
+        position: int,
+        raw: Any,
+        broker_payload: Any,
+        lane: Hashable,
+        lane_queue: deque[EventRecord],
+        created_at: float,
+    ) -> None:
+        self.position = position
+        self.raw = raw
+        self.broker_payload = broker_payload
+        self.lane = lane
+        self.lane_queue = lane_queue
+        self.created_at = created_at
+        self.pending = 0
+        self.acked = 0
+        self.failed = 0
+        self.rejected = 0
+
+    def outcome(self) -> AdvanceOutcome:
+        """The resolution counts handed to the producer."""
+        return AdvanceOutcome(self.acked, self.failed, self.rejected)
+
+    def __repr__(self) -> str:
+        return (
+            f"EventRecord(#{self.position}, lane={self.lane!r}, pending={self.pending}, "
+            f"acked={self.acked}, failed={self.failed}, rejected={self.rejected})"
+        )
+
+
+class AckSubscriber(Subscriber):
+    """A subscriber in ack mode: its inbox holds records, plus its window ledger.
+
+    ``current`` is the record whose window is open (``None`` when none is);
+    ``window_seqs`` counts seqs bound to it and not yet confirmed; ``owed``
+    maps records it moved past to their unconfirmed seq counts; ``seqs`` maps
+    each unconfirmed seq to its record; ``book`` is the ledger it belongs to.
+    """
+
+    __slots__ = ("book", "current", "departed", "owed", "seqs", "window_seqs")
+
+    def __init__(self, trigger_id: Hashable, book: ResolutionBook) -> None:
+        super().__init__(trigger_id)
+        self.book = book
+        self.inbox: deque[EventRecord]  # narrowed: an ack inbox holds records only
+        self.current: EventRecord | None = None
+        self.window_seqs = 0
+        self.owed: dict[EventRecord, int] = {}
+        self.seqs: dict[int, EventRecord] = {}
+        self.departed = False
+
+    def owes(self, record: EventRecord) -> bool:
+        """Whether ``record`` is still pending for this subscriber."""
+        if record is self.current or record in self.owed:
+            return True
+        inbox = self.inbox
+        return bool(inbox) and inbox[0].position <= record.position
+
+
+class ResolutionBook:
+    """Ack-mode bookkeeping of one group: records, subscriber ledgers, lanes, seqs.
+
+    ``seq_index`` maps every unconfirmed seq to its subscriber; it is shared
+    by all groups of a manager (seqs are unique per manager) and this book
+    adds and removes only its own subscribers' seqs. ``on_ready`` is called
+    (synchronously) whenever some lane becomes ready.
+    """
+
+    def __init__(
+        self,
+        *,
+        key: Hashable,
+        fanout: FanOut,
+        ack_timeout: float,
+        seq_counter: Iterator[int] | None = None,
+        seq_index: dict[int, AckSubscriber] | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        self.key = key
+        self.fanout = fanout
+        self.ack_timeout = ack_timeout
+        self.seq_counter = seq_counter if seq_counter is not None else itertools.count()
+        self.seq_index: dict[int, AckSubscriber] = seq_index if seq_index is not None else {}
+        self.on_ready: Callable[[], None] = on_ready or _nothing
+        self.subscribers: dict[Hashable, AckSubscriber] = {}
+        self.lanes: dict[Hashable, deque[EventRecord]] = {}
+        self.ready: dict[Hashable, None] = {}  # insertion-ordered set of ready lanes
+        self._timeline: deque[EventRecord] = deque()
+        self._departed: set[AckSubscriber] = set()
+        self._positions = itertools.count()
+
+    # -- membership ---------------------------------------------------------
+
+    def add_subscriber(self, trigger_id: Hashable) -> AckSubscriber:
+        """Register a subscriber; it is in the snapshot of every later broadcast."""
+        sub = AckSubscriber(trigger_id, self)
+        self.subscribers[trigger_id] = sub
+        self.fanout.add(sub)
+        return sub
+
+    def remove_subscriber(self, trigger_id: Hashable) -> None:
+        """The subscriber left (unsubscribe).
+
+        Records still in its inbox were never pulled: they resolve as failed.
+        Its open window closes as if it had moved past (acked once the seqs
+        bound to it are confirmed). Records waiting on confirmations keep
+        waiting; the ack timeout still bounds them.
+        """
+        sub = self.subscribers.pop(trigger_id, None)
+        if sub is None:
+            return
+        self.fanout.drop(sub)
+        sub.departed = True
+        if sub.error is None:
+            for record in sub.inbox:
+                self._resolve_failed(record)
+            sub.inbox.clear()
+            self.next_record(sub)  # with an empty inbox this only closes the window
+        if sub.owed:
+            self._departed.add(sub)
+
+    # -- fan-out ------------------------------------------------------------
+
+    def broadcast(
+        self, raw: Any, broker_payload: Any, lane: Hashable, now: float
+    ) -> list[AckSubscriber] | None:
+        """Create the record of one raw event and deliver it to every live subscriber.
+
+        The snapshot is the live set at this moment. A subscriber whose inbox
+        is full is force-failed with :class:`SubscriberOverflow` (this record
+        counts as failed for it); those subscribers are returned, ``None``
+        when there are none. Raises ``TypeError`` before changing anything if
+        ``lane`` is unhashable.
+        """
+        lane_queue = self.lanes.get(lane)
+        if lane_queue is None:
+            lane_queue = self.lanes[lane] = deque()
+        record = EventRecord(next(self._positions), raw, broker_payload, lane, lane_queue, now)
+        lane_queue.append(record)
+        fanout = self.fanout
+        record.pending = len(fanout.live)
+        if not record.pending:
+            self._on_resolved(record)
+            return None
+        self._timeline.append(record)
+        overflowed: list[AckSubscriber] | None = fanout.broadcast(record)  # type: ignore[assignment]
+        if overflowed is not None:
+            for sub in overflowed:
+                self._resolve_failed(record)
+                self.fail(sub, overflow_error(self.key, sub.trigger_id, fanout.capacity))
+        return overflowed
+
+    # -- subscriber progress ---------------------------------------------------
+
+    def next_record(self, sub: AckSubscriber) -> EventRecord | None:
+        """The subscriber pulls: close its open window, then open one on its next record.
+
+        Returns ``None`` when its inbox is empty (the window is closed
+        anyway: pulling is what moves a subscriber past an event).
+        """
+        current = sub.current
+        if current is not None:
+            sub.current = None
+            if sub.window_seqs:
+                sub.owed[current] = sub.window_seqs
+                sub.window_seqs = 0
+            else:
+                current.acked += 1
+                current.pending -= 1
+                if not current.pending:
+                    self._on_resolved(current)
+        inbox = sub.inbox
+        if inbox:
+            record = sub.current = inbox.popleft()
+            return record
+        return None
+
+    def bind(self, sub: AckSubscriber) -> int | None:
+        """Bind one trigger event the subscriber just emitted to its open window.
+
+        Returns the seq to confirm once the event is stored, or ``None`` when
+        there is no open window (nothing to gate).
+        """
+        record = sub.current
+        if record is None:
+            return None
+        seq = next(self.seq_counter)
+        sub.window_seqs += 1
+        sub.seqs[seq] = record
+        self.seq_index[seq] = sub
+        return seq
+
+    def confirm(self, sub: AckSubscriber, seq: int) -> None:
+        """Record that the event bound under ``seq`` is stored. Unknown seqs are ignored."""
+        record = sub.seqs.pop(seq, None)
+        if record is None:
+            return
+        if record is sub.current:
+            sub.window_seqs -= 1
+            return
+        left = sub.owed[record] - 1
+        if left:
+            sub.owed[record] = left
+            return
+        del sub.owed[record]
+        record.acked += 1
+        record.pending -= 1
+        if not record.pending:
+            self._on_resolved(record)
+        if sub.departed and not sub.owed:
+            self._departed.discard(sub)
+
+    def reject(self, sub: AckSubscriber) -> bool:
+        """Resolve the subscriber's open-window record as rejected, at once.
+
+        Seqs already bound to the record are dropped (there is nothing left to
+        gate). Returns ``False`` when no window is open, so the caller can
+        warn.
+        """
+        record = sub.current
+        if record is None:
+            return False
+        sub.current = None
+        if sub.window_seqs:
+            self._forget_seqs(sub, record)
+            sub.window_seqs = 0
+        record.rejected += 1
+        record.pending -= 1
+        if not record.pending:
+            self._on_resolved(record)
+        return True
+
+    def fail(self, sub: AckSubscriber, error: BaseException) -> None:
+        """Force-fail one subscriber: every record it owes resolves as failed.
+
+        It leaves the live set (excluded from later snapshots) and ``error``
+        becomes the next thing its iterator raises. Idempotent.
+        """
+        if sub.error is not None:
+            return
+        self.fanout.drop(sub)
+        for record in sub.inbox:
+            self._resolve_failed(record)
+        current = sub.current
+        if current is not None:
+            sub.current = None
+            sub.window_seqs = 0
+            self._resolve_failed(current)
+        for record in sub.owed:
+            self._resolve_failed(record)
+        sub.owed.clear()
+        self._forget_seqs(sub, None)
+        self._departed.discard(sub)
+        sub.set_error(error)
+
+    # -- ack timeout -----------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """When the oldest unresolved record times out, or ``None`` if none is outstanding."""
+        timeline = self._timeline
+        while timeline and not timeline[0].pending:
+            timeline.popleft()
+        if not timeline:
+            return None
+        return timeline[0].created_at + self.ack_timeout
+
+    def expire(self, now: float) -> list[tuple[AckSubscriber, EventRecord]]:
+        """Force-fail every subscriber still owing a record created ``ack_timeout`` ago or more.
+
+        The boundary is inclusive. Returns the ``(subscriber, record)`` pairs
+        that timed out, for logging. Looks only at the oldest records.
+        """
+        expired: list[tuple[AckSubscriber, EventRecord]] = []
+        timeline = self._timeline
+        while True:
+            deadline = self.next_deadline()
+            if deadline is None or deadline > now:
+                return expired
+            record = timeline[0]
+            candidates = itertools.chain(list(self.subscribers.values()), list(self._departed))
+            for sub in candidates:
+                if sub.error is None and sub.owes(record):
+                    expired.append((sub, record))
+                    self.fail(
+                        sub,
+                        AckTimeout(
+                            f"shared stream {self.key!r}: trigger {sub.trigger_id!r} did not "
+                            f"resolve event #{record.position} within {self.ack_timeout}s "
+                            "(its filter was still on the event, or trigger events it "
+                            "derived were not confirmed persisted)"
+                        ),
+                    )
+            if record.pending:  # pragma: no cover - would be a bookkeeping bug
+                raise AssertionError(f"{record!r} still pending after its subscribers timed out")
+
+    # -- advancing -------------------------------------------------------------
+
+    def take_batch(self, lane: Hashable) -> list[AdvanceItem]:
+        """Remove and return ``lane``'s contiguous prefix of fully resolved records.
+
+        The lane stops being ready; an emptied lane is forgotten.
+        """
+        self.ready.pop(lane, None)
+        lane_queue = self.lanes.get(lane)
+        batch: list[AdvanceItem] = []
+        if lane_queue is None:
+            return batch
+        while lane_queue and not lane_queue[0].pending:
+            record = lane_queue.popleft()
+            batch.append(AdvanceItem(record.broker_payload, record.outcome()))
+        if not lane_queue:
+            del self.lanes[lane]
+        self.next_deadline()  # trims resolved records off the timeline
+        return batch
+
+    def outstanding(self) -> int:
+        """How many records were fanned out and not yet taken for advancing."""
+        return sum(len(q) for q in self.lanes.values())
+
+    # -- whole-group teardown --------------------------------------------------
+
+    def terminate(self, error: BaseException) -> None:
+        """The group is ending: every subscriber gets ``error``; nothing more resolves.
+
+        Unresolved records are abandoned to broker redelivery; already ready
+        lanes can still be taken. Seqs are forgotten so the shared index does
+        not keep them.
+        """
+        for sub in itertools.chain(self.subscribers.values(), self._departed):
+            self._forget_seqs(sub, None)
+            sub.owed.clear()
+            sub.current = None
+            sub.window_seqs = 0
+            sub.set_error(error)
+        self.fanout.fail_all(error)
+        self._departed.clear()
+        self._timeline.clear()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _resolve_failed(self, record: EventRecord) -> None:
+        record.failed += 1
+        record.pending -= 1
+        if not record.pending:
+            self._on_resolved(record)
+
+    def _on_resolved(self, record: EventRecord) -> None:
+        if record.lane_queue[0] is record:
+            self.ready[record.lane] = None
+            self.on_ready()
+
+    def _forget_seqs(self, sub: AckSubscriber, record: EventRecord | None) -> None:
+        """Drop ``sub``'s unconfirmed seqs (only those bound to ``record`` unless ``None``)."""
+        if not sub.seqs:
+            return
+        doomed: Iterable[int] = (
+            list(sub.seqs)
+            if record is None
+            else [seq for seq, bound in sub.seqs.items() if bound is record]
+        )
+        for seq in doomed:
+            del sub.seqs[seq]
+            self.seq_index.pop(seq, None)
+
+
+def overflow_error(key: Hashable, trigger_id: Hashable, capacity: int) -> SubscriberOverflow:
+    """The error a subscriber gets when its inbox was full at fan-out."""
+    return SubscriberOverflow(
+        f"shared stream {key!r}: trigger {trigger_id!r} fell behind; its queue already "
+        f"held {capacity} unprocessed events (shared_stream_subscriber_queue_size)"
+    )
+
+
+def _nothing() -> None:
+    """Default ``on_ready``: nobody to wake."""

@@ -1,0 +1,105 @@
+"""The iterators a subscriber's ``filter_shared_stream`` consumes, and rejects.
+
+Both modes hand the filter the same shape: an async iterator of raw events
+that raises the subscriber's terminal error (overflow, ack timeout, the
+poll's failure) once one is set. In ack mode, pulling the next raw event is
+what moves the subscriber past the previous one (see
+:mod:`sharedstream.resolution`).
+
+:func:`reject_shared_stream_event` finds the subscriber through a context
+variable that the ack iterator sets in the task consuming it, so a reject
+works from anywhere in the filter's task and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from typing import Any
+
+from sharedstream.fanout import FanOut, Subscriber
+from sharedstream.resolution import AckSubscriber, ResolutionBook
+
+__all__ = ["ack_stream", "fast_stream", "reject_shared_stream_event"]
+
+log = logging.getLogger("sharedstream.stream")
+
+_window_owner: ContextVar[tuple[ResolutionBook, AckSubscriber] | None] = ContextVar(
+    "sharedstream_window_owner", default=None
+)
+
+
+def reject_shared_stream_event() -> None:
+    """Reject the raw event the calling filter is processing (ack mode).
+
+    The event resolves at once as *rejected* for this subscriber - nothing
+    waits on persistence - and the producer sees it in
+    ``AdvanceOutcome.rejected``, typically dead-lettering it rather than
+    redelivering it. Trigger events yielded for it before the reject no
+    longer gate its advance.
+
+    Outside an ack-mode binding window (the fast path, a standalone
+    ``run()``, another task, or after the event was already resolved) it
+    logs one warning and does nothing.
+    """
+    owner = _window_owner.get()
+    if owner is None or not owner[0].reject(owner[1]):
+        log.warning(
+            "reject_shared_stream_event() called outside an ack-mode binding window; "
+            "ignored (it only affects the raw event an ack-mode filter is processing)"
+        )
+
+
+async def _park(sub: Subscriber, fanout: FanOut) -> None:
+    """Wait until the subscriber's inbox gets an item or its error is set."""
+    waiter = asyncio.get_running_loop().create_future()
+    sub.waiter = waiter
+    fanout.parked.append(sub)
+    try:
+        await waiter
+    finally:
+        sub.waiter = None
+
+
+async def fast_stream(sub: Subscriber, fanout: FanOut) -> AsyncIterator[Any]:
+    """Raw events of a fast-path subscriber, in broadcast order.
+
+    Raises the subscriber's terminal error once set. Ends only by raising
+    or by the consuming task being cancelled.
+    """
+    inbox = sub.inbox
+    popleft = inbox.popleft
+    while True:
+        if inbox:
+            yield popleft()
+        elif sub.error is not None:
+            raise sub.error
+        else:
+            await _park(sub, fanout)
+
+
+async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncIterator[Any]:
+    """Raw events of an ack-mode subscriber; each pull resolves the previous event.
+
+    While a raw event is out with the filter, its binding window is open:
+    trigger events the runner binds now belong to it, and
+    :func:`reject_shared_stream_event` called from this task rejects it.
+    """
+    next_record = book.next_record
+    owner = (book, sub)
+    try:
+        while True:
+            record = next_record(sub)
+            if record is not None:
+                if _window_owner.get() is not owner:
+                    _window_owner.set(owner)
+                yield record.raw
+            elif sub.error is not None:
+                raise sub.error
+            else:
+                await _park(sub, book.fanout)
+    finally:
+        if _window_owner.get() is owner:
+            _window_owner.set(None)

@@ -1,0 +1,49 @@
+"""OpenTelemetry instruments of the engine (no-ops until an SDK is installed).
+
+Only ``opentelemetry-api`` is a dependency; an application that installs
+and configures the SDK gets the measurements, everyone else pays a no-op
+call. Instruments are recorded per batch or per exceptional event, never
+per (event, subscriber) pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from opentelemetry import metrics
+from opentelemetry.metrics import Counter, Histogram
+
+__all__ = ["Instruments", "instruments"]
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """The engine's metric instruments."""
+
+    advance_latency: Histogram
+    advanced_events: Counter
+    forced_failures: Counter
+
+
+@cache
+def instruments() -> Instruments:
+    """The process-wide instruments, created on first use."""
+    meter = metrics.get_meter("sharedstream")
+    return Instruments(
+        advance_latency=meter.create_histogram(
+            "sharedstream.advance.duration",
+            unit="s",
+            description="Time one producer.advance call took",
+        ),
+        advanced_events=meter.create_counter(
+            "sharedstream.advance.events",
+            unit="{event}",
+            description="Raw events handed to producer.advance",
+        ),
+        forced_failures=meter.create_counter(
+            "sharedstream.subscriber.forced_failures",
+            unit="{subscriber}",
+            description="Subscribers force-failed (overflow or ack timeout)",
+        ),
+    )

@@ -1,0 +1,160 @@
+"""The trigger contract: ``BaseTrigger`` and ``BaseEventTrigger``.
+
+These mirror Apache Airflow's trigger API (3.3) name for name, so trigger
+code written for Airflow ports by changing its imports only:
+
+* ``serialize()`` returns ``(classpath, kwargs)``; the runtime rebuilds the
+  trigger as ``cls(**kwargs)`` wherever it runs.
+* ``run()`` is an async generator of :class:`TriggerEvent`; ``cleanup()``
+  always runs after it, however it ended.
+* A :class:`BaseEventTrigger` may declare a ``shared_stream_key()``; triggers
+  whose keys compare equal share one upstream poll, and each receives the raw
+  events through its own ``filter_shared_stream()``.
+* Overriding ``create_shared_stream_producer()`` anywhere in the class
+  hierarchy switches the group to *ack mode*: the broker is advanced only
+  once every subscriber resolved an event and every trigger event derived
+  from it was stored.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import AsyncIterator, Hashable
+from typing import TYPE_CHECKING, Any
+
+from sharedstream.events import TriggerEvent
+
+if TYPE_CHECKING:
+    from sharedstream.producer import SharedStreamProducer
+
+__all__ = ["BaseEventTrigger", "BaseTrigger", "uses_ack_mode"]
+
+
+class BaseTrigger(abc.ABC):
+    """Base class of every trigger.
+
+    A trigger is built twice: once where it is declared, then again from
+    ``serialize()``'s output in the triggerer that runs it. Everything it
+    needs must therefore come from its constructor keyword arguments.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        # Set by the runtime before run(); None while the trigger is only declared.
+        self.trigger_id: int | None = None
+
+    @property
+    def log(self) -> logging.Logger:
+        """A logger named after the trigger's class (Airflow's ``self.log``)."""
+        cls = type(self)
+        return logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
+
+    @abc.abstractmethod
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return ``(classpath, kwargs)`` such that ``cls(**kwargs)`` rebuilds this trigger.
+
+        Must be deterministic: identical triggers must serialize identically.
+        """
+
+    @abc.abstractmethod
+    def run(self) -> AsyncIterator[TriggerEvent]:
+        """Wait for the condition and yield :class:`TriggerEvent` instances.
+
+        Implemented as an ``async def`` generator that never blocks the event
+        loop. Returning before yielding anything is an error for a standalone
+        trigger. Raising fails the trigger; the runtime records and restarts it.
+        """
+
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Release what ``run()`` or the filter acquired.
+
+        Called once after the trigger stops, whether it finished, raised or
+        was cancelled. Errors raised here are logged, never propagated.
+        """
+
+    def __repr__(self) -> str:
+        classpath, kwargs = self.serialize()
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        return f"<{classpath} {args}>"
+
+
+class BaseEventTrigger(BaseTrigger):
+    """A trigger that schedules work from external events (an asset watcher).
+
+    Opt in to sharing one upstream poll by overriding:
+
+    * :meth:`shared_stream_key` - a hashable key; equal keys share a poll.
+    * :meth:`open_shared_stream` - the poll itself (fast path, no acks), or
+      :meth:`create_shared_stream_producer` - a producer that owns a broker
+      connection and is told when it may advance the broker (ack mode).
+    * :meth:`filter_shared_stream` - turn the shared raw events into this
+      trigger's own events. The same filter works in both modes.
+    """
+
+    def shared_stream_key(self) -> Hashable | None:
+        """Identify the upstream this trigger can share, or ``None`` to run ``run()`` alone.
+
+        Read once when the trigger starts. Derive it only from configuration
+        that decides *what* is consumed and *how* (topic, queue, credentials,
+        consumer settings): every setting that changes the shared consumer
+        must be in the key, because the group is built from the first
+        subscriber's kwargs.
+        """
+        return None
+
+    @classmethod
+    async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+        """Poll the shared upstream and yield raw events (fast path).
+
+        Called once per group with the first subscriber's serialized kwargs.
+        Must yield for the lifetime of the group or raise; returning is
+        reported to every subscriber as :class:`PollTerminated`. Not called
+        in ack mode, where the producer's ``open_stream`` supplies events.
+        """
+        raise NotImplementedError(
+            f"{cls.__qualname__} declares a shared_stream_key but implements neither "
+            "open_shared_stream nor create_shared_stream_producer"
+        )
+        yield  # type: ignore[unreachable]  # makes this an async generator
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        """Build the broker-side producer of this trigger's group (ack mode).
+
+        Overriding this classmethod anywhere in the class hierarchy switches
+        the group to ack mode. It is called once per group, with the first
+        subscriber's kwargs; it must not connect to anything - the producer
+        opens its connection lazily in ``open_stream``.
+        """
+        raise NotImplementedError(f"{cls.__qualname__} does not create a shared-stream producer")
+
+    async def filter_shared_stream(
+        self, shared_stream: AsyncIterator[Any]
+    ) -> AsyncIterator[TriggerEvent]:
+        """Turn the shared raw events into this trigger's events.
+
+        Iterate ``shared_stream`` and yield a :class:`TriggerEvent` for each raw
+        event that matters. Yield every event derived from a raw event before
+        pulling the next one: that is how each event is tied to its raw
+        event's acknowledgement. In ack mode, call
+        :func:`reject_shared_stream_event` instead of yielding to have the
+        broker dead-letter the raw event.
+        """
+        raise NotImplementedError(
+            f"{type(self).__qualname__} declares a shared_stream_key but does not "
+            "implement filter_shared_stream"
+        )
+        yield  # type: ignore[unreachable]  # makes this an async generator
+
+
+def uses_ack_mode(trigger_class: type[BaseEventTrigger]) -> bool:
+    """Tell whether ``trigger_class`` overrides ``create_shared_stream_producer``.
+
+    The override may sit anywhere in the hierarchy above ``BaseEventTrigger``.
+    """
+    for klass in trigger_class.__mro__:
+        if klass is BaseEventTrigger:
+            return False
+        if "create_shared_stream_producer" in vars(klass):
+            return True
+    return False

@@ -1,0 +1,1 @@
+"""Broker triggers (``BaseEventTrigger`` classes), one module per broker."""
