@@ -119,9 +119,12 @@ class FanOut:
 
     def drop(self, sub: Subscriber) -> None:
         """Stop broadcasting to ``sub``. Idempotent."""
-        if sub in self.live:
-            self.live.remove(sub)
-            self._inboxes.remove(sub.inbox)
+        # By identity: two inboxes holding equal items compare equal.
+        for index, candidate in enumerate(self.live):
+            if candidate is sub:
+                del self.live[index]
+                del self._inboxes[index]
+                return
 
     def fail_all(self, error: BaseException) -> None:
         """Deliver ``error`` to every live subscriber and stop broadcasting to them."""

@@ -1,0 +1,112 @@
+"""Execute every ``python`` code block of the user documentation.
+
+Each fenced block opened with three backticks and ``python`` in ``docs/`` is
+a complete little program: it is compiled under the name of its page, with
+its line numbers kept, and executed in a fresh namespace. Examples check
+what they show with ``assert``, so a page whose example drifts away from the
+engine fails here. Code that is only an illustration is fenced as ``text``
+instead; a block fenced in any other python-like way (``py``, ``python3``,
+``pycon``) fails the suite, so no example escapes execution unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+PAGES = (
+    "index.md",
+    "concepts.md",
+    "writing-triggers.md",
+    "writing-producers.md",
+    "configuration.md",
+)
+"""The pages whose examples this suite owns."""
+
+MAX_SECONDS = 5.0
+"""Generous ceiling per example; each one is written to finish in well under a second."""
+
+_FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_PYTHON_LIKE = re.compile(r"^(py|python\d*|pycon|ipython)\b")
+_LINK = re.compile(r"\]\((?P<target>[^)#\s]+\.md)(?:#[^)]*)?\)")
+
+
+def _fences(page: str) -> list[tuple[str, int, str]]:
+    """``(info string, first body line, body)`` of every fenced block on ``page``.
+
+    A missing page has no blocks; :func:`test_every_page_exists_and_has_examples`
+    reports it instead of the whole module failing to collect.
+    """
+    path = DOCS / page
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    return [
+        (match["info"].strip(), text.count("\n", 0, match.start("body")) + 1, match["body"])
+        for match in _FENCE.finditer(text)
+    ]
+
+
+def _examples() -> list[Any]:
+    params: list[Any] = []
+    for page in PAGES:
+        blocks = [b for b in _fences(page) if b[0].split(" ", 1)[0] == "python"]
+        for number, (_, line, body) in enumerate(blocks, 1):
+            params.append(pytest.param(page, line, body, id=f"{page}#{number}@L{line}"))
+    return params
+
+
+EXAMPLES = _examples()
+
+
+@pytest.mark.parametrize(("page", "line", "body"), EXAMPLES)
+def test_example_runs(page: str, line: int, body: str) -> None:
+    """The example runs to completion and every assertion in it holds."""
+    # Pad with blank lines so tracebacks point at the line in the markdown page.
+    code = compile("\n" * (line - 1) + body, str(DOCS / page), "exec")
+    namespace: dict[str, Any] = {"__name__": f"docs_example_{Path(page).stem.replace('-', '_')}"}
+    started = time.monotonic()
+    exec(code, namespace)  # noqa: S102 - the documentation's own examples, by design
+    elapsed = time.monotonic() - started
+    assert elapsed < MAX_SECONDS, f"{page}:{line} took {elapsed:.2f}s; keep examples fast"
+
+
+def test_every_page_exists_and_has_examples() -> None:
+    """Every page exists, and all but the landing page carry runnable examples."""
+    absent = [page for page in PAGES if not (DOCS / page).is_file()]
+    assert not absent, f"missing pages: {absent}"
+    counts = {page: 0 for page in PAGES}
+    for param in EXAMPLES:
+        counts[param.values[0]] += 1
+    missing = [page for page, count in counts.items() if page != "index.md" and not count]
+    assert not missing, f"pages without a runnable example: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_python_block_escapes_execution(page: str) -> None:
+    """A python-looking fence that is not exactly ``python`` would silently go untested."""
+    for info, line, _ in _fences(page):
+        language = info.split(" ", 1)[0]
+        assert language == "python" or not _PYTHON_LIKE.match(language), (
+            f"{page}:{line}: fence ```{info}``` is not executed; use ```python or ```text"
+        )
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_links_between_pages_resolve(page: str) -> None:
+    """Relative links to the pages of this suite point at files that exist."""
+    path = DOCS / page
+    if not path.is_file():
+        pytest.skip(f"{page} does not exist (reported by the page check)")
+    text = path.read_text(encoding="utf-8")
+    for match in _LINK.finditer(text):
+        target = match["target"]
+        if "://" in target or Path(target).name not in PAGES:
+            continue  # external, or a page owned elsewhere (benchmarks.md)
+        assert (DOCS / target).is_file(), f"{page} links to missing {target}"

@@ -1,0 +1,246 @@
+"""Stateful property test: the resolution book against a slow, obviously-correct model.
+
+Hypothesis drives random interleavings of subscribe, unsubscribe, fan-out,
+pulls, binds, persist confirmations, rejects, force-failures, clock ticks
+and advances, and checks after every step:
+
+* nothing is advanced twice, and each lane is advanced in fan-out order;
+* an advanced event's outcome equals the model's: every snapshot subscriber
+  moved past it with all derived events confirmed (acked), rejected it, or
+  failed - so nothing is advanced early;
+* acked + failed + rejected equals the snapshot size;
+* at most one advance is in flight;
+* once everyone leaves and every confirmation lands, nothing is outstanding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from sharedstream import AdvanceItem, AdvanceOutcome
+from sharedstream.fanout import FanOut
+from sharedstream.resolution import AckSubscriber, ResolutionBook
+
+CAPACITY = 3
+ACK_TIMEOUT = 5.0
+LANES = ("a", "b")
+
+
+@dataclass
+class ModelEvent:
+    lane: str
+    created_at: float
+    snapshot: set[int]
+    resolution: dict[int, str | None] = field(default_factory=dict)
+
+
+@dataclass
+class ModelSub:
+    queue: list[int] = field(default_factory=list)
+    current: int | None = None
+    failed: bool = False
+    departed: bool = False
+
+
+class BookMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.book = ResolutionBook(key="k", fanout=FanOut(CAPACITY), ack_timeout=ACK_TIMEOUT)
+        self.subs: dict[int, AckSubscriber] = {}
+        self.model_subs: dict[int, ModelSub] = {}
+        self.events: list[ModelEvent] = []
+        self.moved_past: set[tuple[int, int]] = set()
+        self.unconfirmed: dict[tuple[int, int], set[int]] = {}
+        self.seq_owner: dict[int, tuple[int, int]] = {}
+        self.now = 0.0
+        self.next_id = 0
+        self.in_flight: list[AdvanceItem] | None = None
+        self.in_flight_lane: str | None = None
+        self.advanced: list[int] = []
+
+    # -- model helpers ---------------------------------------------------------
+
+    def live_ids(self) -> list[int]:
+        return [i for i, m in self.model_subs.items() if not m.failed and not m.departed]
+
+    def settle(self, sub_id: int, pos: int) -> None:
+        event = self.events[pos]
+        if (
+            event.resolution[sub_id] is None
+            and (sub_id, pos) in self.moved_past
+            and not self.unconfirmed.get((sub_id, pos))
+        ):
+            event.resolution[sub_id] = "acked"
+
+    def model_fail(self, sub_id: int) -> None:
+        m = self.model_subs[sub_id]
+        m.failed = True
+        m.queue.clear()
+        m.current = None
+        for pos, event in enumerate(self.events):
+            if event.resolution.get(sub_id, "x") is None:
+                event.resolution[sub_id] = "failed"
+                self.drop_seqs(sub_id, pos)
+
+    def drop_seqs(self, sub_id: int, pos: int) -> None:
+        for seq in self.unconfirmed.pop((sub_id, pos), set()):
+            del self.seq_owner[seq]
+
+    # -- rules -----------------------------------------------------------------
+
+    @rule()
+    def subscribe(self) -> None:
+        sub_id = self.next_id
+        self.next_id += 1
+        self.subs[sub_id] = self.book.add_subscriber(sub_id)
+        self.model_subs[sub_id] = ModelSub()
+
+    @precondition(lambda self: self.live_ids())
+    @rule(data=st.data())
+    def unsubscribe(self, data: st.DataObject) -> None:
+        sub_id = data.draw(st.sampled_from(self.live_ids()))
+        self.book.remove_subscriber(sub_id)
+        m = self.model_subs[sub_id]
+        m.departed = True
+        for pos in m.queue:
+            self.events[pos].resolution[sub_id] = "failed"
+        m.queue.clear()
+        if m.current is not None:
+            self.moved_past.add((sub_id, m.current))
+            self.settle(sub_id, m.current)
+            m.current = None
+
+    @rule(lane=st.sampled_from(LANES))
+    def broadcast(self, lane: str) -> None:
+        pos = len(self.events)
+        live = self.live_ids()
+        event = ModelEvent(lane, self.now, set(live), {i: None for i in live})
+        self.events.append(event)
+        overflowed = self.book.broadcast(f"raw{pos}", pos, lane, self.now) or []
+        expected = {i for i in live if len(self.model_subs[i].queue) >= CAPACITY}
+        assert {s.trigger_id for s in overflowed} == expected
+        for sub_id in live:
+            if sub_id in expected:
+                event.resolution[sub_id] = "failed"
+                self.model_fail(sub_id)
+            else:
+                self.model_subs[sub_id].queue.append(pos)
+
+    @precondition(lambda self: self.live_ids())
+    @rule(data=st.data())
+    def pull(self, data: st.DataObject) -> None:
+        sub_id = data.draw(st.sampled_from(self.live_ids()))
+        record = self.book.next_record(self.subs[sub_id])
+        m = self.model_subs[sub_id]
+        if m.current is not None:
+            self.moved_past.add((sub_id, m.current))
+            self.settle(sub_id, m.current)
+        m.current = m.queue.pop(0) if m.queue else None
+        assert (record.position if record else None) == m.current
+
+    @precondition(lambda self: self.live_ids())
+    @rule(data=st.data())
+    def bind(self, data: st.DataObject) -> None:
+        sub_id = data.draw(st.sampled_from(self.live_ids()))
+        seq = self.book.bind(self.subs[sub_id])
+        current = self.model_subs[sub_id].current
+        assert (seq is None) == (current is None)
+        if seq is not None and current is not None:
+            self.seq_owner[seq] = (sub_id, current)
+            self.unconfirmed.setdefault((sub_id, current), set()).add(seq)
+
+    @precondition(lambda self: self.seq_owner)
+    @rule(data=st.data())
+    def confirm(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.seq_owner)))
+        sub = self.book.seq_index.pop(seq)
+        self.book.confirm(sub, seq)
+        sub_id, pos = self.seq_owner.pop(seq)
+        self.unconfirmed[(sub_id, pos)].discard(seq)
+        self.settle(sub_id, pos)
+
+    @precondition(lambda self: self.live_ids())
+    @rule(data=st.data())
+    def reject(self, data: st.DataObject) -> None:
+        sub_id = data.draw(st.sampled_from(self.live_ids()))
+        m = self.model_subs[sub_id]
+        assert self.book.reject(self.subs[sub_id]) == (m.current is not None)
+        if m.current is not None:
+            self.events[m.current].resolution[sub_id] = "rejected"
+            self.drop_seqs(sub_id, m.current)
+            m.current = None
+
+    @precondition(lambda self: self.live_ids())
+    @rule(data=st.data())
+    def force_fail(self, data: st.DataObject) -> None:
+        sub_id = data.draw(st.sampled_from(self.live_ids()))
+        self.book.fail(self.subs[sub_id], RuntimeError("forced"))
+        self.model_fail(sub_id)
+
+    @rule(dt=st.sampled_from([0.5, 2.0, 5.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        expired = {sub.trigger_id for sub, _ in self.book.expire(self.now)}
+        expected: set[int] = set()
+        for event in self.events:
+            if event.created_at + ACK_TIMEOUT <= self.now:
+                expected |= {i for i, r in event.resolution.items() if r is None}
+        assert expired == expected
+        for sub_id in expected:
+            self.model_fail(sub_id)
+
+    @precondition(lambda self: self.in_flight is None and self.book.ready)
+    @rule(data=st.data())
+    def start_advance(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(sorted(self.book.ready, key=str)))
+        batch = self.book.take_batch(lane)
+        assert batch
+        self.in_flight, self.in_flight_lane = batch, lane
+
+    @precondition(lambda self: self.in_flight is not None)
+    @rule()
+    def finish_advance(self) -> None:
+        assert self.in_flight is not None
+        for item in self.in_flight:
+            pos = item.broker_payload
+            event = self.events[pos]
+            assert event.lane == self.in_flight_lane
+            assert None not in event.resolution.values(), "advanced before resolution"
+            counts = [sum(r == kind for r in event.resolution.values()) for kind in
+                      ("acked", "failed", "rejected")]
+            assert item.outcome == AdvanceOutcome(*counts)
+            assert sum(item.outcome) == len(event.snapshot)
+            assert pos not in self.advanced, "advanced twice"
+            earlier = [p for p in self.advanced if self.events[p].lane == event.lane]
+            assert all(p < pos for p in earlier), "lane order broken"
+            self.advanced.append(pos)
+        self.in_flight = None
+
+    # -- invariants ------------------------------------------------------------
+
+    @invariant()
+    def seq_index_matches_model(self) -> None:
+        assert set(self.book.seq_index) == set(self.seq_owner)
+
+    def teardown(self) -> None:
+        """Everyone leaves, every confirmation lands: nothing may stay outstanding."""
+        if self.in_flight is not None:
+            self.finish_advance()
+        for sub_id in list(self.live_ids()):
+            self.book.remove_subscriber(sub_id)
+        for seq in list(self.book.seq_index):
+            sub = self.book.seq_index.pop(seq)
+            self.book.confirm(sub, seq)
+        while self.book.ready:
+            self.book.take_batch(next(iter(self.book.ready)))
+        assert not self.book.lanes, "events left outstanding"
+        assert not self.book.seq_index
+        assert self.book.next_deadline() is None
+
+
+BookMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=60, deadline=None)
+TestResolutionBook = BookMachine.TestCase
