@@ -184,7 +184,7 @@ def test_unhashable_lane_raises_before_changing_anything() -> None:
     book = make_book()
     book.add_subscriber("a")
     with pytest.raises(TypeError):
-        book.broadcast("e0", 0, ["not", "hashable"], now=0.0)
+        book.broadcast("e0", 0, ["not", "hashable"], now=0.0)  # type: ignore[arg-type]
     assert not book.lanes
     assert book.outstanding() == 0
 

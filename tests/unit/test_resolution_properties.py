@@ -15,6 +15,7 @@ and advances, and checks after every step:
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from hypothesis import settings
@@ -59,7 +60,7 @@ class BookMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.next_id = 0
         self.in_flight: list[AdvanceItem] | None = None
-        self.in_flight_lane: str | None = None
+        self.in_flight_lane: Hashable = None
         self.advanced: list[int] = []
 
     # -- model helpers ---------------------------------------------------------
@@ -118,7 +119,7 @@ class BookMachine(RuleBasedStateMachine):
     def broadcast(self, lane: str) -> None:
         pos = len(self.events)
         live = self.live_ids()
-        event = ModelEvent(lane, self.now, set(live), {i: None for i in live})
+        event = ModelEvent(lane, self.now, set(live), dict.fromkeys(live))
         self.events.append(event)
         overflowed = self.book.broadcast(f"raw{pos}", pos, lane, self.now) or []
         expected = {i for i in live if len(self.model_subs[i].queue) >= CAPACITY}
