@@ -239,5 +239,5 @@ async def eventually(predicate: Callable[[], bool], within: float = 3.0) -> None
     that have no common event to wait on.
     """
     async with asyncio.timeout(within):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - see docstring
             await asyncio.sleep(0.001)

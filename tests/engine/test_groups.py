@@ -52,7 +52,7 @@ def test_none_key_is_a_value_error() -> None:
         manager.subscribe(trigger_id=1, trigger=FeedTrigger("f", "a"), key=None)
     bad_key: object = ["list"]
     with pytest.raises(InvalidStreamKey, match="hashable"):
-        manager.subscribe(trigger_id=1, trigger=FeedTrigger("f", "a"), key=bad_key)  # type: ignore[arg-type]
+        manager.subscribe(trigger_id=1, trigger=FeedTrigger("f", "a"), key=bad_key)
 
 
 @pytest.mark.parametrize("trigger_cls", TRIGGERS)
