@@ -33,8 +33,19 @@ MAX_SECONDS = 5.0
 """Generous ceiling per example; each one is written to finish in well under a second."""
 
 _FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_ODD_FENCE = re.compile(r"^(?:[ \t]+(?:```|~~~)|~~~)[ \t]*(?P<info>\S*)")
 _PYTHON_LIKE = re.compile(r"^(py|python\d*|pycon|ipython)\b")
-_LINK = re.compile(r"\]\((?P<target>[^)#\s]+\.md)(?:#[^)]*)?\)")
+_LINK = re.compile(r"\]\((?P<target>[^)#\s]*?(?:\.md)?)(?:#(?P<anchor>[^)\s]*))?\)")
+_HEADING = re.compile(r"^#{1,6}[ \t]+(?P<title>.+?)[ \t]*$", re.MULTILINE)
+
+
+def _anchors(page: str) -> set[str]:
+    """The heading anchors of ``page``, slugged the way GitHub renders them."""
+    text = _FENCE.sub("", (DOCS / page).read_text(encoding="utf-8"))
+    return {
+        re.sub(r"[^\w\- ]", "", match["title"].lower()).replace(" ", "-")
+        for match in _HEADING.finditer(text)
+    }
 
 
 def _fences(page: str) -> list[tuple[str, int, str]]:
@@ -81,7 +92,7 @@ def test_every_page_exists_and_has_examples() -> None:
     """Every page exists, and all but the landing page carry runnable examples."""
     absent = [page for page in PAGES if not (DOCS / page).is_file()]
     assert not absent, f"missing pages: {absent}"
-    counts = {page: 0 for page in PAGES}
+    counts = dict.fromkeys(PAGES, 0)
     for param in EXAMPLES:
         counts[param.values[0]] += 1
     missing = [page for page, count in counts.items() if page != "index.md" and not count]
@@ -90,23 +101,36 @@ def test_every_page_exists_and_has_examples() -> None:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_no_python_block_escapes_execution(page: str) -> None:
-    """A python-looking fence that is not exactly ``python`` would silently go untested."""
+    """A python-looking fence the extractor does not run would silently go untested."""
     for info, line, _ in _fences(page):
         language = info.split(" ", 1)[0]
         assert language == "python" or not _PYTHON_LIKE.match(language), (
             f"{page}:{line}: fence ```{info}``` is not executed; use ```python or ```text"
         )
+    path = DOCS / page
+    if not path.is_file():
+        return
+    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        fence = _ODD_FENCE.match(text)
+        assert fence is None or not _PYTHON_LIKE.match(fence["info"]), (
+            f"{page}:{number}: indented or ~~~ python fences are not executed; "
+            "start the fence with ```python at the beginning of the line"
+        )
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_links_between_pages_resolve(page: str) -> None:
-    """Relative links to the pages of this suite point at files that exist."""
+    """Links to the pages of this suite, and to their headings, resolve."""
     path = DOCS / page
     if not path.is_file():
         pytest.skip(f"{page} does not exist (reported by the page check)")
-    text = path.read_text(encoding="utf-8")
+    text = _FENCE.sub("", path.read_text(encoding="utf-8"))  # code is not prose
     for match in _LINK.finditer(text):
-        target = match["target"]
+        target = match["target"] or page  # "(#anchor)" points into this page
         if "://" in target or Path(target).name not in PAGES:
             continue  # external, or a page owned elsewhere (benchmarks.md)
         assert (DOCS / target).is_file(), f"{page} links to missing {target}"
+        anchor = match["anchor"]
+        assert not anchor or anchor in _anchors(target), (
+            f"{page} links to missing {target}#{anchor}"
+        )
