@@ -11,6 +11,7 @@ from sharedstream.errors import (
     PollTerminated,
     ProducerContractError,
     SharedStreamError,
+    StreamStopped,
     SubscriberFailure,
     SubscriberOverflow,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "SharedStreamError",
     "SharedStreamManager",
     "SharedStreamProducer",
+    "StreamStopped",
     "SubscriberFailure",
     "SubscriberOverflow",
     "TriggerEvent",

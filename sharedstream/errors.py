@@ -16,6 +16,7 @@ __all__ = [
     "PollTerminated",
     "ProducerContractError",
     "SharedStreamError",
+    "StreamStopped",
     "SubscriberFailure",
     "SubscriberOverflow",
 ]
@@ -64,6 +65,15 @@ class PollTerminated(SharedStreamError):
 
     ``open_shared_stream`` / ``open_stream`` must yield for the lifetime of the
     group or raise; returning would leave subscribers waiting on nothing.
+    """
+
+    retryable = True
+
+
+class StreamStopped(SharedStreamError):
+    """The group was stopped (``stop_all``) while this subscriber was still attached.
+
+    What it had resolved was advanced first; the rest will be redelivered.
     """
 
     retryable = True

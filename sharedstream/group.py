@@ -25,7 +25,12 @@ from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
-from sharedstream.errors import DuplicateSubscription, PollTerminated, ProducerContractError
+from sharedstream.errors import (
+    DuplicateSubscription,
+    PollTerminated,
+    ProducerContractError,
+    StreamStopped,
+)
 from sharedstream.fanout import FanOut, Subscriber
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.pump import AdvancePump
@@ -130,6 +135,14 @@ class StreamGroup:
             return not self.book.subscribers
         return not self._fast_subscribers
 
+    def fail_subscriber(self, trigger_id: Hashable, error: BaseException) -> None:
+        """Force-fail one subscriber (its filter raised); see the manager's method."""
+        if self.book is None:
+            return
+        sub = self.book.subscribers.get(trigger_id)
+        if sub is not None:
+            self.book.fail(sub, error)
+
     def bind(self, trigger_id: Hashable) -> int | None:
         """Bind an event the subscriber just emitted; ``None`` on the fast path or if no window."""
         book = self.book
@@ -145,13 +158,15 @@ class StreamGroup:
     async def stop(self) -> None:
         """Cancel the poll and wait until it advanced what was resolved and closed the producer.
 
-        The caller must have evicted the group already. Idempotent.
+        The caller must have evicted the group already. Subscribers still
+        attached then get :class:`StreamStopped` instead of waiting forever.
+        Idempotent.
         """
         task = self._task
-        if task is None or task.done():
-            return
-        task.cancel()
-        await asyncio.wait([task])
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        self._terminate(StreamStopped(f"shared stream {self.key!r} was stopped"))
 
     def _terminate(self, error: BaseException) -> None:
         """Evict the group and hand ``error`` to every subscriber. Synchronous; idempotent."""

@@ -100,8 +100,8 @@ class SharedStreamManager:
                 on_terminate=self._evict,
             )
             stream = group.subscribe(trigger_id)
+            group.start()  # first: outside a running loop this raises, leaving no dead group
             self._groups[key] = group
-            group.start()
             log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
             return stream
         return group.subscribe(trigger_id)
@@ -131,6 +131,22 @@ class SharedStreamManager:
             if sub is not None:
                 sub.book.confirm(sub, seq)
 
+    def fail_subscriber(
+        self, *, trigger_id: Hashable, key: Hashable, error: BaseException
+    ) -> None:
+        """Force-fail a subscriber whose filter raised, before unsubscribing it.
+
+        Every event it still owes - including the one its filter was on when
+        it raised - resolves as *failed*, so the broker redelivers it rather
+        than committing an event nobody finished. (A plain
+        :meth:`unsubscribe` counts the event the filter was on as done, which
+        is right for a filter that was cancelled between events.) No-op for
+        unknown subscribers and on the fast path.
+        """
+        group = self._groups.get(key)
+        if group is not None:
+            group.fail_subscriber(trigger_id, error)
+
     def has_group(self, key: Hashable) -> bool:
         """Whether a live group exists for ``key``."""
         return key in self._groups
@@ -154,7 +170,11 @@ class SharedStreamManager:
             log.debug("shared stream %r stopped: last subscriber left", key)
 
     async def stop_all(self) -> None:
-        """Stop every group (triggerer shutdown): evict all, then stop each in turn."""
+        """Stop every group (triggerer shutdown): evict all, then stop each in turn.
+
+        Subscribers still attached get :class:`StreamStopped` from their
+        iterator once their group has advanced what was resolved.
+        """
         groups = list(self._groups.values())
         self._groups.clear()
         for group in groups:

@@ -205,7 +205,7 @@ class ResolutionBook:
         fanout = self.fanout
         record.pending = len(fanout.live)
         if not record.pending:
-            self._on_resolved(record)
+            self.record_resolved(record)
             return None
         self._timeline.append(record)
         overflowed: list[AckSubscriber] | None = fanout.broadcast(record)  # type: ignore[assignment]
@@ -223,17 +223,18 @@ class ResolutionBook:
         Returns ``None`` when its inbox is empty (the window is closed
         anyway: pulling is what moves a subscriber past an event).
         """
+        # sharedstream.stream.ack_stream inlines this transition on the hot
+        # path; the property test drives both interchangeably.
         current = sub.current
         if current is not None:
             sub.current = None
             if sub.window_seqs:
-                sub.owed[current] = sub.window_seqs
-                sub.window_seqs = 0
+                self.owe(sub, current)
             else:
                 current.acked += 1
                 current.pending -= 1
                 if not current.pending:
-                    self._on_resolved(current)
+                    self.record_resolved(current)
         inbox = sub.inbox
         if inbox:
             record = sub.current = inbox.popleft()
@@ -271,7 +272,7 @@ class ResolutionBook:
         record.acked += 1
         record.pending -= 1
         if not record.pending:
-            self._on_resolved(record)
+            self.record_resolved(record)
         if sub.departed and not sub.owed:
             self._departed.discard(sub)
 
@@ -292,7 +293,7 @@ class ResolutionBook:
         record.rejected += 1
         record.pending -= 1
         if not record.pending:
-            self._on_resolved(record)
+            self.record_resolved(record)
         return True
 
     def fail(self, sub: AckSubscriber, error: BaseException) -> None:
@@ -407,9 +408,15 @@ class ResolutionBook:
         record.failed += 1
         record.pending -= 1
         if not record.pending:
-            self._on_resolved(record)
+            self.record_resolved(record)
 
-    def _on_resolved(self, record: EventRecord) -> None:
+    def owe(self, sub: AckSubscriber, record: EventRecord) -> None:
+        """``sub`` moved past ``record`` with bound seqs unconfirmed: it now owes them."""
+        sub.owed[record] = sub.window_seqs
+        sub.window_seqs = 0
+
+    def record_resolved(self, record: EventRecord) -> None:
+        """``record`` has no pending subscriber left: mark its lane ready if it is the head."""
         if record.lane_queue[0] is record:
             self.ready[record.lane] = None
             self.on_ready()

@@ -345,3 +345,30 @@ async def test_every_derived_event_gates_its_raw_event(feed: Feed) -> None:
     manager.confirm_persisted(r.unconfirmed[2:3])
     await eventually(lambda: feed.advanced() == [(0, AdvanceOutcome(1, 0, 0))])
     await manager.stop_all()
+
+
+class _Crashy(FeedTrigger):
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for raw in shared_stream:
+            if raw == 1:
+                raise ValueError("cannot parse message 1")
+            yield {"raw": raw}
+
+
+async def test_filter_that_raises_fails_the_event_it_was_on(feed: Feed) -> None:
+    manager = SharedStreamManager()
+    crashy = Runner(manager, _Crashy("f", "crashy"), 1).start()
+    Runner(manager, FeedTrigger("f", "ok"), 2).start()
+    feed.push(0, 1, 2)
+    await eventually(lambda: crashy.error is not None)
+    error = crashy.failure()
+    assert isinstance(error, ValueError)
+    manager.fail_subscriber(trigger_id=1, key=KEY, error=error)  # as the runtime does
+    await manager.unsubscribe(1, KEY)
+    await eventually(lambda: len(feed.advanced()) == 3)
+    assert feed.advanced() == [
+        (0, CLEAN),
+        (1, AdvanceOutcome(1, 1, 0)),  # redelivered, not committed as done
+        (2, AdvanceOutcome(1, 1, 0)),
+    ]
+    await manager.stop_all()

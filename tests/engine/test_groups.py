@@ -12,6 +12,7 @@ from sharedstream import (
     InvalidStreamKey,
     PollTerminated,
     SharedStreamManager,
+    StreamStopped,
     SubscriberOverflow,
 )
 from tests.engine.harness import (
@@ -221,3 +222,24 @@ def test_invalid_manager_settings_are_rejected() -> None:
         SharedStreamManager(ack_timeout=0)
     with pytest.raises(ValueError, match="cohort_grace_period"):
         SharedStreamManager(cohort_grace_period=-1)
+
+
+def test_subscribe_outside_a_running_loop_leaves_no_dead_group() -> None:
+    manager = SharedStreamManager()
+    trigger = FeedTrigger("f", "a")
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        manager.subscribe(trigger_id=1, trigger=trigger, key=trigger.shared_stream_key())
+    assert not manager.has_group(trigger.shared_stream_key())
+
+
+@pytest.mark.parametrize("trigger_cls", TRIGGERS)
+async def test_stop_all_ends_attached_subscribers_with_stream_stopped(
+    feed: Feed, trigger_cls: type[FastFeedTrigger]
+) -> None:
+    manager = SharedStreamManager()
+    attached = Runner(manager, trigger_cls("f", "a"), 1).start()
+    feed.push(0)
+    await eventually(lambda: attached.raws() == [0])
+    await manager.stop_all()
+    await eventually(lambda: attached.error is not None)
+    assert isinstance(attached.error, StreamStopped)

@@ -15,16 +15,20 @@ and advances, and checks after every step:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import contextlib
+from collections.abc import AsyncGenerator, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sharedstream import AdvanceItem, AdvanceOutcome
 from sharedstream.fanout import FanOut
-from sharedstream.resolution import AckSubscriber, ResolutionBook
+from sharedstream.resolution import AckSubscriber, EventRecord, ResolutionBook
+from sharedstream.stream import ack_stream
 
 CAPACITY = 3
 ACK_TIMEOUT = 5.0
@@ -62,6 +66,7 @@ class BookMachine(RuleBasedStateMachine):
         self.in_flight: list[AdvanceItem] | None = None
         self.in_flight_lane: Hashable = None
         self.advanced: list[int] = []
+        self.streams: dict[int, AsyncGenerator[Any, None]] = {}
 
     # -- model helpers ---------------------------------------------------------
 
@@ -131,11 +136,26 @@ class BookMachine(RuleBasedStateMachine):
             else:
                 self.model_subs[sub_id].queue.append(pos)
 
+    def pull_through_stream(self, sub_id: int) -> EventRecord:
+        """Step the real subscriber iterator once, synchronously (it must not park)."""
+        sub = self.subs[sub_id]
+        stream = self.streams.setdefault(sub_id, ack_stream(self.book, sub))
+        with pytest.raises(StopIteration) as step:  # yielded without suspending
+            stream.asend(None).send(None)
+        assert sub.current is not None
+        assert step.value.value == sub.current.raw
+        return sub.current
+
     @precondition(lambda self: self.live_ids())
-    @rule(data=st.data())
-    def pull(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), through_stream=st.booleans())
+    def pull(self, data: st.DataObject, through_stream: bool) -> None:
         sub_id = data.draw(st.sampled_from(self.live_ids()))
-        record = self.book.next_record(self.subs[sub_id])
+        sub = self.subs[sub_id]
+        record: EventRecord | None
+        if through_stream and sub.inbox:
+            record = self.pull_through_stream(sub_id)
+        else:
+            record = self.book.next_record(sub)
         m = self.model_subs[sub_id]
         if m.current is not None:
             self.moved_past.add((sub_id, m.current))
@@ -239,6 +259,9 @@ class BookMachine(RuleBasedStateMachine):
         while self.book.ready:
             self.book.take_batch(next(iter(self.book.ready)))
         assert not self.book.lanes, "events left outstanding"
+        for stream in self.streams.values():
+            with contextlib.suppress(StopIteration):
+                stream.aclose().send(None)
         assert not self.book.seq_index
         assert self.book.next_deadline() is None
 
