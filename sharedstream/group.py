@@ -93,6 +93,7 @@ class StreamGroup:
         self._fast_subscribers: dict[Hashable, Subscriber] = {}
         self._task: asyncio.Task[None] | None = None
         self._terminated = False
+        self._producer: SharedStreamProducer | None = None
 
     # -- membership (called by the manager, synchronously) -----------------------
 
@@ -142,6 +143,15 @@ class StreamGroup:
         sub = self.book.subscribers.get(trigger_id)
         if sub is not None:
             self.book.fail(sub, error)
+
+    def raw_event_name(self, trigger_id: Hashable) -> str | None:
+        """The producer's name for the raw event ``trigger_id``'s window is open on."""
+        if self.book is None or self._producer is None:
+            return None
+        sub = self.book.subscribers.get(trigger_id)
+        if sub is None or sub.current is None:
+            return None
+        return self._producer.raw_event_name(sub.current.broker_payload)
 
     def bind(self, trigger_id: Hashable) -> int | None:
         """Bind an event the subscriber just emitted; ``None`` on the fast path or if no window."""
@@ -236,6 +246,7 @@ class StreamGroup:
                 f"{self.trigger_class.__qualname__}.create_shared_stream_producer returned "
                 f"{type(producer).__qualname__}, not a SharedStreamProducer"
             )
+        self._producer = producer
         exits.push_async_callback(self._close_producer, producer)
         pump = AdvancePump(book, producer, on_failure=self._fail_from_pump)
         book.on_ready = pump.notify

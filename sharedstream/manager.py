@@ -119,6 +119,18 @@ class SharedStreamManager:
             return None
         return group.bind(trigger_id)
 
+    def raw_event_name(self, *, trigger_id: Hashable, key: Hashable) -> str | None:
+        """The producer's name of the raw event the subscriber is processing, if any.
+
+        Call it where :meth:`bind_pending_event` is called. ``None`` on the
+        fast path, outside a binding window, or when the producer does not
+        name its events (see ``SharedStreamProducer.raw_event_name``).
+        """
+        group = self._groups.get(key)
+        if group is None:
+            return None
+        return group.raw_event_name(trigger_id)
+
     def confirm_persisted(self, seqs: Iterable[int]) -> None:
         """Record that the trigger events behind ``seqs`` are durably stored.
 

@@ -109,6 +109,18 @@ class SharedStreamProducer(abc.ABC):
         """
         return None
 
+    def raw_event_name(self, broker_payload: Any) -> str | None:
+        """Name the raw event uniquely and stably across redeliveries, or ``None``.
+
+        For example ``"orders/3/1042"`` (topic/partition/offset) or an SQS
+        message id. The runtime stores each trigger event derived from the
+        raw event under a key made of the trigger, this name and the event's
+        index, so a redelivered message creates no second asset event or DAG
+        run. ``None`` (the default) means events are stored as they come
+        (at-least-once). Called synchronously on the runner's hot path.
+        """
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release broker resources. Called exactly once when the poll ends.
 

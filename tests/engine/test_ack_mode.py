@@ -372,3 +372,30 @@ async def test_filter_that_raises_fails_the_event_it_was_on(feed: Feed) -> None:
         (2, AdvanceOutcome(1, 1, 0)),
     ]
     await manager.stop_all()
+
+
+class _NamedProducer(FeedProducer):
+    def raw_event_name(self, broker_payload: Any) -> str | None:
+        return f"log/{broker_payload}"
+
+
+class _Named(FeedTrigger):
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        return _NamedProducer(super().create_shared_stream_producer(kwargs).feed)  # type: ignore[attr-defined]
+
+
+async def test_raw_event_name_is_the_producers_name_of_the_open_window(feed: Feed) -> None:
+    manager = SharedStreamManager()
+    names: list[str | None] = []
+    trigger = _Named("f", "n")
+    stream = manager.subscribe(trigger_id=1, trigger=trigger, key=KEY)
+    assert manager.raw_event_name(trigger_id=1, key=KEY) is None  # no window yet
+    feed.push(7, 8)
+    async for _event in trigger.filter_shared_stream(stream):
+        names.append(manager.raw_event_name(trigger_id=1, key=KEY))
+        if len(names) == 2:
+            break
+    assert names == ["log/7", "log/8"]
+    assert manager.raw_event_name(trigger_id=1, key=("other",)) is None
+    await manager.stop_all()
