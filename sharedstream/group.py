@@ -144,14 +144,15 @@ class StreamGroup:
         if sub is not None:
             self.book.fail(sub, error)
 
-    def raw_event_name(self, trigger_id: Hashable) -> str | None:
-        """The producer's name for the raw event ``trigger_id``'s window is open on."""
+    def raw_event_key(self, trigger_id: Hashable) -> str | None:
+        """``"<producer's name of the raw event>#<index>"`` for the event bound last."""
         if self.book is None or self._producer is None:
             return None
         sub = self.book.subscribers.get(trigger_id)
-        if sub is None or sub.current is None:
+        if sub is None or sub.current is None or sub.bound_record is not sub.current:
             return None
-        return self._producer.raw_event_name(sub.current.broker_payload)
+        name = self._producer.raw_event_name(sub.current.broker_payload)
+        return None if name is None else f"{name}#{sub.bind_index}"
 
     def bind(self, trigger_id: Hashable) -> int | None:
         """Bind an event the subscriber just emitted; ``None`` on the fast path or if no window."""

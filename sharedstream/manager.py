@@ -119,17 +119,21 @@ class SharedStreamManager:
             return None
         return group.bind(trigger_id)
 
-    def raw_event_name(self, *, trigger_id: Hashable, key: Hashable) -> str | None:
-        """The producer's name of the raw event the subscriber is processing, if any.
+    def raw_event_key(self, *, trigger_id: Hashable, key: Hashable) -> str | None:
+        """Identify the trigger event just bound, stably across redeliveries.
 
-        Call it where :meth:`bind_pending_event` is called. ``None`` on the
-        fast path, outside a binding window, or when the producer does not
-        name its events (see ``SharedStreamProducer.raw_event_name``).
+        Call it right after :meth:`bind_pending_event`. Returns
+        ``"<name>#<index>"``: the producer's name of the raw event (see
+        ``SharedStreamProducer.raw_event_name``) and the event's index among
+        those the subscriber derived from this delivery of it. A redelivered
+        message yields the same keys, so a store can skip what it already
+        has. ``None`` on the fast path, with no bound event in the open
+        window, or when the producer does not name its events.
         """
         group = self._groups.get(key)
         if group is None:
             return None
-        return group.raw_event_name(trigger_id)
+        return group.raw_event_key(trigger_id)
 
     def confirm_persisted(self, seqs: Iterable[int]) -> None:
         """Record that the trigger events behind ``seqs`` are durably stored.

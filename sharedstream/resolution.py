@@ -102,7 +102,9 @@ class AckSubscriber(Subscriber):
     each unconfirmed seq to its record; ``book`` is the ledger it belongs to.
     """
 
-    __slots__ = ("book", "current", "departed", "owed", "seqs", "window_seqs")
+    __slots__ = (
+        "bind_index", "book", "bound_record", "current", "departed", "owed", "seqs", "window_seqs",
+    )
 
     def __init__(self, trigger_id: Hashable, book: ResolutionBook) -> None:
         super().__init__(trigger_id)
@@ -113,6 +115,8 @@ class AckSubscriber(Subscriber):
         self.owed: dict[EventRecord, int] = {}
         self.seqs: dict[int, EventRecord] = {}
         self.departed = False
+        self.bound_record: EventRecord | None = None  # the window the last bind went to
+        self.bind_index = 0  # that bind's index among the binds of its window
 
     def owes(self, record: EventRecord) -> bool:
         """Whether ``record`` is still pending for this subscriber."""
@@ -251,6 +255,11 @@ class ResolutionBook:
         if record is None:
             return None
         seq = next(self.seq_counter)
+        if sub.bound_record is record:
+            sub.bind_index += 1
+        else:
+            sub.bound_record = record
+            sub.bind_index = 0
         sub.window_seqs += 1
         sub.seqs[seq] = record
         self.seq_index[seq] = sub

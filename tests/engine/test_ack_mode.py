@@ -385,17 +385,18 @@ class _Named(FeedTrigger):
         return _NamedProducer(super().create_shared_stream_producer(kwargs).feed)  # type: ignore[attr-defined]
 
 
-async def test_raw_event_name_is_the_producers_name_of_the_open_window(feed: Feed) -> None:
+async def test_raw_event_key_names_the_raw_event_and_the_index_within_it(feed: Feed) -> None:
     manager = SharedStreamManager()
-    names: list[str | None] = []
-    trigger = _Named("f", "n")
+    keys: list[str | None] = []
+    trigger = _Named("f", "n", emit=2)
     stream = manager.subscribe(trigger_id=1, trigger=trigger, key=KEY)
-    assert manager.raw_event_name(trigger_id=1, key=KEY) is None  # no window yet
-    feed.push(7, 8)
+    assert manager.raw_event_key(trigger_id=1, key=KEY) is None  # no window yet
+    feed.push(7, 7, 8)  # 7 is delivered twice in a row, as after a seek back
     async for _event in trigger.filter_shared_stream(stream):
-        names.append(manager.raw_event_name(trigger_id=1, key=KEY))
-        if len(names) == 2:
+        manager.bind_pending_event(trigger_id=1, key=KEY)
+        keys.append(manager.raw_event_key(trigger_id=1, key=KEY))
+        if len(keys) == 6:
             break
-    assert names == ["log/7", "log/8"]
-    assert manager.raw_event_name(trigger_id=1, key=("other",)) is None
+    assert keys == ["log/7#0", "log/7#1", "log/7#0", "log/7#1", "log/8#0", "log/8#1"]
+    assert manager.raw_event_key(trigger_id=1, key=("other",)) is None
     await manager.stop_all()
