@@ -1,0 +1,615 @@
+"""Runtime configuration: defaults, then a TOML file, then environment variables.
+
+:func:`load_config` is called once at start-up and either returns a fully
+validated, immutable :class:`Config` or raises :class:`ConfigError` whose
+message is one line naming the option, the bad value, what was expected and
+where the value came from. Nothing past start-up ever sees an invalid value.
+
+Invariants:
+
+- Layers apply in a fixed order; a later layer wins: the dataclass defaults,
+  the TOML file, then ``SHAREDSTREAM__<SECTION>__<OPTION>`` environment
+  variables (section and option matched case-insensitively).
+- Unknown sections and options are errors, never silently ignored, so a typo
+  cannot leave a default in force unnoticed.
+- The ``[triggerer]`` options keep Airflow's names and defaults.
+- The secret (``store.kwargs_key``) never appears in an error message, and
+  appears in :meth:`Config.as_dict` / :meth:`Config.to_toml` only when
+  ``mask_secrets=False`` is asked for explicitly.
+- A relative ``sqlite:///`` path is made absolute at load time: against the
+  config file's directory when the URL came from that file, otherwise against
+  the working directory at the time of the call. Later ``chdir`` calls do not
+  move the database.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import difflib
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from sharedstream.errors import SharedStreamError
+
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "DEFAULT_CONFIG_FILENAME",
+    "ENV_PREFIX",
+    "Config",
+    "ConfigError",
+    "StoreConfig",
+    "TriggererConfig",
+    "load_config",
+    "write_default_config",
+]
+
+ENV_PREFIX = "SHAREDSTREAM__"
+"""Prefix of the per-option environment variables (matched case-insensitively)."""
+
+CONFIG_ENV_VAR = "SHAREDSTREAM_CONFIG"
+"""Environment variable naming the config file when no path is passed."""
+
+DEFAULT_CONFIG_FILENAME = "sharedstream.toml"
+"""File discovered in the working directory when neither a path nor the env var is given."""
+
+_MASK = "********"
+_SQLITE_PREFIX = "sqlite:///"
+_POSTGRES_PREFIXES = ("postgresql://", "postgresql+", "postgres://")
+_FERNET_KEY_BYTES = 32
+
+
+class ConfigError(SharedStreamError):
+    """The configuration is invalid; raised at start-up, before anything runs.
+
+    The message is a single line. ``option`` is the ``section.option`` the
+    error is about (just the section name for an unknown section), or
+    ``None`` when it concerns a whole file. ``source`` says where the
+    offending value came from (``"file /path"``, ``"env NAME"``), or ``None``.
+    Not retryable: the same configuration fails the same way.
+    """
+
+    retryable = False
+
+    def __init__(
+        self, message: str, *, option: str | None = None, source: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.option = option
+        self.source = source
+
+
+@dataclass(frozen=True)
+class _OptionSpec:
+    """How one option is parsed, bounded and described."""
+
+    kind: Literal["int", "float", "store_url", "secret"]
+    help: str
+    minimum: float = 0
+    strict: bool = True  # value must be > minimum; otherwise >= minimum
+
+
+_SPECS: dict[str, dict[str, _OptionSpec]] = {
+    "triggerer": {
+        "capacity": _OptionSpec("int", "Triggers one triggerer process runs at most."),
+        "shared_stream_subscriber_queue_size": _OptionSpec(
+            "int", "Raw events a subscriber may have waiting before it fails (SubscriberOverflow)."
+        ),
+        "shared_stream_ack_timeout": _OptionSpec(
+            "float",
+            "Seconds a subscriber may take to resolve an event before it fails (AckTimeout).",
+        ),
+        "shared_stream_cohort_grace_period": _OptionSpec(
+            "float",
+            "Seconds a new shared-stream group waits before its first poll.",
+            strict=False,
+        ),
+        "job_heartbeat_sec": _OptionSpec(
+            "float", "Seconds between the triggerer's heartbeats in the metadata database."
+        ),
+        "restart_backoff_initial": _OptionSpec(
+            "float", "Seconds before the first restart of a trigger that failed."
+        ),
+        "restart_backoff_max": _OptionSpec(
+            "float", "Longest delay, in seconds, between restarts (>= restart_backoff_initial)."
+        ),
+        "shutdown_timeout": _OptionSpec(
+            "float", "Seconds a graceful shutdown may take; unfinished work is redelivered."
+        ),
+    },
+    "store": {
+        "url": _OptionSpec(
+            "store_url",
+            "Metadata database, sqlite:///path (relative to this file). PostgreSQL: not yet.",
+        ),
+        "persist_batch_max": _OptionSpec(
+            "int", "Most trigger events written in one transaction (group commit)."
+        ),
+        "persist_linger_ms": _OptionSpec(
+            "float", "Milliseconds a batch waits for more events before committing.", strict=False
+        ),
+        "kwargs_key": _OptionSpec(
+            "secret",
+            "SECRET. Fernet key(s) encrypting trigger kwargs at rest; comma-separated to rotate.",
+        ),
+    },
+}
+_SECRETS = frozenset({"store.kwargs_key"})
+
+
+def _invalid(section: str, option: str, shown: object, source: str, expected: str) -> ConfigError:
+    return ConfigError(
+        f"invalid [{section}] {option} = {shown!r} (from {source}): {expected}",
+        option=f"{section}.{option}",
+        source=source,
+    )
+
+
+def _redact_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url.split("://", 1)[0] + "://" + _MASK
+    if password is None:
+        return url
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:{_MASK}@{hostinfo}").geturl()
+
+
+def _check_fernet_keys(value: str) -> bool:
+    """True if ``value`` is one or more comma-separated Fernet keys.
+
+    Blank entries are ignored, as the kwargs cipher ignores them; at least one
+    key must remain.
+    """
+    keys = [key.strip() for key in value.split(",") if key.strip()]
+    if not keys:
+        return False
+    for key in keys:
+        try:
+            decoded = base64.urlsafe_b64decode(key.encode("ascii"))
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            return False
+        if len(decoded) != _FERNET_KEY_BYTES:
+            return False
+    return True
+
+
+def _convert_number(
+    section: str, option: str, raw: object, source: str, spec: _OptionSpec, *, from_text: bool
+) -> int | float:
+    integral = spec.kind == "int"
+    bound = f"{'>' if spec.strict else '>='} {spec.minimum:g}"
+    expected = f"expected {'an integer' if integral else 'a number'} {bound}"
+    value: object = raw
+    if from_text and isinstance(raw, str):
+        try:
+            value = int(raw) if integral else float(raw)
+        except ValueError:
+            raise _invalid(section, option, raw, source, expected) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid(section, option, raw, source, expected)
+    if integral and not isinstance(value, int):
+        raise _invalid(section, option, raw, source, expected)
+    number: int | float = value if integral else float(value)
+    too_small = number <= spec.minimum if spec.strict else number < spec.minimum
+    if not math.isfinite(number):
+        raise _invalid(
+            section, option, raw, source, expected.replace("a number", "a finite number")
+        )
+    if too_small:
+        raise _invalid(section, option, raw, source, expected)
+    return number
+
+
+def _convert_store_url(option: str, raw: object, source: str) -> str:
+    expected = "expected sqlite:///path/to/file.db"
+    if not isinstance(raw, str):
+        raise _invalid("store", option, raw, source, expected)
+    if raw.startswith(_POSTGRES_PREFIXES):
+        raise _invalid(
+            "store",
+            option,
+            _redact_url(raw),
+            source,
+            f"PostgreSQL is not supported yet; {expected}",
+        )
+    path = raw.removeprefix(_SQLITE_PREFIX)
+    if not raw.startswith(_SQLITE_PREFIX) or not path.strip() or path == ":memory:":
+        raise _invalid("store", option, _redact_url(raw), source, expected)
+    return raw
+
+
+def _convert(
+    section: str, option: str, raw: object, source: str, *, from_text: bool
+) -> int | float | str:
+    """Parse and bound one raw value; ``from_text`` (environment) parses strings."""
+    spec = _SPECS[section][option]
+    if spec.kind == "store_url":
+        return _convert_store_url(option, raw, source)
+    if spec.kind == "secret":
+        if not isinstance(raw, str) or not _check_fernet_keys(raw):
+            # Never echo a secret, not even inside a mistyped value.
+            expected = "expected one or more comma-separated Fernet keys (32 base64url bytes)"
+            raise _invalid(section, option, _MASK, source, expected)
+        return raw
+    return _convert_number(section, option, raw, source, spec, from_text=from_text)
+
+
+_Setting = tuple[float, object, str]
+"""An option's parsed value, its value as given (for messages) and its source."""
+
+
+def _check_backoff(initial: _Setting, maximum: _Setting) -> None:
+    """Refuse ``restart_backoff_max < restart_backoff_initial``, blaming the one that was set."""
+    (low, low_shown, low_source), (high, high_shown, high_source) = initial, maximum
+    if high >= low:
+        return
+    if high_source == "default":
+        expected = f"expected a number <= restart_backoff_max ({high!r}, the default)"
+        raise _invalid("triggerer", "restart_backoff_initial", low_shown, low_source, expected)
+    where = "the default" if low_source == "default" else f"from {low_source}"
+    expected = f"expected a number >= restart_backoff_initial ({low!r}, {where})"
+    raise _invalid("triggerer", "restart_backoff_max", high_shown, high_source, expected)
+
+
+def _validate_fields(instance: TriggererConfig | StoreConfig, section: str) -> None:
+    """Validate a directly constructed section; ints given for floats become floats."""
+    for item in dataclasses.fields(instance):
+        value = getattr(instance, item.name)
+        if value is None and _SPECS[section][item.name].kind == "secret":
+            continue
+        source = f"{type(instance).__name__}({item.name}=...)"
+        converted = _convert(section, item.name, value, source, from_text=False)
+        object.__setattr__(instance, item.name, converted)
+
+
+@dataclass(frozen=True)
+class TriggererConfig:
+    """The ``[triggerer]`` section; names and defaults follow Airflow's triggerer.
+
+    Validated on construction (:class:`ConfigError` naming the option);
+    integers given for float options are stored as floats.
+    """
+
+    capacity: int = 1000
+    shared_stream_subscriber_queue_size: int = 1024
+    shared_stream_ack_timeout: float = 300.0
+    shared_stream_cohort_grace_period: float = 0.0
+    job_heartbeat_sec: float = 5.0
+    restart_backoff_initial: float = 1.0
+    restart_backoff_max: float = 300.0
+    shutdown_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "triggerer")
+        low, high = self.restart_backoff_initial, self.restart_backoff_max
+        _check_backoff(
+            (low, low, "TriggererConfig(restart_backoff_initial=...)"),
+            (high, high, "TriggererConfig(restart_backoff_max=...)"),
+        )
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The ``[store]`` section: the metadata database and how events are persisted.
+
+    ``url`` is ``sqlite:///path`` (a relative path is relative to the working
+    directory unless :func:`load_config` already made it absolute);
+    PostgreSQL URLs are refused as not supported yet. ``kwargs_key`` is the
+    secret: one Fernet key, or several separated by commas (the first
+    encrypts, all decrypt), or ``None`` when unset. Validated on construction.
+    """
+
+    url: str = "sqlite:///sharedstream.db"
+    persist_batch_max: int = 500
+    persist_linger_ms: float = 2.0
+    kwargs_key: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "store")
+
+    def sqlite_path(self) -> Path:
+        """The database file of a ``sqlite:///`` URL, absolute (relative to the cwd now)."""
+        if not self.url.startswith(_SQLITE_PREFIX):
+            raise ConfigError(
+                f"[store] url {_redact_url(self.url)!r} is not a sqlite:/// URL",
+                option="store.url",
+            )
+        return Path.cwd() / self.url.removeprefix(_SQLITE_PREFIX)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole, validated configuration of one process.
+
+    ``source`` maps ``"section.option"`` to where a value that did not come
+    from the defaults was read (``"file /abs/path"`` or ``"env NAME"``);
+    options left at their defaults are absent from it.
+    """
+
+    triggerer: TriggererConfig = field(default_factory=TriggererConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    source: dict[str, str] = field(default_factory=dict)
+
+    def sqlite_path(self) -> Path:
+        """The SQLite database file (absolute); :class:`ConfigError` for other URLs."""
+        return self.store.sqlite_path()
+
+    def as_dict(self, *, mask_secrets: bool = True) -> dict[str, dict[str, Any]]:
+        """Every option by section; a set secret shows as ``"********"`` unless unmasked.
+
+        An unset secret is ``None`` either way. The result is a fresh dict.
+        """
+        result: dict[str, dict[str, Any]] = {}
+        for section in _SPECS:
+            values = dataclasses.asdict(getattr(self, section))
+            for option, value in values.items():
+                if mask_secrets and value is not None and f"{section}.{option}" in _SECRETS:
+                    values[option] = _MASK
+            result[section] = values
+        return result
+
+    def to_toml(self, *, mask_secrets: bool = True) -> str:
+        """The configuration as TOML, each non-default value commented with its source.
+
+        Unmasked, the output loads back (``tomllib``) to the same values; an
+        unset secret is written as a comment. Masked, a set secret is written
+        as ``"********"``, which is readable but not a valid key.
+        """
+        values = self.as_dict(mask_secrets=mask_secrets)
+        notes = {key: f"from {where}" for key, where in self.source.items()}
+        return _render_toml(values, header=["sharedstream configuration"], trailing=notes)
+
+
+def _toml_string(text: str) -> str:
+    # TOML basic strings: escape the quote, the backslash and every control character.
+    def escape(char: str) -> str:
+        if char in '"\\':
+            return "\\" + char
+        return f"\\u{ord(char):04X}" if ord(char) < 0x20 or ord(char) == 0x7F else char
+
+    return '"' + "".join(map(escape, text)) + '"'
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"cannot write {value!r} as a TOML value")
+    return repr(value)
+
+
+def _comment(text: str) -> str:
+    # TOML comments may not hold control characters (a newline would end the comment).
+    return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _render_toml(
+    values: Mapping[str, Mapping[str, Any]],
+    *,
+    header: list[str],
+    help_comments: bool = False,
+    trailing: Mapping[str, str] | None = None,
+) -> str:
+    lines = [_comment(line) for line in header]
+    for section, options in values.items():
+        lines += ["", f"[{section}]"]
+        for option, value in options.items():
+            if help_comments:
+                lines.append(_comment(_SPECS[section][option].help))
+            if value is None:
+                lines.append(_comment(f"{option} is not set"))
+                continue
+            line = f"{option} = {_toml_value(value)}"
+            note = (trailing or {}).get(f"{section}.{option}")
+            lines.append(f"{line}  {_comment(note)}" if note else line)
+    return "\n".join(lines) + "\n"
+
+
+def _suggest(name: str, candidates: list[str]) -> str:
+    match = difflib.get_close_matches(name, candidates, n=1)
+    if match:
+        return f"did you mean {match[0]}?"
+    return f"expected one of: {', '.join(candidates)}"
+
+
+_RawValues = dict[tuple[str, str], tuple[object, str]]
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist", source=f"file {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML in file {path}: {exc}", source=f"file {path}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text: {exc.reason} at byte {exc.start}",
+            source=f"file {path}",
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read config file {path}: {exc.strerror}", source=f"file {path}"
+        ) from exc
+
+
+def _file_values(path: Path) -> _RawValues:
+    source = f"file {path}"
+    raw: _RawValues = {}
+    for section, table in _read_toml(path).items():
+        if section not in _SPECS:
+            owners = [name for name, specs in _SPECS.items() if section in specs]
+            hint = (
+                f"options go in a section: [{owners[0]}] {section}"
+                if owners
+                else _suggest(section, list(_SPECS))
+            )
+            raise ConfigError(
+                f"unknown section [{section}] in {source}: {hint}", option=section, source=source
+            )
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"[{section}] in {source} must be a table, got a {type(table).__name__}",
+                option=section,
+                source=source,
+            )
+        for option, value in table.items():
+            if option not in _SPECS[section]:
+                raise ConfigError(
+                    f"unknown option [{section}] {option} in {source}: "
+                    + _suggest(option, list(_SPECS[section])),
+                    option=f"{section}.{option}",
+                    source=source,
+                )
+            raw[section, option] = (value, source)
+    return raw
+
+
+def _env_name(section: str, option: str) -> str:
+    return f"{ENV_PREFIX}{section}__{option}".upper()
+
+
+def _env_hint(parts: list[str]) -> str:
+    """Suggest the variable a misspelt ``SHAREDSTREAM__...`` name probably meant."""
+    if len(parts) != 2 or not all(parts):
+        return f"expected {ENV_PREFIX}<SECTION>__<OPTION>"
+    section, option = parts
+    if section not in _SPECS:
+        match = difflib.get_close_matches(section, list(_SPECS), n=1)
+        if not match:
+            return f"unknown section {section!r}; " + _suggest(section, list(_SPECS))
+        section = match[0]
+    match = difflib.get_close_matches(option, list(_SPECS[section]), n=1)
+    if not match:
+        return f"unknown option {option!r} of [{section}]; " + _suggest(
+            option, list(_SPECS[section])
+        )
+    return f"did you mean {_env_name(section, match[0])}?"
+
+
+def _env_values(environ: Mapping[str, str]) -> _RawValues:
+    raw: _RawValues = {}
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        source = f"env {name}"
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        section, option = parts if len(parts) == 2 else ("", "")
+        if option not in _SPECS.get(section, {}):
+            raise ConfigError(
+                f"unknown environment variable {name}: {_env_hint(parts)}",
+                option=".".join(p for p in parts if p) or None,
+                source=source,
+            )
+        if (section, option) in raw:
+            raise ConfigError(
+                f"[{section}] {option} is set twice, by {raw[section, option][1]} and {source}",
+                option=f"{section}.{option}",
+                source=source,
+            )
+        raw[section, option] = (environ[name], source)
+    return raw
+
+
+def _pick_file(path: Path | None, environ: Mapping[str, str]) -> Path | None:
+    if path is not None:
+        return path.absolute()
+    named = environ.get(CONFIG_ENV_VAR, "")
+    if named:
+        chosen = Path(named).absolute()
+        if not chosen.exists():
+            raise ConfigError(
+                f"config file {chosen} named by {CONFIG_ENV_VAR} does not exist",
+                source=f"env {CONFIG_ENV_VAR}",
+            )
+        return chosen
+    discovered = Path.cwd() / DEFAULT_CONFIG_FILENAME
+    return discovered if discovered.exists() else None
+
+
+def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, validate and freeze the configuration; call once at start-up.
+
+    The file is ``path`` if given (it must exist), else the file named by
+    ``SHAREDSTREAM_CONFIG`` (it must exist; an empty value counts as unset),
+    else ``./sharedstream.toml`` if there is one, else none. Environment
+    variables ``SHAREDSTREAM__<SECTION>__<OPTION>`` (any case) override the
+    file. Strings are parsed only from the environment; file values must have
+    the right TOML type (an integer is accepted for a float, a boolean never
+    for a number). ``environ`` defaults to ``os.environ``; it is only read.
+
+    Raises :class:`ConfigError` (one line: option, value, expectation,
+    source) for any unknown, mistyped or out-of-range value, an unreadable
+    file, or a TOML syntax error (naming the file and line).
+    """
+    env = os.environ if environ is None else environ
+    file = _pick_file(path, env)
+    raw = _file_values(file) if file is not None else {}
+    raw |= _env_values(env)
+
+    converted: dict[str, dict[str, Any]] = {section: {} for section in _SPECS}
+    for (section, option), (value, source) in raw.items():
+        from_text = source.startswith("env ")
+        converted[section][option] = _convert(section, option, value, source, from_text=from_text)
+
+    def setting(option: str) -> _Setting:
+        default = getattr(TriggererConfig, option)
+        shown, source = raw.get(("triggerer", option), (default, "default"))
+        return converted["triggerer"].get(option, default), shown, source
+
+    _check_backoff(setting("restart_backoff_initial"), setting("restart_backoff_max"))
+
+    url = converted["store"].get("url", StoreConfig().url)
+    url_source = raw.get(("store", "url"), (None, "default"))[1]
+    base = file.parent if file is not None and url_source.startswith("file ") else Path.cwd()
+    converted["store"]["url"] = _SQLITE_PREFIX + str(base / url.removeprefix(_SQLITE_PREFIX))
+
+    return Config(
+        triggerer=TriggererConfig(**converted["triggerer"]),
+        store=StoreConfig(**converted["store"]),
+        source={f"{section}.{option}": source for (section, option), (_, source) in raw.items()},
+    )
+
+
+def write_default_config(path: Path, *, kwargs_key: str, store_url: str) -> None:
+    """Write a commented TOML file with every option at its default (``sharedstream init``).
+
+    ``kwargs_key`` and ``store_url`` are validated first and written as
+    given (a relative SQLite path stays relative to the file's directory).
+    The file is created exclusively with mode 0600, as it holds the secret.
+    Raises :class:`ConfigError` if the file exists (never overwritten), a
+    value is invalid, or the file cannot be written.
+    """
+    source = "write_default_config argument"
+    _convert("store", "kwargs_key", kwargs_key, source, from_text=False)
+    _convert("store", "url", store_url, source, from_text=False)
+    values = Config().as_dict(mask_secrets=False)
+    values["store"] |= {"url": store_url, "kwargs_key": kwargs_key}
+    header = [
+        "sharedstream configuration (written by `sharedstream init`).",
+        "Every option is shown at its default. Environment variables",
+        "SHAREDSTREAM__<SECTION>__<OPTION> override this file. It holds a secret: keep it private.",
+    ]
+    text = _render_toml(values, header=header, help_comments=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(
+            f"refusing to overwrite existing file {path}", source=f"file {path}"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror}", source=f"file {path}") from exc
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
