@@ -1,0 +1,363 @@
+"""The metadata store contract, shared by every backend (SQLite now, PostgreSQL next).
+
+Data model, in the words every backend uses:
+
+* **trigger** - one registered trigger instance, identified by its
+  *fingerprint* (stable across restarts, computed by the caller from the
+  classpath and kwargs). The kwargs blob is already serialized and encrypted
+  by the caller; a store keeps and returns it byte for byte and never looks
+  inside. ``state`` is one of :data:`TRIGGER_STATES`.
+* **watcher** - binds a trigger to an asset under a name: every stored event
+  of the trigger becomes one asset event of that asset.
+* **DAG** - a ``dag_id`` and a schedule tree over asset names (see
+  :class:`Schedule`). An asset event of an asset the schedule mentions joins
+  the DAG's *pending queue*; when the tree is satisfied by the assets in the
+  queue, one queued DAG run is created that consumes the whole queue.
+* **trigger event** - a stored :class:`PendingEvent`. A non-``None``
+  ``idem_key`` is unique across the whole store: a second event with the same
+  key is a *duplicate* and leaves no trace at all (no asset event, no run), so
+  the caller must put into the key everything that distinguishes two genuine
+  events (trigger fingerprint, broker message identity, position of the event
+  among those the filter derived from that message).
+
+Contracts every backend keeps:
+
+1. Every mutation is one transaction: it is entirely visible after it
+   returns, or (when it raises) not at all.
+2. :meth:`MetadataStore.write_events` is a group commit; when it returns,
+   every event of the batch is durable. On any failure it raises
+   :class:`StoreWriteError` (``retryable``) and stores nothing of the batch.
+3. Run ids are deterministic: ``asset_triggered__{N:012d}`` where ``N`` is the
+   largest asset event id the run consumed; ``(dag_id, run_id)`` is unique.
+4. All datetimes are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self
+
+from sharedstream.errors import SharedStreamError
+
+__all__ = [
+    "RUN_STATE_QUEUED",
+    "TRIGGER_STATES",
+    "DagSpec",
+    "EventRow",
+    "MetadataStore",
+    "PendingEvent",
+    "RunRow",
+    "Schedule",
+    "StoreError",
+    "StoreWriteError",
+    "TriggerRow",
+    "TriggerSpec",
+    "TriggererRow",
+    "WatcherSpec",
+    "WriteResult",
+]
+
+TRIGGER_STATES = frozenset({"active", "finished", "failed", "orphaned"})
+"""Every value :attr:`TriggerRow.state` can take."""
+
+RUN_STATE_QUEUED = "queued"
+"""The state of a DAG run created by :meth:`MetadataStore.write_events`."""
+
+
+class StoreError(SharedStreamError):
+    """The metadata store refused or failed an operation.
+
+    Raised for bad definitions (an invalid schedule, a watcher naming an
+    unknown trigger), a database newer than this code, a closed store, or a
+    read that failed. Not retryable: the cause is in data or configuration.
+    """
+
+
+class StoreWriteError(StoreError):
+    """A write transaction failed and was rolled back; nothing of it is visible.
+
+    Always chained (``raise ... from``) to the underlying error. Retryable:
+    the typical causes (a lock held too long by another process, a full or
+    briefly unavailable disk) go away, and the broker redelivers whatever the
+    caller did not get confirmed.
+    """
+
+    retryable = True
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerSpec:
+    """A trigger as the definitions file declares it.
+
+    ``kwargs_blob`` is already serialized and encrypted by the caller.
+    """
+
+    fingerprint: str
+    classpath: str
+    kwargs_blob: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherSpec:
+    """Asset ``asset`` watches the trigger ``trigger_fingerprint`` under ``name``."""
+
+    asset: str
+    name: str
+    trigger_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class DagSpec:
+    """A DAG scheduled on assets; ``schedule`` is a tree :class:`Schedule` accepts."""
+
+    dag_id: str
+    schedule: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerRow:
+    """A stored trigger. ``state`` is one of :data:`TRIGGER_STATES`.
+
+    ``error_count`` and the ``last_*`` fields survive state changes, including
+    reactivation by a later :meth:`MetadataStore.sync_definitions`.
+    ``events_stored`` counts the trigger events stored for it (duplicates
+    excluded).
+    """
+
+    id: int
+    fingerprint: str
+    classpath: str
+    kwargs_blob: bytes
+    state: str
+    error_count: int
+    last_error: str | None
+    last_traceback: str | None
+    last_error_at: datetime | None
+    created_at: datetime
+    events_stored: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEvent:
+    """A trigger event to store; ``payload`` is already serialized by the caller.
+
+    ``idem_key`` (when not ``None``) makes the event idempotent store-wide; see
+    the module docstring for what it must contain.
+    """
+
+    trigger_id: int
+    idem_key: str | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one :meth:`MetadataStore.write_events` batch did.
+
+    ``stored + duplicates`` equals the batch size. ``dag_runs`` lists the
+    runs created, as ``"dag_id/run_id"``, in creation order.
+    """
+
+    stored: int
+    duplicates: int
+    asset_events: int
+    dag_runs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """A stored trigger event and the names of the assets it produced events for (sorted)."""
+
+    id: int
+    trigger_id: int
+    idem_key: str | None
+    payload: bytes
+    created_at: datetime
+    assets: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """A DAG run with the asset events it consumed (ids ascending, asset names sorted)."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    state: str
+    created_at: datetime
+    asset_event_ids: tuple[int, ...]
+    assets: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TriggererRow:
+    """A triggerer process as last reported by :meth:`MetadataStore.heartbeat`."""
+
+    id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A validated asset schedule tree.
+
+    The JSON form is ``{"asset": "name"}``, ``{"all": [subtrees]}`` or
+    ``{"any": [subtrees]}``; ``all`` and ``any`` need at least one child.
+    Against a set of asset names with pending queue entries, a leaf is
+    satisfied when its asset is in the set, ``all`` when every child is, and
+    ``any`` when some child is.
+    """
+
+    op: Literal["asset", "all", "any"]
+    asset: str | None = None
+    children: tuple[Schedule, ...] = ()
+
+    @classmethod
+    def parse(cls, tree: object, *, where: str = "schedule") -> Schedule:
+        """Validate a JSON-able tree; raises :class:`StoreError` naming the bad node."""
+        if not isinstance(tree, Mapping) or len(tree) != 1:
+            raise StoreError(
+                f"{where}: expected a mapping with exactly one of 'asset', 'all', 'any',"
+                f" got {tree!r}"
+            )
+        ((op, value),) = tree.items()
+        if op == "asset":
+            if not isinstance(value, str) or not value:
+                raise StoreError(f"{where}.asset: expected a non-empty asset name, got {value!r}")
+            return cls("asset", asset=value)
+        if op in ("all", "any"):
+            if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value:
+                raise StoreError(f"{where}.{op}: expected a non-empty list of subtrees")
+            children = tuple(
+                cls.parse(child, where=f"{where}.{op}[{index}]")
+                for index, child in enumerate(value)
+            )
+            return cls("all" if op == "all" else "any", children=children)
+        raise StoreError(f"{where}: unknown operator {op!r} (expected 'asset', 'all' or 'any')")
+
+    @property
+    def assets(self) -> frozenset[str]:
+        """Every asset name the tree mentions."""
+        if self.asset is not None:
+            return frozenset((self.asset,))
+        return frozenset().union(*(child.assets for child in self.children))
+
+    def satisfied(self, pending: Container[str]) -> bool:
+        """Whether the tree holds when exactly the assets in ``pending`` have queue entries."""
+        if self.asset is not None:
+            return self.asset in pending
+        if self.op == "all":
+            return all(child.satisfied(pending) for child in self.children)
+        return any(child.satisfied(pending) for child in self.children)
+
+
+class MetadataStore(Protocol):
+    """What the runtime and the CLI need from a metadata database.
+
+    An instance is used from one thread at a time. Every mutation is a single
+    transaction (see the module docstring for the contracts).
+    """
+
+    def migrate(self) -> int:
+        """Bring the schema up to date; idempotent. Returns the schema version.
+
+        Raises :class:`StoreError` when the database is newer than this code.
+        """
+        ...
+
+    def sync_definitions(
+        self,
+        triggers: Sequence[TriggerSpec],
+        watchers: Sequence[WatcherSpec],
+        dags: Sequence[DagSpec],
+    ) -> dict[str, int]:
+        """Register the definitions in one transaction; returns fingerprint -> trigger id.
+
+        Triggers are upserted by fingerprint (classpath and blob updated). A
+        trigger some watcher references is active (an orphaned or failed one
+        is reactivated, error history kept; a finished one stays finished);
+        every other trigger becomes orphaned. Watchers and DAGs are replaced
+        wholesale; a DAG that stays keeps its pending queue entries for the
+        assets its schedule still mentions. Every asset mentioned is
+        registered. Bad definitions raise :class:`StoreError` and change
+        nothing.
+        """
+        ...
+
+    def active_triggers(self, limit: int) -> list[TriggerRow]:
+        """At most ``limit`` triggers in state ``active``, by id."""
+        ...
+
+    def get_trigger(self, trigger_id: int) -> TriggerRow | None:
+        """The trigger with this id, or ``None``."""
+        ...
+
+    def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
+        """Count one error of the trigger and remember it as the last one."""
+        ...
+
+    def set_trigger_state(self, trigger_id: int, state: str) -> None:
+        """Set the state (one of :data:`TRIGGER_STATES`) of an existing trigger."""
+        ...
+
+    def write_events(self, batch: Sequence[PendingEvent]) -> WriteResult:
+        """Store a batch in one transaction (group commit) and derive asset events and runs.
+
+        Per event, in order: a non-``None`` ``idem_key`` already stored makes
+        it a duplicate (nothing else happens for it); otherwise the trigger
+        event is stored, one asset event is created per asset watching its
+        trigger, each joins the pending queue of every DAG whose schedule
+        mentions the asset; then each such DAG whose schedule is now satisfied
+        gets one queued run consuming its whole queue (evaluated once per
+        event, so one event watched by two assets makes at most one run per
+        DAG). Durable when it
+        returns; on failure raises :class:`StoreWriteError` and stores nothing.
+        """
+        ...
+
+    def heartbeat(self, triggerer_id: str, hostname: str, pid: int) -> None:
+        """Record that the triggerer is alive (first call registers it)."""
+        ...
+
+    def triggerers(self) -> list[TriggererRow]:
+        """Every triggerer that ever sent a heartbeat, by id."""
+        ...
+
+    def list_triggers(self) -> list[TriggerRow]:
+        """Every trigger, by id."""
+        ...
+
+    def list_events(
+        self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
+    ) -> list[EventRow]:
+        """Trigger events, newest first, optionally of one trigger and/or one asset."""
+        ...
+
+    def list_runs(
+        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
+    ) -> list[RunRow]:
+        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
+        ...
+
+    def counts(self) -> dict[str, int]:
+        """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection; idempotent."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

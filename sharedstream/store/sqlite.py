@@ -1,0 +1,841 @@
+"""The SQLite metadata store: embedded, zero set-up, one writer at a time.
+
+Connection: ``isolation_level=None`` (every transaction is an explicit
+``BEGIN IMMEDIATE`` ... ``COMMIT``), ``journal_mode=WAL`` (readers never block
+the writer), ``synchronous=FULL`` (a ``COMMIT`` that returned survives power
+loss), ``foreign_keys=ON``, ``busy_timeout=5000`` ms. One
+:class:`SqliteStore` is one connection and must be used from one thread at a
+time (the runtime gives it a dedicated writer thread); it may be created in
+another thread than the one using it. Other processes and other instances
+may open the same file: writes serialize on SQLite's write lock, reads see
+what was committed.
+
+Schema (version 1; ``schema_version`` holds one row per applied migration)::
+
+    store_meta(key PK, value)                  definitions_generation counter
+    triggers(id PK AUTOINCREMENT, fingerprint UNIQUE, classpath, kwargs_blob,
+             state CHECK IN (active, finished, failed, orphaned),
+             error_count, last_error, last_traceback, last_error_at,
+             created_at, events_stored)
+    assets(id PK AUTOINCREMENT, name UNIQUE, created_at)
+    watchers(asset_id -> assets, name, trigger_id -> triggers,
+             PK (asset_id, name))
+    dags(dag_id PK, schedule JSON, updated_at)
+    dag_schedule_assets(dag_id -> dags CASCADE, asset_id -> assets, PK both)
+    trigger_events(id PK AUTOINCREMENT, trigger_id -> triggers,
+                   idem_key UNIQUE (NULLs never collide), payload BLOB, created_at)
+    asset_events(id PK AUTOINCREMENT, asset_id -> assets,
+                 trigger_event_id -> trigger_events, created_at)
+    asset_dag_queue(dag_id -> dags CASCADE, asset_event_id -> asset_events,
+                    asset_id -> assets, PK (dag_id, asset_event_id))
+    dag_runs(id PK AUTOINCREMENT, dag_id, run_id, state, created_at,
+             UNIQUE (dag_id, run_id))
+    dag_run_asset_events(dag_run_id -> dag_runs, asset_event_id -> asset_events,
+                         PK both)
+    triggerers(id PK, hostname, pid, started_at, heartbeat_at)
+
+Datetimes are ISO-8601 text in UTC with microseconds
+(``2025-01-02T03:04:05.123456+00:00``), so text order is time order.
+
+Invariants:
+
+1. Ids of ``trigger_events``, ``asset_events`` and ``dag_runs`` are
+   ``AUTOINCREMENT``: never reused, even after rows are deleted, so the run id
+   ``asset_triggered__{max consumed asset event id:012d}`` is unique per DAG
+   forever, and "newest first" is "id descending".
+2. An asset event is in at most one run per DAG: a run consumes, and the same
+   transaction deletes, every queue entry of its DAG.
+3. After :meth:`SqliteStore.write_events` commits, no DAG's queue satisfies its
+   schedule: a DAG is evaluated after each stored trigger event that queued
+   an asset event for it (once per trigger event, after all of its asset
+   events are queued).
+   Changing a schedule with :meth:`SqliteStore.sync_definitions` does not
+   evaluate it; the next asset event for the DAG does.
+4. ``dag_runs.dag_id`` has no foreign key: removing a DAG from the definitions
+   drops its pending queue but keeps its run history.
+5. ``store_meta.definitions_generation`` is bumped by every
+   :meth:`SqliteStore.sync_definitions`; a store caches the watcher and
+   schedule maps it needs for writing and reloads them, inside the write
+   transaction, whenever the generation moved (also when another connection
+   synced).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from sharedstream.store.base import (
+    RUN_STATE_QUEUED,
+    TRIGGER_STATES,
+    DagSpec,
+    EventRow,
+    PendingEvent,
+    RunRow,
+    Schedule,
+    StoreError,
+    StoreWriteError,
+    TriggererRow,
+    TriggerRow,
+    TriggerSpec,
+    WatcherSpec,
+    WriteResult,
+)
+
+__all__ = ["MIGRATIONS", "SqliteStore"]
+
+log = logging.getLogger("sharedstream.store")
+
+_V1 = (
+    """CREATE TABLE store_meta (
+        key TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+    "INSERT INTO store_meta (key, value) VALUES ('definitions_generation', 0)",
+    """CREATE TABLE triggers (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        fingerprint TEXT NOT NULL UNIQUE,
+        classpath TEXT NOT NULL,
+        kwargs_blob BLOB NOT NULL,
+        state TEXT NOT NULL DEFAULT 'active'
+            CHECK (state IN ('active', 'finished', 'failed', 'orphaned')),
+        error_count INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        last_traceback TEXT,
+        last_error_at TEXT,
+        created_at TEXT NOT NULL,
+        events_stored INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX triggers_state ON triggers (state, id)",
+    """CREATE TABLE assets (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL UNIQUE,
+        created_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE watchers (
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        name TEXT NOT NULL,
+        trigger_id INTEGER NOT NULL REFERENCES triggers (id),
+        PRIMARY KEY (asset_id, name)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX watchers_trigger ON watchers (trigger_id)",
+    """CREATE TABLE dags (
+        dag_id TEXT PRIMARY KEY,
+        schedule TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE dag_schedule_assets (
+        dag_id TEXT NOT NULL REFERENCES dags (dag_id) ON DELETE CASCADE,
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        PRIMARY KEY (dag_id, asset_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX dag_schedule_assets_asset ON dag_schedule_assets (asset_id)",
+    """CREATE TABLE trigger_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        trigger_id INTEGER NOT NULL REFERENCES triggers (id),
+        idem_key TEXT UNIQUE,
+        payload BLOB NOT NULL,
+        created_at TEXT NOT NULL
+    )""",
+    "CREATE INDEX trigger_events_trigger ON trigger_events (trigger_id, id)",
+    """CREATE TABLE asset_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        trigger_event_id INTEGER NOT NULL REFERENCES trigger_events (id),
+        created_at TEXT NOT NULL
+    )""",
+    "CREATE INDEX asset_events_trigger_event ON asset_events (trigger_event_id)",
+    "CREATE INDEX asset_events_asset ON asset_events (asset_id, id)",
+    """CREATE TABLE asset_dag_queue (
+        dag_id TEXT NOT NULL REFERENCES dags (dag_id) ON DELETE CASCADE,
+        asset_event_id INTEGER NOT NULL REFERENCES asset_events (id),
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        PRIMARY KEY (dag_id, asset_event_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX asset_dag_queue_event ON asset_dag_queue (asset_event_id)",
+    """CREATE TABLE dag_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        dag_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        UNIQUE (dag_id, run_id)
+    )""",
+    "CREATE INDEX dag_runs_dag ON dag_runs (dag_id, id)",
+    """CREATE TABLE dag_run_asset_events (
+        dag_run_id INTEGER NOT NULL REFERENCES dag_runs (id),
+        asset_event_id INTEGER NOT NULL REFERENCES asset_events (id),
+        PRIMARY KEY (dag_run_id, asset_event_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX dag_run_asset_events_event ON dag_run_asset_events (asset_event_id)",
+    """CREATE TABLE triggerers (
+        id TEXT PRIMARY KEY,
+        hostname TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started_at TEXT NOT NULL,
+        heartbeat_at TEXT NOT NULL
+    ) WITHOUT ROWID""",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+"""Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
+
+Append only; never edit a released migration.
+"""
+
+_TRIGGER_COLUMNS = (
+    "id, fingerprint, classpath, kwargs_blob, state, error_count, last_error,"
+    " last_traceback, last_error_at, created_at, events_stored"
+)
+
+
+def _now() -> str:
+    return _fmt(datetime.now(UTC))
+
+
+def _fmt(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _parse(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def _trigger_row(row: Sequence[Any]) -> TriggerRow:
+    return TriggerRow(
+        id=int(row[0]),
+        fingerprint=str(row[1]),
+        classpath=str(row[2]),
+        kwargs_blob=bytes(row[3]),
+        state=str(row[4]),
+        error_count=int(row[5]),
+        last_error=row[6],
+        last_traceback=row[7],
+        last_error_at=None if row[8] is None else _parse(row[8]),
+        created_at=_parse(row[9]),
+        events_stored=int(row[10]),
+    )
+
+
+def _rowid(cur: sqlite3.Cursor) -> int:
+    rowid = cur.lastrowid
+    if rowid is None:  # pragma: no cover - only after a statement that inserted nothing
+        raise StoreError("INSERT reported no rowid")
+    return rowid
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+
+
+@dataclass(slots=True)
+class _Definitions:
+    """What write_events needs from the definitions, as of one generation."""
+
+    generation: int = -1
+    # trigger id -> (asset id, asset name) of every asset watching it, by asset id
+    assets_by_trigger: dict[int, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    # asset id -> ids of the DAGs whose schedule mentions it, sorted
+    dags_by_asset: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    schedules: dict[str, Schedule] = field(default_factory=dict)
+
+
+class SqliteStore:
+    """The :class:`~sharedstream.store.base.MetadataStore` on one SQLite file.
+
+    Creates the file and its parent directories when missing; call
+    :meth:`migrate` before anything else. One instance is one connection, to
+    be used from one thread at a time. Close it (or use it as a context
+    manager); a closed store raises :class:`StoreError`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._defs = _Definitions()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open metadata database {self.path}: {exc}") from exc
+        try:
+            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot open metadata database {self.path}: {exc}") from exc
+        self._conn: sqlite3.Connection | None = conn
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"metadata store {self.path} is closed")
+        return self._conn
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.exception("rollback failed")
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; rolled back on any exception.
+
+        A ``sqlite3.Error`` becomes :class:`StoreWriteError`; our own errors
+        (validation) propagate unchanged.
+        """
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            self._rollback(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise StoreWriteError(f"{what} failed and was rolled back: {exc}") from exc
+            raise
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        conn = self._connection()
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"reading {self.path} failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the connection; idempotent."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            self._rollback(conn)
+            conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- schema -----------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Apply every migration the database lacks, each in its own transaction.
+
+        Idempotent, and safe against another process migrating concurrently
+        (each step re-reads the version under the write lock). Returns the
+        schema version (``len(MIGRATIONS)``). Raises :class:`StoreError` when
+        the database was migrated by a newer sharedstream.
+        """
+        with self._write("creating schema_version") as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version ("
+                " version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+            )
+        for version, statements in enumerate(MIGRATIONS, start=1):
+            with self._write(f"migration {version}") as conn:
+                current = self._schema_version(conn)
+                if current >= version:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                    (version, _now()),
+                )
+        return len(MIGRATIONS)
+
+    def _schema_version(self, conn: sqlite3.Connection) -> int:
+        (version,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+        current = int(version)
+        if current > len(MIGRATIONS):
+            raise StoreError(
+                f"metadata database {self.path} has schema version {current}, newer than"
+                f" the {len(MIGRATIONS)} this sharedstream supports; upgrade sharedstream"
+            )
+        return current
+
+    # -- definitions ------------------------------------------------------------
+
+    def sync_definitions(
+        self,
+        triggers: Sequence[TriggerSpec],
+        watchers: Sequence[WatcherSpec],
+        dags: Sequence[DagSpec],
+    ) -> dict[str, int]:
+        """Register the definitions in one transaction; returns fingerprint -> trigger id.
+
+        Triggers are upserted by fingerprint (classpath and blob updated; the
+        last spec wins for a repeated fingerprint). A trigger some watcher
+        references is active: an orphaned or failed one is reactivated with
+        its error history kept, a finished one stays finished. Every other
+        trigger (given or only in the database) becomes orphaned. Watchers and
+        DAGs are replaced wholesale; a DAG that stays keeps the queue entries
+        of assets its schedule still mentions. Raises :class:`StoreError`
+        (nothing changed) for a watcher naming a trigger not in ``triggers``,
+        a repeated watcher ``(asset, name)`` or ``dag_id``, or an invalid
+        schedule.
+        """
+        specs = {spec.fingerprint: spec for spec in triggers}
+        referenced: set[str] = set()
+        seen_watchers: set[tuple[str, str]] = set()
+        for watcher in watchers:
+            if watcher.trigger_fingerprint not in specs:
+                raise StoreError(
+                    f"watcher {watcher.name!r} of asset {watcher.asset!r} references trigger"
+                    f" {watcher.trigger_fingerprint!r}, which is not among the triggers given"
+                )
+            if (watcher.asset, watcher.name) in seen_watchers:
+                raise StoreError(f"asset {watcher.asset!r} has two watchers named {watcher.name!r}")
+            seen_watchers.add((watcher.asset, watcher.name))
+            referenced.add(watcher.trigger_fingerprint)
+        schedules: dict[str, Schedule] = {}
+        for dag in dags:
+            if dag.dag_id in schedules:
+                raise StoreError(f"dag {dag.dag_id!r} is defined twice")
+            schedules[dag.dag_id] = Schedule.parse(
+                dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
+            )
+        asset_names = {w.asset for w in watchers}.union(
+            *(schedule.assets for schedule in schedules.values())
+        )
+        now = _now()
+        with self._write("sync_definitions") as conn:
+            ids: dict[str, int] = {}
+            for spec in specs.values():
+                state = "active" if spec.fingerprint in referenced else "orphaned"
+                (trigger_id,) = conn.execute(
+                    "INSERT INTO triggers (fingerprint, classpath, kwargs_blob, state, created_at)"
+                    " VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (fingerprint) DO UPDATE SET"
+                    "  classpath = excluded.classpath,"
+                    "  kwargs_blob = excluded.kwargs_blob,"
+                    "  state = CASE WHEN excluded.state = 'active' AND triggers.state = 'finished'"
+                    "          THEN 'finished' ELSE excluded.state END"
+                    " RETURNING id",
+                    (spec.fingerprint, spec.classpath, spec.kwargs_blob, state, now),
+                ).fetchone()
+                ids[spec.fingerprint] = int(trigger_id)
+            conn.execute(
+                "UPDATE triggers SET state = 'orphaned' WHERE state != 'orphaned'"
+                " AND fingerprint NOT IN (SELECT value FROM json_each(?))",
+                (json.dumps(sorted(referenced)),),
+            )
+            conn.executemany(
+                "INSERT INTO assets (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                [(name, now) for name in sorted(asset_names)],
+            )
+            asset_ids = {
+                str(name): int(asset_id)
+                for asset_id, name in conn.execute(
+                    "SELECT id, name FROM assets WHERE name IN (SELECT value FROM json_each(?))",
+                    (json.dumps(sorted(asset_names)),),
+                )
+            }
+            conn.execute("DELETE FROM watchers")
+            conn.executemany(
+                "INSERT INTO watchers (asset_id, name, trigger_id) VALUES (?, ?, ?)",
+                [(asset_ids[w.asset], w.name, ids[w.trigger_fingerprint]) for w in watchers],
+            )
+            conn.execute(
+                "DELETE FROM dags WHERE dag_id NOT IN (SELECT value FROM json_each(?))",
+                (json.dumps(sorted(schedules)),),
+            )
+            conn.executemany(
+                "INSERT INTO dags (dag_id, schedule, updated_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (dag_id) DO UPDATE SET"
+                "  schedule = excluded.schedule, updated_at = excluded.updated_at",
+                [(dag.dag_id, json.dumps(dag.schedule, sort_keys=True), now) for dag in dags],
+            )
+            conn.execute("DELETE FROM dag_schedule_assets")
+            conn.executemany(
+                "INSERT INTO dag_schedule_assets (dag_id, asset_id) VALUES (?, ?)",
+                [
+                    (dag_id, asset_ids[name])
+                    for dag_id, schedule in schedules.items()
+                    for name in sorted(schedule.assets)
+                ],
+            )
+            conn.execute(
+                "DELETE FROM asset_dag_queue WHERE NOT EXISTS ("
+                " SELECT 1 FROM dag_schedule_assets s WHERE s.dag_id = asset_dag_queue.dag_id"
+                " AND s.asset_id = asset_dag_queue.asset_id)"
+            )
+            conn.execute(
+                "UPDATE store_meta SET value = value + 1 WHERE key = 'definitions_generation'"
+            )
+        return ids
+
+    def _definitions(self, conn: sqlite3.Connection) -> _Definitions:
+        """The cached definitions, reloaded if the generation moved (call inside a transaction)."""
+        (generation,) = conn.execute(
+            "SELECT value FROM store_meta WHERE key = 'definitions_generation'"
+        ).fetchone()
+        if generation == self._defs.generation:
+            return self._defs
+        assets_by_trigger: dict[int, dict[int, str]] = {}
+        for trigger_id, asset_id, name in conn.execute(
+            "SELECT w.trigger_id, a.id, a.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
+            " ORDER BY w.trigger_id, a.id"
+        ):
+            assets_by_trigger.setdefault(int(trigger_id), {})[int(asset_id)] = str(name)
+        dags_by_asset: dict[int, list[str]] = {}
+        for asset_id, dag_id in conn.execute(
+            "SELECT asset_id, dag_id FROM dag_schedule_assets ORDER BY asset_id, dag_id"
+        ):
+            dags_by_asset.setdefault(int(asset_id), []).append(str(dag_id))
+        schedules = {
+            str(dag_id): Schedule.parse(json.loads(text), where=f"dag {dag_id!r}: schedule")
+            for dag_id, text in conn.execute("SELECT dag_id, schedule FROM dags")
+        }
+        self._defs = _Definitions(
+            generation=int(generation),
+            assets_by_trigger={
+                trigger_id: tuple(assets.items())
+                for trigger_id, assets in assets_by_trigger.items()
+            },
+            dags_by_asset={asset_id: tuple(ids) for asset_id, ids in dags_by_asset.items()},
+            schedules=schedules,
+        )
+        return self._defs
+
+    # -- triggers ---------------------------------------------------------------
+
+    def active_triggers(self, limit: int) -> list[TriggerRow]:
+        """At most ``limit`` triggers in state ``active``, by id."""
+        _check_limit(limit)
+        rows = self._read(
+            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE state = 'active' ORDER BY id LIMIT ?",  # noqa: S608
+            (limit,),
+        )
+        return [_trigger_row(row) for row in rows]
+
+    def get_trigger(self, trigger_id: int) -> TriggerRow | None:
+        """The trigger with this id, or ``None``."""
+        rows = self._read(
+            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE id = ?",  # noqa: S608
+            (trigger_id,),
+        )
+        return _trigger_row(rows[0]) if rows else None
+
+    def list_triggers(self) -> list[TriggerRow]:
+        """Every trigger, by id."""
+        rows = self._read(f"SELECT {_TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
+        return [_trigger_row(row) for row in rows]
+
+    def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
+        """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
+        with self._write("record_trigger_error") as conn:
+            updated = conn.execute(
+                "UPDATE triggers SET error_count = error_count + 1, last_error = ?,"
+                " last_traceback = ?, last_error_at = ? WHERE id = ?",
+                (message, traceback, _now(), trigger_id),
+            ).rowcount
+            if updated != 1:
+                raise StoreError(f"no trigger with id {trigger_id}")
+
+    def set_trigger_state(self, trigger_id: int, state: str) -> None:
+        """Set the state of an existing trigger.
+
+        :class:`StoreError` for a state outside :data:`TRIGGER_STATES` or an
+        unknown id.
+        """
+        if state not in TRIGGER_STATES:
+            raise StoreError(
+                f"trigger state must be one of {sorted(TRIGGER_STATES)}, got {state!r}"
+            )
+        with self._write("set_trigger_state") as conn:
+            updated = conn.execute(
+                "UPDATE triggers SET state = ? WHERE id = ?", (state, trigger_id)
+            ).rowcount
+            if updated != 1:
+                raise StoreError(f"no trigger with id {trigger_id}")
+
+    # -- events -----------------------------------------------------------------
+
+    def write_events(self, batch: Sequence[PendingEvent]) -> WriteResult:
+        """Store a batch in one transaction (group commit) and derive asset events and runs.
+
+        Per event, in batch order: a non-``None`` ``idem_key`` that is already
+        stored (earlier in this batch or before) makes it a duplicate and
+        nothing else happens for it. Otherwise the trigger event is stored,
+        one asset event is created per asset watching its trigger, each joins
+        the queue of every DAG whose schedule mentions the asset. Then (once
+        per event, after all its asset events are queued) every such DAG whose
+        schedule is satisfied by the assets in its queue gets one queued run
+        consuming the whole queue, with run id
+        ``asset_triggered__{max consumed asset event id:012d}``.
+
+        Durable when it returns. Any exception rolls the whole batch back and
+        is raised as :class:`StoreWriteError` (``retryable``) chained to the
+        cause; an unknown ``trigger_id`` is such a failure (foreign key).
+        """
+        conn = self._connection()
+        if not batch:
+            return WriteResult(stored=0, duplicates=0, asset_events=0, dag_runs=())
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            result = self._write_batch(conn, batch)
+            conn.execute("COMMIT")
+        except Exception as exc:
+            self._rollback(conn)
+            raise StoreWriteError(
+                f"write_events: batch of {len(batch)} events rolled back: {exc}"
+            ) from exc
+        except BaseException:
+            self._rollback(conn)
+            raise
+        return result
+
+    def _write_batch(self, conn: sqlite3.Connection, batch: Sequence[PendingEvent]) -> WriteResult:
+        # Queue changes are kept in memory and written once at the end (the
+        # write lock is ours, so nobody else sees or changes the queue
+        # meanwhile): an entry enqueued and consumed within the batch never
+        # touches the table. ``lastrowid``/``rowcount`` instead of RETURNING:
+        # half the cost per statement.
+        defs = self._definitions(conn)
+        now = _now()
+        cur = conn.cursor()
+        stored = duplicates = asset_event_count = 0
+        runs: list[str] = []
+        per_trigger: Counter[int] = Counter()
+        queues: dict[str, list[tuple[int, str]]] = {}  # dag -> (asset event id, asset name)
+        unwritten: dict[str, list[tuple[int, int]]] = {}  # dag -> (asset event id, asset id)
+        in_table: set[str] = set()  # dags whose table entries are all still queued
+        consumed_from_table: list[str] = []  # dags whose table entries were consumed
+        for event in batch:
+            cur.execute(
+                "INSERT INTO trigger_events (trigger_id, idem_key, payload, created_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING",
+                (event.trigger_id, event.idem_key, event.payload, now),
+            )
+            if cur.rowcount == 0:
+                duplicates += 1
+                continue
+            trigger_event_id = _rowid(cur)
+            stored += 1
+            per_trigger[event.trigger_id] += 1
+            touched: dict[str, None] = {}  # ordered set
+            for asset_id, asset_name in defs.assets_by_trigger.get(event.trigger_id, ()):
+                cur.execute(
+                    "INSERT INTO asset_events (asset_id, trigger_event_id, created_at)"
+                    " VALUES (?, ?, ?)",
+                    (asset_id, trigger_event_id, now),
+                )
+                asset_event_id = _rowid(cur)
+                asset_event_count += 1
+                for dag_id in defs.dags_by_asset.get(asset_id, ()):
+                    queue = queues.get(dag_id)
+                    if queue is None:
+                        queue = queues[dag_id] = self._load_queue(cur, dag_id)
+                        unwritten[dag_id] = []
+                        if queue:
+                            in_table.add(dag_id)
+                    queue.append((asset_event_id, asset_name))
+                    unwritten[dag_id].append((asset_event_id, asset_id))
+                    touched[dag_id] = None
+            for dag_id in touched:
+                queue = queues[dag_id]
+                if not defs.schedules[dag_id].satisfied({name for _, name in queue}):
+                    continue
+                consumed = sorted(asset_event_id for asset_event_id, _ in queue)
+                runs.append(self._create_run(cur, dag_id, consumed, now))
+                queue.clear()
+                unwritten[dag_id].clear()
+                if dag_id in in_table:
+                    in_table.discard(dag_id)
+                    consumed_from_table.append(dag_id)
+        cur.executemany(
+            "DELETE FROM asset_dag_queue WHERE dag_id = ?",
+            [(dag_id,) for dag_id in consumed_from_table],
+        )
+        cur.executemany(
+            "INSERT INTO asset_dag_queue (dag_id, asset_event_id, asset_id) VALUES (?, ?, ?)",
+            [
+                (dag_id, asset_event_id, asset_id)
+                for dag_id, entries in unwritten.items()
+                for asset_event_id, asset_id in entries
+            ],
+        )
+        cur.executemany(
+            "UPDATE triggers SET events_stored = events_stored + ? WHERE id = ?",
+            [(count, trigger_id) for trigger_id, count in per_trigger.items()],
+        )
+        return WriteResult(
+            stored=stored,
+            duplicates=duplicates,
+            asset_events=asset_event_count,
+            dag_runs=tuple(runs),
+        )
+
+    @staticmethod
+    def _create_run(cur: sqlite3.Cursor, dag_id: str, consumed: list[int], now: str) -> str:
+        """Insert a queued run consuming ``consumed`` (ascending); returns ``dag_id/run_id``."""
+        run_id = f"asset_triggered__{consumed[-1]:012d}"
+        cur.execute(
+            "INSERT INTO dag_runs (dag_id, run_id, state, created_at) VALUES (?, ?, ?, ?)",
+            (dag_id, run_id, RUN_STATE_QUEUED, now),
+        )
+        dag_run_id = _rowid(cur)
+        link = "INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id) VALUES (?, ?)"
+        if len(consumed) == 1:
+            cur.execute(link, (dag_run_id, consumed[0]))
+        else:
+            cur.executemany(link, [(dag_run_id, ae_id) for ae_id in consumed])
+        return f"{dag_id}/{run_id}"
+
+    @staticmethod
+    def _load_queue(cur: sqlite3.Cursor, dag_id: str) -> list[tuple[int, str]]:
+        return [
+            (int(asset_event_id), str(name))
+            for asset_event_id, name in cur.execute(
+                "SELECT q.asset_event_id, a.name FROM asset_dag_queue q"
+                " JOIN assets a ON a.id = q.asset_id WHERE q.dag_id = ?",
+                (dag_id,),
+            ).fetchall()
+        ]
+
+    # -- triggerers -------------------------------------------------------------
+
+    def heartbeat(self, triggerer_id: str, hostname: str, pid: int) -> None:
+        """Record that the triggerer is alive; the first call also sets ``started_at``."""
+        now = _now()
+        with self._write("heartbeat") as conn:
+            conn.execute(
+                "INSERT INTO triggerers (id, hostname, pid, started_at, heartbeat_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+                "  hostname = excluded.hostname, pid = excluded.pid,"
+                "  heartbeat_at = excluded.heartbeat_at",
+                (triggerer_id, hostname, pid, now, now),
+            )
+
+    def triggerers(self) -> list[TriggererRow]:
+        """Every triggerer that ever sent a heartbeat, by id."""
+        return [
+            TriggererRow(
+                id=str(row[0]),
+                hostname=str(row[1]),
+                pid=int(row[2]),
+                started_at=_parse(row[3]),
+                heartbeat_at=_parse(row[4]),
+            )
+            for row in self._read(
+                "SELECT id, hostname, pid, started_at, heartbeat_at FROM triggerers ORDER BY id"
+            )
+        ]
+
+    # -- read API for the CLI ---------------------------------------------------
+
+    def list_events(
+        self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
+    ) -> list[EventRow]:
+        """Trigger events, newest first, optionally of one trigger and/or one asset.
+
+        ``asset`` keeps the events that produced an asset event of that asset.
+        """
+        _check_limit(limit)
+        where: list[str] = []
+        params: list[Any] = []
+        if trigger_id is not None:
+            where.append("te.trigger_id = ?")
+            params.append(trigger_id)
+        if asset is not None:
+            where.append(
+                "te.id IN (SELECT ae.trigger_event_id FROM asset_events ae"
+                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)"
+            )
+            params.append(asset)
+        # only constant fragments are concatenated; every value is a bound parameter
+        sql = (
+            "SELECT te.id, te.trigger_id, te.idem_key, te.payload, te.created_at,"  # noqa: S608
+            " (SELECT json_group_array(a.name) FROM asset_events ae"
+            "   JOIN assets a ON a.id = ae.asset_id WHERE ae.trigger_event_id = te.id)"
+            " FROM trigger_events te"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY te.id DESC LIMIT ?"
+        )
+        return [
+            EventRow(
+                id=int(row[0]),
+                trigger_id=int(row[1]),
+                idem_key=row[2],
+                payload=bytes(row[3]),
+                created_at=_parse(row[4]),
+                assets=tuple(sorted(set(json.loads(row[5])))),
+            )
+            for row in self._read(sql, [*params, limit])
+        ]
+
+    def list_runs(
+        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
+    ) -> list[RunRow]:
+        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
+        _check_limit(limit)
+        where: list[str] = []
+        params: list[Any] = []
+        if dag_id is not None:
+            where.append("r.dag_id = ?")
+            params.append(dag_id)
+        if asset is not None:
+            where.append(
+                "r.id IN (SELECT l.dag_run_id FROM dag_run_asset_events l"
+                " JOIN asset_events ae ON ae.id = l.asset_event_id"
+                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)"
+            )
+            params.append(asset)
+        # only constant fragments are concatenated; every value is a bound parameter
+        sql = (
+            "SELECT r.id, r.dag_id, r.run_id, r.state, r.created_at,"  # noqa: S608
+            " (SELECT json_group_array(l.asset_event_id) FROM dag_run_asset_events l"
+            "   WHERE l.dag_run_id = r.id),"
+            " (SELECT json_group_array(a.name) FROM dag_run_asset_events l"
+            "   JOIN asset_events ae ON ae.id = l.asset_event_id"
+            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id)"
+            " FROM dag_runs r"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY r.id DESC LIMIT ?"
+        )
+        return [
+            RunRow(
+                id=int(row[0]),
+                dag_id=str(row[1]),
+                run_id=str(row[2]),
+                state=str(row[3]),
+                created_at=_parse(row[4]),
+                asset_event_ids=tuple(sorted(int(i) for i in json.loads(row[5]))),
+                assets=tuple(sorted(set(json.loads(row[6])))),
+            )
+            for row in self._read(sql, [*params, limit])
+        ]
+
+    def counts(self) -> dict[str, int]:
+        """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
+        (row,) = self._read(
+            "SELECT (SELECT count(*) FROM triggers), (SELECT count(*) FROM trigger_events),"
+            " (SELECT count(*) FROM asset_events), (SELECT count(*) FROM dag_runs)"
+        )
+        return {
+            "triggers": int(row[0]),
+            "trigger_events": int(row[1]),
+            "asset_events": int(row[2]),
+            "dag_runs": int(row[3]),
+        }
