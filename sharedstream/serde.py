@@ -1,0 +1,430 @@
+"""Serialize trigger kwargs for the metadata store (msgpack).
+
+A trigger is stored as ``(classpath, kwargs)`` and rebuilt elsewhere as
+``cls(**kwargs)``, so the kwargs must come back *exactly*: same types, same
+values. :func:`pack_kwargs` and :func:`unpack_kwargs` guarantee that for the
+following types (exact types only, see below):
+
+* ``None``, ``bool``, ``int`` (any size), ``float``, ``str``, ``bytes``;
+* ``list``, ``tuple`` (stays a tuple), ``dict`` (``str`` keys or any other
+  supported hashable key), ``set``, ``frozenset``;
+* ``datetime.datetime`` (naive or aware), ``datetime.date``,
+  ``datetime.time``, ``datetime.timedelta``;
+* ``decimal.Decimal``, ``uuid.UUID``.
+
+Aware datetimes and times keep their wall time, their ``fold`` and the kind
+of their ``tzinfo``: ``timezone.utc`` comes back as ``timezone.utc``, a
+fixed offset ``timezone(timedelta(...), name)`` as an equal fixed offset
+with the same name, a ``zoneinfo.ZoneInfo`` as ``ZoneInfo(key)``. Any other
+``tzinfo`` (``pytz``, ``dateutil``, a ``ZoneInfo`` read from a file, which
+has no key) is refused.
+
+Subclasses of the supported types (``enum.Enum`` members such as an
+``IntEnum``, named tuples, ``OrderedDict``, ``bytearray``, ...) are refused
+with :class:`SerializationError` rather than silently coming back as their
+base type. So is nesting deeper than :data:`MAX_DEPTH` containers.
+
+Values msgpack cannot represent natively travel as msgpack extension types.
+Container extensions hold a msgpack-packed array; ``tz`` is ``nil`` (naive),
+``[0]`` (``timezone.utc``), ``[1, offset_microseconds, name_or_nil]`` (fixed
+offset) or ``[2, key]`` (``ZoneInfo``):
+
+====  ============  =====================================================
+code  type          payload
+====  ============  =====================================================
+1     ``int``       two's-complement big-endian bytes, minimal length
+                    (only ints outside msgpack's ``[-2**63, 2**64)``)
+2     ``tuple``     packed array of the elements
+3     ``set``       packed array of the elements, in canonical order
+4     ``frozenset`` packed array of the elements, in canonical order
+5     ``datetime``  packed ``[year, month, day, hour, minute, second,
+                    microsecond, fold, tz]``
+6     ``date``      packed ``[year, month, day]``
+7     ``time``      packed ``[hour, minute, second, microsecond, fold, tz]``
+8     ``timedelta`` packed ``[days, seconds, microseconds]``
+9     ``Decimal``   ``str(value)`` as UTF-8
+10    ``UUID``      the 16 bytes of ``value.bytes``
+====  ============  =====================================================
+
+Output is deterministic: equal input (same types, same insertion order)
+packs to the same bytes in every process. Dicts keep their insertion order;
+set elements are ordered by their own packed bytes, a total order that does
+not depend on the interpreter's hash seed (natural ``<`` ordering does not
+qualify: it is partial for frozensets, and the iteration order it would fall
+back on varies with ``PYTHONHASHSEED`` for strings). :func:`kwargs_fingerprint`
+additionally sorts dict keys recursively, so it identifies kwargs regardless
+of insertion order; the runtime uses it to collapse identical triggers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import reprlib
+import uuid
+import zoneinfo
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import msgpack
+
+from sharedstream.errors import SharedStreamError
+
+__all__ = [
+    "MAX_DEPTH",
+    "SerializationError",
+    "kwargs_fingerprint",
+    "pack_kwargs",
+    "unpack_kwargs",
+]
+
+MAX_DEPTH: Final = 100
+"""How many containers deep kwargs may nest, counting the kwargs dict itself."""
+
+EXT_BIGINT: Final = 1
+EXT_TUPLE: Final = 2
+EXT_SET: Final = 3
+EXT_FROZENSET: Final = 4
+EXT_DATETIME: Final = 5
+EXT_DATE: Final = 6
+EXT_TIME: Final = 7
+EXT_TIMEDELTA: Final = 8
+EXT_DECIMAL: Final = 9
+EXT_UUID: Final = 10
+
+_TZ_UTC: Final = 0
+_TZ_FIXED: Final = 1
+_TZ_ZONEINFO: Final = 2
+
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**64 - 1
+_ONE_MICROSECOND: Final = dt.timedelta(microseconds=1)
+
+_SCALARS: Final = frozenset({type(None), bool, str, bytes, float})
+_SUPPORTED_BASES: Final = (
+    int, float, str, bytes, list, tuple, dict, set, frozenset,
+    dt.date, dt.time, dt.timedelta, decimal.Decimal, uuid.UUID,
+)  # fmt: skip
+
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = 40
+_short_repr.maxother = 40
+
+
+class SerializationError(SharedStreamError, ValueError):
+    """Trigger kwargs could not be packed or unpacked.
+
+    When packing, the message names where the offending value sits and its
+    type, e.g. ``kwargs['options'][2]: cannot serialize object of type Foo``.
+    When unpacking, the stored bytes are corrupt or were written by an
+    incompatible version. Never retryable: the same input fails the same way.
+    """
+
+
+def pack_kwargs(kwargs: Mapping[str, Any]) -> bytes:
+    """Pack trigger ``kwargs`` into msgpack bytes.
+
+    Keys of ``kwargs`` itself must be ``str`` (they are keyword names);
+    nested dicts may use any supported hashable key. Dict insertion order is
+    kept. Equal input always packs to the same bytes.
+
+    Raises :class:`SerializationError` when a value (or key) has an
+    unsupported type or ``tzinfo``, or nests deeper than :data:`MAX_DEPTH`;
+    the message names its path, e.g. ``kwargs['options'][2]``.
+    """
+    return _packb(_top_level(kwargs, canonical=False))
+
+
+def unpack_kwargs(data: bytes) -> dict[str, Any]:
+    """Rebuild the kwargs dict packed by :func:`pack_kwargs`.
+
+    The result equals the packed input value for value and type for type
+    (tuples stay tuples, aware datetimes keep their tzinfo kind and wall time).
+
+    Raises :class:`SerializationError` when ``data`` is not packed kwargs
+    (corrupt, truncated, or written by an incompatible version), or names a
+    ``ZoneInfo`` key this machine's time zone database does not know.
+    """
+    try:
+        result = _resolve(_unpackb(data))
+    except SerializationError:
+        raise
+    except (
+        ValueError,
+        TypeError,
+        LookupError,
+        OverflowError,
+        ArithmeticError,
+        RecursionError,
+        msgpack.UnpackException,
+    ) as exc:
+        raise SerializationError(f"cannot unpack kwargs: {type(exc).__name__}: {exc}") from exc
+    if type(result) is not dict or any(type(key) is not str for key in result):
+        raise SerializationError("cannot unpack kwargs: data is not a mapping of keyword names")
+    return result
+
+
+def kwargs_fingerprint(classpath: str, kwargs: Mapping[str, Any]) -> str:
+    """Identify a trigger by its classpath and kwargs: a SHA-256 hex digest.
+
+    The digest covers the msgpack array ``[classpath, kwargs]`` where
+    ``kwargs`` is in canonical form: every dict's entries are sorted by the
+    packed bytes of their keys, recursively. So ``{"a": 1, "b": 2}`` and
+    ``{"b": 2, "a": 1}`` give the same fingerprint, while any change of
+    classpath, key, value or value type gives another one.
+
+    Raises :class:`SerializationError` for the same inputs as :func:`pack_kwargs`.
+    """
+    if type(classpath) is not str:
+        raise SerializationError(
+            f"classpath: expected str, got object of type {type(classpath).__qualname__}"
+        )
+    canonical = _top_level(kwargs, canonical=True)
+    return hashlib.sha256(_packb([classpath, canonical])).hexdigest()
+
+
+# -- packing -----------------------------------------------------------------
+
+
+def _packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, strict_types=True, datetime=False)
+
+
+def _top_level(kwargs: Mapping[str, Any], *, canonical: bool) -> dict[Any, Any]:
+    if not isinstance(kwargs, Mapping):
+        raise SerializationError(
+            f"kwargs: expected a mapping, got object of type {type(kwargs).__qualname__}"
+        )
+    for key in kwargs:
+        if type(key) is not str:
+            raise SerializationError(
+                f"kwargs (key {_short_repr.repr(key)}): keyword names must be str, "
+                f"got object of type {type(key).__qualname__}"
+            )
+    return _encode_dict(kwargs, "kwargs", canonical=canonical, depth=1)
+
+
+def _encode(value: Any, path: str, *, canonical: bool, depth: int) -> Any:
+    """Turn ``value`` into what msgpack packs natively (ExtType for the rest)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is int:
+        if _INT_MIN <= value <= _INT_MAX:
+            return value
+        size = (value.bit_length() + 8) // 8
+        return msgpack.ExtType(EXT_BIGINT, value.to_bytes(size, "big", signed=True))
+    if kind in _CONTAINERS:
+        if depth >= MAX_DEPTH:
+            raise SerializationError(f"{path}: nested deeper than {MAX_DEPTH} containers")
+        return _encode_container(value, path, canonical=canonical, depth=depth + 1)
+    encoder = _VALUE_ENCODERS.get(kind)
+    if encoder is not None:
+        code, payload = encoder(value, path)
+        return msgpack.ExtType(code, payload)
+    message = f"{path}: cannot serialize object of type {kind.__qualname__}"
+    if isinstance(value, _SUPPORTED_BASES):
+        message += " (subclasses of supported types are refused: they would come back as "
+        message += "their base type)"
+    raise SerializationError(message)
+
+
+def _encode_datetime(value: dt.datetime, path: str) -> tuple[int, bytes]:
+    fields = [value.year, value.month, value.day, value.hour, value.minute, value.second]
+    fields += [value.microsecond, value.fold, _encode_tz(value.tzinfo, path, "datetime")]
+    return EXT_DATETIME, _packb(fields)
+
+
+def _encode_date(value: dt.date, path: str) -> tuple[int, bytes]:
+    return EXT_DATE, _packb([value.year, value.month, value.day])
+
+
+def _encode_time(value: dt.time, path: str) -> tuple[int, bytes]:
+    fields = [value.hour, value.minute, value.second, value.microsecond, value.fold]
+    fields.append(_encode_tz(value.tzinfo, path, "time"))
+    return EXT_TIME, _packb(fields)
+
+
+def _encode_timedelta(value: dt.timedelta, path: str) -> tuple[int, bytes]:
+    return EXT_TIMEDELTA, _packb([value.days, value.seconds, value.microseconds])
+
+
+def _encode_decimal(value: decimal.Decimal, path: str) -> tuple[int, bytes]:
+    return EXT_DECIMAL, str(value).encode()
+
+
+def _encode_uuid(value: uuid.UUID, path: str) -> tuple[int, bytes]:
+    return EXT_UUID, value.bytes
+
+
+_CONTAINERS: Final = frozenset({list, dict, tuple, set, frozenset})
+# Keyed by exact type: a subclass is looked up by its own type and is refused.
+_VALUE_ENCODERS: Final[dict[type, Callable[[Any, str], tuple[int, bytes]]]] = {
+    dt.datetime: _encode_datetime,
+    dt.date: _encode_date,
+    dt.time: _encode_time,
+    dt.timedelta: _encode_timedelta,
+    decimal.Decimal: _encode_decimal,
+    uuid.UUID: _encode_uuid,
+}
+
+
+def _encode_container(value: Any, path: str, *, canonical: bool, depth: int) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return _encode_dict(value, path, canonical=canonical, depth=depth)
+    if kind is list or kind is tuple:
+        items = [
+            _encode(item, f"{path}[{index}]", canonical=canonical, depth=depth)
+            for index, item in enumerate(value)
+        ]
+        return items if kind is list else msgpack.ExtType(EXT_TUPLE, _packb(items))
+    # set / frozenset: order the elements by their packed bytes (see module docstring).
+    elements = [
+        _encode(item, f"{path}{{{_short_repr.repr(item)}}}", canonical=canonical, depth=depth)
+        for item in value
+    ]
+    elements.sort(key=_packb)
+    return msgpack.ExtType(EXT_SET if kind is set else EXT_FROZENSET, _packb(elements))
+
+
+def _encode_dict(
+    value: Mapping[Any, Any], path: str, *, canonical: bool, depth: int
+) -> dict[Any, Any]:
+    entries = []
+    for key, item in value.items():
+        key_path = f"{path} (key {_short_repr.repr(key)})"
+        encoded_key = _encode(key, key_path, canonical=canonical, depth=depth)
+        item_path = f"{path}[{_short_repr.repr(key)}]"
+        entries.append((encoded_key, _encode(item, item_path, canonical=canonical, depth=depth)))
+    if canonical:
+        entries.sort(key=lambda entry: _packb(entry[0]))
+    return dict(entries)
+
+
+def _encode_tz(tz: dt.tzinfo | None, path: str, what: str) -> Any:
+    if tz is None:
+        return None
+    if tz is dt.UTC:
+        return [_TZ_UTC]
+    if type(tz) is dt.timezone:
+        # timezone pickles as (timezone, (offset,)) or (timezone, (offset, name)): the name
+        # is kept only when it was given explicitly, even if it equals the default one.
+        reduced = tz.__reduce__()
+        args: tuple[Any, ...] = reduced[1] if isinstance(reduced, tuple) else ()
+        offset = tz.utcoffset(None)
+        name = args[1] if len(args) > 1 else None
+        return [_TZ_FIXED, offset // _ONE_MICROSECOND, name]
+    if type(tz) is zoneinfo.ZoneInfo:
+        if tz.key is None:
+            raise SerializationError(
+                f"{path}: cannot serialize a {what} whose ZoneInfo has no key "
+                "(built from a file); use ZoneInfo(key)"
+            )
+        return [_TZ_ZONEINFO, tz.key]
+    raise SerializationError(
+        f"{path}: cannot serialize a {what} with tzinfo of type {type(tz).__qualname__}; "
+        "use datetime.timezone or zoneinfo.ZoneInfo"
+    )
+
+
+# -- unpacking ---------------------------------------------------------------
+
+
+# Extension payloads are decoded after the enclosing unpackb call has returned, never
+# from inside its ext_hook: each msgpack C unpacker call reserves tens of kilobytes of
+# C stack, so decoding nested containers from the hook could overflow the C stack
+# (a segfault on corrupt or hostile data) long before Python's recursion limit.
+
+
+def _unpackb(data: bytes) -> Any:
+    """Unpack one msgpack object; extension types stay ``ExtType`` (resolved later)."""
+    return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+
+
+def _resolve(obj: Any) -> Any:
+    """Replace every ``ExtType`` in a freshly unpacked object by the value it encodes."""
+    kind = type(obj)
+    if kind is msgpack.ExtType:
+        return _decode_ext(obj.code, obj.data)
+    if kind is list:
+        return [_resolve(item) for item in obj]
+    if kind is dict:
+        return {_resolve(key): _resolve(item) for key, item in obj.items()}
+    if kind in _SCALARS or kind is int:
+        return obj
+    raise SerializationError(f"cannot unpack kwargs: unexpected {kind.__qualname__}")
+
+
+def _decode_ext(code: int, data: bytes) -> Any:
+    decoder = _EXT_DECODERS.get(code)
+    if decoder is None:
+        raise SerializationError(f"cannot unpack kwargs: unknown msgpack extension type {code}")
+    return decoder(data)
+
+
+def _decode_bigint(data: bytes) -> int:
+    return int.from_bytes(data, "big", signed=True)
+
+
+def _decode_items(data: bytes) -> list[Any]:
+    items = _unpackb(data)
+    if type(items) is not list:
+        raise SerializationError("cannot unpack kwargs: malformed container extension")
+    return [_resolve(item) for item in items]
+
+
+def _decode_datetime(data: bytes) -> dt.datetime:
+    year, month, day, hour, minute, second, micro, fold, tz = _unpackb(data)
+    return dt.datetime(year, month, day, hour, minute, second, micro, _decode_tz(tz), fold=fold)
+
+
+def _decode_date(data: bytes) -> dt.date:
+    year, month, day = _unpackb(data)
+    return dt.date(year, month, day)
+
+
+def _decode_time(data: bytes) -> dt.time:
+    hour, minute, second, micro, fold, tz = _unpackb(data)
+    return dt.time(hour, minute, second, micro, _decode_tz(tz), fold=fold)
+
+
+def _decode_timedelta(data: bytes) -> dt.timedelta:
+    days, seconds, micro = _unpackb(data)
+    return dt.timedelta(days=days, seconds=seconds, microseconds=micro)
+
+
+_EXT_DECODERS: Final[dict[int, Callable[[bytes], Any]]] = {
+    EXT_BIGINT: _decode_bigint,
+    EXT_TUPLE: lambda data: tuple(_decode_items(data)),
+    EXT_SET: lambda data: set(_decode_items(data)),
+    EXT_FROZENSET: lambda data: frozenset(_decode_items(data)),
+    EXT_DATETIME: _decode_datetime,
+    EXT_DATE: _decode_date,
+    EXT_TIME: _decode_time,
+    EXT_TIMEDELTA: _decode_timedelta,
+    EXT_DECIMAL: lambda data: decimal.Decimal(data.decode()),
+    EXT_UUID: lambda data: uuid.UUID(bytes=data),
+}
+
+
+def _decode_tz(tz: Any) -> dt.tzinfo | None:
+    if tz is None:
+        return None
+    tag = tz[0]
+    if tag == _TZ_UTC:
+        return dt.UTC
+    if tag == _TZ_FIXED:
+        _, micros, name = tz
+        offset = dt.timedelta(microseconds=micros)
+        return dt.timezone(offset) if name is None else dt.timezone(offset, name)
+    if tag == _TZ_ZONEINFO:
+        try:
+            return zoneinfo.ZoneInfo(tz[1])
+        except zoneinfo.ZoneInfoNotFoundError as exc:
+            raise SerializationError(
+                f"cannot unpack kwargs: time zone {tz[1]!r} is not in this machine's "
+                "time zone database (install the tzdata package)"
+            ) from exc
+    raise SerializationError(f"cannot unpack kwargs: unknown time zone tag {tag!r}")
