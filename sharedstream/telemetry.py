@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Counter, Histogram
+from opentelemetry.metrics import Counter, Histogram, UpDownCounter
 
 __all__ = ["Instruments", "instruments"]
 
@@ -24,6 +24,10 @@ class Instruments:
     advance_latency: Histogram
     advanced_events: Counter
     forced_failures: Counter
+    persist_batch_size: Histogram
+    persist_latency: Histogram
+    events_stored: Counter
+    triggers_running: UpDownCounter
 
 
 @cache
@@ -45,5 +49,25 @@ def instruments() -> Instruments:
             "sharedstream.subscriber.forced_failures",
             unit="{subscriber}",
             description="Subscribers force-failed (overflow or ack timeout)",
+        ),
+        persist_batch_size=meter.create_histogram(
+            "sharedstream.persist.batch_size",
+            unit="{event}",
+            description="Trigger events written per group commit",
+        ),
+        persist_latency=meter.create_histogram(
+            "sharedstream.persist.duration",
+            unit="s",
+            description="From taking a batch to confirming its seqs (commit included)",
+        ),
+        events_stored=meter.create_counter(
+            "sharedstream.events.stored",
+            unit="{event}",
+            description="Trigger events stored (duplicates excluded)",
+        ),
+        triggers_running=meter.create_up_down_counter(
+            "sharedstream.triggers.running",
+            unit="{trigger}",
+            description="Triggers currently running in this process",
         ),
     )

@@ -1,0 +1,7 @@
+"""``python -m sharedstream`` is the ``sharedstream`` command."""
+
+import sys
+
+from sharedstream.cli import main
+
+sys.exit(main())

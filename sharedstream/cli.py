@@ -1,0 +1,230 @@
+"""The ``sharedstream`` command line.
+
+Commands: ``init`` (configuration file with a fresh encryption key, and the
+database), ``triggerer`` (run the watchers of a definitions file), ``triggers
+list``, ``events list``, ``runs list`` (``--json`` for machines) and ``config
+show`` (the effective configuration, secrets masked). Every error a user can
+cause - bad configuration, a broken definitions file, an unusable store -
+is one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sharedstream import __version__
+from sharedstream.config import Config, load_config, write_default_config
+from sharedstream.crypto import generate_key
+from sharedstream.errors import SharedStreamError
+from sharedstream.serde import unpack_kwargs
+from sharedstream.store.sqlite import SqliteStore
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.handler is _init:  # init writes the configuration; there is none to load yet
+            return _init(args)  # type: ignore[no-any-return]
+        config = load_config(args.config)
+        handler: Callable[[argparse.Namespace, Config], int] = args.handler
+        return int(handler(args, config))
+    except SharedStreamError as exc:
+        print(f"sharedstream: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sharedstream",
+        description="Event-driven ingestion: shared broker consumers feeding many triggers.",
+    )
+    parser.add_argument("--version", action="version", version=f"sharedstream {__version__}")
+    parser.add_argument(
+        "--config", type=Path, default=None,
+        help="configuration file (default: $SHAREDSTREAM_CONFIG or ./sharedstream.toml if present)",
+    )
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    init = commands.add_parser(
+        "init", help="write a configuration file with a new key; create the database"
+    )
+    init.add_argument("--path", type=Path, default=None,
+                      help="where to write the configuration (default: --config, else "
+                      "./sharedstream.toml)")
+    init.add_argument("--db", default="sqlite:///sharedstream.db",
+                      help="store URL (default: sqlite:///sharedstream.db, next to the file)")
+    init.set_defaults(handler=_init)
+
+    triggerer = commands.add_parser("triggerer", help="run the watchers of a definitions file")
+    triggerer.add_argument("--definitions", type=Path, required=True, metavar="FILE",
+                           help="Python file declaring Assets, their watchers and Dags")
+    triggerer.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    triggerer.set_defaults(handler=_triggerer)
+
+    for noun, handler, extra in (
+        ("triggers", _triggers_list, ()),
+        ("events", _events_list, ("--asset", "--trigger", "--limit")),
+        ("runs", _runs_list, ("--dag", "--asset", "--limit")),
+    ):
+        group = commands.add_parser(noun, help=f"inspect stored {noun}")
+        verbs = group.add_subparsers(title="actions", required=True, metavar="ACTION")
+        listing = verbs.add_parser("list", help=f"list {noun}, newest first")
+        listing.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        if "--asset" in extra:
+            listing.add_argument("--asset", help="only those of this asset")
+        if "--trigger" in extra:
+            listing.add_argument("--trigger", type=int, help="only those of this trigger id")
+        if "--dag" in extra:
+            listing.add_argument("--dag", help="only runs of this DAG")
+        if "--limit" in extra:
+            listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+        listing.set_defaults(handler=handler)
+
+    config = commands.add_parser("config", help="inspect the configuration")
+    verbs = config.add_subparsers(title="actions", required=True, metavar="ACTION")
+    show = verbs.add_parser("show", help="the effective configuration, secrets masked")
+    show.add_argument("--json", action="store_true", help="JSON instead of TOML")
+    show.set_defaults(handler=_config_show)
+    return parser
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+def _init(args: argparse.Namespace) -> int:
+    path = args.path or args.config or Path("sharedstream.toml")
+    write_default_config(path, kwargs_key=generate_key(), store_url=args.db)
+    config = load_config(path)
+    with SqliteStore(config.sqlite_path()) as store:
+        version = store.migrate()
+    print(f"wrote {path} (with a new kwargs encryption key: keep it secret)")
+    print(f"database {config.sqlite_path()} ready (schema v{version})")
+    return 0
+
+
+def _triggerer(args: argparse.Namespace, config: Config) -> int:
+    from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.triggerer import Triggerer  # noqa: PLC0415 - only this command needs it
+
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    definitions = load_definitions(args.definitions)
+
+    async def run() -> int:
+        return await Triggerer(config, definitions).run()
+
+    return asyncio.run(run())
+
+
+def _open_store(config: Config) -> SqliteStore:
+    path = config.sqlite_path()
+    if not path.exists():
+        raise SharedStreamError(f"no database at {path}; run `sharedstream init` first")
+    store = SqliteStore(path)
+    store.migrate()
+    return store
+
+
+def _triggers_list(args: argparse.Namespace, config: Config) -> int:
+    with _open_store(config) as store:
+        rows = store.list_triggers()
+    records = [
+        {"id": r.id, "classpath": r.classpath, "state": r.state, "events": r.events_stored,
+         "errors": r.error_count, "last_error": r.last_error, "last_error_at": r.last_error_at,
+         "last_traceback": r.last_traceback}
+        for r in rows
+    ]
+    columns = ("id", "state", "events", "errors", "classpath", "last_error")
+    return _emit(args, records, columns)
+
+
+def _events_list(args: argparse.Namespace, config: Config) -> int:
+    with _open_store(config) as store:
+        rows = store.list_events(asset=args.asset, trigger_id=args.trigger, limit=args.limit)
+    records = [
+        {"id": r.id, "trigger": r.trigger_id, "assets": list(r.assets), "key": r.idem_key,
+         "created_at": r.created_at, "payload": unpack_kwargs(r.payload).get("payload")}
+        for r in rows
+    ]
+    return _emit(args, records, ("id", "trigger", "assets", "created_at", "key", "payload"))
+
+
+def _runs_list(args: argparse.Namespace, config: Config) -> int:
+    with _open_store(config) as store:
+        rows = store.list_runs(dag_id=args.dag, asset=args.asset, limit=args.limit)
+    records = [
+        {"dag_id": r.dag_id, "run_id": r.run_id, "state": r.state, "created_at": r.created_at,
+         "assets": list(r.assets), "asset_events": list(r.asset_event_ids)}
+        for r in rows
+    ]
+    return _emit(args, records, ("dag_id", "run_id", "state", "created_at", "assets"))
+
+
+def _config_show(args: argparse.Namespace, config: Config) -> int:
+    if args.json:
+        print(json.dumps(config.as_dict(mask_secrets=True), indent=2, default=str))
+    else:
+        print(config.to_toml(mask_secrets=True), end="")
+    return 0
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _emit(args: argparse.Namespace, records: list[dict[str, Any]], columns: Sequence[str]) -> int:
+    if args.json:
+        print(json.dumps(records, indent=2, default=_plain))
+        return 0
+    if not records:
+        print("(none)")
+        return 0
+    cells = [[_cell(record[column]) for column in columns] for record in records]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _cell(value: Any, limit: int = 60) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        text = value.strftime("%Y-%m-%d %H:%M:%S")
+    elif isinstance(value, (list, dict)):
+        text = json.dumps(value, default=_plain)
+    else:
+        text = str(value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""End to end through the real CLI, as subprocesses, against real SQLite files.
+
+The upstream is a durable file-backed log (``filelog_defs.py``) that commits
+offsets the way a Kafka consumer group does, so restarts, redeliveries and
+the persistence gate behave as they would against a broker.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.conftest import SECRET, Deployment, wait_for
+
+MESSAGES = [
+    {"kind": "order", "amount": 50},   # all_orders            -> 1 event
+    {"kind": "refund", "amount": 10},  # refunds               -> 1 event
+    {"kind": "order", "amount": 150},  # all_orders + big      -> 2 events
+    "this is not json",                # rejected by everyone  -> dead-lettered
+]
+# asset events: orders x3, refunds x1; runs: process_orders x3, either x4, reconcile x1
+EXPECTED_RUNS = {"process_orders": 3, "either": 4, "reconcile": 1}
+
+
+def run_counts(d: Deployment) -> Counter[str]:
+    return Counter(run["dag_id"] for run in d.json("runs", "list", "--limit", "100000"))
+
+
+def test_events_become_asset_events_and_queued_runs(deployment: Deployment) -> None:
+    d = deployment
+    d.append(*MESSAGES)
+    proc = d.start()
+    wait_for(lambda: d.committed() == 3, what="all four offsets committed")
+    assert d.stop(proc) == 0
+
+    events = d.json("events", "list")
+    assert sorted(e["payload"]["id"] for e in events) == [0, 1, 2, 2]
+    assert run_counts(d) == EXPECTED_RUNS
+    [reconcile] = d.json("runs", "list", "--dag", "reconcile")
+    assert set(reconcile["assets"]) == {"orders", "refunds"}  # it needed both
+    assert {r["dag_id"] for r in d.json("runs", "list", "--asset", "refunds")} == {
+        "either", "reconcile",
+    }
+    assert Path(f"{d.log}.dlq").read_text() == "this is not json\n"
+    triggers = d.json("triggers", "list")
+    assert len(triggers) == 3  # the two identical refund watchers are one trigger
+    assert all(t["state"] == "active" for t in triggers)
+    assert "stopped: 4 events stored" in d.stderr()
+
+    table = d.cli("runs", "list").stdout
+    assert table.splitlines()[0].split()[:3] == ["DAG_ID", "RUN_ID", "STATE"]
+    assert "queued" in table
+
+
+def test_redelivered_messages_create_no_second_run(deployment: Deployment) -> None:
+    d = deployment
+    d.append(*MESSAGES)
+    first = d.start()
+    wait_for(lambda: d.committed() == 3)
+    assert d.stop(first) == 0
+    before = (d.json("events", "list"), run_counts(d))
+
+    Path(f"{d.log}.offsets").unlink()  # the broker forgets the commits: all redelivered
+    second = d.start()
+    wait_for(lambda: "stopped" in d.stderr() or d.committed() == 3, what="redelivered")
+    assert d.stop(second) == 0
+    assert (d.json("events", "list"), run_counts(d)) == before
+    assert "0 events stored, 4 duplicates skipped, 0 DAG runs queued" in d.stderr()
+
+
+def test_store_write_failure_never_advances_the_broker(deployment: Deployment) -> None:
+    d = deployment
+    proc = d.start()
+    wait_for(lambda: "running 3" in d.stderr(), what="triggers running")
+    with sqlite3.connect(d.db) as db:  # a fault injected in the store itself
+        db.executescript("""
+            CREATE TABLE fault (on_ INTEGER);
+            INSERT INTO fault VALUES (1);
+            CREATE TRIGGER inject BEFORE INSERT ON trigger_events
+            WHEN (SELECT count(*) FROM fault) > 0
+            BEGIN SELECT RAISE(ABORT, 'injected write failure'); END;
+        """)
+    d.append({"kind": "order", "amount": 5})
+    wait_for(lambda: "AckTimeout" in d.stderr(), what="the unconfirmed event timing out")
+    assert d.committed() == -1  # never advanced while the store refused the event
+    assert d.json("events", "list") == []
+    with sqlite3.connect(d.db) as db:
+        db.execute("DELETE FROM fault")
+    wait_for(lambda: d.committed() == 0, what="the redelivered event committed")
+    assert [e["payload"]["id"] for e in d.json("events", "list")] == [0]
+    assert d.stop(proc) == 0
+
+
+def test_a_trigger_that_raises_is_recorded_and_restarted(deployment: Deployment) -> None:
+    d = deployment
+    marker = d.dir / "exploded"
+    proc = d.start()
+    d.append({"kind": "order", "amount": 1, "explode_once": str(marker)},
+             {"kind": "order", "amount": 2})
+    wait_for(lambda: d.committed() == 1, what="both offsets committed after the restart")
+    assert marker.exists()
+    failing = [t for t in d.json("triggers", "list") if t["errors"]]
+    assert len(failing) == 1  # the first order watcher to see it explodes, once
+    assert "RuntimeError: exploding on message 0" in failing[0]["last_error"]
+    assert "Traceback" in failing[0]["last_traceback"]
+    ids = Counter(e["payload"]["id"] for e in d.json("events", "list"))
+    assert ids == {0: 1, 1: 1}  # redelivered after the restart, stored once
+    assert d.stop(proc) == 0
+
+
+def test_bad_definitions_file_is_one_clear_line(deployment: Deployment) -> None:
+    d = deployment
+    bad = d.dir / "bad_defs.py"
+    bad.write_text("from sharedstream.definitions import Asset, Dag\n"
+                   "a = Asset('a')\nDag_x = Dag('d', schedule=Asset('ghost'))\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sharedstream", "--config", str(d.config), "triggerer",
+         "--definitions", str(bad)],
+        env=d.env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "bad_defs.py" in result.stderr
+    assert "'ghost'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    broken = d.dir / "broken_defs.py"
+    broken.write_text("x = 1\ny = 1 / 0\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sharedstream", "--config", str(d.config), "triggerer",
+         "--definitions", str(broken)],
+        env=d.env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    assert "broken_defs.py: failed to import (line 2): ZeroDivisionError" in result.stderr
+
+
+def test_trigger_kwargs_are_encrypted_at_rest(deployment: Deployment) -> None:
+    d = deployment
+    proc = d.start()
+    wait_for(lambda: "running 3" in d.stderr())
+    assert d.stop(proc) == 0
+    stored = b"".join(p.read_bytes() for p in d.dir.glob("sharedstream.db*"))
+    assert SECRET.encode() not in stored
+    assert b"big_orders" not in stored or SECRET.encode() not in stored
+    shown = d.cli("config", "show").stdout
+    assert "kwargs_key" in shown
+    key = next(line for line in d.config.read_text().splitlines() if "kwargs_key" in line)
+    assert key.split("=", 1)[1].strip().strip('"') not in shown
+
+
+TOTAL = 4000
+
+
+def interrupt_mid_stream(d: Deployment, sig: int) -> None:
+    """Start a triggerer over TOTAL orders and stop it with ``sig`` part-way through."""
+    d.append(*[{"kind": "order", "amount": n % 150} for n in range(TOTAL)])
+    proc = d.start()
+    wait_for(lambda: d.committed() >= 200, what="some progress")
+    at_signal = d.committed()
+    code = d.stop(proc, sig)
+    assert at_signal < TOTAL - 1, "the run finished before it could be interrupted"
+    assert code == (0 if sig == signal.SIGTERM else -sig)
+
+
+def assert_complete_and_unique(d: Deployment) -> None:
+    proc = d.start()
+    wait_for(lambda: "running 3" in d.stderr(), what="the restarted triggerer")
+    wait_for(lambda: d.committed() == TOTAL - 1, timeout=120, what="everything committed")
+    assert d.stop(proc) == 0
+    events = d.json("events", "list", "--limit", "100000")
+    counts = Counter((e["trigger"], e["payload"]["id"]) for e in events)
+    assert max(counts.values()) == 1, "an event was stored twice"
+    assert {i for (_t, i) in counts} == set(range(TOTAL)), "an event was lost"
+    assert run_counts(d)["process_orders"] == len(events)  # one run per event, none twice
+
+
+def test_sigterm_mid_stream_loses_nothing(deployment: Deployment) -> None:
+    interrupt_mid_stream(deployment, signal.SIGTERM)
+    assert "SIGTERM: stopping" in deployment.stderr()
+    assert_complete_and_unique(deployment)
+
+
+def test_sigkill_then_restart_loses_nothing_and_duplicates_nothing(
+    deployment: Deployment,
+) -> None:
+    interrupt_mid_stream(deployment, signal.SIGKILL)
+    assert_complete_and_unique(deployment)
+
+
+@pytest.mark.parametrize("command", [
+    ["--help"], ["init", "--help"], ["triggerer", "--help"], ["triggers", "list", "--help"],
+    ["events", "list", "--help"], ["runs", "list", "--help"], ["config", "show", "--help"],
+])
+def test_every_command_has_help(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "sharedstream", *command],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0
+    assert "usage: sharedstream" in result.stdout
+
+
+def test_bad_configuration_is_one_line_naming_the_option(deployment: Deployment) -> None:
+    d = deployment
+    d.env["SHAREDSTREAM__TRIGGERER__CAPACITY"] = "lots"
+    result = d.cli("triggers", "list", check=False)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "capacity" in result.stderr
+    assert "SHAREDSTREAM__TRIGGERER__CAPACITY" in result.stderr

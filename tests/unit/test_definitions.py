@@ -1,0 +1,126 @@
+"""Definitions files: what they declare, and one clear error for each way they go wrong."""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from sharedstream.definitions import (
+    Asset,
+    AssetAll,
+    AssetAny,
+    Dag,
+    DefinitionsError,
+    load_definitions,
+)
+from sharedstream.registry import TriggerRegistry, UnregisteredTriggerClass
+
+HEADER = '''
+from sharedstream import BaseEventTrigger, TriggerEvent
+from sharedstream.definitions import Asset, AssetWatcher, Dag
+
+class Watch(BaseEventTrigger):
+    def __init__(self, topic, extra=None):
+        super().__init__()
+        self.topic, self.extra = topic, extra
+    def serialize(self):
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"topic": self.topic, "extra": self.extra})
+    async def run(self):
+        yield TriggerEvent(None)
+'''
+
+
+def write(tmp_path: Path, body: str, name: str = "defs.py") -> Path:
+    path = tmp_path / name
+    path.write_text(HEADER + body)
+    return path
+
+
+def test_schedules_compile_to_trees() -> None:
+    a, b, c = Asset("a"), Asset("b"), Asset("c")
+    assert Dag("d", schedule=a).schedule.to_tree() == {"asset": "a"}
+    assert Dag("d", schedule=[a, b]).schedule.to_tree() == {
+        "all": [{"asset": "a"}, {"asset": "b"}]
+    }
+    assert (a | b | c).to_tree() == {"any": [{"asset": "a"}, {"asset": "b"}, {"asset": "c"}]}
+    tree = ((a & b) | c).to_tree()
+    assert tree == {"any": [{"all": [{"asset": "a"}, {"asset": "b"}]}, {"asset": "c"}]}
+    assert isinstance(a & b, AssetAll)
+    assert isinstance(a | b, AssetAny)
+
+
+def test_load_collects_assets_dags_and_collapses_identical_triggers(tmp_path: Path) -> None:
+    path = write(tmp_path, '''
+orders = Asset("orders", watchers=[AssetWatcher("w1", trigger=Watch("t")),
+                                   AssetWatcher("w2", trigger=Watch("t"))])
+audit = Asset("audit", watchers=[AssetWatcher("w3", trigger=Watch("t")),
+                                 AssetWatcher("w4", trigger=Watch("u"))])
+Dag("both", schedule=orders & audit)
+dag = Dag("one", schedule=orders)
+''')
+    defs = load_definitions(path)
+    assert sorted(defs.assets) == ["audit", "orders"]
+    assert sorted(defs.dags) == ["one"]  # only module-level names are collected
+    assert len(defs.triggers) == 2
+    shared = next(t for t in defs.triggers.values() if t.kwargs["topic"] == "t")
+    assert shared.watchers == [("orders", "w1"), ("orders", "w2"), ("audit", "w3")]
+    assert shared.classpath in defs.trigger_classes
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('Dag("d", schedule=Asset("ghost"))\na = Asset("a")\nd = Dag("d", schedule=Asset("x"))',
+         "Dag 'd' is scheduled on asset 'x', which is not defined"),
+        ('x = 1', "defines no Asset"),
+        ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t", extra=object()))])',
+         "watcher 'w' of asset 'a': trigger cannot be serialized"),
+        ('a = Asset("a", watchers=[AssetWatcher("w", trigger="nope")])',
+         "trigger must be a BaseEventTrigger"),
+        ('a = Asset("a")\nb = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t"))])',
+         "asset name 'a' is used twice"),
+        ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t")),'
+         ' AssetWatcher("w", trigger=Watch("u"))])',
+         "watcher name is used twice"),
+        ('raise KeyError("boom")', "failed to import (line 14): KeyError: 'boom'"),
+        ('d = Dag("d", schedule=[])', "schedule must be an Asset"),
+    ],
+)
+def test_bad_definitions_name_file_object_and_reason(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    path = write(tmp_path, body)
+    with pytest.raises(DefinitionsError) as info:
+        load_definitions(path)
+    assert str(path) in str(info.value) or "schedule must be" in str(info.value)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DefinitionsError, match="definitions file not found"):
+        load_definitions(tmp_path / "nope.py")
+
+
+def test_registry_rebuilds_only_registered_classes(tmp_path: Path) -> None:
+    marker = tmp_path / "imported"
+    plugin = tmp_path / "evil_plugin_for_test.py"
+    plugin.write_text(f"open({str(marker)!r}, 'w').close()\nclass Evil: pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        registry = TriggerRegistry()
+        registry.load_entry_points()
+        with pytest.raises(UnregisteredTriggerClass, match="never imported"):
+            registry.rehydrate("evil_plugin_for_test.Evil", {})
+        assert not marker.exists()
+        assert "evil_plugin_for_test" not in sys.modules
+        temporal = registry.rehydrate(
+            "sharedstream.triggers.temporal.TimeDeltaTrigger", {"delta": timedelta(0)}
+        )
+        assert type(temporal).__name__ == "TimeDeltaTrigger"
+    finally:
+        sys.path.remove(str(tmp_path))
