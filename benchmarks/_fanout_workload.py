@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import dataclasses
 import gc
 import importlib
 import importlib.metadata
@@ -55,6 +56,7 @@ class Api:
 
     impl: str
     version: str
+    module_file: str
     manager_factory: Callable[[], Any]
     trigger_base: type[Any]
     producer_base: type[Any]
@@ -87,6 +89,7 @@ def load_api(impl: str) -> Api:
         return Api(
             impl=impl,
             version=str(ours.__version__),
+            module_file=str(ours.__file__),
             manager_factory=make_ours,
             trigger_base=ours.BaseEventTrigger,
             producer_base=ours.SharedStreamProducer,
@@ -111,12 +114,27 @@ def load_api(impl: str) -> Api:
         return Api(
             impl=impl,
             version=_dist_version("apache-airflow-core"),
+            module_file=str(shared.__file__),
             manager_factory=make_airflow,
             trigger_base=base.BaseEventTrigger,
             producer_base=shared.SharedStreamProducer,
             trigger_event=base.TriggerEvent,
         )
     raise ValueError(f"unknown implementation {impl!r} (expected 'ours' or 'airflow')")
+
+
+class PlainEvent:
+    """A minimal event both implementations can carry (``--trigger-event plain``).
+
+    Neither engine looks inside the events a filter yields, so swapping each
+    implementation's own ``TriggerEvent`` (Airflow's is a pydantic model) for
+    this class isolates the engines' costs from the event class's.
+    """
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: Any) -> None:
+        self.payload = payload
 
 
 class Stats:
@@ -135,9 +153,17 @@ class Stats:
         self.advanced = 0
         self.advance_calls = 0
         self.unclean = 0
+        self.unclean_samples: list[tuple[int, int, int, int]] = []
         self.subscribers_done = 0
         self.emitted = 0
         self.bound = 0
+
+    def record_unclean(self, offset: int, outcome: Any) -> None:
+        """Count an event advanced with failed or rejected subscribers (or none acked)."""
+        self.unclean += 1
+        if len(self.unclean_samples) < 5:
+            sample = (offset, outcome.acked, outcome.failed, outcome.rejected)
+            self.unclean_samples.append(sample)
 
     def finish(self) -> None:
         """Mark the run complete (idempotent)."""
@@ -159,7 +185,7 @@ def build_producer_class(api: Api, stats: Stats) -> type[Any]:
     latency and finishes the run once all ``n`` events are advanced.
     """
 
-    def __init__(self: Any, kwargs: dict[str, Any]) -> None:
+    def init(self: Any, kwargs: dict[str, Any]) -> None:
         self.n_events = kwargs["n_events"]
         self.batch = kwargs["batch"]
 
@@ -185,14 +211,14 @@ def build_producer_class(api: Api, stats: Stats) -> type[Any]:
             latency[done] = now - stamps[offset]
             done += 1
             if not item.outcome.is_clean:
-                stats.unclean += 1
+                stats.record_unclean(offset, item.outcome)
         stats.advanced = done
         stats.advance_calls += 1
         if done >= stats.n_events:
             stats.finish()
 
     def body(ns: dict[str, Any]) -> None:
-        ns.update(__init__=__init__, open_stream=open_stream, advance=advance)
+        ns.update(__init__=init, open_stream=open_stream, advance=advance)
 
     return types.new_class("FanoutBenchProducer", (api.producer_base,), exec_body=body)
 
@@ -211,7 +237,7 @@ def build_trigger_class(api: Api, stats: Stats, *, ack: bool) -> type[Any]:
     base_init = api.trigger_base.__init__
     producer_class = build_producer_class(api, stats) if ack else None
 
-    def __init__(self: Any, *, n_events: int, batch: int, emit_every: int) -> None:
+    def init(self: Any, *, n_events: int, batch: int, emit_every: int) -> None:
         base_init(self)
         self.n_events = n_events
         self.batch = batch
@@ -221,9 +247,8 @@ def build_trigger_class(api: Api, stats: Stats, *, ack: bool) -> type[Any]:
         kwargs = {"n_events": self.n_events, "batch": self.batch, "emit_every": self.emit_every}
         return f"{__name__}.FanoutBenchTrigger", kwargs
 
-    async def run(self: Any) -> AsyncIterator[Any]:
+    def run(self: Any) -> AsyncIterator[Any]:
         raise NotImplementedError("the benchmark trigger only runs through a shared stream")
-        yield  # makes this an async generator
 
     def shared_stream_key(self: Any) -> Any:
         return KEY
@@ -241,10 +266,13 @@ def build_trigger_class(api: Api, stats: Stats, *, ack: bool) -> type[Any]:
         await asyncio.get_running_loop().create_future()  # never returns: cancelled at stop
 
     def create_shared_stream_producer(cls: Any, kwargs: dict[str, Any]) -> Any:
-        assert producer_class is not None  # noqa: S101 - only installed in ack mode
+        if producer_class is None:  # only installed in ack mode
+            raise RuntimeError("create_shared_stream_producer called on the fast path")
         return producer_class(kwargs)
 
-    async def filter_shared_stream(self: Any, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def filter_shared_stream(
+        self: Any, shared_stream: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
         emit_every = self.emit_every
         n_events = self.n_events
         seen = 0
@@ -259,7 +287,7 @@ def build_trigger_class(api: Api, stats: Stats, *, ack: bool) -> type[Any]:
 
     def body(ns: dict[str, Any]) -> None:
         ns.update(
-            __init__=__init__,
+            __init__=init,
             serialize=serialize,
             run=run,
             shared_stream_key=shared_stream_key,
@@ -336,38 +364,55 @@ class Config:
     n_events: int
     emit_every: int
     batch: int
+    trigger_event: str = "native"
 
 
-async def _confirm_loop(manager: Any, pending: list[int], wakeup: asyncio.Event) -> None:
-    """The runner's single confirmer: confirm everything pending as soon as it is woken."""
-    confirm = manager.confirm_persisted
-    while True:
-        await wakeup.wait()
-        wakeup.clear()
-        if pending:
-            batch = pending.copy()
-            pending.clear()
-            confirm(batch)
+class Confirmer:
+    """The runner's persist confirmations: seqs waiting, and the one task confirming them.
+
+    Runners append each bound seq and wake the task, which confirms
+    everything pending in one ``confirm_persisted`` call as soon as it runs
+    (prompt confirmations, batched per event-loop pass).
+    """
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.pending: list[int] = []
+        self.wakeup = asyncio.Event()
+        self.calls = 0
+
+    def add(self, seq: int) -> None:
+        """Queue one seq for confirmation and wake the confirming task."""
+        self.pending.append(seq)
+        self.wakeup.set()
+
+    async def run(self) -> None:
+        """Confirm whatever is pending each time it is woken, until cancelled."""
+        confirm = self.manager.confirm_persisted
+        pending = self.pending
+        while True:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            if pending:
+                batch = pending.copy()
+                pending.clear()
+                confirm(batch)
+                self.calls += 1
 
 
 async def _run_subscriber(
-    manager: Any,
-    trigger: Any,
-    trigger_id: int,
-    stats: Stats,
-    pending: list[int],
-    wakeup: asyncio.Event,
+    manager: Any, trigger: Any, trigger_id: int, stats: Stats, confirmer: Confirmer
 ) -> None:
     """Drive one trigger the way a trigger runner does."""
     bind = manager.bind_pending_event
+    add = confirmer.add
     stream = manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=KEY)
     async for _event in trigger.filter_shared_stream(stream):
         stats.emitted += 1
         seq = bind(trigger_id=trigger_id, key=KEY)
         if seq is not None:
             stats.bound += 1
-            pending.append(seq)
-            wakeup.set()
+            add(seq)
 
 
 async def run_config(api: Api, config: Config) -> dict[str, Any]:
@@ -384,8 +429,7 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
         )
         trigger.trigger_id = trigger_id
         triggers.append(trigger)
-    pending: list[int] = []
-    wakeup = asyncio.Event()
+    confirmer = Confirmer(manager)
 
     def on_runner_done(task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -395,31 +439,31 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
     gc.freeze()
     peak_reset = reset_peak_rss()
     rss_before = current_rss_kb()
+    gc_before = [gen["collections"] for gen in gc.get_stats()]
     cpu0 = time.process_time()
     t0 = time.perf_counter()
-    confirmer = loop.create_task(_confirm_loop(manager, pending, wakeup))
+    confirm_task = loop.create_task(confirmer.run())
     runners = []
     for trigger_id, trigger in enumerate(triggers):
-        task = loop.create_task(
-            _run_subscriber(manager, trigger, trigger_id, stats, pending, wakeup)
-        )
+        task = loop.create_task(_run_subscriber(manager, trigger, trigger_id, stats, confirmer))
         task.add_done_callback(on_runner_done)
         runners.append(task)
-    try:
-        await asyncio.wait_for(asyncio.shield(stats.done), RUN_TIMEOUT)
-        error = None
-    except TimeoutError:
-        error = f"timed out after {RUN_TIMEOUT}s"
-    except Exception as exc:  # a runner failed: report it instead of hanging
-        error = f"{type(exc).__qualname__}: {exc}"
+    await asyncio.wait([stats.done], timeout=RUN_TIMEOUT)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     peak = peak_rss_kb()
+    gc_runs = [gen["collections"] - n for gen, n in zip(gc.get_stats(), gc_before, strict=True)]
+
+    error = None
+    if not stats.done.done():
+        error = f"timed out after {RUN_TIMEOUT}s"
+    elif (failure := stats.done.exception()) is not None:  # a runner failed
+        error = f"{type(failure).__qualname__}: {failure}"
 
     t1 = time.perf_counter()
-    for task in [*runners, confirmer]:
+    for task in [*runners, confirm_task]:
         task.cancel()
-    await asyncio.gather(*runners, confirmer, return_exceptions=True)
+    await asyncio.gather(*runners, confirm_task, return_exceptions=True)
     await manager.stop_all()
     teardown = time.perf_counter() - t1
 
@@ -436,11 +480,13 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
     result: dict[str, Any] = {
         "impl": config.impl,
         "version": api.version,
+        "module_file": api.module_file,
         "mode": config.mode,
         "emit_every": config.emit_every,
         "subscribers": config.subscribers,
         "events": config.n_events,
         "batch": config.batch,
+        "trigger_event": config.trigger_event,
         "pairs": pairs,
         "wall_s": wall,
         "cpu_s": cpu,
@@ -453,6 +499,9 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
         "teardown_s": teardown,
         "trigger_events": stats.emitted,
         "advance_calls": stats.advance_calls,
+        "unclean_events": stats.unclean,
+        "unclean_samples": stats.unclean_samples,
+        "confirm_calls": confirmer.calls,
         "latency_us": percentiles_us(stats.latency, stats.advanced) if ack else None,
         "checks": checks,
         "ok": error is None and all(checks.values()),
@@ -460,6 +509,7 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "gc_frozen": gc.get_freeze_count(),
+        "gc_collections": gc_runs,
     }
     return result
 
@@ -472,6 +522,7 @@ def _parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--events", type=int, required=True)
     parser.add_argument("--emit-every", type=int, default=10)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--trigger-event", choices=["native", "plain"], default="native")
     args = parser.parse_args(argv)
     if args.subscribers < 1 or args.events < 1 or args.emit_every < 1 or args.batch < 1:
         parser.error("--subscribers, --events, --emit-every and --batch must be >= 1")
@@ -482,6 +533,7 @@ def _parse_args(argv: Sequence[str] | None) -> Config:
         n_events=args.events,
         emit_every=args.emit_every,
         batch=args.batch,
+        trigger_event=args.trigger_event,
     )
 
 
@@ -489,6 +541,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Child entry point: run one configuration and print its JSON result on stdout."""
     config = _parse_args(argv)
     api = load_api(config.impl)
+    if config.trigger_event == "plain":
+        api = dataclasses.replace(api, trigger_event=PlainEvent)
     result = asyncio.run(run_config(api, config))
     result["platform"] = platform.platform()
     result["pid"] = os.getpid()
