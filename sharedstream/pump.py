@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from sharedstream.producer import SharedStreamProducer
+from opentelemetry.metrics import Counter
+
+from sharedstream.producer import AdvanceItem, SharedStreamProducer
 from sharedstream.resolution import ResolutionBook
 from sharedstream.telemetry import instruments
 
@@ -98,3 +100,19 @@ class AdvancePump:
                 return
             metrics.advance_latency.record(time.perf_counter() - started, self._attributes)
             metrics.advanced_events.add(len(batch), self._attributes)
+            self._count_outcomes(batch, metrics.outcomes)
+
+    def _count_outcomes(self, batch: Sequence[AdvanceItem], counter: Counter) -> None:
+        failed = rejected = unobserved = 0
+        for _payload, outcome in batch:
+            if outcome.failed:
+                failed += 1
+            elif outcome.rejected:
+                rejected += 1
+            elif not outcome.acked:
+                unobserved += 1
+        clean = len(batch) - failed - rejected - unobserved
+        for name, count in (("clean", clean), ("failed", failed), ("rejected", rejected),
+                            ("unobserved", unobserved)):
+            if count:
+                counter.add(count, {**self._attributes, "outcome": name})

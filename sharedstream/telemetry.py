@@ -23,6 +23,7 @@ class Instruments:
 
     advance_latency: Histogram
     advanced_events: Counter
+    outcomes: Counter
     forced_failures: Counter
     persist_batch_size: Histogram
     persist_latency: Histogram
@@ -44,6 +45,11 @@ def instruments() -> Instruments:
             "sharedstream.advance.events",
             unit="{event}",
             description="Raw events handed to producer.advance",
+        ),
+        outcomes=meter.create_counter(
+            "sharedstream.advance.outcomes",
+            unit="{event}",
+            description="Advanced events by outcome: clean, failed, rejected, unobserved",
         ),
         forced_failures=meter.create_counter(
             "sharedstream.subscriber.forced_failures",

@@ -1,0 +1,50 @@
+"""The engine's OpenTelemetry measurements reach an installed SDK."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+
+from sharedstream import SharedStreamManager
+from tests.engine.harness import Feed, FeedTrigger, Runner, eventually
+
+
+@pytest.fixture(scope="module")
+def reader() -> InMemoryMetricReader:
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader
+
+
+def points(reader: InMemoryMetricReader, name: str) -> dict[str, float]:
+    data = reader.get_metrics_data()
+    found: dict[str, float] = {}
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        label = str(point.attributes.get("outcome", "")) if point.attributes else ""
+                        if isinstance(point, HistogramDataPoint):
+                            found[label] = float(point.count)
+                        else:
+                            found[label] = float(getattr(point, "value", 0))
+    return found
+
+
+async def test_advance_outcomes_and_latency_are_measured(
+    feed: Feed, reader: InMemoryMetricReader
+) -> None:
+    manager = SharedStreamManager()
+    Runner(manager, FeedTrigger("f", "picky", rejects=[1]), 1).start()
+    feed.push(0, 1, 2)
+    await eventually(lambda: len(feed.advanced()) == 3)
+    await manager.stop_all()
+    outcomes = points(reader, "sharedstream.advance.outcomes")
+    assert outcomes["clean"] >= 2
+    assert outcomes["rejected"] >= 1
+    assert points(reader, "sharedstream.advance.duration")[""] >= 1
+    assert points(reader, "sharedstream.advance.events")[""] >= 3
