@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -34,7 +34,7 @@ from sharedstream.errors import (
 from sharedstream.fanout import FanOut, Subscriber
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.pump import AdvancePump
-from sharedstream.resolution import AckSubscriber, ResolutionBook, overflow_error
+from sharedstream.resolution import ResolutionBook, SeqRouter, overflow_error
 from sharedstream.stream import ack_stream, fast_stream
 from sharedstream.telemetry import instruments
 from sharedstream.timeouts import run_ack_watchdog
@@ -69,8 +69,7 @@ class StreamGroup:
         ack_timeout: float,
         cohort_grace_period: float,
         clock: Callable[[], float],
-        seq_counter: Iterator[int],
-        seq_index: dict[int, AckSubscriber],
+        router: SeqRouter,
         on_terminate: Callable[[StreamGroup], None],
     ) -> None:
         self.key = key
@@ -87,8 +86,7 @@ class StreamGroup:
                 key=key,
                 fanout=self.fanout,
                 ack_timeout=ack_timeout,
-                seq_counter=seq_counter,
-                seq_index=seq_index,
+                router=router,
             )
         self._fast_subscribers: dict[Hashable, Subscriber] = {}
         self._task: asyncio.Task[None] | None = None
@@ -153,16 +151,6 @@ class StreamGroup:
             return None
         name = self._producer.raw_event_name(sub.current.broker_payload)
         return None if name is None else f"{name}#{sub.bind_index}"
-
-    def bind(self, trigger_id: Hashable) -> int | None:
-        """Bind an event the subscriber just emitted; ``None`` on the fast path or if no window."""
-        book = self.book
-        if book is None:
-            return None
-        sub = book.subscribers.get(trigger_id)
-        if sub is None:
-            return None
-        return book.bind(sub)
 
     # -- ending ----------------------------------------------------------------
 

@@ -9,7 +9,6 @@ are synchronous, so a key is in the map only while its poll is alive (see
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
@@ -17,7 +16,7 @@ from typing import Any
 
 from sharedstream.errors import InvalidStreamKey
 from sharedstream.group import StreamGroup
-from sharedstream.resolution import AckSubscriber
+from sharedstream.resolution import SeqRouter
 from sharedstream.trigger import BaseEventTrigger
 
 __all__ = ["SharedStreamManager"]
@@ -58,8 +57,7 @@ class SharedStreamManager:
         self._clock = clock
         self._groups: dict[Hashable, StreamGroup] = {}
         # Persist-confirmation seqs are unique per manager, shared by all groups.
-        self._seq_counter = itertools.count()
-        self._seq_index: dict[int, AckSubscriber] = {}
+        self._router = SeqRouter()
 
     def subscribe(
         self, *, trigger_id: Hashable, trigger: BaseEventTrigger, key: Hashable
@@ -95,8 +93,7 @@ class SharedStreamManager:
                 ack_timeout=self._ack_timeout,
                 cohort_grace_period=self._cohort_grace_period,
                 clock=self._clock,
-                seq_counter=self._seq_counter,
-                seq_index=self._seq_index,
+                router=self._router,
                 on_terminate=self._evict,
             )
             stream = group.subscribe(trigger_id)
@@ -117,7 +114,13 @@ class SharedStreamManager:
         group = self._groups.get(key)
         if group is None:
             return None
-        return group.bind(trigger_id)
+        book = group.book
+        if book is None:
+            return None
+        sub = book.subscribers.get(trigger_id)
+        if sub is None:
+            return None
+        return book.bind(sub)
 
     def raw_event_key(self, *, trigger_id: Hashable, key: Hashable) -> str | None:
         """Identify the trigger event just bound, stably across redeliveries.
@@ -141,9 +144,9 @@ class SharedStreamManager:
         Unknown seqs (already confirmed, or whose subscriber failed or whose
         group ended) are ignored. O(len(seqs)).
         """
-        index = self._seq_index
+        route = self._router.route
         for seq in seqs:
-            sub = index.pop(seq, None)
+            sub = route(seq)
             if sub is not None:
                 sub.book.confirm(sub, seq)
 

@@ -25,25 +25,38 @@ Invariants (checked by ``tests/unit/test_resolution_properties.py``):
 3. A record is never resolved as acked while a seq bound to it by that
    subscriber is unconfirmed.
 4. A failed or departed subscriber owes nothing: its inbox is empty and
-   its seqs are gone from the index, so late confirmations are ignored.
+   its seqs are forgotten, so late confirmations are ignored.
 
 Cost model: a subscriber pulling a record is O(1); failing or removing a
 subscriber is O(what it still owes); the ack watchdog looks only at the
 oldest unresolved record (the fan-out timeline is in creation order).
+
+Seqs carry their subscriber: each subscriber is enrolled in the manager's
+:class:`SeqRouter` under a slot, and its seqs are ``slot << SLOT_SHIFT``
+plus a counter. Routing a confirmation is one lookup by slot, and the only
+per-seq state is the subscriber's own ``seqs`` entry.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from sharedstream.errors import AckTimeout, SubscriberOverflow
 from sharedstream.fanout import FanOut, Subscriber
 from sharedstream.producer import AdvanceItem, AdvanceOutcome
 
-__all__ = ["AckSubscriber", "EventRecord", "ResolutionBook", "overflow_error"]
+__all__ = [
+    "SLOT_SHIFT", "AckSubscriber", "EventRecord", "ResolutionBook", "SeqRouter", "overflow_error",
+]
+
+_new_tuple = tuple.__new__
+"""Builds the NamedTuples below without their Python-level ``__new__`` (hot path)."""
+
+SLOT_SHIFT = 48
+"""Bits of a seq that count a subscriber's own binds (2**48: centuries at any rate)."""
 
 
 class EventRecord:
@@ -84,7 +97,7 @@ class EventRecord:
 
     def outcome(self) -> AdvanceOutcome:
         """The resolution counts handed to the producer."""
-        return AdvanceOutcome(self.acked, self.failed, self.rejected)
+        return _new_tuple(AdvanceOutcome, (self.acked, self.failed, self.rejected))
 
     def __repr__(self) -> str:
         return (
@@ -103,7 +116,8 @@ class AckSubscriber(Subscriber):
     """
 
     __slots__ = (
-        "bind_index", "book", "bound_record", "current", "departed", "owed", "seqs", "window_seqs",
+        "bind_index", "book", "bound_record", "current", "departed", "next_seq", "owed", "seqs",
+        "window_seqs",
     )
 
     def __init__(self, trigger_id: Hashable, book: ResolutionBook) -> None:
@@ -117,6 +131,7 @@ class AckSubscriber(Subscriber):
         self.departed = False
         self.bound_record: EventRecord | None = None  # the window the last bind went to
         self.bind_index = 0  # that bind's index among the binds of its window
+        self.next_seq = 0  # set by SeqRouter.enroll: slot << SLOT_SHIFT
 
     def owes(self, record: EventRecord) -> bool:
         """Whether ``record`` is still pending for this subscriber."""
@@ -126,13 +141,44 @@ class AckSubscriber(Subscriber):
         return bool(inbox) and inbox[0].position <= record.position
 
 
+class SeqRouter:
+    """Gives each ack-mode subscriber a slot and routes seqs back to it.
+
+    One router per manager, shared by its groups, so seqs are unique per
+    manager. A subscriber stays enrolled while a confirmation can still
+    matter to it; afterwards its seqs route nowhere and are ignored.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[int, AckSubscriber] = {}
+        self._next_slot = itertools.count(1)
+
+    def enroll(self, sub: AckSubscriber) -> None:
+        """Give ``sub`` a fresh slot; its seqs start at ``slot << SLOT_SHIFT``."""
+        slot = next(self._next_slot)
+        sub.next_seq = slot << SLOT_SHIFT
+        self._slots[slot] = sub
+
+    def withdraw(self, sub: AckSubscriber) -> None:
+        """Stop routing ``sub``'s seqs. Idempotent."""
+        slot = sub.next_seq >> SLOT_SHIFT
+        if self._slots.get(slot) is sub:
+            del self._slots[slot]
+
+    def route(self, seq: int) -> AckSubscriber | None:
+        """The enrolled subscriber that bound ``seq``, if any."""
+        return self._slots.get(seq >> SLOT_SHIFT)
+
+    def unconfirmed(self) -> set[int]:
+        """Every seq still awaiting confirmation (for tests and diagnostics)."""
+        return {seq for sub in self._slots.values() for seq in sub.seqs}
+
+
 class ResolutionBook:
     """Ack-mode bookkeeping of one group: records, subscriber ledgers, lanes, seqs.
 
-    ``seq_index`` maps every unconfirmed seq to its subscriber; it is shared
-    by all groups of a manager (seqs are unique per manager) and this book
-    adds and removes only its own subscribers' seqs. ``on_ready`` is called
-    (synchronously) whenever some lane becomes ready.
+    ``router`` is the manager's :class:`SeqRouter`, shared by its groups.
+    ``on_ready`` is called (synchronously) whenever some lane becomes ready.
     """
 
     def __init__(
@@ -141,15 +187,13 @@ class ResolutionBook:
         key: Hashable,
         fanout: FanOut,
         ack_timeout: float,
-        seq_counter: Iterator[int] | None = None,
-        seq_index: dict[int, AckSubscriber] | None = None,
+        router: SeqRouter | None = None,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.key = key
         self.fanout = fanout
         self.ack_timeout = ack_timeout
-        self.seq_counter = seq_counter if seq_counter is not None else itertools.count()
-        self.seq_index: dict[int, AckSubscriber] = seq_index if seq_index is not None else {}
+        self.router = router if router is not None else SeqRouter()
         self.on_ready: Callable[[], None] = on_ready or _nothing
         self.subscribers: dict[Hashable, AckSubscriber] = {}
         self.lanes: dict[Hashable, deque[EventRecord]] = {}
@@ -157,12 +201,14 @@ class ResolutionBook:
         self._timeline: deque[EventRecord] = deque()
         self._departed: set[AckSubscriber] = set()
         self._positions = itertools.count()
+        self._clean_outcomes: dict[int, AdvanceOutcome] = {}
 
     # -- membership ---------------------------------------------------------
 
     def add_subscriber(self, trigger_id: Hashable) -> AckSubscriber:
         """Register a subscriber; it is in the snapshot of every later broadcast."""
         sub = AckSubscriber(trigger_id, self)
+        self.router.enroll(sub)
         self.subscribers[trigger_id] = sub
         self.fanout.add(sub)
         return sub
@@ -187,6 +233,8 @@ class ResolutionBook:
             self.next_record(sub)  # with an empty inbox this only closes the window
         if sub.owed:
             self._departed.add(sub)
+        else:
+            self.router.withdraw(sub)
 
     # -- fan-out ------------------------------------------------------------
 
@@ -254,7 +302,8 @@ class ResolutionBook:
         record = sub.current
         if record is None:
             return None
-        seq = next(self.seq_counter)
+        seq = sub.next_seq
+        sub.next_seq = seq + 1
         if sub.bound_record is record:
             sub.bind_index += 1
         else:
@@ -262,11 +311,10 @@ class ResolutionBook:
             sub.bind_index = 0
         sub.window_seqs += 1
         sub.seqs[seq] = record
-        self.seq_index[seq] = sub
         return seq
 
     def confirm(self, sub: AckSubscriber, seq: int) -> None:
-        """Record that the event bound under ``seq`` is stored. Unknown seqs are ignored."""
+        """Record that ``sub``'s event bound under ``seq`` is stored. Unknown seqs are ignored."""
         record = sub.seqs.pop(seq, None)
         if record is None:
             return
@@ -284,6 +332,7 @@ class ResolutionBook:
             self.record_resolved(record)
         if sub.departed and not sub.owed:
             self._departed.discard(sub)
+            self.router.withdraw(sub)
 
     def reject(self, sub: AckSubscriber) -> bool:
         """Resolve the subscriber's open-window record as rejected, at once.
@@ -326,6 +375,7 @@ class ResolutionBook:
         sub.owed.clear()
         self._forget_seqs(sub, None)
         self._departed.discard(sub)
+        self.router.withdraw(sub)
         sub.set_error(error)
 
     # -- ack timeout -----------------------------------------------------------
@@ -380,9 +430,16 @@ class ResolutionBook:
         batch: list[AdvanceItem] = []
         if lane_queue is None:
             return batch
+        clean = self._clean_outcomes
         while lane_queue and not lane_queue[0].pending:
             record = lane_queue.popleft()
-            batch.append(AdvanceItem(record.broker_payload, record.outcome()))
+            if record.failed or record.rejected or not record.acked:
+                outcome = record.outcome()
+            else:  # the common case: one shared immutable outcome per snapshot size
+                outcome = clean.get(record.acked) or clean.setdefault(
+                    record.acked, record.outcome()
+                )
+            batch.append(_new_tuple(AdvanceItem, (record.broker_payload, outcome)))
         if not lane_queue:
             del self.lanes[lane]
         self.next_deadline()  # trims resolved records off the timeline
@@ -403,6 +460,7 @@ class ResolutionBook:
         """
         for sub in itertools.chain(self.subscribers.values(), self._departed):
             self._forget_seqs(sub, None)
+            self.router.withdraw(sub)
             sub.owed.clear()
             sub.current = None
             sub.window_seqs = 0
@@ -432,16 +490,11 @@ class ResolutionBook:
 
     def _forget_seqs(self, sub: AckSubscriber, record: EventRecord | None) -> None:
         """Drop ``sub``'s unconfirmed seqs (only those bound to ``record`` unless ``None``)."""
-        if not sub.seqs:
+        if record is None:
+            sub.seqs.clear()
             return
-        doomed: Iterable[int] = (
-            list(sub.seqs)
-            if record is None
-            else [seq for seq, bound in sub.seqs.items() if bound is record]
-        )
-        for seq in doomed:
+        for seq in [seq for seq, bound in sub.seqs.items() if bound is record]:
             del sub.seqs[seq]
-            self.seq_index.pop(seq, None)
 
 
 def overflow_error(key: Hashable, trigger_id: Hashable, capacity: int) -> SubscriberOverflow:

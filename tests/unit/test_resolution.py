@@ -67,13 +67,11 @@ def test_persistence_gate_holds_ack_until_every_bound_seq_is_confirmed() -> None
     assert s2 is not None
     pull(book, a)  # moved past, but two events are unconfirmed
     assert not book.ready
-    book.seq_index.pop(s1)
     book.confirm(a, s1)
     assert not book.ready
-    book.seq_index.pop(s2)
     book.confirm(a, s2)
     assert outcomes(book) == [(0, AdvanceOutcome(1, 0, 0))]
-    assert not book.seq_index
+    assert not book.router.unconfirmed()
 
 
 def test_confirmation_before_moving_past_still_needs_the_move() -> None:
@@ -103,7 +101,7 @@ def test_reject_resolves_at_once_and_drops_bound_seqs() -> None:
     pull(book, b)
     seq = book.bind(a)
     assert book.reject(a)
-    assert seq not in book.seq_index
+    assert seq not in book.router.unconfirmed()
     assert book.bind(a) is None  # the window is resolved
     assert not book.reject(a)  # a second reject has nothing to act on
     pull(book, b)
@@ -135,7 +133,6 @@ def test_departed_subscriber_still_gates_on_its_unconfirmed_events() -> None:
     assert seq is not None
     book.remove_subscriber("a")
     assert not book.ready
-    book.seq_index.pop(seq)
     book.confirm(a, seq)
     assert outcomes(book) == [(0, AdvanceOutcome(1, 0, 0))]
 
@@ -174,7 +171,6 @@ def test_lanes_advance_independently_in_fan_out_order() -> None:
     assert list(book.ready) == ["y"]
     assert outcomes(book, "y") == [("y0", AdvanceOutcome(1, 0, 0))]
     assert outcomes(book, "x") == []  # x1 waits behind x0
-    book.seq_index.pop(seq)
     book.confirm(a, seq)
     assert [p for p, _ in outcomes(book, "x")] == ["x0", "x1"]
     assert not book.lanes
@@ -215,7 +211,7 @@ def test_ack_timeout_covers_unconfirmed_persistence_of_departed_subscriber() -> 
     seq = book.bind(a)
     book.remove_subscriber("a")
     assert [s.trigger_id for s, _ in book.expire(1.0)] == ["a"]
-    assert seq not in book.seq_index
+    assert seq not in book.router.unconfirmed()
     assert outcomes(book) == [(0, AdvanceOutcome(0, 1, 0))]
 
 
@@ -228,7 +224,7 @@ def test_terminate_hands_error_to_everyone_and_forgets_seqs() -> None:
     error = RuntimeError("broker gone")
     book.terminate(error)
     assert a.error is error
-    assert not book.seq_index
+    assert not book.router.unconfirmed()
     assert book.next_record(a) is None
     assert not book.fanout.live
 

@@ -178,7 +178,8 @@ class BookMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def confirm(self, data: st.DataObject) -> None:
         seq = data.draw(st.sampled_from(sorted(self.seq_owner)))
-        sub = self.book.seq_index.pop(seq)
+        sub = self.book.router.route(seq)
+        assert sub is not None
         self.book.confirm(sub, seq)
         sub_id, pos = self.seq_owner.pop(seq)
         self.unconfirmed[(sub_id, pos)].discard(seq)
@@ -244,8 +245,8 @@ class BookMachine(RuleBasedStateMachine):
     # -- invariants ------------------------------------------------------------
 
     @invariant()
-    def seq_index_matches_model(self) -> None:
-        assert set(self.book.seq_index) == set(self.seq_owner)
+    def unconfirmed_seqs_match_model(self) -> None:
+        assert self.book.router.unconfirmed() == set(self.seq_owner)
 
     def teardown(self) -> None:
         """Everyone leaves, every confirmation lands: nothing may stay outstanding."""
@@ -253,8 +254,9 @@ class BookMachine(RuleBasedStateMachine):
             self.finish_advance()
         for sub_id in list(self.live_ids()):
             self.book.remove_subscriber(sub_id)
-        for seq in list(self.book.seq_index):
-            sub = self.book.seq_index.pop(seq)
+        for seq in self.book.router.unconfirmed():
+            sub = self.book.router.route(seq)
+            assert sub is not None
             self.book.confirm(sub, seq)
         while self.book.ready:
             self.book.take_batch(next(iter(self.book.ready)))
@@ -262,7 +264,7 @@ class BookMachine(RuleBasedStateMachine):
         for stream in self.streams.values():
             with contextlib.suppress(StopIteration):
                 stream.aclose().send(None)
-        assert not self.book.seq_index
+        assert not self.book.router.unconfirmed()
         assert self.book.next_deadline() is None
 
 
