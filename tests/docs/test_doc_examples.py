@@ -26,6 +26,7 @@ PAGES = (
     "writing-triggers.md",
     "writing-producers.md",
     "configuration.md",
+    "runtime.md",
 )
 """The pages whose examples this suite owns."""
 
