@@ -110,14 +110,20 @@ class AckSubscriber(Subscriber):
     """A subscriber in ack mode: its inbox holds records, plus its window ledger.
 
     ``current`` is the record whose window is open (``None`` when none is);
-    ``window_seqs`` counts seqs bound to it and not yet confirmed; ``owed``
-    maps records it moved past to their unconfirmed seq counts; ``seqs`` maps
-    each unconfirmed seq to its record; ``book`` is the ledger it belongs to.
+    ``window_seqs`` counts seqs bound to it and not yet confirmed.
+
+    ``ledger`` holds one slot per seq this subscriber bound and has not had
+    confirmed yet, in seq order: ``ledger[i]`` is the record of seq
+    ``ledger_base + i``, or ``None`` once confirmed (a subscriber's seqs are
+    consecutive, and the seqs of one window contiguous). A record it moved
+    past while still in the ledger is *owed*: it resolves as acked when its
+    last slot is confirmed. Leading ``None`` slots are trimmed at once, so
+    ``ledger_base + len(ledger) == next_seq`` always holds.
     """
 
     __slots__ = (
-        "bind_index", "book", "bound_record", "current", "departed", "next_seq", "owed", "seqs",
-        "window_seqs",
+        "bind_index", "book", "bound_record", "current", "departed", "ledger", "ledger_base",
+        "next_seq", "window_seqs",
     )
 
     def __init__(self, trigger_id: Hashable, book: ResolutionBook) -> None:
@@ -126,8 +132,8 @@ class AckSubscriber(Subscriber):
         self.inbox: deque[EventRecord]  # narrowed: an ack inbox holds records only
         self.current: EventRecord | None = None
         self.window_seqs = 0
-        self.owed: dict[EventRecord, int] = {}
-        self.seqs: dict[int, EventRecord] = {}
+        self.ledger: deque[EventRecord | None] = deque()
+        self.ledger_base = 0
         self.departed = False
         self.bound_record: EventRecord | None = None  # the window the last bind went to
         self.bind_index = 0  # that bind's index among the binds of its window
@@ -135,7 +141,7 @@ class AckSubscriber(Subscriber):
 
     def owes(self, record: EventRecord) -> bool:
         """Whether ``record`` is still pending for this subscriber."""
-        if record is self.current or record in self.owed:
+        if record is self.current or record in self.ledger:
             return True
         inbox = self.inbox
         return bool(inbox) and inbox[0].position <= record.position
@@ -156,7 +162,7 @@ class SeqRouter:
     def enroll(self, sub: AckSubscriber) -> None:
         """Give ``sub`` a fresh slot; its seqs start at ``slot << SLOT_SHIFT``."""
         slot = next(self._next_slot)
-        sub.next_seq = slot << SLOT_SHIFT
+        sub.next_seq = sub.ledger_base = slot << SLOT_SHIFT
         self._slots[slot] = sub
 
     def withdraw(self, sub: AckSubscriber) -> None:
@@ -171,7 +177,12 @@ class SeqRouter:
 
     def unconfirmed(self) -> set[int]:
         """Every seq still awaiting confirmation (for tests and diagnostics)."""
-        return {seq for sub in self._slots.values() for seq in sub.seqs}
+        return {
+            sub.ledger_base + i
+            for sub in self._slots.values()
+            for i, record in enumerate(sub.ledger)
+            if record is not None
+        }
 
 
 class ResolutionBook:
@@ -231,7 +242,7 @@ class ResolutionBook:
                 self._resolve_failed(record)
             sub.inbox.clear()
             self.next_record(sub)  # with an empty inbox this only closes the window
-        if sub.owed:
+        if sub.ledger:
             self._departed.add(sub)
         else:
             self.router.withdraw(sub)
@@ -310,27 +321,33 @@ class ResolutionBook:
             sub.bound_record = record
             sub.bind_index = 0
         sub.window_seqs += 1
-        sub.seqs[seq] = record
+        sub.ledger.append(record)
         return seq
 
     def confirm(self, sub: AckSubscriber, seq: int) -> None:
         """Record that ``sub``'s event bound under ``seq`` is stored. Unknown seqs are ignored."""
-        record = sub.seqs.pop(seq, None)
+        ledger = sub.ledger
+        index = seq - sub.ledger_base
+        if not 0 <= index < len(ledger):
+            return
+        record = ledger[index]
         if record is None:
             return
+        ledger[index] = None
+        while ledger and ledger[0] is None:
+            ledger.popleft()
+            sub.ledger_base += 1
         if record is sub.current:
             sub.window_seqs -= 1
             return
-        left = sub.owed[record] - 1
-        if left:
-            sub.owed[record] = left
+        # Where the confirmed slot sits now (-1 when trimmed off the front).
+        if _still_owed(ledger, seq - sub.ledger_base, record):
             return
-        del sub.owed[record]
         record.acked += 1
         record.pending -= 1
         if not record.pending:
             self.record_resolved(record)
-        if sub.departed and not sub.owed:
+        if sub.departed and not sub.ledger:
             self._departed.discard(sub)
             self.router.withdraw(sub)
 
@@ -370,9 +387,11 @@ class ResolutionBook:
             sub.current = None
             sub.window_seqs = 0
             self._resolve_failed(current)
-        for record in sub.owed:
-            self._resolve_failed(record)
-        sub.owed.clear()
+        # Records it moved past and still owes, each once (the open window's
+        # record, resolved above, has slots here too).
+        for owed in dict.fromkeys(sub.ledger):
+            if owed is not None and owed is not current:
+                self._resolve_failed(owed)
         self._forget_seqs(sub, None)
         self._departed.discard(sub)
         self.router.withdraw(sub)
@@ -461,7 +480,6 @@ class ResolutionBook:
         for sub in itertools.chain(self.subscribers.values(), self._departed):
             self._forget_seqs(sub, None)
             self.router.withdraw(sub)
-            sub.owed.clear()
             sub.current = None
             sub.window_seqs = 0
             sub.set_error(error)
@@ -478,8 +496,10 @@ class ResolutionBook:
             self.record_resolved(record)
 
     def owe(self, sub: AckSubscriber, record: EventRecord) -> None:
-        """``sub`` moved past ``record`` with bound seqs unconfirmed: it now owes them."""
-        sub.owed[record] = sub.window_seqs
+        """``sub`` moved past ``record`` with bound seqs unconfirmed: it now owes them.
+
+        Its slots stay in the ledger; the last confirmation resolves it.
+        """
         sub.window_seqs = 0
 
     def record_resolved(self, record: EventRecord) -> None:
@@ -490,11 +510,17 @@ class ResolutionBook:
 
     def _forget_seqs(self, sub: AckSubscriber, record: EventRecord | None) -> None:
         """Drop ``sub``'s unconfirmed seqs (only those bound to ``record`` unless ``None``)."""
+        ledger = sub.ledger
         if record is None:
-            sub.seqs.clear()
+            ledger.clear()
+            sub.ledger_base = sub.next_seq
             return
-        for seq in [seq for seq, bound in sub.seqs.items() if bound is record]:
-            del sub.seqs[seq]
+        for index, bound in enumerate(ledger):
+            if bound is record:
+                ledger[index] = None
+        while ledger and ledger[0] is None:
+            ledger.popleft()
+            sub.ledger_base += 1
 
 
 def overflow_error(key: Hashable, trigger_id: Hashable, capacity: int) -> SubscriberOverflow:
@@ -503,6 +529,24 @@ def overflow_error(key: Hashable, trigger_id: Hashable, capacity: int) -> Subscr
         f"shared stream {key!r}: trigger {trigger_id!r} fell behind; its queue already "
         f"held {capacity} unprocessed events (shared_stream_subscriber_queue_size)"
     )
+
+
+def _still_owed(ledger: deque[EventRecord | None], index: int, record: EventRecord) -> bool:
+    """Whether ``record`` has another unconfirmed slot around position ``index``.
+
+    A record's slots are contiguous; confirmed slots (``None``) may sit
+    among them, so the scan crosses ``None`` and stops at another record.
+    """
+    for step in (-1, 1):
+        at = index + step
+        while 0 <= at < len(ledger):
+            bound = ledger[at]
+            if bound is record:
+                return True
+            if bound is not None:
+                break
+            at += step
+    return False
 
 
 def _nothing() -> None:
