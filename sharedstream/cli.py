@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SharedStreamError as exc:
         print(f"sharedstream: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly
+        sys.stderr.close()
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     ):
         group = commands.add_parser(noun, help=f"inspect stored {noun}")
         verbs = group.add_subparsers(title="actions", required=True, metavar="ACTION")
-        listing = verbs.add_parser("list", help=f"list {noun}, newest first")
+        order = "by id" if noun == "triggers" else "newest first"
+        listing = verbs.add_parser("list", help=f"list {noun}, {order}")
         listing.add_argument("--json", action="store_true", help="one JSON document on stdout")
         if "--asset" in extra:
             listing.add_argument("--asset", help="only those of this asset")

@@ -1,7 +1,7 @@
 """What a user asks the runtime to watch: assets, their watchers, and DAGs scheduled on them.
 
-A *definitions file* is a Python file that builds these objects at module
-level::
+A *definitions file* is a Python file that builds these objects when it is
+imported (assigned to a name or not)::
 
     orders = Asset("orders", watchers=[AssetWatcher("big", trigger=KafkaTrigger(...))])
     refunds = Asset("refunds", watchers=[...])
@@ -44,6 +44,9 @@ __all__ = [
     "load_definitions",
 ]
 
+_building: list[object] | None = None
+"""While a definitions file is imported: every Asset and Dag it constructs."""
+
 DEFINITIONS_PACKAGE = "sharedstream_definitions"
 """Definitions files are imported as ``sharedstream_definitions.<file stem>``."""
 
@@ -80,6 +83,8 @@ class Asset(_Condition):
             raise DefinitionsError(f"Asset name must be a non-empty string, got {name!r}")
         self.name = name
         self.watchers = list(watchers)
+        if _building is not None:
+            _building.append(self)
 
     def to_tree(self) -> dict[str, Any]:
         """``{"asset": name}``."""
@@ -170,6 +175,8 @@ class Dag:
                 f"Dag {dag_id!r}: schedule must be an Asset, a non-empty list of assets, "
                 f"or an expression with | and &, got {schedule!r}"
             )
+        if _building is not None:
+            _building.append(self)
 
     def __repr__(self) -> str:
         return f"Dag({self.dag_id!r})"
@@ -206,24 +213,31 @@ def load_definitions(path: Path) -> Definitions:
     a watcher whose trigger is not an event trigger or cannot be serialized.
     """
     path = Path(path).resolve()
-    module = _import_file(path)
+    module, built = _import_file(path)
     assets: dict[str, Asset] = {}
     dags: dict[str, Dag] = {}
-    for attr, value in vars(module).items():
+    watchers: dict[str, list[AssetWatcher]] = {}
+    for value in built:  # every Asset and Dag the file built, assigned to a name or not
         if isinstance(value, Asset):
-            _add_unique(assets, value.name, value, path, "asset", attr)
+            # Assets are identified by name: Asset("orders") in a schedule is
+            # the same asset as the one declared with watchers.
+            assets.setdefault(value.name, value)
+            known = watchers.setdefault(value.name, [])
+            known.extend(w for w in value.watchers if not any(w is k for k in known))
         elif isinstance(value, Dag):
-            _add_unique(dags, value.dag_id, value, path, "Dag", attr)
+            if value.dag_id in dags:
+                raise DefinitionsError(f"{path}: Dag id {value.dag_id!r} is used twice")
+            dags[value.dag_id] = value
+    if not any(watchers.values()):
+        raise DefinitionsError(f"{path}: defines no Asset with a watcher; nothing to watch")
     for dag in dags.values():
         for asset in dag.schedule.assets():
-            if assets.get(asset.name) is not asset:
+            if not watchers.get(asset.name):
                 raise DefinitionsError(
                     f"{path}: Dag {dag.dag_id!r} is scheduled on asset {asset.name!r}, which "
-                    "is not defined at module level in this file"
+                    "no watcher in this file feeds (a typo in the asset name?)"
                 )
-    if not assets:
-        raise DefinitionsError(f"{path}: defines no Asset at module level; nothing to watch")
-    triggers = _collect_triggers(path, assets)
+    triggers = _collect_triggers(path, watchers)
     classes = {
         f"{cls.__module__}.{cls.__qualname__}": cls
         for cls in vars(module).values()
@@ -236,7 +250,8 @@ def load_definitions(path: Path) -> Definitions:
     return Definitions(path, assets, dags, triggers, classes)
 
 
-def _import_file(path: Path) -> ModuleType:
+def _import_file(path: Path) -> tuple[ModuleType, list[object]]:
+    global _building  # noqa: PLW0603 - set only for the duration of one import
     if not path.is_file():
         raise DefinitionsError(f"{path}: definitions file not found")
     name = f"{DEFINITIONS_PACKAGE}.{path.stem}"
@@ -249,6 +264,8 @@ def _import_file(path: Path) -> ModuleType:
         raise DefinitionsError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    built: list[object] = []
+    _building = built
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
@@ -259,7 +276,9 @@ def _import_file(path: Path) -> ModuleType:
         raise DefinitionsError(
             f"{path}: failed to import{where}: {type(exc).__name__}: {exc}"
         ) from exc
-    return module
+    finally:
+        _building = None
+    return module, built
 
 
 def _user_frame(exc: BaseException, path: Path) -> str:
@@ -267,23 +286,17 @@ def _user_frame(exc: BaseException, path: Path) -> str:
     return f" (line {frames[-1].lineno})" if frames else ""
 
 
-def _add_unique(  # noqa: PLR0917 - a private helper with one call shape
-    into: dict[str, Any], name: str, value: Any, path: Path, kind: str, attr: str
-) -> None:
-    if name in into and into[name] is not value:
-        raise DefinitionsError(f"{path}: {kind} name {name!r} is used twice (again by {attr!r})")
-    into[name] = value
-
-
-def _collect_triggers(path: Path, assets: dict[str, Asset]) -> dict[str, WatchedTrigger]:
+def _collect_triggers(
+    path: Path, watchers: dict[str, list[AssetWatcher]]
+) -> dict[str, WatchedTrigger]:
     triggers: dict[str, WatchedTrigger] = {}
-    for asset in assets.values():
+    for asset_name, asset_watchers in watchers.items():
         seen: set[str] = set()
-        for watcher in asset.watchers:
-            where = f"{path}: watcher {watcher.name!r} of asset {asset.name!r}"
+        for watcher in asset_watchers:
             if not isinstance(watcher, AssetWatcher):
-                raise DefinitionsError(f"{path}: asset {asset.name!r} has a watcher that is not "
+                raise DefinitionsError(f"{path}: asset {asset_name!r} has a watcher that is not "
                                        f"an AssetWatcher: {watcher!r}")
+            where = f"{path}: watcher {watcher.name!r} of asset {asset_name!r}"
             if watcher.name in seen:
                 raise DefinitionsError(f"{where}: the watcher name is used twice on this asset")
             seen.add(watcher.name)
@@ -309,5 +322,5 @@ def _collect_triggers(path: Path, assets: dict[str, Asset]) -> dict[str, Watched
                 watched = triggers[fingerprint] = WatchedTrigger(
                     fingerprint, classpath, dict(kwargs), type(trigger)
                 )
-            watched.watchers.append((asset.name, watcher.name))
+            watched.watchers.append((asset_name, watcher.name))
     return triggers

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.conftest import SECRET, Deployment, wait_for
+from tests.runtime.conftest import DEFS, SECRET, Deployment, wait_for
 
 MESSAGES = [
     {"kind": "order", "amount": 50},   # all_orders            -> 1 event
@@ -117,8 +117,7 @@ def test_a_trigger_that_raises_is_recorded_and_restarted(deployment: Deployment)
 def test_bad_definitions_file_is_one_clear_line(deployment: Deployment) -> None:
     d = deployment
     bad = d.dir / "bad_defs.py"
-    bad.write_text("from sharedstream.definitions import Asset, Dag\n"
-                   "a = Asset('a')\nDag_x = Dag('d', schedule=Asset('ghost'))\n")
+    bad.write_text(DEFS.read_text() + "\nDag('typo', schedule=Asset('ordrs'))\n")
     result = subprocess.run(
         [sys.executable, "-m", "sharedstream", "--config", str(d.config), "triggerer",
          "--definitions", str(bad)],
@@ -127,7 +126,7 @@ def test_bad_definitions_file_is_one_clear_line(deployment: Deployment) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert "bad_defs.py" in result.stderr
-    assert "'ghost'" in result.stderr
+    assert "Dag 'typo' is scheduled on asset 'ordrs', which no watcher" in result.stderr
     assert "Traceback" not in result.stderr
 
     broken = d.dir / "broken_defs.py"

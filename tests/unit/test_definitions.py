@@ -64,7 +64,7 @@ dag = Dag("one", schedule=orders)
 ''')
     defs = load_definitions(path)
     assert sorted(defs.assets) == ["audit", "orders"]
-    assert sorted(defs.dags) == ["one"]  # only module-level names are collected
+    assert sorted(defs.dags) == ["both", "one"]  # unassigned Dags count too
     assert len(defs.triggers) == 2
     shared = next(t for t in defs.triggers.values() if t.kwargs["topic"] == "t")
     assert shared.watchers == [("orders", "w1"), ("orders", "w2"), ("audit", "w3")]
@@ -74,15 +74,17 @@ dag = Dag("one", schedule=orders)
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ('Dag("d", schedule=Asset("ghost"))\na = Asset("a")\nd = Dag("d", schedule=Asset("x"))',
-         "Dag 'd' is scheduled on asset 'x', which is not defined"),
-        ('x = 1', "defines no Asset"),
+        ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t"))])\n'
+         'Dag("d", schedule=Asset("x"))',
+         "Dag 'd' is scheduled on asset 'x', which no watcher in this file feeds"),
+        ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t"))])\n'
+         'Dag("d", schedule=a)\nDag("d", schedule=a)',
+         "Dag id 'd' is used twice"),
+        ('x = 1', "defines no Asset with a watcher"),
         ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t", extra=object()))])',
          "watcher 'w' of asset 'a': trigger cannot be serialized"),
         ('a = Asset("a", watchers=[AssetWatcher("w", trigger="nope")])',
          "trigger must be a BaseEventTrigger"),
-        ('a = Asset("a")\nb = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t"))])',
-         "asset name 'a' is used twice"),
         ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t")),'
          ' AssetWatcher("w", trigger=Watch("u"))])',
          "watcher name is used twice"),
@@ -124,3 +126,14 @@ def test_registry_rebuilds_only_registered_classes(tmp_path: Path) -> None:
         assert type(temporal).__name__ == "TimeDeltaTrigger"
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_assets_are_identified_by_name_and_unassigned_dags_count(tmp_path: Path) -> None:
+    path = write(tmp_path, '''
+Asset("orders", watchers=[AssetWatcher("w1", trigger=Watch("t"))])
+Dag("inline", schedule=Asset("orders"))  # neither is assigned to a name
+''')
+    defs = load_definitions(path)
+    assert list(defs.dags) == ["inline"]
+    [trigger] = defs.triggers.values()
+    assert trigger.watchers == [("orders", "w1")]
