@@ -1,8 +1,10 @@
 """Time-based standalone triggers: fire once at a moment, or after a delay.
 
 These are the smallest useful triggers and double as runnable examples of
-the :class:`~sharedstream.BaseTrigger` contract (they are not event
-triggers and share no upstream):
+a *standalone* trigger: they run their own ``run()`` and share no upstream
+(no ``shared_stream_key``). They are event triggers, so an asset watcher can
+use one - a scheduled one-off asset event; the triggerer marks such a
+trigger finished after it fired and does not run it again:
 
 * :class:`DateTimeTrigger` fires once at a timezone-aware moment, with that
   moment as the event payload.
@@ -35,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from sharedstream.events import TriggerEvent
-from sharedstream.trigger import BaseTrigger
+from sharedstream.trigger import BaseEventTrigger
 
 __all__ = ["DateTimeTrigger", "TimeDeltaTrigger"]
 
@@ -47,7 +49,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class DateTimeTrigger(BaseTrigger):
+class DateTimeTrigger(BaseEventTrigger):
     """Fire one :class:`TriggerEvent` whose payload is ``moment``, at ``moment``.
 
     ``moment`` must be a timezone-aware ``datetime`` (any tzinfo); a naive

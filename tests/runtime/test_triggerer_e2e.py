@@ -12,7 +12,9 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -212,3 +214,44 @@ def test_bad_configuration_is_one_line_naming_the_option(deployment: Deployment)
     assert result.stderr.count("\n") == 1
     assert "capacity" in result.stderr
     assert "SHAREDSTREAM__TRIGGERER__CAPACITY" in result.stderr
+
+
+STANDALONE = DEFS.with_name("standalone_defs.py")
+
+
+def test_standalone_triggers_fire_finish_and_fail_loudly(deployment: Deployment) -> None:
+    d = deployment
+    d.env["STANDALONE_AT"] = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    proc = d.start(STANDALONE)
+    wait_for(lambda: len(d.json("runs", "list", "--dag", "on_time")) == 1, what="the timed run")
+    [event] = d.json("events", "list", "--asset", "once")
+    assert datetime.fromisoformat(event["payload"]) == datetime.fromisoformat(
+        d.env["STANDALONE_AT"]
+    )
+
+    def trigger(kind: str) -> dict[str, Any]:
+        return next(t for t in d.json("triggers", "list") if kind in t["classpath"])
+
+    wait_for(lambda: trigger("DateTimeTrigger")["state"] == "finished", what="finished")
+    wait_for(lambda: trigger("EndsEmpty")["errors"] >= 2, what="a restart, failing again")
+    empty = trigger("EndsEmpty")
+    assert empty["state"] == "active"  # never silently stopped
+    assert "run() ended without firing an event" in empty["last_error"]
+    assert d.stop(proc) == 0
+    proc = d.start(STANDALONE)  # a finished trigger is not run again
+    wait_for(lambda: "running 1" in d.stderr(), what="only the unfinished trigger running")
+    assert d.stop(proc) == 0
+    assert len(d.json("runs", "list", "--dag", "on_time")) == 1
+
+
+def test_a_second_signal_exits_at_once(deployment: Deployment) -> None:
+    d = deployment
+    d.env["STANDALONE_AT"] = "2100-01-01T00:00:00+00:00"
+    d.env["SLOW_CLEANUP"] = "60"  # a graceful stop would take a minute
+    proc = d.start(STANDALONE)
+    wait_for(lambda: "running 2" in d.stderr(), what="start-up")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "SIGTERM: stopping" in d.stderr(), what="the graceful stop beginning")
+    assert proc.poll() is None  # still cleaning up
+    assert d.stop(proc, signal.SIGTERM) == 128 + signal.SIGTERM
+    assert "second SIGTERM: exiting at once" in d.stderr()

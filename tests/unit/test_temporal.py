@@ -7,19 +7,13 @@ import importlib
 import time
 import zoneinfo
 from datetime import UTC, datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from sharedstream import BaseEventTrigger, BaseTrigger, TriggerEvent
 from sharedstream.serde import pack_kwargs, unpack_kwargs
-
-if TYPE_CHECKING:
-    # mypy cannot follow the editable install's package-dir mapping
-    # (sharedstream.triggers -> triggers/), so it reads the same source by path.
-    from triggers import temporal
-else:
-    from sharedstream.triggers import temporal
+from sharedstream.triggers import temporal
 
 DateTimeTrigger = temporal.DateTimeTrigger
 TimeDeltaTrigger = temporal.TimeDeltaTrigger
@@ -41,10 +35,10 @@ async def collect(trigger: BaseTrigger, limit: float = 5.0) -> list[TriggerEvent
 
 
 def test_they_are_standalone_triggers() -> None:
-    assert issubclass(DateTimeTrigger, BaseTrigger)
-    assert not issubclass(DateTimeTrigger, BaseEventTrigger)
-    assert issubclass(TimeDeltaTrigger, BaseTrigger)
-    assert not issubclass(TimeDeltaTrigger, BaseEventTrigger)
+    # Event triggers (usable as asset watchers) that run standalone: no shared key.
+    assert issubclass(DateTimeTrigger, BaseEventTrigger)
+    assert issubclass(TimeDeltaTrigger, BaseEventTrigger)
+    assert DateTimeTrigger(datetime.now(UTC)).shared_stream_key() is None
 
 
 def test_naive_moment_is_rejected_naming_the_argument() -> None:
