@@ -292,8 +292,8 @@ class Triggerer:
             except _Unrunnable as exc:
                 log.error("not running %s", exc)  # noqa: TRY400 - the reason is the message
                 await self._release(attempt)
-                await self._store_call("record_trigger_error", row.id, str(exc), "")
-                await self._store_call("set_trigger_state", row.id, "failed")
+                await self._note("record_trigger_error", row.id, str(exc), "")
+                await self._note("set_trigger_state", row.id, "failed")
                 return
             if attempt.stream is None and delay:
                 await asyncio.sleep(delay)  # nothing held: back off before starting again
@@ -308,7 +308,7 @@ class Triggerer:
                 # Any failure of the trigger's own code: record it, restart it.
                 log.warning("trigger %d (%s) failed: %s: %s; restarting in %.1fs",
                             row.id, row.classpath, type(exc).__name__, exc, backoff)
-                await self._store_call(
+                await self._note(
                     "record_trigger_error", row.id, f"{type(exc).__name__}: {exc}",
                     "".join(traceback.format_exception(exc)),
                 )
@@ -317,7 +317,7 @@ class Triggerer:
                 instruments().triggers_running.add(-1)
                 await self._cleanup(row.id, trigger)
             if finished:
-                await self._store_call("set_trigger_state", row.id, "finished")
+                await self._note("set_trigger_state", row.id, "finished")
                 return
             if loop.time() - started >= STABLE_AFTER:
                 backoff = tconf.restart_backoff_initial
@@ -326,6 +326,18 @@ class Triggerer:
             if attempt.stream is not None:  # consuming waits; keep clear of the ack timeout
                 delay = min(delay, tconf.shared_stream_ack_timeout / 2)
             backoff = min(backoff * 2, tconf.restart_backoff_max)
+
+    async def _note(self, method: str, *args: Any) -> None:
+        """Record trigger bookkeeping in the store; a failure is logged, not raised.
+
+        Losing an error note must not stop the supervisor (and with it the
+        triggerer): the trigger keeps being supervised either way.
+        """
+        try:
+            await self._store_call(method, *args)
+        except Exception:
+            # Only the record is lost; the log line carries the same facts.
+            log.exception("could not record %s for trigger %s in the store", method, args[0])
 
     async def _release(self, attempt: _Attempt) -> None:
         if attempt.stream is not None and attempt.key is not None:
