@@ -36,7 +36,7 @@ from sharedstream.producer import SharedStreamProducer
 from sharedstream.pump import AdvancePump
 from sharedstream.resolution import ResolutionBook, SeqRouter, overflow_error
 from sharedstream.stream import ack_stream, fast_stream
-from sharedstream.telemetry import instruments
+from sharedstream.telemetry import instruments, unwatch_book, watch_book
 from sharedstream.timeouts import run_ack_watchdog
 from sharedstream.trigger import BaseEventTrigger, uses_ack_mode
 
@@ -88,6 +88,7 @@ class StreamGroup:
                 ack_timeout=ack_timeout,
                 router=router,
             )
+            watch_book(self.book)
         self._fast_subscribers: dict[Hashable, Subscriber] = {}
         self._task: asyncio.Task[None] | None = None
         self._terminated = False
@@ -174,6 +175,7 @@ class StreamGroup:
         self._terminated = True
         self._on_terminate(self)
         if self.book is not None:
+            unwatch_book(self.book)
             self.book.terminate(error)
         else:
             self.fanout.fail_all(error)

@@ -8,13 +8,57 @@ per (event, subscriber) pair.
 
 from __future__ import annotations
 
+import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Counter, Histogram, UpDownCounter
+from opentelemetry.metrics import (
+    CallbackOptions,
+    Counter,
+    Histogram,
+    ObservableGauge,
+    Observation,
+    UpDownCounter,
+)
 
-__all__ = ["Instruments", "instruments"]
+if TYPE_CHECKING:
+    from sharedstream.resolution import ResolutionBook
+
+__all__ = ["Instruments", "instruments", "unwatch_book", "watch_book"]
+
+_books: weakref.WeakSet[ResolutionBook] = weakref.WeakSet()
+
+
+def watch_book(book: ResolutionBook) -> None:
+    """Report ``book``'s outstanding events and head-of-line age while it lives.
+
+    Read by observable gauges only when an SDK collects, so it costs nothing
+    on the hot path.
+    """
+    instruments()  # make sure the gauges exist
+    _books.add(book)
+
+
+def unwatch_book(book: ResolutionBook) -> None:
+    """Stop reporting ``book`` (its group ended). Idempotent."""
+    _books.discard(book)
+
+
+def _outstanding(_options: CallbackOptions) -> Iterable[Observation]:
+    for book in list(_books):
+        yield Observation(book.outstanding(), {"stream": repr(book.key)})
+
+
+def _head_of_line_age(_options: CallbackOptions) -> Iterable[Observation]:
+    now = time.monotonic()
+    for book in list(_books):
+        deadline = book.next_deadline()
+        age = 0.0 if deadline is None else max(0.0, now - (deadline - book.ack_timeout))
+        yield Observation(age, {"stream": repr(book.key)})
 
 
 @dataclass(frozen=True)
@@ -29,6 +73,8 @@ class Instruments:
     persist_latency: Histogram
     events_stored: Counter
     triggers_running: UpDownCounter
+    outstanding: ObservableGauge
+    head_of_line_age: ObservableGauge
 
 
 @cache
@@ -75,5 +121,17 @@ def instruments() -> Instruments:
             "sharedstream.triggers.running",
             unit="{trigger}",
             description="Triggers currently running in this process",
+        ),
+        outstanding=meter.create_observable_gauge(
+            "sharedstream.events.outstanding",
+            callbacks=[_outstanding],
+            unit="{event}",
+            description="Raw events fanned out and not yet advanced, per stream",
+        ),
+        head_of_line_age=meter.create_observable_gauge(
+            "sharedstream.events.head_of_line_age",
+            callbacks=[_head_of_line_age],
+            unit="s",
+            description="Age of the oldest unresolved raw event, per stream (0 if none)",
         ),
     )
