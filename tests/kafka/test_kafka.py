@@ -1,0 +1,257 @@
+"""Kafka producer and trigger: the conformance suite on Tansu, plus Kafka-specific tests."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import pytest
+
+from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager
+from sharedstream.producers.kafka import (
+    KafkaConfigError,
+    KafkaMessage,
+    KafkaPayload,
+    KafkaProducerError,
+    KafkaSettings,
+    KafkaSharedStreamProducer,
+)
+from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
+from tests.conformance.harness import (
+    SCRIPTS,
+    Script,
+    Stream,
+    SupervisedRunner,
+    eventually,
+    eventually_async,
+)
+from tests.conformance.suite import ProducerConformance
+from tests.kafka.conftest import GROUP_SETTINGS, KafkaHarness
+
+
+class TestKafkaConformance(ProducerConformance):
+    """The shared producer conformance suite against a real Tansu broker."""
+
+
+# -- the trigger, without a broker --------------------------------------------------------
+
+BASE: dict[str, Any] = {"bootstrap_servers": "b:9092,a:9092", "topics": ["orders"],
+                        "group_id": "g"}
+
+
+def test_key_holds_consumer_settings_not_filter_settings() -> None:
+    plain = KafkaSharedStreamTrigger(**BASE)
+    filtered = KafkaSharedStreamTrigger(**{**BASE, "bootstrap_servers": ["a:9092", "b:9092"]},
+                                        value_format="json", match={"json": {"kind": "x"}})
+    assert plain.shared_stream_key() == filtered.shared_stream_key()
+    for change in ({"group_id": "h"}, {"topics": ["refunds"]}, {"dead_letter_topic": "d"},
+                   {"max_redeliveries": 1}, {"client_id": "c"},
+                   {"security": {"security_protocol": "SSL"}},
+                   {"consumer_overrides": {"session_timeout_ms": 2000}}):
+        other = KafkaSharedStreamTrigger(**{**BASE, **change})
+        assert other.shared_stream_key() != plain.shared_stream_key(), change
+
+
+def test_key_does_not_leak_secrets() -> None:
+    trigger = KafkaSharedStreamTrigger(**BASE, security={"sasl_plain_password": "hunter2"})
+    assert "hunter2" not in repr(trigger.shared_stream_key())
+
+
+def test_serialize_round_trips() -> None:
+    trigger = KafkaSharedStreamTrigger(**BASE, value_format="msgpack", dead_letter_topic="d",
+                                       match={"key": "k"})
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "sharedstream.triggers.kafka.KafkaSharedStreamTrigger"
+    assert KafkaSharedStreamTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+@pytest.mark.parametrize("overrides", [{"enable_auto_commit": True}, {"group_id": "other"}])
+def test_lossy_or_conflicting_overrides_are_refused_up_front(overrides: dict[str, Any]) -> None:
+    with pytest.raises(KafkaConfigError):
+        KafkaSharedStreamTrigger(**BASE, consumer_overrides=overrides)
+    with pytest.raises(ValueError, match=r"consumer_overrides|refused"):
+        KafkaSharedStreamProducer(KafkaSettings("a:1", ["t"], "g", consumer_overrides=overrides))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="value_format"):
+        KafkaSharedStreamTrigger(**BASE, value_format="xml")
+    with pytest.raises(ValueError, match="match"):
+        KafkaSharedStreamTrigger(**BASE, match={"value": 1})
+    with pytest.raises(ValueError, match="json"):
+        KafkaSharedStreamTrigger(**BASE, match={"json": {"a": 1}})
+    with pytest.raises(ValueError, match="topics"):
+        KafkaSharedStreamTrigger(**{**BASE, "topics": []})
+    assert issubclass(KafkaConfigError, KafkaProducerError)
+
+
+def message(value: bytes | None, key: bytes | None = None,
+            headers: tuple[tuple[str, bytes], ...] = ()) -> KafkaMessage:
+    return KafkaMessage("orders", 0, 7, key, value, headers, 1)
+
+
+def test_decode_and_match() -> None:
+    trigger = KafkaSharedStreamTrigger(
+        **BASE, value_format="json",
+        match={"key": "eu", "headers": {"src": "web"}, "json": {"order.amount": 5}},
+    )
+    good = message(b'{"order": {"amount": 5}}', b"eu", (("src", b"web"),))
+    assert trigger.matches(trigger.decode(good), good)
+    for bad in (message(good.value, b"us", good.headers),
+                message(good.value, b"eu", (("src", b"app"),)),
+                message(b'{"order": {"amount": 6}}', b"eu", good.headers),
+                message(b'{"order": 1}', b"eu", good.headers)):
+        assert not trigger.matches(trigger.decode(bad), bad)
+    with pytest.raises(ValueError, match="undecodable"):
+        trigger.decode(message(b"{nope"))
+    packed = KafkaSharedStreamTrigger(**BASE, value_format="msgpack")
+    assert packed.decode(message(msgpack.packb({"a": 1}))) == {"a": 1}
+    with pytest.raises(ValueError, match="undecodable"):
+        packed.decode(message(b"\xc1"))
+    text = KafkaSharedStreamTrigger(**BASE, value_format="utf-8")
+    with pytest.raises(ValueError, match="undecodable"):
+        text.decode(message(b"\xff"))
+
+
+# -- the advance policy, with a recording stand-in for the consumer -----------------------
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.commits: list[int] = []
+        self.seeks: list[int] = []
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.commits.extend(offsets.values())
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.seeks.append(offset)
+
+
+def policy_producer(max_redeliveries: int = 5) -> tuple[KafkaSharedStreamProducer, FakeConsumer]:
+    pytest.importorskip("aiokafka")
+    producer = KafkaSharedStreamProducer(
+        KafkaSettings("a:1", ["t"], "g", max_redeliveries=max_redeliveries)
+    )
+    consumer = FakeConsumer()
+    producer._consumer = consumer
+    producer._on_assigned([type("TP", (), {"topic": "t", "partition": 0})()])
+    return producer, consumer
+
+
+CLEAN = AdvanceOutcome(1, 0)
+FAILED = AdvanceOutcome(1, 1)
+NOBODY = AdvanceOutcome(0, 0)
+
+
+def batch(producer: KafkaSharedStreamProducer, *items: tuple[int, AdvanceOutcome],
+          ) -> Sequence[AdvanceItem]:
+    epoch = producer._epoch
+    return [AdvanceItem(KafkaPayload("t", 0, offset, epoch, None), outcome)
+            for offset, outcome in items]
+
+
+async def test_floor_holds_across_batches() -> None:
+    producer, consumer = policy_producer()
+    await producer.advance(batch(producer, (0, CLEAN), (1, FAILED), (2, CLEAN)))
+    assert consumer.commits == [1]
+    assert consumer.seeks == [1]
+    await producer.advance(batch(producer, (3, CLEAN), (4, CLEAN)))  # a later batch
+    assert consumer.commits == [1], "never past the held offset"
+    await producer.advance(batch(producer, (1, CLEAN), (2, CLEAN), (3, CLEAN)))
+    assert consumer.commits == [1, 4]
+    await producer.advance(batch(producer, (4, NOBODY)))  # fanned out to nobody: held
+    assert consumer.commits == [1, 4]
+    assert consumer.seeks == [1, 4]
+
+
+async def test_poison_is_discarded_without_dead_letter_topic(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    producer, consumer = policy_producer(max_redeliveries=1)
+    await producer.advance(batch(producer, (0, FAILED), (1, FAILED)))
+    await producer.advance(batch(producer, (0, FAILED), (1, CLEAN)))
+    assert consumer.commits == [2]
+    assert producer.discarded == 1
+    assert "no dead_letter_topic" in caplog.text
+
+
+async def test_stale_epoch_is_ignored() -> None:
+    producer, consumer = policy_producer()
+    stale = batch(producer, (0, CLEAN))
+    producer._on_assigned([type("TP", (), {"topic": "t", "partition": 0})()])
+    await producer.advance(stale)
+    assert consumer.commits == []
+
+
+# -- the trigger on a real broker -----------------------------------------------------------
+
+
+async def test_trigger_decodes_matches_and_rejects(harness: KafkaHarness) -> None:
+    stream: Stream = await harness.create_stream()
+    manager = SharedStreamManager(ack_timeout=30.0)
+    kwargs = harness.trigger_kwargs(stream, value_format="json")
+    big = KafkaSharedStreamTrigger(**kwargs, match={"json": {"kind": "order"},
+                                                   "headers": {"src": "web"}})
+    everything = KafkaSharedStreamTrigger(**kwargs)
+    runners = [SupervisedRunner(manager, big, 1).start(),
+               SupervisedRunner(manager, everything, 2).start()]
+    try:
+        await harness.produce(stream, [json.dumps({"kind": "order", "n": 1}).encode()],
+                              headers=[("src", b"web")], key=b"k1")
+        await harness.produce(stream, [json.dumps({"kind": "order", "n": 2}).encode()],
+                              headers=[("src", b"app")])
+        await harness.produce(stream, [b"not json"], headers=[("src", b"web")])
+        await eventually(lambda: len(runners[1].events) == 2, what="two decoded events")
+        await eventually_async(lambda: harness.committed(stream), 3, what="committed")
+        [event] = runners[0].events
+        assert event.payload == {
+            "value": {"kind": "order", "n": 1}, "topic": stream.name, "partition": 0,
+            "offset": 0, "key": b"k1", "headers": [("src", b"web")],
+            "timestamp": event.payload["timestamp"],
+        }
+        letters = await harness.dead_letters(stream)
+        assert [(d.value, d.reason) for d in letters] == [(b"not json", "rejected")]
+        [record] = await harness.read_all(stream.dead_letter or "")
+        assert ("src", b"web") in list(record.headers), "original headers are kept"
+    finally:
+        for runner in runners:
+            await runner.stop()
+        await manager.stop_all()
+
+
+async def test_partitions_are_lanes(harness: KafkaHarness) -> None:
+    """A failure held on partition 0 does not hold partition 1."""
+    name = f"two-{uuid.uuid4().hex[:10]}"
+    stream = Stream(name=name, dead_letter=None, group=f"g-{name}")
+    await harness.create_topics(stream.name, partitions=2)
+    manager = SharedStreamManager(ack_timeout=30.0)
+    SCRIPTS["lanes"] = script = Script(fail={b"p0-held": -1})
+    trigger = harness.trigger(stream, script="lanes", max_redeliveries=1000)
+    runner = SupervisedRunner(manager, trigger, 1).start()
+    try:
+        await harness.produce(stream, [b"p0-held", b"p0-after"], partition=0)
+        await harness.produce(stream, [b"p1-a", b"p1-b"], partition=1)
+        await eventually_async(lambda: harness.committed(stream, 1), 2, what="partition 1")
+        assert await harness.committed(stream, 0) == 0
+        script.fail[b"p0-held"] = 0
+        await eventually_async(lambda: harness.committed(stream, 0), 2, what="partition 0")
+    finally:
+        await runner.stop()
+        await manager.stop_all()
+
+
+async def test_unreachable_broker_fails_the_group_with_a_wrapped_error() -> None:
+    pytest.importorskip("aiokafka")
+    settings = KafkaSettings("127.0.0.1:1", ["t"], "g", retries=1, retry_backoff=0.01,
+                             consumer_overrides=dict(GROUP_SETTINGS))
+    producer = KafkaSharedStreamProducer(settings)
+    stream = producer.open_stream()
+    with pytest.raises(KafkaProducerError) as caught:
+        await anext(stream)
+    assert caught.value.__cause__ is not None
+    await producer.aclose()
+    await producer.aclose()  # once only

@@ -1,0 +1,296 @@
+"""Kafka asset watchers: many triggers, one consumer-group member per stream.
+
+:class:`KafkaSharedStreamTrigger` runs in ack mode on
+:class:`~sharedstream.producers.kafka.KafkaSharedStreamProducer`: every
+trigger with the same broker, topics, group and consumer settings shares one
+consumer, and an offset is committed only once every trigger is done with the
+record and the events it fired are stored.
+
+A trigger decodes each record's value (``value_format``), applies its
+declarative ``match`` and fires one event per matching record::
+
+    KafkaSharedStreamTrigger(
+        bootstrap_servers="broker:9092", topics=["orders"], group_id="sharedstream-orders",
+        value_format="json", dead_letter_topic="orders.dlq",
+        match={"key": "eu", "headers": {"source": "web"}, "json": {"order.amount": 100}},
+    )
+
+A value that does not decode is *rejected*: dead-lettered (or discarded, with
+a warning, when no ``dead_letter_topic`` is set), never redelivered.
+
+For logic a dict cannot express, subclass and override :meth:`matches`
+(called with the decoded value and the raw
+:class:`~sharedstream.producers.kafka.KafkaMessage`), or
+:meth:`filter_shared_stream` itself::
+
+    class BigOrders(KafkaSharedStreamTrigger):
+        def __init__(self, *, min_amount: int, **kwargs):
+            super().__init__(value_format="json", **kwargs)
+            self.min_amount = min_amount
+
+        def serialize(self):
+            classpath, kwargs = super().serialize()  # classpath names the subclass
+            del kwargs["value_format"]
+            return classpath, {**kwargs, "min_amount": self.min_amount}
+
+        def matches(self, value, message):
+            return super().matches(value, message) and value.get("amount", 0) >= self.min_amount
+
+The subclass keeps the shared-stream key, so it shares the consumer with
+plain ``KafkaSharedStreamTrigger`` watchers of the same stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Hashable, Mapping
+from typing import Any
+
+import msgpack
+
+from sharedstream.events import TriggerEvent
+from sharedstream.producer import SharedStreamProducer
+from sharedstream.producers.kafka import (
+    KafkaConfigError,
+    KafkaMessage,
+    KafkaSettings,
+    KafkaSharedStreamProducer,
+    security_fingerprint,
+)
+from sharedstream.stream import reject_shared_stream_event
+from sharedstream.trigger import BaseEventTrigger
+
+__all__ = ["VALUE_FORMATS", "KafkaSharedStreamTrigger", "normalize_bootstrap"]
+
+VALUE_FORMATS = ("bytes", "utf-8", "json", "msgpack")
+_MATCH_FIELDS = frozenset({"key", "headers", "json"})
+_MISSING = object()
+
+
+def normalize_bootstrap(bootstrap_servers: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``"b:9092,a:9092"`` and ``["a:9092", "b:9092"]`` name the same cluster."""
+    if isinstance(bootstrap_servers, str):
+        parts = bootstrap_servers.split(",")
+    else:
+        parts = list(bootstrap_servers)
+    return tuple(sorted({part.strip() for part in parts if part.strip()}))
+
+
+def _as_text(value: bytes | str | None) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return None
+    return value
+
+
+def _lookup(document: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(document, Mapping) or part not in document:
+            return _MISSING
+        document = document[part]
+    return document
+
+
+class KafkaSharedStreamTrigger(BaseEventTrigger):
+    """Fire for each record of ``topics`` whose decoded value matches ``match``.
+
+    :param bootstrap_servers: ``"host:port,..."`` or a list.
+    :param topics: topics consumed by the shared consumer.
+    :param group_id: the Kafka consumer group; offsets are committed for it.
+        Give each distinct stream (each distinct key) its own group id.
+    :param client_id: the consumer's client id (optional).
+    :param security: aiokafka security settings passed through
+        (``security_protocol``, ``sasl_mechanism``, ``sasl_plain_username``, ...).
+        Only a digest of them is put in the shared-stream key.
+    :param value_format: ``bytes`` (as is), ``utf-8`` (text), ``json`` or
+        ``msgpack``; a value that does not decode is rejected.
+    :param dead_letter_topic: where rejected and poison records go; ``None``
+        discards them with a warning.
+    :param max_redeliveries: failed deliveries of one record tolerated before
+        it is dead-lettered instead of held.
+    :param match: ``{"key": ..., "headers": {name: value}, "json": {"a.b": value}}``;
+        every given condition must hold. ``json`` paths need a ``json`` or
+        ``msgpack`` value format.
+    :param consumer_overrides: extra ``AIOKafkaConsumer`` settings
+        (``session_timeout_ms``, ...); ``enable_auto_commit=True`` is refused.
+
+    The payload of each event is a dict: ``value`` (decoded), ``topic``,
+    ``partition``, ``offset``, ``key`` (bytes or ``None``), ``headers`` (list
+    of ``(name, bytes)``) and ``timestamp`` (ms).
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str | list[str],
+        topics: list[str],
+        group_id: str,
+        client_id: str | None = None,
+        security: dict[str, Any] | None = None,
+        value_format: str = "bytes",
+        dead_letter_topic: str | None = None,
+        max_redeliveries: int = 5,
+        match: dict[str, Any] | None = None,
+        consumer_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if value_format not in VALUE_FORMATS:
+            raise ValueError(f"value_format must be one of {VALUE_FORMATS}, got {value_format!r}")
+        match = dict(match or {})
+        unknown = set(match) - _MATCH_FIELDS
+        if unknown:
+            raise ValueError(f"unknown match fields {sorted(unknown)}; use {sorted(_MATCH_FIELDS)}")
+        if "json" in match and value_format not in ("json", "msgpack"):
+            raise ValueError("match['json'] needs value_format 'json' or 'msgpack'")
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = list(topics)
+        self.group_id = group_id
+        self.client_id = client_id
+        self.security = dict(security or {})
+        self.value_format = value_format
+        self.dead_letter_topic = dead_letter_topic
+        self.max_redeliveries = max_redeliveries
+        self.match = match
+        self.consumer_overrides = dict(consumer_overrides or {})
+        # Refuse lossy or inconsistent settings where the trigger is declared.
+        self.settings()
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """``(classpath, kwargs)``; rebuilt as ``cls(**kwargs)`` by the triggerer."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "bootstrap_servers": self.bootstrap_servers,
+                "topics": self.topics,
+                "group_id": self.group_id,
+                "client_id": self.client_id,
+                "security": self.security,
+                "value_format": self.value_format,
+                "dead_letter_topic": self.dead_letter_topic,
+                "max_redeliveries": self.max_redeliveries,
+                "match": self.match,
+                "consumer_overrides": self.consumer_overrides,
+            },
+        )
+
+    def settings(self) -> KafkaSettings:
+        """The shared consumer's settings (validated)."""
+        settings = KafkaSettings(
+            bootstrap_servers=self.bootstrap_servers,
+            topics=tuple(self.topics),
+            group_id=self.group_id,
+            client_id=self.client_id,
+            security=self.security,
+            dead_letter_topic=self.dead_letter_topic,
+            max_redeliveries=self.max_redeliveries,
+            consumer_overrides=self.consumer_overrides,
+        )
+        settings.validate()
+        return settings
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Not used: this trigger always runs on its shared stream."""
+        raise NotImplementedError("KafkaSharedStreamTrigger runs on the shared stream only")
+        yield  # type: ignore[unreachable]
+
+    def shared_stream_key(self) -> Hashable:
+        """Everything that changes the shared consumer or its producer, nothing per-trigger.
+
+        ``value_format`` and ``match`` are left out: each trigger decodes and
+        filters on its own, so triggers that differ only there share one
+        consumer. Security settings enter as a digest, so secrets never reach
+        logs or metrics that print the key.
+        """
+        return (
+            "kafka",
+            normalize_bootstrap(self.bootstrap_servers),
+            tuple(sorted(set(self.topics))),
+            self.group_id,
+            self.client_id,
+            security_fingerprint(self.security),
+            self.dead_letter_topic,
+            self.max_redeliveries,
+            security_fingerprint(self.consumer_overrides),
+        )
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        """The group's producer, from the first subscriber's kwargs (no connection yet)."""
+        return KafkaSharedStreamProducer(cls._settings_from(kwargs))
+
+    @staticmethod
+    def _settings_from(kwargs: Mapping[str, Any]) -> KafkaSettings:
+        try:
+            return KafkaSettings(
+                bootstrap_servers=kwargs["bootstrap_servers"],
+                topics=tuple(kwargs["topics"]),
+                group_id=kwargs["group_id"],
+                client_id=kwargs.get("client_id"),
+                security=dict(kwargs.get("security") or {}),
+                dead_letter_topic=kwargs.get("dead_letter_topic"),
+                max_redeliveries=kwargs.get("max_redeliveries", 5),
+                consumer_overrides=dict(kwargs.get("consumer_overrides") or {}),
+            )
+        except KeyError as exc:
+            raise KafkaConfigError(f"missing Kafka trigger setting {exc}") from exc
+
+    # -- filtering -----------------------------------------------------------------------
+
+    def decode(self, message: KafkaMessage) -> Any:
+        """Decode the record's value per ``value_format``; raise ``ValueError`` if it cannot."""
+        value = message.value
+        if self.value_format == "bytes" or value is None:
+            return value
+        try:
+            if self.value_format == "utf-8":
+                return value.decode()
+            if self.value_format == "json":
+                return json.loads(value)
+            return msgpack.unpackb(value, raw=False, strict_map_key=False)
+        except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too
+            raise ValueError(f"undecodable {self.value_format} value: {exc}") from exc
+
+    def matches(self, value: Any, message: KafkaMessage) -> bool:
+        """Whether the record passes ``match``; override for custom filters."""
+        match = self.match
+        if "key" in match and _as_text(message.key) != _as_text(match["key"]):
+            return False
+        if "headers" in match:
+            headers = {name: _as_text(raw) for name, raw in message.headers}
+            for name, wanted in match["headers"].items():
+                if name not in headers or headers[name] != _as_text(wanted):
+                    return False
+        if "json" in match:
+            for path, wanted in match["json"].items():
+                if _lookup(value, path) != wanted:
+                    return False
+        return True
+
+    def to_payload(self, value: Any, message: KafkaMessage) -> dict[str, Any]:
+        """The event payload for a matching record."""
+        return {
+            "value": value,
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "key": message.key,
+            "headers": [(name, raw) for name, raw in message.headers],
+            "timestamp": message.timestamp,
+        }
+
+    async def filter_shared_stream(
+        self, shared_stream: AsyncIterator[Any]
+    ) -> AsyncIterator[TriggerEvent]:
+        """Decode, reject what does not decode, fire for what matches."""
+        async for message in shared_stream:
+            try:
+                value = self.decode(message)
+            except ValueError as exc:
+                self.log.warning("rejecting %s/%d/%d: %s", message.topic, message.partition,
+                                 message.offset, exc)
+                reject_shared_stream_event()
+                continue
+            if self.matches(value, message):
+                yield TriggerEvent(self.to_payload(value, message))
