@@ -40,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.handler is _init:  # init writes the configuration; there is none to load yet
             return _init(args)  # type: ignore[no-any-return]
+        if args.handler is _demo:  # the demo writes its own configuration
+            return _demo(args)  # type: ignore[no-any-return]
         config = load_config(args.config)
         handler: Callable[[argparse.Namespace, Config], int] = args.handler
         return int(handler(args, config))
@@ -72,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--db", default="sqlite:///sharedstream.db",
                       help="store URL (default: sqlite:///sharedstream.db, next to the file)")
     init.set_defaults(handler=_init)
+
+    demo = commands.add_parser(
+        "demo", help="run the pipeline against a local Kafka-protocol broker (Tansu)"
+    )
+    demo.add_argument("--messages", type=int, default=2000, metavar="N",
+                      help="records to produce (default: 2000)")
+    demo.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                      help="work in DIR (new or empty) and keep it, instead of a temp directory")
+    demo.add_argument("--log-level", default="ERROR", help="logging level (default: ERROR)")
+    demo.set_defaults(handler=_demo)
 
     triggerer = commands.add_parser("triggerer", help="run the watchers of a definitions file")
     triggerer.add_argument("--definitions", type=Path, required=True, metavar="FILE",
@@ -119,6 +131,12 @@ def _init(args: argparse.Namespace) -> int:
     print(f"wrote {path} (with a new kwargs encryption key: keep it secret)")
     print(f"database {config.sqlite_path()} ready (schema v{version})")
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from sharedstream.demo import run_demo  # noqa: PLC0415 - needs the optional Kafka extras
+
+    return run_demo(args)
 
 
 def _triggerer(args: argparse.Namespace, config: Config) -> int:

