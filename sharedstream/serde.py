@@ -112,6 +112,25 @@ _short_repr.maxstring = 40
 _short_repr.maxother = 40
 
 
+class _Where:
+    """Where a value sits in the kwargs, rendered only if an error message needs it.
+
+    Building the ``kwargs['a'][2]`` string for every value would cost more
+    than packing it; this keeps the parent and the step and formats lazily.
+    """
+
+    __slots__ = ("key", "parent", "template")
+
+    def __init__(self, parent: object, template: str, key: object) -> None:
+        self.parent, self.template, self.key = parent, template, key
+
+    def __str__(self) -> str:
+        return f"{self.parent}{self.template.format(_short_repr.repr(self.key))}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 class SerializationError(SharedStreamError, ValueError):
     """Trigger kwargs could not be packed or unpacked.
 
@@ -205,7 +224,7 @@ def _top_level(kwargs: Mapping[str, Any], *, canonical: bool) -> dict[Any, Any]:
     return _encode_dict(kwargs, "kwargs", canonical=canonical, depth=1)
 
 
-def _encode(value: Any, path: str, *, canonical: bool, depth: int) -> Any:
+def _encode(value: Any, path: object, *, canonical: bool, depth: int) -> Any:
     """Turn ``value`` into what msgpack packs natively (ExtType for the rest)."""
     kind = type(value)
     if kind in _SCALARS:
@@ -230,37 +249,37 @@ def _encode(value: Any, path: str, *, canonical: bool, depth: int) -> Any:
     raise SerializationError(message)
 
 
-def _encode_datetime(value: dt.datetime, path: str) -> tuple[int, bytes]:
+def _encode_datetime(value: dt.datetime, path: object) -> tuple[int, bytes]:
     fields = [value.year, value.month, value.day, value.hour, value.minute, value.second]
     fields += [value.microsecond, value.fold, _encode_tz(value.tzinfo, path, "datetime")]
     return EXT_DATETIME, _packb(fields)
 
 
-def _encode_date(value: dt.date, path: str) -> tuple[int, bytes]:
+def _encode_date(value: dt.date, path: object) -> tuple[int, bytes]:
     return EXT_DATE, _packb([value.year, value.month, value.day])
 
 
-def _encode_time(value: dt.time, path: str) -> tuple[int, bytes]:
+def _encode_time(value: dt.time, path: object) -> tuple[int, bytes]:
     fields = [value.hour, value.minute, value.second, value.microsecond, value.fold]
     fields.append(_encode_tz(value.tzinfo, path, "time"))
     return EXT_TIME, _packb(fields)
 
 
-def _encode_timedelta(value: dt.timedelta, path: str) -> tuple[int, bytes]:
+def _encode_timedelta(value: dt.timedelta, path: object) -> tuple[int, bytes]:
     return EXT_TIMEDELTA, _packb([value.days, value.seconds, value.microseconds])
 
 
-def _encode_decimal(value: decimal.Decimal, path: str) -> tuple[int, bytes]:
+def _encode_decimal(value: decimal.Decimal, path: object) -> tuple[int, bytes]:
     return EXT_DECIMAL, str(value).encode()
 
 
-def _encode_uuid(value: uuid.UUID, path: str) -> tuple[int, bytes]:
+def _encode_uuid(value: uuid.UUID, path: object) -> tuple[int, bytes]:
     return EXT_UUID, value.bytes
 
 
 _CONTAINERS: Final = frozenset({list, dict, tuple, set, frozenset})
 # Keyed by exact type: a subclass is looked up by its own type and is refused.
-_VALUE_ENCODERS: Final[dict[type, Callable[[Any, str], tuple[int, bytes]]]] = {
+_VALUE_ENCODERS: Final[dict[type, Callable[[Any, object], tuple[int, bytes]]]] = {
     dt.datetime: _encode_datetime,
     dt.date: _encode_date,
     dt.time: _encode_time,
@@ -270,19 +289,19 @@ _VALUE_ENCODERS: Final[dict[type, Callable[[Any, str], tuple[int, bytes]]]] = {
 }
 
 
-def _encode_container(value: Any, path: str, *, canonical: bool, depth: int) -> Any:
+def _encode_container(value: Any, path: object, *, canonical: bool, depth: int) -> Any:
     kind = type(value)
     if kind is dict:
         return _encode_dict(value, path, canonical=canonical, depth=depth)
     if kind is list or kind is tuple:
         items = [
-            _encode(item, f"{path}[{index}]", canonical=canonical, depth=depth)
+            _encode(item, _Where(path, "[{}]", index), canonical=canonical, depth=depth)
             for index, item in enumerate(value)
         ]
         return items if kind is list else msgpack.ExtType(EXT_TUPLE, _packb(items))
     # set / frozenset: order the elements by their packed bytes (see module docstring).
     elements = [
-        _encode(item, f"{path}{{{_short_repr.repr(item)}}}", canonical=canonical, depth=depth)
+        _encode(item, _Where(path, "{{{}}}", item), canonical=canonical, depth=depth)
         for item in value
     ]
     elements.sort(key=_packb)
@@ -290,20 +309,20 @@ def _encode_container(value: Any, path: str, *, canonical: bool, depth: int) -> 
 
 
 def _encode_dict(
-    value: Mapping[Any, Any], path: str, *, canonical: bool, depth: int
+    value: Mapping[Any, Any], path: object, *, canonical: bool, depth: int
 ) -> dict[Any, Any]:
     entries = []
     for key, item in value.items():
-        key_path = f"{path} (key {_short_repr.repr(key)})"
+        key_path = _Where(path, " (key {})", key)
         encoded_key = _encode(key, key_path, canonical=canonical, depth=depth)
-        item_path = f"{path}[{_short_repr.repr(key)}]"
+        item_path = _Where(path, "[{}]", key)
         entries.append((encoded_key, _encode(item, item_path, canonical=canonical, depth=depth)))
     if canonical:
         entries.sort(key=lambda entry: _packb(entry[0]))
     return dict(entries)
 
 
-def _encode_tz(tz: dt.tzinfo | None, path: str, what: str) -> Any:
+def _encode_tz(tz: dt.tzinfo | None, path: object, what: str) -> Any:
     if tz is None:
         return None
     if tz is dt.UTC:
