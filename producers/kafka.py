@@ -105,17 +105,64 @@ class KafkaDeadLetterError(KafkaProducerError):
     retryable = True
 
 
-class KafkaMessage(NamedTuple):
-    """The raw event every filter of a Kafka shared stream receives."""
+class KafkaMessage:
+    """The raw event every filter of a Kafka shared stream receives.
 
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-    timestamp: int
-    """Milliseconds since the epoch (the record's timestamp)."""
+    One instance is shared by all the filters of a stream, so it carries a
+    cache of decoded values (``decoded``): each format is decoded once per
+    record, not once per subscriber. Treat the record and what is decoded
+    from it as read-only.
+    """
+
+    __slots__ = ("_decoded", "headers", "key", "offset", "partition", "timestamp", "topic",
+                 "value")
+
+    def __init__(  # noqa: PLR0917 - built once per record; mirrors the record's fields
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: tuple[tuple[str, bytes], ...],
+        timestamp: int,
+    ) -> None:
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.key, self.value, self.headers = key, value, headers
+        self.timestamp = timestamp
+        """Milliseconds since the epoch (the record's timestamp)."""
+        self._decoded: dict[str, Any] = {}
+
+    def decoded(self, value_format: str, decode: Callable[[bytes], Any]) -> Any:
+        """``decode(self.value)``, computed once per format and shared by every filter.
+
+        A failure is remembered too and raised again as ``ValueError``.
+        """
+        cache = self._decoded
+        if value_format not in cache:
+            try:
+                cache[value_format] = decode(self.value) if self.value is not None else None
+            except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too
+                cache[value_format] = ValueError(f"undecodable {value_format} value: {exc}")
+        result = cache[value_format]
+        if isinstance(result, ValueError):
+            raise result
+        return result
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KafkaMessage):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.topic, self.partition, self.offset, self.key, self.value, self.headers,
+                self.timestamp)
+
+    def __repr__(self) -> str:
+        return (f"KafkaMessage({self.topic!r}, {self.partition}, {self.offset}, key={self.key!r}, "
+                f"value={self.value!r})")
 
 
 class KafkaPayload(NamedTuple):

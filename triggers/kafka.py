@@ -43,7 +43,7 @@ plain ``KafkaSharedStreamTrigger`` watchers of the same stream.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Hashable, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
 import msgpack
@@ -240,17 +240,9 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
 
     def decode(self, message: KafkaMessage) -> Any:
         """Decode the record's value per ``value_format``; raise ``ValueError`` if it cannot."""
-        value = message.value
-        if self.value_format == "bytes" or value is None:
-            return value
-        try:
-            if self.value_format == "utf-8":
-                return value.decode()
-            if self.value_format == "json":
-                return json.loads(value)
-            return msgpack.unpackb(value, raw=False, strict_map_key=False)
-        except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too
-            raise ValueError(f"undecodable {self.value_format} value: {exc}") from exc
+        if self.value_format == "bytes" or message.value is None:
+            return message.value
+        return message.decoded(self.value_format, _DECODERS[self.value_format])
 
     def matches(self, value: Any, message: KafkaMessage) -> bool:
         """Whether the record passes ``match``; override for custom filters."""
@@ -294,3 +286,14 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
                 continue
             if self.matches(value, message):
                 yield TriggerEvent(self.to_payload(value, message))
+
+
+def _unpack_msgpack(value: bytes) -> Any:
+    return msgpack.unpackb(value, raw=False, strict_map_key=False)
+
+
+_DECODERS: dict[str, Callable[[bytes], Any]] = {
+    "utf-8": bytes.decode,
+    "json": json.loads,
+    "msgpack": _unpack_msgpack,
+}

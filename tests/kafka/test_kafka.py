@@ -255,3 +255,21 @@ async def test_unreachable_broker_fails_the_group_with_a_wrapped_error() -> None
     assert caught.value.__cause__ is not None
     await producer.aclose()
     await producer.aclose()  # once only
+
+
+def test_a_record_is_decoded_once_for_all_its_filters() -> None:
+    calls: list[bytes] = []
+
+    def counting_loads(raw: bytes) -> Any:
+        calls.append(raw)
+        return json.loads(raw)
+
+    message = KafkaMessage("orders", 0, 1, None, b'{"kind": "order"}', (), 1)
+    first = message.decoded("json", counting_loads)
+    assert message.decoded("json", counting_loads) is first  # a second filter: cache hit
+    assert len(calls) == 1
+    broken = KafkaMessage("orders", 0, 2, None, b"{nope", (), 1)
+    for _ in range(2):  # the failure is remembered and raised to every filter
+        with pytest.raises(ValueError, match="undecodable json value"):
+            broken.decoded("json", counting_loads)
+    assert len(calls) == 2
