@@ -53,7 +53,7 @@ from typing import Any
 
 from sharedstream.config import Config, load_config, write_default_config
 from sharedstream.crypto import generate_key
-from sharedstream.demo import _start_tansu, _stop_tansu, _tansu_binary
+from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
 from sharedstream.store.sqlite import SqliteStore
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -447,16 +447,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "is not implemented; continuing with Tansu")
         else:
             _say("no Docker engine answers; skipping the testcontainers backend")
-    binary = _tansu_binary()
+    binary = tansu_binary()
     workdir = Path(tempfile.mkdtemp(prefix="sharedstream-kafka-e2e-"))
     tansu = None
     try:
-        tansu, bootstrap = _start_tansu(binary, workdir)
+        tansu, bootstrap = start_tansu(binary, workdir)
         _say(f"tansu on {bootstrap}; {messages} messages per case; working in {workdir}")
         results = asyncio.run(run_all(args, bootstrap, workdir, messages))
     finally:
         if tansu is not None:
-            _stop_tansu(tansu)
+            stop_tansu(tansu)
         shutil.rmtree(workdir, ignore_errors=True)
     rows = [r.row() for r in results]
     rat = ratios(results)

@@ -16,7 +16,6 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -213,8 +212,6 @@ def _config_show(args: argparse.Namespace, config: Config) -> int:
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
     if isinstance(value, bytes):
         return value.hex()
     return str(value)

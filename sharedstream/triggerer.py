@@ -56,7 +56,7 @@ from sharedstream.store.sqlite import SqliteStore
 from sharedstream.telemetry import instruments
 from sharedstream.trigger import BaseEventTrigger, BaseTrigger
 
-__all__ = ["TriggerEnded", "Triggerer", "run_triggerer"]
+__all__ = ["TriggerEnded", "Triggerer"]
 
 log = logging.getLogger("sharedstream.runtime")
 
@@ -203,8 +203,9 @@ class Triggerer:
             if self._store is not None:
                 await self._db(self._store.close)
             self._db_thread.shutdown(wait=True)
-        log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued",
-                 self.gate.stored, self.gate.duplicates, self.gate.runs_queued)
+        log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued, "
+                 "%d refused by the store", self.gate.stored, self.gate.duplicates,
+                 self.gate.runs_queued, self.gate.dropped)
         return 0
 
     def request_stop(self) -> None:
@@ -263,9 +264,9 @@ class Triggerer:
             stored = self.gate.stored
             log.info(
                 "progress: %d triggers running, %d events stored (+%d), %d duplicates, "
-                "%d DAG runs queued, last commit %.1f ms",
+                "%d DAG runs queued, %d refused by the store, last commit %.1f ms",
                 self.progress.running, stored, stored - last, self.gate.duplicates,
-                self.gate.runs_queued, self.gate.last_confirm_latency * 1000,
+                self.gate.runs_queued, self.gate.dropped, self.gate.last_confirm_latency * 1000,
             )
             last = stored
 
@@ -408,10 +409,4 @@ class Triggerer:
         payload = pack_kwargs({"payload": event.payload})
         idem_key = None if name is None else f"{trigger_id}/{name}"
         await self.gate.put(PendingEvent(trigger_id, idem_key, payload), seq)
-
-
-async def run_triggerer(config: Config, definitions: Definitions) -> int:
-    """Build a :class:`Triggerer` and run it until stopped."""
-    return await Triggerer(config, definitions).run()
-
 

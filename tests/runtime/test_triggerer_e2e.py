@@ -7,6 +7,7 @@ the persistence gate behave as they would against a broker.
 
 from __future__ import annotations
 
+import re
 import signal
 import sqlite3
 import subprocess
@@ -97,6 +98,8 @@ def test_store_write_failure_never_advances_the_broker(deployment: Deployment) -
     wait_for(lambda: d.committed() == 0, what="the redelivered event committed")
     assert [e["payload"]["id"] for e in d.json("events", "list")] == [0]
     assert d.stop(proc) == 0
+    [refused] = re.findall(r"stopped: .* (\d+) refused by the store", d.stderr())
+    assert int(refused) >= 1  # the operator sees how many writes the store refused
 
 
 def test_a_trigger_that_raises_is_recorded_and_restarted(deployment: Deployment) -> None:
