@@ -4,7 +4,7 @@
 ``pip install 'sharedstream[kafka]'``) and maps each advanced outcome to a
 broker action, per ``(topic, partition)`` lane:
 
-* **clean** (acked, nobody failed or rejected) - commit the contiguous
+* **clean** (acked, nobody failed or rejected) - commit past the contiguous
   resolved prefix (offset of its last item + 1);
 * **rejected** - publish the record to ``dead_letter_topic`` (original key,
   value and headers, plus ``sharedstream.*`` headers naming the source and
@@ -16,6 +16,15 @@ broker action, per ``(topic, partition)`` lane:
   session. An offset that failed more than ``max_redeliveries`` times is
   dead-lettered (or discarded) instead, so one poison record cannot hold
   its partition forever.
+
+Commits are coalesced and asynchronous (:mod:`._coalesced_commits`):
+``advance`` decides the partition's new commit target and returns without
+waiting for the broker; one commit task sends the latest targets of all
+partitions in a single ``commit`` call, one call in flight at a time. A
+revoked partition's pending target is committed before the revocation
+returns; ``aclose`` commits the final targets. If committing fails for good,
+the error is raised from the next ``advance`` call or from the stream
+generator, whichever runs first, and the group ends.
 
 Auto-commit is refused: it would commit records nobody finished. SDK errors
 leave this module wrapped in :class:`KafkaProducerError` subclasses
@@ -37,6 +46,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from sharedstream.errors import SharedStreamError
 from sharedstream.producer import AdvanceItem, SharedStreamProducer
+from sharedstream.producers._coalesced_commits import CoalescedCommitter
 
 __all__ = [
     "DLQ_HEADER_OFFSET",
@@ -205,6 +215,8 @@ class KafkaSettings:
     retries: int = 5
     retry_backoff: float = 0.1
     """First retry delay in seconds; doubles each attempt, capped at 2 s."""
+    commit_timeout: float = 30.0
+    """Seconds one commit attempt, a revocation's commit or the final commit may take."""
 
     def validate(self) -> None:
         """Raise :class:`KafkaConfigError` for settings that cannot work or would lose data."""
@@ -230,6 +242,8 @@ class KafkaSettings:
             raise KafkaConfigError("dead_letter_topic must not be one of the consumed topics")
         if self.max_in_flight < 1 or self.max_records < 1:
             raise KafkaConfigError("max_in_flight and max_records must be >= 1")
+        if self.commit_timeout <= 0:
+            raise KafkaConfigError(f"commit_timeout must be > 0, got {self.commit_timeout}")
 
 
 @dataclass
@@ -238,7 +252,6 @@ class _Lane:
 
     epoch: int
     resolved_to: int = 0  # offset after the last resolved record (0: none yet)
-    committed_to: int = 0  # what the broker was last told
     floor: int | None = None  # lowest offset held for redelivery
     failures: dict[int, int] = field(default_factory=dict)  # offset -> failed deliveries
 
@@ -256,11 +269,12 @@ _T = TypeVar("_T")
 
 
 class KafkaSharedStreamProducer(SharedStreamProducer):
-    """The Kafka side of a shared stream: one consumer-group member, commits per partition.
+    """The Kafka side of a shared stream: one consumer-group member, coalesced commits.
 
     The constructor validates the settings (raising :class:`KafkaConfigError`,
     a ``ValueError``) and connects to nothing; ``open_stream`` creates the
-    consumer. See the module docstring for the outcome policy.
+    consumer and starts the commit task, ``aclose`` stops both. See the
+    module docstring for the outcome policy and the commit model.
     """
 
     def __init__(self, settings: KafkaSettings) -> None:
@@ -276,6 +290,10 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._idle_until = 0.0
+        self._committer: CoalescedCommitter[tuple[str, int]] = CoalescedCommitter(
+            self._commit_offsets, name=f"sharedstream-kafka-commit[{settings.group_id}]",
+            on_fatal=self._on_commit_failed, close_timeout=settings.commit_timeout,
+        )
         self.dead_lettered = 0
         self.discarded = 0
 
@@ -336,7 +354,12 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
     # -- the poll ------------------------------------------------------------------------
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
-        """Join the group and yield ``(KafkaMessage, KafkaPayload)`` for every record."""
+        """Join the group and yield ``(KafkaMessage, KafkaPayload)`` for every record.
+
+        Raises the commit task's error (a :class:`KafkaCommitError`) at the
+        next fetch once committing failed for good, so the group ends even
+        when no ``advance`` call comes to raise it.
+        """
         aiokafka = _sdk()
         errors = _sdk("aiokafka.errors")
         listener_base = _sdk("aiokafka.abc").ConsumerRebalanceListener
@@ -345,6 +368,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         except (TypeError, ValueError, errors.KafkaError) as exc:
             raise KafkaConfigError(f"invalid consumer settings: {exc}") from exc
         await self._retrying("connecting the consumer", consumer.start, KafkaConnectError)
+        self._committer.start()
         listener = type("_SharedStreamRebalanceListener", (listener_base,), {
             "on_partitions_revoked": self._on_revoked_callback(),
             "on_partitions_assigned": self._on_assigned_callback(),
@@ -356,6 +380,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         loop = asyncio.get_running_loop()
         while True:
             await self._capacity.wait()
+            self._raise_if_commits_failed()
             wait = self._idle_until - loop.time()
             if wait > 0:  # records went to nobody: give subscribers a moment to come back
                 await asyncio.sleep(wait)
@@ -366,6 +391,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                 ),
                 KafkaConsumeError,
             )
+            self._raise_if_commits_failed()
             # aiokafka drops what was fetched before a seek; a seek made while the records
             # below are being yielded makes the rest of their chunk stale (the seek already
             # moved the position back, so they come again).
@@ -408,18 +434,22 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
     def _on_assigned(self, assigned: Any) -> None:
         self._epoch += 1
         for tp in assigned:
-            self._lanes[(tp.topic, tp.partition)] = _Lane(epoch=self._epoch)
+            tp_key = (tp.topic, tp.partition)
+            self._lanes[tp_key] = _Lane(epoch=self._epoch)
+            self._committer.open(tp_key, self._epoch)
         log.info("assigned %s (epoch %d)", sorted(self._lanes), self._epoch)
 
     async def _on_revoked(self, revoked: Any) -> None:
-        for tp in revoked:
-            lane = self._lanes.pop((tp.topic, tp.partition), None)
-            if lane is not None and lane.resolved_to > lane.committed_to:
-                try:
-                    await self._consumer.commit({tp: lane.resolved_to})
-                except Exception:
-                    log.warning("commit of revoked %s at %d failed; it will be redelivered",
-                                tp, lane.resolved_to, exc_info=True)
+        """Forget the revoked lanes, then commit what they resolved before returning.
+
+        Records of the revoked assignment that the engine advances later
+        find no lane (or a newer epoch's) and are ignored; the partitions'
+        next owner redelivers them from the last commit.
+        """
+        keys = [(tp.topic, tp.partition) for tp in revoked]
+        for tp_key in keys:
+            self._lanes.pop(tp_key, None)
+        await self._committer.revoke(keys)
 
     # -- the engine's calls --------------------------------------------------------------
 
@@ -437,8 +467,16 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             self._capacity.set()
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Commit, dead-letter or hold each record of one partition's resolved prefix."""
+        """Dead-letter or hold records of one partition's resolved prefix; set its commit target.
+
+        Awaits dead-letter publishing (a record is committed past only once
+        the DLQ acknowledged it) but not the offset commit: the new target
+        goes to the commit task, which sends it with the other partitions'.
+        Raises :class:`KafkaCommitError` once committing failed for good, and
+        :class:`KafkaDeadLetterError` when dead-lettering did.
+        """
         self._release(len(batch))
+        self._raise_if_commits_failed()
         first: KafkaPayload = batch[0].broker_payload
         tp_key = (first.topic, first.partition)
         lane = self._lanes.get(tp_key)
@@ -470,8 +508,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             if outcome.rejected:
                 await self._dead_letter(payload, REASON_REJECTED, lane.failures.get(offset, 0))
             self._resolve(lane, offset)
-        if lane.resolved_to > lane.committed_to:
-            await self._commit(tp_key, lane)
+        self._committer.want(tp_key, lane.epoch, lane.resolved_to)
 
     def _resolve(self, lane: _Lane, offset: int) -> None:
         lane.resolved_to = offset + 1
@@ -492,27 +529,43 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             log.info("holding %s/%d at %d for redelivery (failed deliveries: %d)",
                      tp_key[0], tp_key[1], offset, lane.failures.get(offset, 0))
 
-    async def _commit(self, tp_key: tuple[str, int], lane: _Lane) -> None:
+    async def _commit_offsets(self, targets: dict[tuple[str, int], int]) -> bool:
+        """One ``consumer.commit`` of ``targets`` (the commit task's only broker call).
+
+        Transient errors, and an attempt outlasting ``commit_timeout``, are
+        retried with backoff; ``False`` when a rebalance refused the commit
+        (the revocation commits what the revoked partitions still owe).
+        """
         errors = _sdk("aiokafka.errors")
-        tp = _sdk("aiokafka.structs").TopicPartition(*tp_key)
-        target = lane.resolved_to
+        structs = _sdk("aiokafka.structs")
+        offsets = {structs.TopicPartition(*tp_key): target for tp_key, target in targets.items()}
+        what = "committing " + ", ".join(f"{t}/{p} at {o}" for (t, p), o in sorted(targets.items()))
 
         async def commit() -> None:
-            await self._consumer.commit({tp: target})
+            try:
+                async with asyncio.timeout(self.settings.commit_timeout):
+                    await self._consumer.commit(offsets)
+            except TimeoutError as exc:
+                raise errors.KafkaTimeoutError(
+                    f"no answer within {self.settings.commit_timeout}s") from exc
 
         try:
-            await self._retrying(f"committing {tp_key[0]}/{tp_key[1]} at {target}", commit,
-                                 KafkaCommitError)
+            await self._retrying(what, commit, KafkaCommitError)
         except KafkaCommitError as exc:
             cause = exc.__cause__
             if isinstance(cause, errors.CommitFailedError | errors.IllegalStateError):
-                # A rebalance took the partition (or is taking it): its new owner redelivers
-                # from the last commit; committing here again would be refused anyway.
-                log.info("commit of %s at %d refused by a rebalance: %s", tp_key, target, cause)
-                return
+                log.info("%s refused by a rebalance: %s", what, cause)
+                return False
             raise
-        if self._lanes.get(tp_key) is lane:
-            lane.committed_to = max(lane.committed_to, target)
+        return True
+
+    def _on_commit_failed(self, _error: BaseException) -> None:
+        self._capacity.set()  # wake a poll waiting for capacity: it raises the error
+
+    def _raise_if_commits_failed(self) -> None:
+        error = self._committer.error
+        if error is not None:
+            raise KafkaCommitError(f"committing offsets failed: {error}") from error
 
     async def _dead_letter(self, payload: KafkaPayload, reason: str, failures: int) -> None:
         name = self.raw_event_name(payload)
@@ -551,13 +604,20 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         log.warning("dead-lettered %s to %s (%s)", name, topic, reason)
 
     async def aclose(self) -> None:
-        """Stop the consumer (leaving the group) and the dead-letter producer, once."""
+        """Commit the final targets (best-effort), then stop the consumer and the DLQ, once.
+
+        Called after the engine advanced what was resolved, so the final
+        commit covers everything stored; if it fails, the rest is redelivered.
+        """
         if self._closed:
             return
         self._closed = True
-        consumer, self._consumer = self._consumer, None
-        dlq, self._dlq = self._dlq, None
-        self._lanes.clear()
+        try:
+            await self._committer.close()
+        finally:
+            consumer, self._consumer = self._consumer, None
+            dlq, self._dlq = self._dlq, None
+            self._lanes.clear()
         try:
             if consumer is not None:
                 await consumer.stop()

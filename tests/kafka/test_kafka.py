@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ import pytest
 
 from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager
 from sharedstream.producers.kafka import (
+    KafkaCommitError,
     KafkaConfigError,
     KafkaMessage,
     KafkaPayload,
@@ -154,16 +156,22 @@ def batch(producer: KafkaSharedStreamProducer, *items: tuple[int, AdvanceOutcome
             for offset, outcome in items]
 
 
+async def advance(producer: KafkaSharedStreamProducer, items: Sequence[AdvanceItem]) -> None:
+    """``advance`` then wait until the commit it asked for (if any) was sent."""
+    await producer.advance(items)
+    await producer._committer.flush()
+
+
 async def test_floor_holds_across_batches() -> None:
     producer, consumer = policy_producer()
-    await producer.advance(batch(producer, (0, CLEAN), (1, FAILED), (2, CLEAN)))
+    await advance(producer, batch(producer, (0, CLEAN), (1, FAILED), (2, CLEAN)))
     assert consumer.commits == [1]
     assert consumer.seeks == [1]
-    await producer.advance(batch(producer, (3, CLEAN), (4, CLEAN)))  # a later batch
+    await advance(producer, batch(producer, (3, CLEAN), (4, CLEAN)))  # a later batch
     assert consumer.commits == [1], "never past the held offset"
-    await producer.advance(batch(producer, (1, CLEAN), (2, CLEAN), (3, CLEAN)))
+    await advance(producer, batch(producer, (1, CLEAN), (2, CLEAN), (3, CLEAN)))
     assert consumer.commits == [1, 4]
-    await producer.advance(batch(producer, (4, NOBODY)))  # fanned out to nobody: held
+    await advance(producer, batch(producer, (4, NOBODY)))  # fanned out to nobody: held
     assert consumer.commits == [1, 4]
     assert consumer.seeks == [1, 4]
 
@@ -172,8 +180,8 @@ async def test_poison_is_discarded_without_dead_letter_topic(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     producer, consumer = policy_producer(max_redeliveries=1)
-    await producer.advance(batch(producer, (0, FAILED), (1, FAILED)))
-    await producer.advance(batch(producer, (0, FAILED), (1, CLEAN)))
+    await advance(producer, batch(producer, (0, FAILED), (1, FAILED)))
+    await advance(producer, batch(producer, (0, FAILED), (1, CLEAN)))
     assert consumer.commits == [2]
     assert producer.discarded == 1
     assert "no dead_letter_topic" in caplog.text
@@ -183,8 +191,41 @@ async def test_stale_epoch_is_ignored() -> None:
     producer, consumer = policy_producer()
     stale = batch(producer, (0, CLEAN))
     producer._on_assigned([type("TP", (), {"topic": "t", "partition": 0})()])
-    await producer.advance(stale)
+    await advance(producer, stale)
     assert consumer.commits == []
+
+
+async def test_advance_does_not_wait_for_the_commit() -> None:
+    producer, consumer = policy_producer()
+    producer._committer.start()
+    try:
+        await producer.advance(batch(producer, (0, CLEAN), (1, CLEAN)))
+        assert consumer.commits == [], "advance returned before any commit was sent"
+        assert producer._committer.pending() == {("t", 0): 2}
+        await producer._committer.flush()
+        assert consumer.commits == [2]
+    finally:
+        await producer._committer.close()
+
+
+async def test_a_fatal_commit_error_is_raised_by_the_next_advance() -> None:
+    producer, _ = policy_producer()
+    committer = producer._committer
+    aiokafka_errors: Any = importlib.import_module("aiokafka.errors")
+
+    async def broken(_offsets: dict[Any, int]) -> None:
+        raise aiokafka_errors.TopicAuthorizationFailedError  # not retriable
+
+    producer._consumer.commit = broken
+    committer.start()
+    try:
+        await producer.advance(batch(producer, (0, CLEAN)))
+        await eventually(lambda: committer.error is not None, what="the commit task to fail")
+        with pytest.raises(KafkaCommitError) as caught:
+            await producer.advance(batch(producer, (1, CLEAN)))
+        assert caught.value.__cause__ is committer.error
+    finally:
+        await committer.close()
 
 
 # -- the trigger on a real broker -----------------------------------------------------------
