@@ -7,6 +7,9 @@ Tansu (a Kafka-protocol broker) ships as a static binary in the
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -16,7 +19,7 @@ from typing import Any
 import pytest
 
 from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
-from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
+from sharedstream.demo import DEFINITIONS, start_tansu, stop_tansu, tansu_binary
 from sharedstream.errors import SharedStreamError
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
@@ -31,6 +34,7 @@ from tests.conformance.harness import DeadLetter, Features, ScriptedFailure, Str
 aiokafka: Any = pytest.importorskip("aiokafka")
 aiokafka_admin: Any = importlib.import_module("aiokafka.admin")
 
+ROOT = Path(__file__).resolve().parents[2]
 GROUP_SETTINGS = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
 
 
@@ -218,3 +222,42 @@ async def harness(kafka_bootstrap: str) -> AsyncIterator[KafkaHarness]:
         yield harness
     finally:
         await harness.close()
+
+
+def demo_environment(bootstrap: str, stream: Stream) -> dict[str, str]:
+    """The environment of CLI processes running the demo definitions on ``stream``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SHAREDSTREAM_DEMO_BOOTSTRAP": bootstrap,
+        "SHAREDSTREAM_DEMO_TOPIC": stream.name,
+        "SHAREDSTREAM_DEMO_GROUP": stream.group,
+        "SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS": "2000",
+        "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
+    }
+
+
+class TriggererCli:
+    """The ``sharedstream`` command in ``workdir`` (``init``, listings, triggerer processes)."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.dir = workdir
+        self.config = workdir / "sharedstream.toml"
+        self.env = env
+
+    def run(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "sharedstream", "--config", str(self.config), *args],
+            cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def start(self, index: int) -> subprocess.Popen[bytes]:
+        """``sharedstream triggerer`` on the demo definitions; its stderr: ``triggerer-N.log``."""
+        with (self.dir / f"triggerer-{index}.log").open("wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "sharedstream", "--config", str(self.config),
+                 "triggerer", "--definitions", str(DEFINITIONS), "--log-level", "WARNING"],
+                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
+            )

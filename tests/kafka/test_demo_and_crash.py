@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -16,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from sharedstream.demo import DEFINITIONS, demo_message, expected_counts, matching_assets
+from sharedstream.demo import demo_message, expected_counts, matching_assets
 from tests.conformance.harness import Stream
-from tests.kafka.conftest import KafkaHarness
+from tests.kafka.conftest import KafkaHarness, TriggererCli, demo_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL = 3000
@@ -52,29 +51,6 @@ def test_demo_runs_to_completion_with_the_expected_counts() -> None:
     assert "committed" in result.stderr  # the progress lines
 
 
-class _Cli:
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        self.dir = workdir
-        self.config = workdir / "sharedstream.toml"
-        self.env = env
-
-    def run(self, *args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "sharedstream", "--config", str(self.config), *args],
-            cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=60, check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    def start(self, index: int) -> subprocess.Popen[bytes]:
-        with (self.dir / f"triggerer-{index}.log").open("wb") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "sharedstream", "--config", str(self.config),
-                 "triggerer", "--definitions", str(DEFINITIONS), "--log-level", "WARNING"],
-                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
-            )
-
-
 async def _wait_committed(harness: KafkaHarness, stream: Stream, at_least: int,
                           proc: subprocess.Popen[bytes], within: float) -> int:
     deadline = time.monotonic() + within
@@ -91,16 +67,7 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     harness: KafkaHarness, tmp_path: Path,
 ) -> None:
     stream = await harness.create_stream()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "SHAREDSTREAM_DEMO_BOOTSTRAP": harness.bootstrap,
-        "SHAREDSTREAM_DEMO_TOPIC": stream.name,
-        "SHAREDSTREAM_DEMO_GROUP": stream.group,
-        "SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS": "2000",
-        "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
-    }
-    cli = _Cli(tmp_path, env)
+    cli = TriggererCli(tmp_path, demo_environment(harness.bootstrap, stream))
     cli.run("init", "--path", str(cli.config))
     first = cli.start(0)
     try:
