@@ -22,10 +22,17 @@ every partition's committed offset (read by a separate consumer's
 Two rates per case: ``msgs/s`` counts the whole time, group join included;
 ``steady msgs/s`` starts each group's clock at its first observed commit
 (join and first batch excluded; see docs/benchmarks.md).
-Writes ``benchmarks/results/kafka_e2e.{json,csv,png}``.
+
+Brokers (``--brokers``): Tansu always (the default ``auto``), then a real
+Apache Kafka broker in a container (the ``testcontainers`` package's
+``KafkaContainer``, KRaft mode) when a Docker engine answers; when none does,
+that run is skipped with a line saying why. ``tansu`` or ``testcontainers``
+runs one of them only (the latter fails without Docker). Writes
+``benchmarks/results/kafka_e2e.{json,csv,png}`` (Tansu) and
+``kafka_e2e-testcontainers.*`` (the container).
 
 Usage: ``python benchmarks/kafka_e2e.py [--messages N] [--quick] [--ks 1,10]
-[--partitions P] [--testcontainers] [--output-dir D]``
+[--partitions P] [--brokers auto|tansu|testcontainers] [--output-dir D]``
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +64,8 @@ from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
 from sharedstream.store.sqlite import SqliteStore
 
 RESULTS = Path(__file__).resolve().parent / "results"
+KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
+"""The container image of the ``testcontainers`` broker (KRaft mode)."""
 BUCKETS = 10
 POLL = 0.05  # seconds between committed-offset checks
 OVERRIDES = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
@@ -351,7 +360,7 @@ async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages:
 # -- output -------------------------------------------------------------------------------
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, broker: str) -> None:
     import matplotlib  # noqa: PLC0415 - only needed for the plot
 
     matplotlib.use("Agg")
@@ -365,21 +374,69 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
            label="after first commit")
     ax.set_xticks(list(xs), [r["case"] for r in rows])
     ax.set_ylabel("messages/s, produce -> committed offset")
-    ax.set_title(f"Kafka end to end (Tansu, {rows[0]['messages']:,} JSON records, "
+    name = "Tansu" if broker == "tansu" else f"Kafka {KAFKA_IMAGE.rsplit(':', 1)[1]}"
+    ax.set_title(f"Kafka end to end ({name}, {rows[0]['messages']:,} JSON records, "
                  "1 in 10 stored per watcher)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def docker_answers() -> bool:
-    if shutil.which("docker") is None:
-        return False
+def docker_unavailable() -> str | None:
+    """Why no Docker engine can be used (``None`` when one answers a ping)."""
     try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=10,
-                              check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        docker: Any = importlib.import_module("docker")
+    except ImportError:
+        docker = None
+    if docker is not None:  # the client testcontainers itself uses
+        try:
+            docker.from_env(timeout=10).ping()
+        except Exception as exc:  # noqa: BLE001 - any failure means "no engine"; said below
+            return f"no Docker engine answers ({type(exc).__name__}: {exc})"
+        return None
+    if shutil.which("docker") is None:
+        return "no Docker client (neither the docker package nor the docker CLI)"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no Docker engine answers (docker info: {exc})"
+    if info.returncode != 0:
+        return "no Docker engine answers (docker info failed)"
+    return None
+
+
+def testcontainers_unavailable() -> str | None:
+    """Why the ``testcontainers`` Kafka backend cannot run here (``None`` when it can)."""
+    try:
+        importlib.import_module("testcontainers")
+    except ImportError:
+        return "the testcontainers package is not installed (pip install testcontainers)"
+    return docker_unavailable()
+
+
+@contextlib.contextmanager
+def tansu_broker(workdir: Path) -> Iterator[str]:
+    """Tansu in memory on a free port (as ``sharedstream demo`` runs it); yields host:port."""
+    tansu, bootstrap = start_tansu(tansu_binary(), workdir)
+    try:
+        yield bootstrap
+    finally:
+        stop_tansu(tansu)
+
+
+@contextlib.contextmanager
+def kafka_container(image: str = KAFKA_IMAGE) -> Iterator[str]:
+    """A single-node Apache Kafka (KRaft) container via testcontainers; yields host:port."""
+    try:  # testcontainers >= 4.10 moved the module; the old path still works, deprecated
+        module: Any = importlib.import_module("testcontainers.community.kafka")
+    except ImportError:
+        module = importlib.import_module("testcontainers.kafka")
+    container = module.KafkaContainer(image).with_kraft()
+    container.start(timeout=180)
+    try:
+        yield str(container.get_bootstrap_server())
+    finally:
+        container.stop()
 
 
 async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
@@ -426,6 +483,30 @@ def ratios(results: list[CaseResult]) -> dict[str, float]:
     return out
 
 
+def write_results(out: Path, stem: str, broker: str, partitions: int,
+                  results: list[CaseResult]) -> None:
+    rows = [r.row() for r in results]
+    rat = ratios(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({
+        "python": sys.version.split()[0], "machine": platform.machine(), "broker": broker,
+        "partitions": partitions, "rows": rows,
+        "ratios": {k: None if math.isnan(v) else v for k, v in rat.items()}}, indent=2))
+    with (out / f"{stem}.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, out / f"{stem}.png", broker)
+    print(f"\n{broker}:\n")
+    print("| case | msgs/s | wall s | join s | steady msgs/s | events stored |")
+    print("|---|--:|--:|--:|--:|--:|")
+    for r in results:
+        print(f"| {r.case} | {r.per_s:,.0f} | {r.seconds:.2f} | {r.join_seconds:.2f} | "
+              f"{r.steady_per_s:,.0f} | {r.events:,} / {r.expected_events:,} |")
+    for name, value in rat.items():
+        print(f"{name}: {value:.2f}x")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
@@ -434,52 +515,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="watcher counts, comma-separated (default 1,10)")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
-    parser.add_argument("--testcontainers", action="store_true",
-                        help="use a Kafka testcontainer if Docker answers (not implemented)")
+    parser.add_argument("--brokers", choices=("auto", "tansu", "testcontainers"),
+                        default="auto", help="auto (default): Tansu, then a Kafka container "
+                        "when a Docker engine answers")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     messages = 3_000 if args.quick else args.messages
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.testcontainers:
-        if docker_answers():
-            _say("Docker answers: a testcontainers Kafka backend would be used here, but it "
-                 "is not implemented; continuing with Tansu")
+    brokers = ["tansu"] if args.brokers in ("auto", "tansu") else []
+    if args.brokers in ("auto", "testcontainers"):
+        why_not = testcontainers_unavailable()
+        if why_not is None:
+            brokers.append("testcontainers")
+        elif args.brokers == "testcontainers":
+            print(f"error: cannot run the testcontainers Kafka backend: {why_not}",
+                  file=sys.stderr)
+            return 2
         else:
-            _say("no Docker engine answers; skipping the testcontainers backend")
-    binary = tansu_binary()
-    workdir = Path(tempfile.mkdtemp(prefix="sharedstream-kafka-e2e-"))
-    tansu = None
-    try:
-        tansu, bootstrap = start_tansu(binary, workdir)
-        _say(f"tansu on {bootstrap}; {messages} messages per case; working in {workdir}")
-        results = asyncio.run(run_all(args, bootstrap, workdir, messages))
-    finally:
-        if tansu is not None:
-            stop_tansu(tansu)
-        shutil.rmtree(workdir, ignore_errors=True)
-    rows = [r.row() for r in results]
-    rat = ratios(results)
-    out: Path = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "kafka_e2e-quick" if args.quick else "kafka_e2e"
-    (out / f"{stem}.json").write_text(json.dumps({
-        "python": sys.version.split()[0], "machine": platform.machine(), "broker": "tansu",
-        "partitions": args.partitions, "rows": rows,
-        "ratios": {k: None if math.isnan(v) else v for k, v in rat.items()}}, indent=2))
-    with (out / f"{stem}.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(rows, out / f"{stem}.png")
-    print("| case | msgs/s | wall s | join s | steady msgs/s | events stored |")
-    print("|---|--:|--:|--:|--:|--:|")
-    for r in results:
-        print(f"| {r.case} | {r.per_s:,.0f} | {r.seconds:.2f} | {r.join_seconds:.2f} | "
-              f"{r.steady_per_s:,.0f} | {r.events:,} / {r.expected_events:,} |")
-    for name, value in rat.items():
-        print(f"{name}: {value:.2f}x")
-    bad = [r.case for r in results if r.events != r.expected_events]
+            _say(f"skipping the testcontainers Kafka backend: {why_not}")
+    suffix = "-quick" if args.quick else ""
+    bad: list[str] = []
+    for broker in brokers:
+        workdir = Path(tempfile.mkdtemp(prefix="sharedstream-kafka-e2e-"))
+        try:
+            with (tansu_broker(workdir) if broker == "tansu" else kafka_container()) as bootstrap:
+                _say(f"{broker} on {bootstrap}; {messages} messages per case; in {workdir}")
+                results = asyncio.run(run_all(args, bootstrap, workdir, messages))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        stem = "kafka_e2e" if broker == "tansu" else "kafka_e2e-testcontainers"
+        write_results(args.output_dir, stem + suffix, broker, args.partitions, results)
+        bad += [f"{r.case} ({broker})" for r in results if r.events != r.expected_events]
     if bad:
         print(f"error: wrong event counts in {', '.join(bad)}", file=sys.stderr)
         return 1
