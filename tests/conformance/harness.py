@@ -32,6 +32,8 @@ class Features:
     """``raw_event_name`` is stable across redeliveries."""
     refuses_lossy_settings: bool = True
     """A setting that would acknowledge too early (auto-commit) is refused up front."""
+    ordered_delivery: bool = True
+    """Messages of one lane reach each subscriber in the order they were produced."""
 
 
 @dataclass

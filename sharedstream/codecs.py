@@ -1,0 +1,84 @@
+"""Value decoding and declarative matching shared by the broker trigger modules.
+
+A raw event is shared by every filter of a stream, so a broker's message
+class inherits :class:`DecodeCache`: each format is decoded once per
+message, not once per subscriber, and a decoding failure is remembered and
+raised again for every filter that asks (each then rejects the message).
+
+Nothing here imports a broker SDK.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgpack
+
+__all__ = ["DECODERS", "MISSING", "DecodeCache", "as_text", "lookup"]
+
+MISSING: Any = object()
+"""What :func:`lookup` returns for a path that is not in the document."""
+
+
+def _unpack_msgpack(value: bytes) -> Any:
+    return msgpack.unpackb(value, raw=False, strict_map_key=False)
+
+
+DECODERS: dict[str, Callable[[bytes], Any]] = {
+    "utf-8": bytes.decode,
+    "json": json.loads,
+    "msgpack": _unpack_msgpack,
+}
+"""Format name -> decoder of raw bytes; each raises ``ValueError`` on bad input."""
+
+
+def as_text(value: bytes | str | None) -> str | None:
+    """``value`` as text; bytes that are not UTF-8 become ``None`` (they match nothing)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return None
+    return value
+
+
+def lookup(document: Any, path: str) -> Any:
+    """The value at dotted ``path`` (``"order.amount"``) in nested mappings, or :data:`MISSING`."""
+    for part in path.split("."):
+        if not isinstance(document, Mapping) or part not in document:
+            return MISSING
+        document = document[part]
+    return document
+
+
+class DecodeCache:
+    """Mixin for raw-event classes: decode each format once for all filters.
+
+    Subclasses declare their own ``__slots__`` and call ``super().__init__()``.
+    Treat decoded values as read-only: every filter of the stream gets the
+    same object.
+    """
+
+    __slots__ = ("_decoded",)
+
+    def __init__(self) -> None:
+        self._decoded: dict[str, Any] = {}
+
+    def decoded(self, value_format: str, raw: bytes | None, decode: Callable[[bytes], Any]) -> Any:
+        """``decode(raw)`` computed once per format (``None`` stays ``None``).
+
+        A failure (``ValueError`` or ``TypeError`` from the decoder) is
+        remembered and raised again, as ``ValueError``, on every call.
+        """
+        cache = self._decoded
+        if value_format not in cache:
+            try:
+                cache[value_format] = decode(raw) if raw is not None else None
+            except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too
+                cache[value_format] = ValueError(f"undecodable {value_format} value: {exc}")
+        result = cache[value_format]
+        if isinstance(result, ValueError):
+            raise result
+        return result

@@ -1,0 +1,260 @@
+"""A moto SQS server for the session, and the SQS harness of the conformance suite.
+
+``moto_server`` (the ``moto[server]`` package) is started on a free loopback
+port once per test session; every test makes its own queues. Without moto
+or aiobotocore these tests skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
+from sharedstream.producer import SharedStreamProducer
+from sharedstream.producers.sqs import (
+    DLQ_ATTRIBUTE_MESSAGE_ID,
+    DLQ_ATTRIBUTE_REASON,
+    SqsSharedStreamProducer,
+)
+from sharedstream.triggers.sqs import SqsSharedStreamTrigger
+from tests.conformance.harness import DeadLetter, Features, ScriptedFailure, Stream, act
+
+aiobotocore_session: Any = pytest.importorskip("aiobotocore.session")
+
+REGION = "us-east-1"
+CREDENTIALS = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+FAST = {"wait_time_seconds": 1, "visibility_timeout": 5}
+"""Receive settings that keep tests quick (short long-polls, short visibility)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def moto_server_command() -> list[str]:
+    """How to start moto's server with the running interpreter's environment."""
+    script = Path(sys.executable).with_name("moto_server")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("moto_server")
+    if found is None:
+        pytest.skip("moto_server not installed: pip install 'moto[server]'")
+    return [found]
+
+
+@pytest.fixture(scope="session")
+def sqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start moto's server on a free loopback port; yield its URL; stop it at the end."""
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("wb")
+    env = {**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"}
+    process = subprocess.Popen(
+        [*moto_server_command(), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):  # noqa: S310
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start (see {log.name})") from None
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+class ConformanceSqsTrigger(SqsSharedStreamTrigger):
+    """The SQS trigger with a scripted filter (see ``tests.conformance.harness.act``)."""
+
+    producers: dict[str, int] = {}  # noqa: RUF012 - a test-wide counter, per queue
+    last: dict[str, SqsSharedStreamProducer] = {}  # noqa: RUF012 - the newest, per queue
+
+    def __init__(self, *, script: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.script = script
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "script": self.script}
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        queue = kwargs["queue"].rsplit("/", 1)[-1]
+        cls.producers[queue] = cls.producers.get(queue, 0) + 1
+        producer = super().create_shared_stream_producer(kwargs)
+        assert isinstance(producer, SqsSharedStreamProducer)
+        cls.last[queue] = producer
+        return producer
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[
+        TriggerEvent
+    ]:
+        async for message in shared_stream:
+            body = message.body.encode()
+            action = act(self.script, body)
+            if action == "fail":
+                raise ScriptedFailure(f"scripted failure on {body!r}")
+            if action == "reject":
+                reject_shared_stream_event()
+            elif action == "emit":
+                yield TriggerEvent(self.to_payload(body, message))
+
+
+class SqsHarness:
+    """The conformance harness over moto: one queue (and one dead-letter queue) per stream."""
+
+    def __init__(self, endpoint: str, *, fifo: bool) -> None:
+        self.endpoint, self.fifo = endpoint, fifo
+        self.features = Features(
+            ordered_lanes=fifo, ordered_delivery=fifo, refuses_lossy_settings=False,
+        )
+        self.client: Any = None
+        self._exit = contextlib.AsyncExitStack()
+        self.urls: dict[str, str] = {}
+        self.sent: dict[str, list[str]] = {}  # queue -> message ids, in send order
+        self.letters: dict[str, list[DeadLetter]] = {}
+
+    async def start(self) -> None:
+        session = aiobotocore_session.get_session()
+        self.client = await self._exit.enter_async_context(session.create_client(
+            "sqs", region_name=REGION, endpoint_url=self.endpoint, **CREDENTIALS))
+
+    async def close(self) -> None:
+        await self._exit.aclose()
+
+    async def create_queue(self, name: str, **attributes: str) -> str:
+        if self.fifo:
+            name += ".fifo"
+            attributes = {"FifoQueue": "true", "ContentBasedDeduplication": "true",
+                          **attributes}
+        response = await self.client.create_queue(QueueName=name, Attributes=attributes)
+        url: str = response["QueueUrl"]
+        self.urls[name] = url
+        return url
+
+    async def create_stream(self, *, dead_letter: bool = True) -> Stream:
+        name = f"q-{uuid.uuid4().hex[:10]}"
+        url = await self.create_queue(name)
+        dlq = await self.create_queue(f"{name}-dlq") if dead_letter else None
+        return Stream(name=url, dead_letter=dlq, group="")
+
+    async def produce(self, stream: Stream, values: Sequence[bytes], *,
+                      group: str = "g", attributes: dict[str, str] | None = None) -> None:
+        ids = self.sent.setdefault(stream.name, [])
+        for start in range(0, len(values), 10):
+            entries: list[dict[str, Any]] = []
+            for i, value in enumerate(values[start:start + 10]):
+                entry: dict[str, Any] = {"Id": str(i), "MessageBody": value.decode()}
+                if attributes:
+                    entry["MessageAttributes"] = {
+                        k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()
+                    }
+                if self.fifo:
+                    entry["MessageGroupId"] = group
+                entries.append(entry)
+            response = await self.client.send_message_batch(QueueUrl=stream.name,
+                                                            Entries=entries)
+            assert not response.get("Failed"), response
+            by_id = {ok["Id"]: ok["MessageId"] for ok in response["Successful"]}
+            ids.extend(by_id[str(i)] for i in range(len(entries)))
+
+    def trigger_kwargs(self, stream: Stream, **overrides: Any) -> dict[str, Any]:
+        return {
+            "queue": stream.name, "endpoint_url": self.endpoint, "region_name": REGION,
+            "credentials": dict(CREDENTIALS), "dead_letter_queue": stream.dead_letter,
+            **FAST, **overrides,
+        }
+
+    def trigger(self, stream: Stream, *, script: str,
+                max_redeliveries: int = 5) -> BaseEventTrigger:
+        return ConformanceSqsTrigger(
+            script=script, **self.trigger_kwargs(stream, max_redeliveries=max_redeliveries))
+
+    def lossy_trigger(self, stream: Stream) -> BaseEventTrigger:  # pragma: no cover
+        raise NotImplementedError("SQS has no setting that deletes before processing")
+
+    async def counts(self, url: str) -> tuple[int, int, int]:
+        """(visible, in flight, delayed) messages of a queue (moto's counts are exact)."""
+        response = await self.client.get_queue_attributes(QueueUrl=url, AttributeNames=[
+            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed"])
+        attributes = response["Attributes"]
+        return (int(attributes["ApproximateNumberOfMessages"]),
+                int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+                int(attributes["ApproximateNumberOfMessagesDelayed"]))
+
+    async def committed(self, stream: Stream) -> int:
+        """How many of the stream's messages are deleted."""
+        return len(self.sent.get(stream.name, [])) - sum(await self.counts(stream.name))
+
+    async def drain(self, url: str) -> list[dict[str, Any]]:
+        """Receive and delete everything currently visible in ``url``."""
+        taken: list[dict[str, Any]] = []
+        while True:
+            response = await self.client.receive_message(
+                QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
+                MessageAttributeNames=["All"], AttributeNames=["All"])
+            messages = response.get("Messages") or []
+            if not messages:
+                return taken
+            for message in messages:
+                await self.client.delete_message(QueueUrl=url,
+                                                 ReceiptHandle=message["ReceiptHandle"])
+            taken.extend(messages)
+
+    async def dead_letters(self, stream: Stream) -> list[DeadLetter]:
+        assert stream.dead_letter is not None
+        letters = self.letters.setdefault(stream.dead_letter, [])
+        for message in await self.drain(stream.dead_letter):
+            attributes = message["MessageAttributes"]
+            letters.append(DeadLetter(
+                message["Body"].encode(), attributes[DLQ_ATTRIBUTE_MESSAGE_ID]["StringValue"],
+                attributes[DLQ_ATTRIBUTE_REASON]["StringValue"]))
+        return list(letters)
+
+    def producers_created(self, stream: Stream) -> int:
+        return ConformanceSqsTrigger.producers.get(stream.name.rsplit("/", 1)[-1], 0)
+
+    async def consumers_in_group(self, stream: Stream) -> int | None:
+        return None  # SQS has no group membership to ask about
+
+    def raw_event_name(self, stream: Stream, index: int) -> str:
+        return self.sent[stream.name][index]
+
+
+@pytest.fixture(params=["standard", "fifo"])
+async def harness(request: pytest.FixtureRequest, sqs_endpoint: str) -> AsyncIterator[SqsHarness]:
+    harness = SqsHarness(sqs_endpoint, fifo=request.param == "fifo")
+    await harness.start()
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
