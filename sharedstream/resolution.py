@@ -536,9 +536,12 @@ def _still_owed(ledger: deque[EventRecord | None], index: int, record: EventReco
 
     A record's slots are contiguous; confirmed slots (``None``) may sit
     among them, so the scan crosses ``None`` and stops at another record.
+    ``index`` is negative when the confirmed slot was trimmed off the front
+    together with confirmed slots right after it: the forward scan then
+    starts at the new front.
     """
     for step in (-1, 1):
-        at = index + step
+        at = index - 1 if step < 0 else max(index + 1, 0)
         while 0 <= at < len(ledger):
             bound = ledger[at]
             if bound is record:

@@ -74,6 +74,25 @@ def test_persistence_gate_holds_ack_until_every_bound_seq_is_confirmed() -> None
     assert not book.router.unconfirmed()
 
 
+def test_out_of_order_confirmations_hold_the_ack_until_the_last_one() -> None:
+    """A confirmed seq trimmed off the front with a hole after it is still owed by its record."""
+    book = make_book()
+    a = book.add_subscriber("a")
+    book.broadcast("e0", 0, None, now=0.0)
+    pull(book, a)
+    first, middle, last = book.bind(a), book.bind(a), book.bind(a)
+    assert first is not None
+    assert middle is not None
+    assert last is not None
+    book.confirm(a, middle)  # before moving past: a hole in the ledger
+    pull(book, a)
+    book.confirm(a, first)  # trims the front past the hole
+    assert not book.ready, "the last event is not stored yet"
+    book.confirm(a, last)
+    assert outcomes(book) == [(0, AdvanceOutcome(1, 0, 0))]
+    assert not book.router.unconfirmed()
+
+
 def test_confirmation_before_moving_past_still_needs_the_move() -> None:
     book = make_book()
     a = book.add_subscriber("a")
