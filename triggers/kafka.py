@@ -85,9 +85,10 @@ def _as_text(value: bytes | str | None) -> str | None:
     return value
 
 
-def _lookup(document: Any, path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(document, Mapping) or part not in document:
+def _lookup(document: Any, parts: tuple[str, ...]) -> Any:
+    for part in parts:
+        # type() first: decoded JSON and msgpack are plain dicts, and the ABC check is slow.
+        if not (type(document) is dict or isinstance(document, Mapping)) or part not in document:
             return _MISSING
         document = document[part]
     return document
@@ -156,6 +157,13 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         self.consumer_overrides = dict(consumer_overrides or {})
         # Refuse lossy or inconsistent settings where the trigger is declared.
         self.settings()
+        # ``match`` compiled once: it is checked for every record and every trigger.
+        self._decoder = _DECODERS.get(value_format)
+        self._key = _as_text(match["key"]) if "key" in match else _MISSING
+        self._headers = tuple((name, _as_text(wanted))
+                              for name, wanted in match.get("headers", {}).items())
+        self._paths = tuple((tuple(path.split(".")), wanted)
+                            for path, wanted in match.get("json", {}).items())
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """``(classpath, kwargs)``; rebuilt as ``cls(**kwargs)`` by the triggerer."""
@@ -240,25 +248,29 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
 
     def decode(self, message: KafkaMessage) -> Any:
         """Decode the record's value per ``value_format``; raise ``ValueError`` if it cannot."""
-        if self.value_format == "bytes" or message.value is None:
+        decoder = self._decoder
+        if decoder is None or message.value is None:
             return message.value
-        return message.decoded(self.value_format, _DECODERS[self.value_format])
+        return message.decoded(self.value_format, decoder)
 
     def matches(self, value: Any, message: KafkaMessage) -> bool:
-        """Whether the record passes ``match``; override for custom filters."""
-        match = self.match
-        if "key" in match and _as_text(message.key) != _as_text(match["key"]):
+        """Whether the record passes ``match``; override for custom filters.
+
+        ``match`` is compiled when the trigger is built: change it by
+        building a new trigger, not by assigning to ``self.match``.
+        """
+        if self._key is not _MISSING and _as_text(message.key) != self._key:
             return False
-        if "headers" in match:
+        if self._headers:
             headers = {name: _as_text(raw) for name, raw in message.headers}
-            for name, wanted in match["headers"].items():
-                if name not in headers or headers[name] != _as_text(wanted):
+            for name, wanted in self._headers:
+                if headers.get(name, _MISSING) != wanted:
                     return False
-        if "json" in match:
-            for path, wanted in match["json"].items():
-                if _lookup(value, path) != wanted:
-                    return False
-        return True
+        paths = self._paths
+        if len(paths) == 1:  # the usual case, without a generator
+            parts, wanted = paths[0]
+            return bool(_lookup(value, parts) == wanted)
+        return all(_lookup(value, parts) == wanted for parts, wanted in paths)
 
     def to_payload(self, value: Any, message: KafkaMessage) -> dict[str, Any]:
         """The event payload for a matching record."""
@@ -276,15 +288,16 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         self, shared_stream: AsyncIterator[Any]
     ) -> AsyncIterator[TriggerEvent]:
         """Decode, reject what does not decode, fire for what matches."""
+        decode, matches = self.decode, self.matches  # bound once: this runs per record
         async for message in shared_stream:
             try:
-                value = self.decode(message)
+                value = decode(message)
             except ValueError as exc:
                 self.log.warning("rejecting %s/%d/%d: %s", message.topic, message.partition,
                                  message.offset, exc)
                 reject_shared_stream_event()
                 continue
-            if self.matches(value, message):
+            if matches(value, message):
                 yield TriggerEvent(self.to_payload(value, message))
 
 
