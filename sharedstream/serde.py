@@ -64,7 +64,8 @@ import hashlib
 import reprlib
 import uuid
 import zoneinfo
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from itertools import chain
 from typing import Any, Final
 
 import msgpack
@@ -152,6 +153,10 @@ def pack_kwargs(kwargs: Mapping[str, Any]) -> bytes:
     unsupported type or ``tzinfo``, or nests deeper than :data:`MAX_DEPTH`;
     the message names its path, e.g. ``kwargs['options'][2]``.
     """
+    if type(kwargs) is dict and _native_kwargs(kwargs):
+        # Only types msgpack packs natively, exactly as the general encoder would hand
+        # them over: pack as is (the runtime packs every stored event payload here).
+        return _packb(kwargs)
     return _packb(_top_level(kwargs, canonical=False))
 
 
@@ -208,6 +213,44 @@ def kwargs_fingerprint(classpath: str, kwargs: Mapping[str, Any]) -> str:
 
 def _packb(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True, strict_types=True, datetime=False)
+
+
+def _native_kwargs(kwargs: dict[Any, Any]) -> bool:
+    """Whether :func:`_top_level` would return ``kwargs`` unchanged (so no error either).
+
+    True when the keys are ``str`` and every value is ``None``, ``bool``,
+    ``str``, ``bytes``, ``float``, an ``int`` msgpack holds, or a ``list`` or
+    ``dict`` of such, nested no deeper than :data:`MAX_DEPTH` (exact types).
+    """
+    for key in kwargs:
+        if type(key) is not str:
+            return False
+    return _native_container(kwargs, 0)
+
+
+def _native_container(value: Any, depth: int) -> bool:
+    """Mirrors :func:`_encode`'s cases and depth count, for natively packed values only.
+
+    Scalars are checked inline, one call per container rather than per value:
+    this runs for every stored event payload.
+    """
+    kind = type(value)
+    if kind is dict:
+        items: Iterable[Any] = chain.from_iterable(value.items())  # keys and values
+    elif kind is list:
+        items = value
+    else:
+        return False
+    if depth >= MAX_DEPTH:
+        return False
+    depth += 1
+    for item in items:
+        item_kind = type(item)
+        if item_kind in _SCALARS or (item_kind is int and _INT_MIN <= item <= _INT_MAX):
+            continue
+        if not _native_container(item, depth):
+            return False
+    return True
 
 
 def _top_level(kwargs: Mapping[str, Any], *, canonical: bool) -> dict[Any, Any]:

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sharedstream import serde
 from sharedstream.errors import SharedStreamError
 from sharedstream.serde import (
     MAX_DEPTH,
@@ -180,6 +181,44 @@ def test_roundtrip_is_exact_and_deterministic(kwargs: dict[str, Any]) -> None:
     fingerprint = kwargs_fingerprint("a.B", kwargs)
     assert kwargs_fingerprint("a.B", restored) == fingerprint
     assert kwargs_fingerprint("a.B", reverse_dicts(kwargs)) == fingerprint
+
+
+native_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
+              st.floats(allow_nan=False), st.text(max_size=10), st.binary(max_size=10)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=10,
+)
+
+
+def packed_by_the_general_encoder(kwargs: dict[str, Any]) -> bytes:
+    return serde._packb(serde._top_level(kwargs, canonical=False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(kwargs_dicts, st.dictionaries(st.text(max_size=8), native_values, max_size=4)))
+def test_the_native_fast_path_packs_exactly_like_the_general_encoder(
+    kwargs: dict[str, Any],
+) -> None:
+    assert pack_kwargs(kwargs) == packed_by_the_general_encoder(kwargs)
+
+
+@pytest.mark.parametrize("depth", range(MAX_DEPTH - 3, MAX_DEPTH + 3))
+@pytest.mark.parametrize("container", [list, dict])
+def test_the_native_fast_path_keeps_the_depth_limit(depth: int, container: type) -> None:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value] if container is list else {"k": value}
+    try:
+        expected: bytes | None = packed_by_the_general_encoder({"v": value})
+    except SerializationError:
+        expected = None
+    if expected is None:
+        with pytest.raises(SerializationError, match="nested deeper"):
+            pack_kwargs({"v": value})
+    else:
+        assert pack_kwargs({"v": value}) == expected
 
 
 # -- explicit round trips ----------------------------------------------------
