@@ -96,6 +96,7 @@ BATCH = 10
 
 _SQS_MAX_ATTRIBUTES = 10
 _MAX_HOLDS = 4096
+_CONCURRENT_BATCHES = 8
 _requests = metrics.get_meter("sharedstream.sqs").create_counter(
     "sharedstream.broker.requests",
     unit="{request}",
@@ -301,6 +302,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._deletes_drained = asyncio.Event()
         self._deletes_room = asyncio.Event()
         self._deleting = 0
+        self._delete_backlog = settings.delete_concurrency * BATCH * 2
         self._broken: BaseException | None = None
         self._floors: dict[Hashable, str] = {}  # lane -> message id holding it
         self._bounced: dict[str, int] = {}  # message id -> receives that were not failures
@@ -538,27 +540,34 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     async def _set_visibility(self, handles: Sequence[tuple[str, str]], seconds: int) -> list[str]:
         """Set the visibility of ``(receipt handle, message id)`` pairs, in batches of 10.
 
+        Up to :data:`_CONCURRENT_BATCHES` calls are in flight at once.
         Returns the receipt handles that succeeded. Failures are logged: the
         message's current visibility then lapses on its own.
         """
         done: list[str] = []
+
+        async def change(chunk: Sequence[tuple[str, str]]) -> None:
+            entries = [{"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
+                       for i, (handle, _) in enumerate(chunk)]
+            try:
+                response = await self._call("ChangeMessageVisibilityBatch",
+                                            QueueUrl=self._url, Entries=entries)
+            except SqsRequestError as exc:
+                log.warning("changing visibility of %s failed (%s); it lapses on its own",
+                            [message_id for _, message_id in chunk], exc)
+                return
+            refused = {f["Id"]: f.get("Code") for f in response.get("Failed") or []}
+            for i, (handle, message_id) in enumerate(chunk):
+                if str(i) in refused:
+                    log.info("visibility of %s not changed: %s", message_id, refused[str(i)])
+                else:
+                    done.append(handle)
+
         async with self._visibility:
-            for chunk in _chunks(handles):
-                entries = [{"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
-                           for i, (handle, _) in enumerate(chunk)]
-                try:
-                    response = await self._call("ChangeMessageVisibilityBatch",
-                                                QueueUrl=self._url, Entries=entries)
-                except SqsRequestError as exc:
-                    log.warning("changing visibility of %s failed (%s); it lapses on its own",
-                                [message_id for _, message_id in chunk], exc)
-                    continue
-                refused = {f["Id"]: f.get("Code") for f in response.get("Failed") or []}
-                for i, (handle, message_id) in enumerate(chunk):
-                    if str(i) in refused:
-                        log.info("visibility of %s not changed: %s", message_id, refused[str(i)])
-                    else:
-                        done.append(handle)
+            chunks = _chunks(handles)
+            for start in range(0, len(chunks), _CONCURRENT_BATCHES):
+                await asyncio.gather(*(change(chunk) for chunk in
+                                       chunks[start:start + _CONCURRENT_BATCHES]))
         return done
 
     async def _renew_loop(self) -> None:
@@ -590,8 +599,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._deletes.extend(payloads)
         self._deletes_drained.clear()
         self._deletes_waiting.set()
-        # Bounded: when deletes back up past the prefetch limit, advance waits for them.
-        if len(self._deletes) > self.settings.max_in_flight and self._broken is None:
+        # Bounded: a message waiting here is no longer renewed, so when deletes back up
+        # past two rounds of the senders, advance waits (and receiving pauses behind it).
+        if len(self._deletes) > self._delete_backlog and self._broken is None:
             self._deletes_room.clear()
             await self._deletes_room.wait()
 
@@ -603,7 +613,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 self._deletes_waiting.clear()
                 await self._deletes_waiting.wait()
             chunk = [self._deletes.popleft() for _ in range(min(BATCH, len(self._deletes)))]
-            if len(self._deletes) <= self.settings.max_in_flight:
+            if len(self._deletes) <= self._delete_backlog:
                 self._deletes_room.set()
             self._deleting += 1
             try:

@@ -36,8 +36,14 @@ aiobotocore_session: Any = pytest.importorskip("aiobotocore.session")
 
 REGION = "us-east-1"
 CREDENTIALS = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
-FAST = {"wait_time_seconds": 1, "visibility_timeout": 5}
-"""Receive settings that keep tests quick (short long-polls, short visibility)."""
+FAST = {"wait_time_seconds": 1, "visibility_timeout": 5, "receive_concurrency": 1}
+"""Receive settings that keep tests quick (short long-polls, short visibility).
+
+One receive at a time: moto's server can hand one message to two concurrent
+receives (its receive does not lock the queue), which real SQS does only
+rarely; the tests that count deliveries exactly would see that as a
+duplicate. The end-to-end test runs the default concurrency (the store
+de-duplicates)."""
 
 
 def _free_port() -> int:

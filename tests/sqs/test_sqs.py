@@ -2,8 +2,285 @@
 
 from __future__ import annotations
 
-from tests.conformance.suite import ProducerConformance
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import pytest
+
+from sharedstream import TriggerEvent
+from sharedstream.producers.sqs import SqsConfigError, SqsMessage, SqsSharedStreamProducer
+from sharedstream.triggers.sqs import SqsSharedStreamTrigger
+from tests.conformance.harness import (
+    Script,
+    Stream,
+    SupervisedRunner,
+    eventually,
+    eventually_async,
+)
+from tests.conformance.suite import ProducerConformance, Session, _ids, values
+from tests.sqs.conftest import ConformanceSqsTrigger, SqsHarness
 
 
 class TestSqsConformance(ProducerConformance):
     """The shared producer conformance suite against moto (standard and FIFO queues)."""
+
+
+# -- SQS specifics, on moto ---------------------------------------------------------------
+
+
+class SlowTrigger(ConformanceSqsTrigger):
+    """Holds each message ``hold`` seconds before emitting it (a slow but alive filter)."""
+
+    def __init__(self, *, hold: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hold = hold
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "hold": self.hold}
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[
+        TriggerEvent
+    ]:
+        async for message in shared_stream:
+            await asyncio.sleep(self.hold)
+            yield TriggerEvent(self.to_payload(message.body.encode(), message))
+
+
+@pytest.fixture
+async def standard(sqs_endpoint: str) -> AsyncIterator[SqsHarness]:
+    harness = SqsHarness(sqs_endpoint, fifo=False)
+    await harness.start()
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+@pytest.fixture
+async def fifo(sqs_endpoint: str) -> AsyncIterator[SqsHarness]:
+    harness = SqsHarness(sqs_endpoint, fifo=True)
+    await harness.start()
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+def producer_of(stream: Stream) -> SqsSharedStreamProducer:
+    return ConformanceSqsTrigger.last[stream.name.rsplit("/", 1)[-1]]
+
+
+async def test_deletes_are_batched(standard: SqsHarness) -> None:
+    stream = await standard.create_stream()
+    await standard.produce(stream, values(60))  # there before the receiver starts
+    session = Session(standard, stream)
+    try:
+        first, second = session.run(), session.run()
+        await eventually_async(lambda: standard.committed(stream), 60, what="all deleted")
+        # Standard queues deliver at least once (moto may hand one message to two
+        # concurrent receives): each trigger saw every message, the store dedups by id.
+        assert set(first.values()) == set(second.values()) == set(values(60))
+        calls = producer_of(stream).calls
+        # 60 messages in receive batches of up to 10: a handful of delete calls, never 60.
+        assert 6 <= calls["DeleteMessageBatch"] <= 12, calls
+        assert calls["DeleteMessage"] == 0
+    finally:
+        await session.close()
+
+
+async def test_visibility_is_renewed_for_a_slow_subscriber(standard: SqsHarness) -> None:
+    stream = await standard.create_stream()
+    session = Session(standard, stream)
+    try:
+        slow = SlowTrigger(hold=5.0, script="slow", **standard.trigger_kwargs(
+            stream, visibility_timeout=2))
+        session.runners.append(SupervisedRunner(session.manager, slow, next(_ids)).start())
+        await standard.produce(stream, [b"slow"])
+        await eventually_async(lambda: standard.counts(stream.name), (0, 1, 0),
+                               what="received (in flight)")
+        await asyncio.sleep(3.5)  # past the 2 s visibility the message was received with
+        assert await standard.counts(stream.name) == (0, 1, 0), "still hidden: renewed"
+        await eventually_async(lambda: standard.committed(stream), 1, what="deleted")
+        runner = session.runners[0]
+        assert [e.payload["receive_count"] for e in runner.events] == [1], "received once"
+        assert producer_of(stream).calls["ChangeMessageVisibilityBatch"] >= 1
+    finally:
+        await session.close()
+
+
+async def test_failure_is_redelivered_with_a_higher_receive_count(standard: SqsHarness) -> None:
+    stream = await standard.create_stream()
+    session = Session(standard, stream)
+    try:
+        healthy = session.run()  # keeps the group (and its receiver) alive
+        flaky = session.run(Script(fail={b"m0": 1}))
+        await standard.produce(stream, values(1))
+        await eventually_async(lambda: standard.committed(stream), 1, what="deleted")
+        assert [e.payload["receive_count"] for e in flaky.events] == [2]
+        assert [e.payload["receive_count"] for e in healthy.events] == [1, 2]
+        # Shown again at once (failure_visibility 0), not after the 5 s visibility lapsed.
+        assert producer_of(stream).calls["ChangeMessageVisibilityBatch"] == 1
+    finally:
+        await session.close()
+
+
+async def test_fifo_groups_keep_their_order_through_a_failure(fifo: SqsHarness) -> None:
+    stream = await fifo.create_stream()
+    session = Session(fifo, stream)
+    try:
+        flaky = session.run(Script(fail={b"a1": 1}))
+        healthy = session.run()
+        for group in "abc":
+            await fifo.produce(stream, [f"{group}{i}".encode() for i in range(3)], group=group)
+        await eventually_async(lambda: fifo.committed(stream), 9, what="everything deleted")
+        for seen in (flaky.values(), healthy.values()):
+            for group in "abc":
+                mine = [v for v in seen if v.startswith(group.encode())]
+                expected = [f"{group}{i}".encode() for i in range(3)]
+                # In order; a redelivery repeats a suffix of the group, in order again.
+                assert mine[:3] == expected, (group, mine)
+                assert mine[3:] == expected[len(expected) - len(mine[3:]):], (group, mine)
+        assert [v for v in flaky.values() if v.startswith(b"a")] == [b"a0", b"a1", b"a2"]
+    finally:
+        await session.close()
+
+
+async def test_disagreeing_settings_on_one_queue_are_refused(standard: SqsHarness) -> None:
+    stream = await standard.create_stream(dead_letter=False)
+    first = SqsSharedStreamProducer(SqsSharedStreamTrigger(
+        **standard.trigger_kwargs(stream)).settings())
+    other = SqsSharedStreamProducer(SqsSharedStreamTrigger(
+        **standard.trigger_kwargs(stream, visibility_timeout=60)).settings())
+    polling = asyncio.ensure_future(anext(first.open_stream()))
+    try:
+        await eventually(lambda: first.calls["ReceiveMessage"] > 0, what="first receiving")
+        with pytest.raises(SqsConfigError, match="already consumed in this process"):
+            await anext(other.open_stream())
+    finally:
+        polling.cancel()
+        await asyncio.wait([polling])
+        await first.aclose()
+        await other.aclose()
+
+
+async def test_missing_queue_is_a_clear_error(standard: SqsHarness) -> None:
+    producer = SqsSharedStreamProducer(SqsSharedStreamTrigger(
+        **{**standard.trigger_kwargs(Stream("no-such-queue", None, "")), "queue": "nope"}
+    ).settings())
+    try:
+        with pytest.raises(SqsConfigError, match="does not exist"):
+            await anext(producer.open_stream())
+    finally:
+        await producer.aclose()
+
+
+# -- the trigger, without a broker --------------------------------------------------------
+
+BASE: dict[str, Any] = {"queue": "https://sqs.eu-west-1.amazonaws.com/1234/orders",
+                        "region_name": "eu-west-1"}
+
+
+def test_key_holds_consumer_settings_not_filter_settings() -> None:
+    plain = SqsSharedStreamTrigger(**BASE)
+    by_name = SqsSharedStreamTrigger(**{**BASE, "queue": "orders"}, body_format="json",
+                                     match={"json": {"kind": "x"}})
+    assert plain.shared_stream_key() == by_name.shared_stream_key()
+    for change in ({"queue": "refunds"}, {"region_name": "us-east-1"},
+                   {"endpoint_url": "http://127.0.0.1:1"}, {"visibility_timeout": 60},
+                   {"dead_letter_queue": "dlq"}, {"max_redeliveries": 1},
+                   {"receive_concurrency": 1}, {"credentials": {"aws_access_key_id": "a"}}):
+        other = SqsSharedStreamTrigger(**{**BASE, **change})
+        assert other.shared_stream_key() != plain.shared_stream_key(), change
+
+
+def test_key_does_not_leak_secrets() -> None:
+    trigger = SqsSharedStreamTrigger(**BASE, credentials={
+        "aws_access_key_id": "AKIA", "aws_secret_access_key": "hunter2"})
+    assert "hunter2" not in repr(trigger.shared_stream_key())
+
+
+@pytest.mark.parametrize(("kwargs", "problem"), [
+    ({"body_format": "xml"}, "body_format must be one of"),
+    ({"match": {"key": "x"}}, "unknown match fields"),
+    ({"match": {"json": {"a": 1}}}, "needs body_format 'json' or 'msgpack'"),
+    ({"visibility_timeout": 0}, "visibility_timeout must be within"),
+    ({"max_messages": 11}, "max_messages must be within 1..10"),
+    ({"wait_time_seconds": 21}, "wait_time_seconds must be within 0..20"),
+    ({"dead_letter_queue": "orders"}, "must not be the consumed queue"),
+    ({"credentials": {"password": "x"}}, "unknown credential fields"),
+])
+def test_bad_settings_are_refused_with_the_reason(kwargs: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        SqsSharedStreamTrigger(**{**BASE, **kwargs})
+
+
+def test_serialize_round_trips() -> None:
+    trigger = SqsSharedStreamTrigger(**BASE, body_format="json", match={"json": {"a": 1}},
+                                     dead_letter_queue="dlq", visibility_timeout=45)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "sharedstream.triggers.sqs.SqsSharedStreamTrigger"
+    again = SqsSharedStreamTrigger(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    assert again.shared_stream_key() == trigger.shared_stream_key()
+
+
+def sqs_message(body: str, **attributes: str) -> SqsMessage:
+    return SqsMessage("https://sqs/1234/orders", {
+        "MessageId": "id-1", "ReceiptHandle": "h", "Body": body,
+        "Attributes": {"ApproximateReceiveCount": "3", "SentTimestamp": "1700000000000"},
+        "MessageAttributes": {k: {"DataType": "String", "StringValue": v}
+                              for k, v in attributes.items()},
+    })
+
+
+async def filtered(trigger: SqsSharedStreamTrigger, messages: list[SqsMessage]) -> tuple[
+    list[TriggerEvent], int
+]:
+    """Run ``trigger``'s filter over ``messages``; its events and how many it rejected."""
+    rejected = 0
+
+    async def stream() -> AsyncIterator[SqsMessage]:
+        for message in messages:
+            yield message
+
+    events: list[TriggerEvent] = []
+    with pytest.MonkeyPatch.context() as patch:
+        def count_reject() -> None:
+            nonlocal rejected
+            rejected += 1
+        patch.setattr("sharedstream.triggers.sqs.reject_shared_stream_event", count_reject)
+        events = [event async for event in trigger.filter_shared_stream(stream())]
+    return events, rejected
+
+
+async def test_filter_decodes_matches_and_rejects() -> None:
+    trigger = SqsSharedStreamTrigger(**BASE, body_format="json", match={
+        "attributes": {"region": "eu"}, "json": {"order.kind": "big"}})
+    messages = [
+        sqs_message('{"order": {"kind": "big"}}', region="eu"),
+        sqs_message('{"order": {"kind": "big"}}', region="us"),
+        sqs_message('{"order": {"kind": "small"}}', region="eu"),
+        sqs_message("{not json", region="eu"),
+    ]
+    events, rejected = await filtered(trigger, messages)
+    assert rejected == 1
+    assert [e.payload for e in events] == [{
+        "value": {"order": {"kind": "big"}}, "message_id": "id-1",
+        "attributes": {"region": "eu"}, "receive_count": 3, "group_id": None,
+        "sent_timestamp": 1700000000000,
+    }]
+
+
+async def test_msgpack_bodies_are_base64_and_decoded_once_for_all_filters() -> None:
+    body = base64.b64encode(msgpack.packb({"n": 1})).decode()
+    message = sqs_message(body)
+    first = SqsSharedStreamTrigger(**BASE, body_format="msgpack")
+    second = SqsSharedStreamTrigger(**BASE, body_format="msgpack", match={"json": {"n": 1}})
+    assert first.decode(message) == {"n": 1}
+    assert second.decode(message) is first.decode(message)  # one decode, shared
+    events, rejected = await filtered(second, [message, sqs_message("%%%")])
+    assert (len(events), rejected) == (1, 1)

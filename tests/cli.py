@@ -1,0 +1,43 @@
+"""The ``sharedstream`` command as the end-to-end tests drive it (a real subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class TriggererCli:
+    """``sharedstream`` in ``workdir``: ``init``, listings, and triggerer processes.
+
+    Every call uses the configuration file ``workdir/sharedstream.toml`` and
+    the environment ``env``; triggerer processes run ``definitions`` and
+    write their stderr to ``triggerer-N.log`` in ``workdir``.
+    """
+
+    def __init__(self, workdir: Path, env: dict[str, str], definitions: Path) -> None:
+        self.dir = workdir
+        self.config = workdir / "sharedstream.toml"
+        self.env = env
+        self.definitions = definitions
+
+    def run(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "sharedstream", "--config", str(self.config), *args],
+            cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def start(self, index: int) -> subprocess.Popen[bytes]:
+        with (self.dir / f"triggerer-{index}.log").open("wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "sharedstream", "--config", str(self.config),
+                 "triggerer", "--definitions", str(self.definitions), "--log-level", "WARNING"],
+                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
+            )
+
+    def log(self, index: int) -> str:
+        return (self.dir / f"triggerer-{index}.log").read_text(errors="replace")
