@@ -27,6 +27,7 @@ PAGES = (
     "writing-producers.md",
     "configuration.md",
     "runtime.md",
+    "sqs.md",
 )
 """The pages whose examples this suite owns."""
 
