@@ -31,8 +31,13 @@ runs one of them only (the latter fails without Docker). Writes
 ``benchmarks/results/kafka_e2e.{json,csv,png}`` (Tansu) and
 ``kafka_e2e-testcontainers.*`` (the container).
 
+``--repeat N`` runs the whole list of cases N times, round-robin, and
+reports for each case the run with the median ``msgs/s`` (all runs are in
+the JSON and CSV).
+
 Usage: ``python benchmarks/kafka_e2e.py [--messages N] [--quick] [--ks 1,10]
-[--partitions P] [--brokers auto|tansu|testcontainers] [--output-dir D]``
+[--partitions P] [--repeat N] [--brokers auto|tansu|testcontainers]
+[--output-dir D]``
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +243,8 @@ class CaseResult:
     steady_per_s: float
     events: int
     expected_events: int
+    repeats: list[CaseResult] = field(default_factory=list)
+    """Every run of the case (``--repeat``); this one is the median by ``msgs/s``."""
 
     @property
     def per_s(self) -> float:
@@ -249,7 +256,18 @@ class CaseResult:
                 "join_seconds": round(self.join_seconds, 3),
                 "steady_msgs_per_s": None if math.isnan(self.steady_per_s)
                 else round(self.steady_per_s, 1), "events_stored": self.events,
-                "events_expected": self.expected_events}
+                "events_expected": self.expected_events,
+                "runs_msgs_per_s": [round(r.per_s, 1) for r in self.repeats],
+                "runs_steady_msgs_per_s": [None if math.isnan(r.steady_per_s)
+                                           else round(r.steady_per_s, 1) for r in self.repeats]}
+
+
+def median_run(runs: list[CaseResult]) -> CaseResult:
+    """The run with the median ``msgs/s`` (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda r: r.per_s)
+    middle = ordered[(len(ordered) - 1) // 2]
+    middle.repeats = runs
+    return middle
 
 
 def summarize(case: str, k: int, messages: int, progress: list[GroupProgress], *, events: int,
@@ -281,7 +299,7 @@ async def run_raw(bootstrap: str, topic: str, ends: dict[int, int], messages: in
 async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], messages: int,
                           *, k: int, workdir: Path, limit: float) -> CaseResult:
     stop = asyncio.Event()
-    db = workdir / f"independent-{k}.db"
+    db = workdir / f"{topic}.db"  # one per run of a case
     stores = [IndependentStore(db, i) for i in range(k)]
     groups = [f"{topic}.independent-{i}" for i in range(k)]
     started = time.perf_counter()
@@ -354,7 +372,7 @@ async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages:
     from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.triggerer import Triggerer  # noqa: PLC0415
 
-    casedir = workdir / f"shared-{k}"
+    casedir = workdir / topic  # one per run of a case
     casedir.mkdir()
     group = f"{topic}.shared"
     definitions = casedir / "bench_definitions.py"
@@ -466,11 +484,12 @@ def kafka_container(image: str = KAFKA_IMAGE) -> Iterator[str]:
 
 async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
                   messages: int) -> list[CaseResult]:
-    results: list[CaseResult] = []
+    """Every case ``--repeat`` times, round-robin (noise hits all cases alike); medians."""
+    runs: dict[tuple[str, int], list[CaseResult]] = {}
     cases: list[tuple[str, int]] = [("raw", 1)]
     for k in args.ks:
         cases += [("shared", k), ("independent", k)]
-    for n, (kind, k) in enumerate(cases):
+    for n, (kind, k) in enumerate(cases * args.repeat):
         topic = f"bench.e2e.{n}.{kind}-{k}"
         await create_topic(bootstrap, topic, args.partitions)
         ends = await produce(bootstrap, topic, messages, args.partitions)
@@ -487,8 +506,8 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
         _say(f"{label}: {result.per_s:,.0f} msgs/s ({result.seconds:.2f}s, join "
              f"~{result.join_seconds:.2f}s, steady {result.steady_per_s:,.0f} msgs/s), "
              f"{result.events}/{result.expected_events} events stored")
-        results.append(result)
-    return results
+        runs.setdefault((kind, k), []).append(result)
+    return [median_run(runs[case]) for case in cases]
 
 
 def ratios(results: list[CaseResult]) -> dict[str, float]:
@@ -540,6 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="watcher counts, comma-separated (default 1,10)")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every case N times, round-robin, and report the median run")
     parser.add_argument("--brokers", choices=("auto", "tansu", "testcontainers"),
                         default="auto", help="auto (default): Tansu, then a Kafka container "
                         "when a Docker engine answers")
@@ -571,7 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         stem = "kafka_e2e" if broker == "tansu" else "kafka_e2e-testcontainers"
         write_results(args.output_dir, stem + suffix, broker, args.partitions, results)
-        bad += [f"{r.case} ({broker})" for r in results if r.events != r.expected_events]
+        bad += [f"{r.case} ({broker})" for r in results
+                if any(run.events != run.expected_events for run in r.repeats)]
     if bad:
         print(f"error: wrong event counts in {', '.join(bad)}", file=sys.stderr)
         return 1
