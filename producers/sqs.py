@@ -468,8 +468,11 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._release(len(batch))
         deletes, failed, bounced, dispose = self._sort(batch)
         if bounced:
+            counts = self._bounced
             for payload in bounced:
-                self._bounced[payload.message_id] = self._bounced.get(payload.message_id, 0) + 1
+                counts[payload.message_id] = counts.get(payload.message_id, 0) + 1
+            while len(counts) > _MAX_HOLDS:  # a bounced message another consumer took
+                del counts[next(iter(counts))]
             log.debug("showing %s again behind a held message", [p.message_id for p in bounced])
             await self._set_visibility(_handles(bounced), 0)
         if failed:
