@@ -411,11 +411,13 @@ def plot(rows: list[dict[str, Any]], path: Path, broker: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4))
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["msgs_per_s"] for r in rows], 0.4,
-           label="incl. group join")
-    ax.bar([x + 0.2 for x in xs], [r["steady_msgs_per_s"] or 0 for r in rows], 0.4,
-           label="after first commit")
+    for offset, field_name, label in ((-0.2, "msgs_per_s", "incl. group join"),
+                                      (0.2, "steady_msgs_per_s", "after first commit")):
+        values = [r[field_name] or 0 for r in rows]
+        bars = ax.bar([x + offset for x in xs], values, 0.4, label=label)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if v else "" for v in values], fontsize=7)
     ax.set_xticks(list(xs), [r["case"] for r in rows])
+    ax.set_yscale("log")  # K = 1 ... 100 spans three orders of magnitude
     ax.set_ylabel("messages/s, produce -> committed offset")
     name = "Tansu" if broker == "tansu" else f"Kafka {KAFKA_IMAGE.rsplit(':', 1)[1]}"
     ax.set_title(f"Kafka end to end ({name}, {rows[0]['messages']:,} JSON records, "
