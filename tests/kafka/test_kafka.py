@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -296,6 +297,39 @@ async def test_unreachable_broker_fails_the_group_with_a_wrapped_error() -> None
     assert caught.value.__cause__ is not None
     await producer.aclose()
     await producer.aclose()  # once only
+
+
+async def drain(records: AsyncIterator[Any]) -> None:
+    async with asyncio.timeout(10):  # bounded: without the check the stream never ends
+        async for _ in records:
+            pass
+
+
+class RefusedCommits(KafkaSharedStreamProducer):
+    """The real producer on a real broker, whose commits fail for good."""
+
+    async def _commit_offsets(self, targets: dict[tuple[str, int], int]) -> bool:
+        raise KafkaCommitError(f"committing {targets} failed: refused for good")
+
+
+async def test_a_fatal_commit_error_ends_the_stream(harness: KafkaHarness) -> None:
+    """The generator raises it too, so the group ends even if nothing more is advanced."""
+    stream = await harness.create_stream(dead_letter=False)
+    await harness.produce(stream, [b"a", b"b"])
+    producer = RefusedCommits(KafkaSettings(harness.bootstrap, [stream.name], stream.group,
+                                            consumer_overrides=dict(GROUP_SETTINGS)))
+    records = cast(AsyncGenerator[tuple[Any, Any], None], producer.open_stream())
+    try:
+        _, payload = await anext(records)
+        await producer.advance([AdvanceItem(payload, CLEAN)])  # returns: commits are async
+        await eventually(lambda: producer._committer.error is not None,
+                         what="the commit task to fail")
+        with pytest.raises(KafkaCommitError) as caught:
+            await drain(records)  # "b" may come first; the next fetch raises
+        assert caught.value.__cause__ is producer._committer.error
+    finally:
+        await records.aclose()
+        await producer.aclose()
 
 
 def test_a_record_is_decoded_once_for_all_its_filters() -> None:
