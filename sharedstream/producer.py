@@ -97,6 +97,14 @@ class SharedStreamProducer(abc.ABC):
         the exception, nothing further is advanced, and the broker redelivers
         whatever was not advanced. Handle per-message broker errors here and
         raise only when the connection itself is broken.
+
+        The broker action may be deferred: ``advance`` may hand it to a task
+        the producer owns and return first (the Kafka producer coalesces
+        commits this way). Every event handed over is already stored, so a
+        crash before the action completes only causes redelivery. Such a
+        task must not swallow a lasting failure: raise it from the next
+        ``advance`` call or from ``open_stream``, and let ``aclose`` finish
+        or abandon what is pending.
         """
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
