@@ -96,6 +96,8 @@ BATCH = 10
 
 _SQS_MAX_ATTRIBUTES = 10
 _MAX_HOLDS = 4096
+_SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
+"""The system attributes read (all of them cost parsing time on every receive)."""
 _CONCURRENT_BATCHES = 8
 _requests = metrics.get_meter("sharedstream.sqs").create_counter(
     "sharedstream.broker.requests",
@@ -207,7 +209,7 @@ class SqsMessage(DecodeCache):
     ``system_attributes`` what SQS reports (``SentTimestamp``, ...).
     """
 
-    __slots__ = ("attributes", "body", "group_id", "message_id", "queue", "raw_attributes",
+    __slots__ = ("_attributes", "body", "group_id", "message_id", "queue", "raw_attributes",
                  "receive_count", "sent_timestamp", "system_attributes")
 
     def __init__(self, queue: str, raw: Mapping[str, Any]) -> None:
@@ -215,15 +217,24 @@ class SqsMessage(DecodeCache):
         self.queue = queue
         self.message_id: str = raw["MessageId"]
         self.body: str = raw.get("Body", "")
-        system = self.system_attributes = dict(raw.get("Attributes") or {})
+        system: Mapping[str, str] = raw.get("Attributes") or {}
+        self.system_attributes = system
         self.receive_count = int(system.get("ApproximateReceiveCount", 1))
         self.sent_timestamp = int(system.get("SentTimestamp", 0))
         self.group_id: str | None = system.get("MessageGroupId")
-        self.raw_attributes: dict[str, Any] = dict(raw.get("MessageAttributes") or {})
-        self.attributes: dict[str, str | bytes] = {
-            name: value["BinaryValue"] if "BinaryValue" in value else value.get("StringValue", "")
-            for name, value in self.raw_attributes.items()
-        }
+        self.raw_attributes: Mapping[str, Any] = raw.get("MessageAttributes") or {}
+        self._attributes: dict[str, str | bytes] | None = None
+
+    @property
+    def attributes(self) -> dict[str, str | bytes]:
+        """Message attributes by name (built on first use, then shared: read-only)."""
+        if self._attributes is None:
+            self._attributes = {
+                name: value["BinaryValue"] if "BinaryValue" in value
+                else value.get("StringValue", "")
+                for name, value in self.raw_attributes.items()
+            }
+        return self._attributes
 
     def __repr__(self) -> str:
         return f"SqsMessage({self.queue!r}, {self.message_id!r}, body={self.body[:40]!r})"
@@ -290,7 +301,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._fifo = False
         self._claimed = False
         self._closed = False
-        self._inbox: asyncio.Queue[SqsPayload | BaseException] = asyncio.Queue()
+        # One entry per receive call (not per message), or the error that ends the poll.
+        self._inbox: asyncio.Queue[list[SqsPayload] | BaseException] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._held: dict[str, _Held] = {}  # receipt handle -> visibility
         self._in_flight = 0  # received (or being received) and not yet advanced
@@ -389,7 +401,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             item = await inbox.get()
             if isinstance(item, BaseException):
                 raise item
-            yield item.message, item
+            for payload in item:
+                yield payload.message, payload
 
     async def _guard(self, work: Callable[[], Awaitable[None]]) -> None:
         # A worker's error ends the poll through the inbox (the group restarts); what was
@@ -414,7 +427,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 response = await self._call(
                     "ReceiveMessage", QueueUrl=self._url, MaxNumberOfMessages=s.max_messages,
                     WaitTimeSeconds=s.wait_time_seconds, VisibilityTimeout=s.visibility_timeout,
-                    AttributeNames=["All"], MessageSystemAttributeNames=["All"],
+                    AttributeNames=_SYSTEM_ATTRIBUTES,
+                    MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
                     MessageAttributeNames=["All"],
                 )
             finally:
@@ -426,6 +440,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     async def _take(self, received: list[dict[str, Any]], deadline: float) -> None:
         batch_lane = next(self._receive_ids)
         poison: list[tuple[SqsPayload, str]] = []
+        taken: list[SqsPayload] = []
         for raw in received:
             message = SqsMessage(self._url, raw)
             lane: Hashable = ("group", message.group_id) if self._fifo else batch_lane
@@ -437,7 +452,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 poison.append((payload, REASON_MAX_REDELIVERIES))
                 continue
             self._held[payload.receipt_handle] = _Held(deadline, message.message_id)
-            self._inbox.put_nowait(payload)
+            taken.append(payload)
+        if taken:
+            self._inbox.put_nowait(taken)
         if poison:
             await self._dispose(poison)
 
