@@ -24,8 +24,6 @@ from sharedstream.producers.kafka import (
 )
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.conformance.harness import (
-    SCRIPTS,
-    Script,
     Stream,
     SupervisedRunner,
     eventually,
@@ -266,24 +264,43 @@ async def test_trigger_decodes_matches_and_rejects(harness: KafkaHarness) -> Non
 
 
 async def test_partitions_are_lanes(harness: KafkaHarness) -> None:
-    """A failure held on partition 0 does not hold partition 1."""
+    """A record held on partition 0 does not hold partition 1's commits.
+
+    The producer alone on the real broker, outcomes given by the test: with
+    the engine and a single trigger, that trigger's failure on partition 0
+    also fails partition 1's records queued behind it in its inbox (see
+    docs/kafka.md, Limits), so whether partition 1 gets ahead would depend
+    on the order records are fetched in.
+    """
     name = f"two-{uuid.uuid4().hex[:10]}"
     stream = Stream(name=name, dead_letter=None, group=f"g-{name}")
     await harness.create_topics(stream.name, partitions=2)
-    manager = SharedStreamManager(ack_timeout=30.0)
-    SCRIPTS["lanes"] = script = Script(fail={b"p0-held": -1})
-    trigger = harness.trigger(stream, script="lanes", max_redeliveries=1000)
-    runner = SupervisedRunner(manager, trigger, 1).start()
+    await harness.produce(stream, [b"p0-held", b"p0-after"], partition=0)
+    await harness.produce(stream, [b"p1-a", b"p1-b"], partition=1)
+    producer = KafkaSharedStreamProducer(KafkaSettings(
+        harness.bootstrap, [name], stream.group, max_redeliveries=1000,
+        consumer_overrides=dict(GROUP_SETTINGS)))
+    records = cast(AsyncGenerator[tuple[Any, Any], None], producer.open_stream())
+    held = {b"p0-held"}  # fails every time it is delivered, until the test fixes it
+
+    async def consume() -> None:
+        async for message, payload in records:
+            outcome = FAILED if message.value in held else CLEAN
+            await producer.advance([AdvanceItem(payload, outcome)])
+
+    consumer = asyncio.create_task(consume())
     try:
-        await harness.produce(stream, [b"p0-held", b"p0-after"], partition=0)
-        await harness.produce(stream, [b"p1-a", b"p1-b"], partition=1)
-        await eventually_async(lambda: harness.committed(stream, 1), 2, what="partition 1")
-        assert await harness.committed(stream, 0) == 0
-        script.fail[b"p0-held"] = 0
-        await eventually_async(lambda: harness.committed(stream, 0), 2, what="partition 0")
+        await eventually_async(lambda: harness.committed(stream, 1), 2, within=30,
+                               what="partition 1")
+        assert await harness.committed(stream, 0) == 0, "nothing passes the held record"
+        held.clear()
+        await eventually_async(lambda: harness.committed(stream, 0), 2, within=30,
+                               what="partition 0")
     finally:
-        await runner.stop()
-        await manager.stop_all()
+        consumer.cancel()
+        await asyncio.wait([consumer])
+        await records.aclose()
+        await producer.aclose()
 
 
 async def test_unreachable_broker_fails_the_group_with_a_wrapped_error() -> None:
