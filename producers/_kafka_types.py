@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from sharedstream.codecs import DecodeCache
 from sharedstream.errors import SharedStreamError
 
 __all__ = [
@@ -65,7 +66,7 @@ class KafkaDeadLetterError(KafkaProducerError):
     retryable = True
 
 
-class KafkaMessage:
+class KafkaMessage(DecodeCache):
     """The raw event every filter of a Kafka shared stream receives.
 
     One instance is shared by all the filters of a stream, so it carries a
@@ -74,8 +75,7 @@ class KafkaMessage:
     from it as read-only.
     """
 
-    __slots__ = ("_decoded", "headers", "key", "offset", "partition", "timestamp", "topic",
-                 "value")
+    __slots__ = ("headers", "key", "offset", "partition", "timestamp", "topic", "value")
 
     def __init__(  # noqa: PLR0917 - built once per record; mirrors the record's fields
         self,
@@ -91,23 +91,14 @@ class KafkaMessage:
         self.key, self.value, self.headers = key, value, headers
         self.timestamp = timestamp
         """Milliseconds since the epoch (the record's timestamp)."""
-        self._decoded: dict[str, Any] = {}
+        super().__init__()
 
     def decoded(self, value_format: str, decode: Callable[[bytes], Any]) -> Any:
         """``decode(self.value)``, computed once per format and shared by every filter.
 
         A failure is remembered too and raised again as ``ValueError``.
         """
-        cache = self._decoded
-        if value_format not in cache:
-            try:
-                cache[value_format] = decode(self.value) if self.value is not None else None
-            except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too
-                cache[value_format] = ValueError(f"undecodable {value_format} value: {exc}")
-        result = cache[value_format]
-        if isinstance(result, ValueError):
-            raise result
-        return result
+        return self.decode_once(value_format, self.value, decode)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KafkaMessage):

@@ -44,10 +44,11 @@ def as_text(value: bytes | str | None) -> str | None:
     return value
 
 
-def lookup(document: Any, path: str) -> Any:
-    """The value at dotted ``path`` (``"order.amount"``) in nested mappings, or :data:`MISSING`."""
-    for part in path.split("."):
-        if not isinstance(document, Mapping) or part not in document:
+def lookup(document: Any, parts: tuple[str, ...]) -> Any:
+    """The value at ``parts`` (a dotted path split once: ``("order", "amount")``), or MISSING."""
+    for part in parts:
+        # type() first: decoded JSON and msgpack are plain dicts, and the ABC check is slow.
+        if not (type(document) is dict or isinstance(document, Mapping)) or part not in document:
             return MISSING
         document = document[part]
     return document
@@ -66,7 +67,9 @@ class DecodeCache:
     def __init__(self) -> None:
         self._decoded: dict[str, Any] = {}
 
-    def decoded(self, value_format: str, raw: bytes | None, decode: Callable[[bytes], Any]) -> Any:
+    def decode_once(
+        self, value_format: str, raw: bytes | None, decode: Callable[[bytes], Any]
+    ) -> Any:
         """``decode(raw)`` computed once per format (``None`` stays ``None``).
 
         A failure (``ValueError`` or ``TypeError`` from the decoder) is

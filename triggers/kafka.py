@@ -42,12 +42,10 @@ plain ``KafkaSharedStreamTrigger`` watchers of the same stream.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from collections.abc import AsyncIterator, Hashable, Mapping
 from typing import Any
 
-import msgpack
-
+from sharedstream.codecs import DECODERS, MISSING, as_text, lookup
 from sharedstream.events import TriggerEvent
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
@@ -64,7 +62,6 @@ __all__ = ["VALUE_FORMATS", "KafkaSharedStreamTrigger", "normalize_bootstrap"]
 
 VALUE_FORMATS = ("bytes", "utf-8", "json", "msgpack")
 _MATCH_FIELDS = frozenset({"key", "headers", "json"})
-_MISSING = object()
 
 
 def normalize_bootstrap(bootstrap_servers: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -74,24 +71,6 @@ def normalize_bootstrap(bootstrap_servers: str | list[str] | tuple[str, ...]) ->
     else:
         parts = list(bootstrap_servers)
     return tuple(sorted({part.strip() for part in parts if part.strip()}))
-
-
-def _as_text(value: bytes | str | None) -> str | None:
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return None
-    return value
-
-
-def _lookup(document: Any, parts: tuple[str, ...]) -> Any:
-    for part in parts:
-        # type() first: decoded JSON and msgpack are plain dicts, and the ABC check is slow.
-        if not (type(document) is dict or isinstance(document, Mapping)) or part not in document:
-            return _MISSING
-        document = document[part]
-    return document
 
 
 class KafkaSharedStreamTrigger(BaseEventTrigger):
@@ -158,9 +137,9 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         # Refuse lossy or inconsistent settings where the trigger is declared.
         self.settings()
         # ``match`` compiled once: it is checked for every record and every trigger.
-        self._decoder = _DECODERS.get(value_format)
-        self._key = _as_text(match["key"]) if "key" in match else _MISSING
-        self._headers = tuple((name, _as_text(wanted))
+        self._decoder = DECODERS.get(value_format)
+        self._key = as_text(match["key"]) if "key" in match else MISSING
+        self._headers = tuple((name, as_text(wanted))
                               for name, wanted in match.get("headers", {}).items())
         self._paths = tuple((tuple(path.split(".")), wanted)
                             for path, wanted in match.get("json", {}).items())
@@ -259,18 +238,18 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         ``match`` is compiled when the trigger is built: change it by
         building a new trigger, not by assigning to ``self.match``.
         """
-        if self._key is not _MISSING and _as_text(message.key) != self._key:
+        if self._key is not MISSING and as_text(message.key) != self._key:
             return False
         if self._headers:
-            headers = {name: _as_text(raw) for name, raw in message.headers}
+            headers = {name: as_text(raw) for name, raw in message.headers}
             for name, wanted in self._headers:
-                if headers.get(name, _MISSING) != wanted:
+                if headers.get(name, MISSING) != wanted:
                     return False
         paths = self._paths
         if len(paths) == 1:  # the usual case, without a generator
             parts, wanted = paths[0]
-            return bool(_lookup(value, parts) == wanted)
-        return all(_lookup(value, parts) == wanted for parts, wanted in paths)
+            return bool(lookup(value, parts) == wanted)
+        return all(lookup(value, parts) == wanted for parts, wanted in paths)
 
     def to_payload(self, value: Any, message: KafkaMessage) -> dict[str, Any]:
         """The event payload for a matching record."""
@@ -299,14 +278,3 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
                 continue
             if matches(value, message):
                 yield TriggerEvent(self.to_payload(value, message))
-
-
-def _unpack_msgpack(value: bytes) -> Any:
-    return msgpack.unpackb(value, raw=False, strict_map_key=False)
-
-
-_DECODERS: dict[str, Callable[[bytes], Any]] = {
-    "utf-8": bytes.decode,
-    "json": json.loads,
-    "msgpack": _unpack_msgpack,
-}

@@ -142,6 +142,8 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         self.max_in_flight = max_in_flight
         self.body_format = body_format
         self.match = match
+        self._json_paths = tuple((tuple(path.split(".")), wanted)
+                                 for path, wanted in match.get("json", {}).items())
         self.settings()  # refuse unusable settings where the trigger is declared
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -202,7 +204,7 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
             return message.body
         if self.body_format == "bytes":
             return message.body.encode()
-        return message.decoded(self.body_format, message.body.encode(),
+        return message.decode_once(self.body_format, message.body.encode(),
                                _BODY_DECODERS[self.body_format])
 
     def matches(self, value: Any, message: SqsMessage) -> bool:
@@ -213,11 +215,7 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
             for name, wanted in match["attributes"].items():
                 if name not in attributes or as_text(attributes[name]) != as_text(wanted):
                     return False
-        if "json" in match:
-            for path, wanted in match["json"].items():
-                if lookup(value, path) != wanted:
-                    return False
-        return True
+        return all(lookup(value, parts) == wanted for parts, wanted in self._json_paths)
 
     def to_payload(self, value: Any, message: SqsMessage) -> dict[str, Any]:
         """The event payload for a matching message."""

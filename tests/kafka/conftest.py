@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -29,6 +27,7 @@ from sharedstream.producers.kafka import (
     DLQ_HEADER_TOPIC,
 )
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
+from tests.cli import TriggererCli
 from tests.conformance.harness import DeadLetter, Features, ScriptedFailure, Stream, act
 
 aiokafka: Any = pytest.importorskip("aiokafka")
@@ -237,27 +236,6 @@ def demo_environment(bootstrap: str, stream: Stream) -> dict[str, str]:
     }
 
 
-class TriggererCli:
-    """The ``sharedstream`` command in ``workdir`` (``init``, listings, triggerer processes)."""
-
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        self.dir = workdir
-        self.config = workdir / "sharedstream.toml"
-        self.env = env
-
-    def run(self, *args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "sharedstream", "--config", str(self.config), *args],
-            cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=60, check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    def start(self, index: int) -> subprocess.Popen[bytes]:
-        """``sharedstream triggerer`` on the demo definitions; its stderr: ``triggerer-N.log``."""
-        with (self.dir / f"triggerer-{index}.log").open("wb") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "sharedstream", "--config", str(self.config),
-                 "triggerer", "--definitions", str(DEFINITIONS), "--log-level", "WARNING"],
-                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
-            )
+def demo_cli(workdir: Path, env: dict[str, str]) -> TriggererCli:
+    """The ``sharedstream`` command in ``workdir``, its triggerers on the demo definitions."""
+    return TriggererCli(workdir, env, DEFINITIONS)

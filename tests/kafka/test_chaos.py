@@ -29,7 +29,7 @@ import pytest
 
 from sharedstream.demo import demo_message, matching_assets
 from tests.conformance.harness import Stream
-from tests.kafka.conftest import KafkaHarness, TriggererCli, demo_environment
+from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ async def test_random_sigkills_under_load_lose_and_duplicate_nothing(
     stream = Stream(name=name, dead_letter=f"{name}.dlq", group=f"g-{name}")
     await harness.create_topics(stream.name, partitions=PARTITIONS)
     await harness.create_topics(f"{name}.dlq")
-    cli = TriggererCli(tmp_path, demo_environment(harness.bootstrap, stream))
+    cli = demo_cli(tmp_path, demo_environment(harness.bootstrap, stream))
     cli.run("init", "--path", str(cli.config))
 
     production = Production(harness, stream)

@@ -17,7 +17,7 @@ import pytest
 
 from sharedstream.demo import demo_message, expected_counts, matching_assets
 from tests.conformance.harness import Stream
-from tests.kafka.conftest import KafkaHarness, TriggererCli, demo_environment
+from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL = 3000
@@ -67,7 +67,7 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     harness: KafkaHarness, tmp_path: Path,
 ) -> None:
     stream = await harness.create_stream()
-    cli = TriggererCli(tmp_path, demo_environment(harness.bootstrap, stream))
+    cli = demo_cli(tmp_path, demo_environment(harness.bootstrap, stream))
     cli.run("init", "--path", str(cli.config))
     first = cli.start(0)
     try:
