@@ -26,10 +26,9 @@ from typing import Any
 
 import pytest
 
-from tests.cli import ROOT, TriggererCli
 from tests.conformance.harness import Stream
 from tests.sqs.conftest import SqsHarness
-from tests.sqs.test_sqs_e2e import assets_for, message, send
+from tests.sqs.test_sqs_e2e import assets_for, message, send, sqs_cli
 
 pytestmark = pytest.mark.slow
 
@@ -64,12 +63,7 @@ async def test_repeated_sigkill_under_load_loses_and_duplicates_nothing(
     await harness.start()
     try:
         stream = await harness.create_stream()
-        assert stream.dead_letter is not None
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SQS_TEST_ENDPOINT": sqs_endpoint,
-               "SQS_TEST_QUEUE": stream.name, "SQS_TEST_DLQ": stream.dead_letter,
-               "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10"}
-        cli = TriggererCli(tmp_path, env, Path(__file__).with_name("sqs_defs.py"))
-        cli.run("init", "--path", str(cli.config))
+        cli = sqs_cli(tmp_path, sqs_endpoint, stream)
         production = Production(harness, stream)
         producing = asyncio.create_task(production.run())
         try:

@@ -69,6 +69,17 @@ async def send(harness: SqsHarness, stream: Stream, indexes: range) -> dict[int,
     return ids
 
 
+def sqs_cli(workdir: Path, endpoint: str, stream: Stream) -> TriggererCli:
+    """``sharedstream`` in ``workdir`` (initialised), its triggerers on ``sqs_defs.py``."""
+    assert stream.dead_letter is not None
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SQS_TEST_ENDPOINT": endpoint,
+           "SQS_TEST_QUEUE": stream.name, "SQS_TEST_DLQ": stream.dead_letter,
+           "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10"}
+    cli = TriggererCli(workdir, env, Path(__file__).with_name("sqs_defs.py"))
+    cli.run("init", "--path", str(cli.config))
+    return cli
+
+
 async def wait_deleted(harness: SqsHarness, stream: Stream, at_least: int,
                        proc: subprocess.Popen[bytes], within: float) -> int:
     deadline = time.monotonic() + within
@@ -89,12 +100,7 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     await harness.start()
     try:
         stream = await harness.create_stream()
-        assert stream.dead_letter is not None
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SQS_TEST_ENDPOINT": sqs_endpoint,
-               "SQS_TEST_QUEUE": stream.name, "SQS_TEST_DLQ": stream.dead_letter,
-               "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10"}
-        cli = TriggererCli(tmp_path, env, Path(__file__).with_name("sqs_defs.py"))
-        cli.run("init", "--path", str(cli.config))
+        cli = sqs_cli(tmp_path, sqs_endpoint, stream)
         ids = await send(harness, stream, range(TOTAL // 2))
         first = cli.start(0)
         try:
