@@ -50,7 +50,6 @@ import importlib
 import json
 import logging
 import math
-import os
 import platform
 import shutil
 import sqlite3
@@ -63,8 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharedstream.config import Config, load_config, write_default_config
-from sharedstream.crypto import generate_key
+from _triggerer_config import make_config
+
 from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
 from sharedstream.store.sqlite import SqliteStore
 
@@ -355,16 +354,6 @@ def write_definitions(path: Path, bootstrap: str, topic: str, group: str, k: int
             f"bucket_{j} = Asset('bucket_{j}', watchers=[AssetWatcher('w', trigger=Watcher("
             f"**COMMON, watcher={j}, match={{'json': {{'bucket': {j % BUCKETS}}}}}))])\n"
             for j in range(k)))
-
-
-def make_config(workdir: Path) -> Config:
-    path = workdir / "sharedstream.toml"
-    write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///sharedstream.db")
-    environ = {**os.environ,
-               "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
-               "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2",
-               "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "15"}
-    return load_config(path, environ=environ)
 
 
 async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages: int, *,

@@ -60,9 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from _fauxqs import CREDENTIALS, REGION, FauxqsError, start_fauxqs, stop_fauxqs
+from _triggerer_config import make_config
 
-from sharedstream.config import Config, load_config, write_default_config
-from sharedstream.crypto import generate_key
 from sharedstream.store.sqlite import SqliteStore
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -498,16 +497,6 @@ def write_definitions(path: Path, common: dict[str, Any], k: int) -> None:
             f"trigger=BenchWatcher(**COMMON, watcher={j}, "
             f"match={{'json': {{'bucket': {j % BUCKETS}}}}}))])\n"
             for j in range(k)))
-
-
-def make_config(workdir: Path) -> Config:
-    path = workdir / "sharedstream.toml"
-    write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///sharedstream.db")
-    environ = {**os.environ,
-               "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
-               "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2",
-               "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "15"}
-    return load_config(path, environ=environ)
 
 
 async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: int, *, k: int,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -93,12 +93,9 @@ class KafkaMessage(DecodeCache):
         """Milliseconds since the epoch (the record's timestamp)."""
         super().__init__()
 
-    def decoded(self, value_format: str, decode: Callable[[bytes], Any]) -> Any:
-        """``decode(self.value)``, computed once per format and shared by every filter.
-
-        A failure is remembered too and raised again as ``ValueError``.
-        """
-        return self.decode_once(value_format, self.value, decode)
+    def raw_bytes(self) -> bytes | None:
+        """The record's value: what :meth:`decoded` decodes."""
+        return self.value
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KafkaMessage):

@@ -165,6 +165,10 @@ class SqsMessage(DecodeCache):
         self.raw_attributes: Mapping[str, Any] = raw.get("MessageAttributes") or {}
         self._attributes: dict[str, str | bytes] | None = None
 
+    def raw_bytes(self) -> bytes:
+        """The body as UTF-8: what :meth:`decoded` decodes (encoded only on a cache miss)."""
+        return self.body.encode()
+
     @property
     def attributes(self) -> dict[str, str | bytes]:
         """Message attributes by name (built on first use, then shared: read-only)."""

@@ -57,9 +57,10 @@ def lookup(document: Any, parts: tuple[str, ...]) -> Any:
 class DecodeCache:
     """Mixin for raw-event classes: decode each format once for all filters.
 
-    Subclasses declare their own ``__slots__`` and call ``super().__init__()``.
-    Treat decoded values as read-only: every filter of the stream gets the
-    same object.
+    Subclasses declare their own ``__slots__``, call ``super().__init__()``
+    and say where the raw bytes are (:meth:`raw_bytes`, asked only on a
+    cache miss). Treat decoded values as read-only: every filter of the
+    stream gets the same object.
     """
 
     __slots__ = ("_decoded",)
@@ -67,16 +68,19 @@ class DecodeCache:
     def __init__(self) -> None:
         self._decoded: dict[str, Any] = {}
 
-    def decode_once(
-        self, value_format: str, raw: bytes | None, decode: Callable[[bytes], Any]
-    ) -> Any:
-        """``decode(raw)`` computed once per format (``None`` stays ``None``).
+    def raw_bytes(self) -> bytes | None:
+        """The bytes to decode (``None``: nothing to decode, decodes to ``None``)."""
+        raise NotImplementedError
+
+    def decoded(self, value_format: str, decode: Callable[[bytes], Any]) -> Any:
+        """``decode(self.raw_bytes())``, computed once per format and shared by every filter.
 
         A failure (``ValueError`` or ``TypeError`` from the decoder) is
         remembered and raised again, as ``ValueError``, on every call.
         """
         cache = self._decoded
         if value_format not in cache:
+            raw = self.raw_bytes()
             try:
                 cache[value_format] = decode(raw) if raw is not None else None
             except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too

@@ -204,8 +204,7 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
             return message.body
         if self.body_format == "bytes":
             return message.body.encode()
-        return message.decode_once(self.body_format, message.body.encode(),
-                               _BODY_DECODERS[self.body_format])
+        return message.decoded(self.body_format, _BODY_DECODERS[self.body_format])
 
     def matches(self, value: Any, message: SqsMessage) -> bool:
         """Whether the message passes ``match``; override for custom filters."""

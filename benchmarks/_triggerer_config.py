@@ -1,0 +1,20 @@
+"""The triggerer configuration the end-to-end benchmarks run the in-process triggerer with."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sharedstream.config import Config, load_config, write_default_config
+from sharedstream.crypto import generate_key
+
+
+def make_config(workdir: Path) -> Config:
+    """A fresh config and SQLite store in ``workdir``: a short ack timeout, quick restarts."""
+    path = workdir / "sharedstream.toml"
+    write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///sharedstream.db")
+    environ = {**os.environ,
+               "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
+               "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2",
+               "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "15"}
+    return load_config(path, environ=environ)
