@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["DECODERS", "MISSING", "DecodeCache", "as_text", "lookup"]
+__all__ = ["DECODERS", "MISSING", "DecodeCache", "as_text", "decoding_prefilter", "lookup"]
 
 MISSING: Any = object()
 """What :func:`lookup` returns for a path that is not in the document."""
@@ -89,3 +89,24 @@ class DecodeCache:
         if isinstance(result, ValueError):
             raise result
         return result
+
+
+def decoding_prefilter(
+    decode: Callable[[Any], Any], matches: Callable[[Any, Any], bool]
+) -> Callable[[Any], bool]:
+    """A ``shared_stream_prefilter`` for filters shaped "decode, reject if undecodable, match".
+
+    The returned test declines a raw event only when ``decode`` succeeds
+    and ``matches(value, raw_event)`` is false, which is exactly when such a
+    filter yields nothing and rejects nothing. An undecodable raw event is
+    accepted, so the filter still sees it and rejects it.
+    """
+
+    def accept(raw_event: Any) -> bool:
+        try:
+            value = decode(raw_event)
+        except ValueError:
+            return True  # the filter rejects it: it must see it
+        return bool(matches(value, raw_event))
+
+    return accept

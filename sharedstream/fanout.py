@@ -10,6 +10,11 @@ Invariants:
   when the error is set, so nothing stale is delivered after it.
 * A subscriber that is parked (waiting on an empty inbox) is woken exactly
   when an item or an error arrives.
+* A subscriber with an ``accept`` test (its trigger's
+  ``shared_stream_prefilter``) receives only the items whose raw event the
+  test accepts; an item it declines is counted in ``FanOut.skipped`` and
+  never reaches its inbox. A test that raises accepts (the filter then sees
+  the raw event and decides).
 
 This module holds no resolution bookkeeping and never awaits; the async
 iterators in :mod:`sharedstream.stream` read from it.
@@ -18,24 +23,32 @@ iterators in :mod:`sharedstream.stream` read from it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["FanOut", "Subscriber"]
+__all__ = ["Accept", "FanOut", "Subscriber"]
+
+log = logging.getLogger("sharedstream.fanout")
+
+Accept = Callable[[Any], bool]
+"""A subscriber's prefilter: ``accept(raw_event)`` is false for raw events it would ignore."""
 
 
 class Subscriber:
     """One trigger's inbox in a group, plus the fields the async iterator parks on.
 
     ``waiter`` is the future the iterator awaits while the inbox is empty;
-    ``error`` is the terminal exception the iterator raises once set.
+    ``error`` is the terminal exception the iterator raises once set;
+    ``accept`` is the optional prefilter of the raw events it receives.
     """
 
-    __slots__ = ("error", "inbox", "trigger_id", "waiter")
+    __slots__ = ("accept", "error", "inbox", "trigger_id", "waiter")
 
-    def __init__(self, trigger_id: Hashable) -> None:
+    def __init__(self, trigger_id: Hashable, accept: Accept | None = None) -> None:
         self.trigger_id = trigger_id
+        self.accept = accept
         self.inbox: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
@@ -66,10 +79,15 @@ class FanOut:
     when some inbox is at least half full: the poll then yields to the event
     loop so subscribers can drain before anyone overflows. Subscribers that
     wait on an empty inbox register in ``parked`` and are woken once per
-    broadcast, so the per-subscriber loop only touches inboxes.
+    broadcast, so the per-subscriber loop only touches inboxes. While some
+    live subscriber has an ``accept`` test, broadcasts take a second loop
+    that asks it and wakes only the subscribers that received the item;
+    ``skipped`` then says how many declined the last one.
     """
 
-    __slots__ = ("_high_water", "_inboxes", "capacity", "crowded", "live", "parked")
+    __slots__ = (
+        "_filtered", "_high_water", "_inboxes", "capacity", "crowded", "live", "parked", "skipped",
+    )
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -80,14 +98,20 @@ class FanOut:
         self._inboxes: list[deque[Any]] = []
         self.parked: list[Subscriber] = []
         self.crowded = False
+        self.skipped = 0
+        self._filtered = 0  # live subscribers with an accept test
 
-    def broadcast(self, item: Any) -> list[Subscriber] | None:
-        """Append ``item`` to every live inbox; return the subscribers that overflowed.
+    def broadcast(self, item: Any, raw: Any) -> list[Subscriber] | None:
+        """Append ``item`` (carrying ``raw``) to every live inbox that accepts ``raw``.
 
-        Overflowed subscribers did not receive ``item`` and are no longer
-        live; the caller decides how they fail. Returns ``None`` (not an
-        empty list) in the common case, to keep this loop allocation-free.
+        Returns the subscribers that overflowed: they did not receive
+        ``item`` and are no longer live; the caller decides how they fail.
+        Returns ``None`` (not an empty list) in the common case, to keep this
+        loop allocation-free. Afterwards ``skipped`` counts the live
+        subscribers whose ``accept`` declined ``raw``.
         """
+        if self._filtered:
+            return self._broadcast_filtered(item, raw)
         high_water = self._high_water
         crowded = False
         full: list[deque[Any]] | None = None
@@ -101,6 +125,7 @@ class FanOut:
                 crowded = True
             inbox.append(item)
         self.crowded = crowded
+        self.skipped = 0
         if self.parked:
             parked, self.parked = self.parked, []
             for sub in parked:
@@ -112,10 +137,55 @@ class FanOut:
             self.drop(sub)
         return overflowed
 
+    def _broadcast_filtered(self, item: Any, raw: Any) -> list[Subscriber] | None:
+        """:meth:`broadcast` when some subscriber has an ``accept`` test."""
+        high_water = self._high_water
+        capacity = self.capacity
+        crowded = False
+        skipped = 0
+        overflowed: list[Subscriber] | None = None
+        for sub in self.live:
+            accept = sub.accept
+            if accept is not None:
+                try:
+                    wanted = accept(raw)
+                except Exception:
+                    log.warning(
+                        "the shared-stream prefilter of trigger %r raised; handing the raw "
+                        "event to its filter",
+                        sub.trigger_id,
+                        exc_info=True,
+                    )
+                    wanted = True
+                if not wanted:
+                    skipped += 1
+                    continue
+            inbox = sub.inbox
+            if len(inbox) >= high_water:
+                if len(inbox) >= capacity:
+                    if overflowed is None:
+                        overflowed = []
+                    overflowed.append(sub)
+                    continue
+                crowded = True
+            inbox.append(item)
+            if sub.waiter is not None:
+                sub.wake()
+        self.crowded = crowded
+        self.skipped = skipped
+        if self.parked:  # those woken above (or failed) need no wake-up any more
+            self.parked = [sub for sub in self.parked if sub.waiter is not None]
+        if overflowed is not None:
+            for sub in overflowed:
+                self.drop(sub)
+        return overflowed
+
     def add(self, sub: Subscriber) -> None:
         """Make ``sub`` live: it is in the snapshot of every later broadcast."""
         self.live.append(sub)
         self._inboxes.append(sub.inbox)
+        if sub.accept is not None:
+            self._filtered += 1
 
     def drop(self, sub: Subscriber) -> None:
         """Stop broadcasting to ``sub``. Idempotent."""
@@ -124,10 +194,13 @@ class FanOut:
             if candidate is sub:
                 del self.live[index]
                 del self._inboxes[index]
+                if sub.accept is not None:
+                    self._filtered -= 1
                 return
 
     def fail_all(self, error: BaseException) -> None:
         """Deliver ``error`` to every live subscriber and stop broadcasting to them."""
         subs, self.live, self._inboxes = self.live, [], []
+        self._filtered = 0
         for sub in subs:
             sub.set_error(error)

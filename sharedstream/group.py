@@ -31,7 +31,7 @@ from sharedstream.errors import (
     ProducerContractError,
     StreamStopped,
 )
-from sharedstream.fanout import FanOut, Subscriber
+from sharedstream.fanout import Accept, FanOut, Subscriber
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.pump import AdvancePump
 from sharedstream.resolution import ResolutionBook, SeqRouter, overflow_error
@@ -104,8 +104,11 @@ class StreamGroup:
             self._run(), name=f"sharedstream-poll[{self.key!r}]"
         )
 
-    def subscribe(self, trigger_id: Hashable) -> AsyncIterator[Any]:
-        """Add a subscriber; it is in the snapshot of every event broadcast from now on."""
+    def subscribe(self, trigger_id: Hashable, accept: Accept | None = None) -> AsyncIterator[Any]:
+        """Add a subscriber; it is in the snapshot of every event broadcast from now on.
+
+        ``accept`` is its prefilter (see :class:`~sharedstream.fanout.FanOut`).
+        """
         if trigger_id in self._fast_subscribers or (
             self.book is not None and trigger_id in self.book.subscribers
         ):
@@ -114,8 +117,8 @@ class StreamGroup:
                 "unsubscribe it first"
             )
         if self.book is not None:
-            return ack_stream(self.book, self.book.add_subscriber(trigger_id))
-        sub = Subscriber(trigger_id)
+            return ack_stream(self.book, self.book.add_subscriber(trigger_id, accept))
+        sub = Subscriber(trigger_id, accept)
         self._fast_subscribers[trigger_id] = sub
         self.fanout.add(sub)
         return fast_stream(sub, self.fanout)
@@ -221,7 +224,7 @@ class StreamGroup:
         broadcast = self.fanout.broadcast
         count = 0
         async for raw in source:
-            overflowed = broadcast(raw)
+            overflowed = broadcast(raw, raw)
             if overflowed is not None:
                 for sub in overflowed:
                     self._report_overflow(sub)

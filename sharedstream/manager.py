@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from sharedstream.errors import InvalidStreamKey
+from sharedstream.fanout import Accept
 from sharedstream.group import StreamGroup
 from sharedstream.resolution import SeqRouter
 from sharedstream.trigger import BaseEventTrigger
@@ -68,7 +69,10 @@ class SharedStreamManager:
         subscriber of a key creates the group from its own class and
         serialized kwargs, and starts the poll. The subscriber is in the
         snapshot of every event broadcast after this call. Feed the returned
-        iterator to ``trigger.filter_shared_stream``.
+        iterator to ``trigger.filter_shared_stream``. The iterator yields only
+        the raw events ``trigger.shared_stream_prefilter()`` accepts (all of
+        them when it returns ``None``); the others count as processed by
+        this trigger with no event.
 
         Raises :class:`InvalidStreamKey` (a ``ValueError``) for a ``None`` or
         unhashable key and :class:`DuplicateSubscription` (a
@@ -96,12 +100,12 @@ class SharedStreamManager:
                 router=self._router,
                 on_terminate=self._evict,
             )
-            stream = group.subscribe(trigger_id)
+            stream = group.subscribe(trigger_id, _prefilter(trigger))
             group.start()  # first: outside a running loop this raises, leaving no dead group
             self._groups[key] = group
             log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
             return stream
-        return group.subscribe(trigger_id)
+        return group.subscribe(trigger_id, _prefilter(trigger))
 
     def bind_pending_event(self, *, trigger_id: Hashable, key: Hashable) -> int | None:
         """Bind the trigger event the subscriber just emitted to the raw event it is on.
@@ -202,3 +206,27 @@ class SharedStreamManager:
     def _evict(self, group: StreamGroup) -> None:
         if self._groups.get(group.key) is group:
             del self._groups[group.key]
+
+
+def _prefilter(trigger: BaseEventTrigger) -> Accept | None:
+    """``trigger.shared_stream_prefilter()``, or ``None`` (every raw event) if it raises."""
+    try:
+        accept: object = trigger.shared_stream_prefilter()
+    except Exception:
+        log.warning(
+            "%s.shared_stream_prefilter() raised; its filter gets every raw event",
+            type(trigger).__qualname__,
+            exc_info=True,
+        )
+        return None
+    if accept is None:
+        return None
+    if not callable(accept):
+        log.warning(
+            "%s.shared_stream_prefilter() returned %s, not a callable; its filter gets every "
+            "raw event",
+            type(trigger).__qualname__,
+            type(accept).__qualname__,
+        )
+        return None
+    return cast("Accept", accept)

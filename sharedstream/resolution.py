@@ -10,7 +10,8 @@ iterators, the advance pump, the ack watchdog) call into it. Terms:
   pulled last, until it pulls the next one or leaves. Trigger events the
   subscriber emits meanwhile are *bound* to that record through a seq.
 * **resolution** - each snapshot subscriber resolves each record exactly
-  once: *acked* (window closed and every bound seq confirmed persisted),
+  once: *acked* (window closed and every bound seq confirmed persisted, or
+  declined by the subscriber's prefilter at broadcast),
   *rejected* (it called reject while the window was open) or *failed*
   (force-failed, or left before pulling it).
 * **lane** - records with equal lanes are advanced in fan-out order; a lane
@@ -45,7 +46,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sharedstream.errors import AckTimeout, SubscriberOverflow
-from sharedstream.fanout import FanOut, Subscriber
+from sharedstream.fanout import Accept, FanOut, Subscriber
 from sharedstream.producer import AdvanceItem, AdvanceOutcome
 
 __all__ = [
@@ -144,7 +145,10 @@ class AckSubscriber(Subscriber):
         if record is self.current or record in self.ledger:
             return True
         inbox = self.inbox
-        return bool(inbox) and inbox[0].position <= record.position
+        if not inbox or inbox[0].position > record.position:
+            return False
+        # A prefiltered subscriber's inbox has gaps: look the record up (rare path).
+        return self.accept is None or record in inbox
 
 
 class SeqRouter:
@@ -216,9 +220,14 @@ class ResolutionBook:
 
     # -- membership ---------------------------------------------------------
 
-    def add_subscriber(self, trigger_id: Hashable) -> AckSubscriber:
-        """Register a subscriber; it is in the snapshot of every later broadcast."""
+    def add_subscriber(self, trigger_id: Hashable, accept: Accept | None = None) -> AckSubscriber:
+        """Register a subscriber; it is in the snapshot of every later broadcast.
+
+        ``accept`` is its prefilter: a raw event it declines is resolved as
+        acked for it at broadcast, without reaching its inbox.
+        """
         sub = AckSubscriber(trigger_id, self)
+        sub.accept = accept
         self.router.enroll(sub)
         self.subscribers[trigger_id] = sub
         self.fanout.add(sub)
@@ -254,11 +263,12 @@ class ResolutionBook:
     ) -> list[AckSubscriber] | None:
         """Create the record of one raw event and deliver it to every live subscriber.
 
-        The snapshot is the live set at this moment. A subscriber whose inbox
-        is full is force-failed with :class:`SubscriberOverflow` (this record
-        counts as failed for it); those subscribers are returned, ``None``
-        when there are none. Raises ``TypeError`` before changing anything if
-        ``lane`` is unhashable.
+        The snapshot is the live set at this moment. A subscriber whose
+        prefilter declines ``raw`` resolves the record as acked at once (it
+        never sees it). A subscriber whose inbox is full is force-failed with
+        :class:`SubscriberOverflow` (this record counts as failed for it);
+        those subscribers are returned, ``None`` when there are none. Raises
+        ``TypeError`` before changing anything if ``lane`` is unhashable.
         """
         lane_queue = self.lanes.get(lane)
         if lane_queue is None:
@@ -271,7 +281,13 @@ class ResolutionBook:
             self.record_resolved(record)
             return None
         self._timeline.append(record)
-        overflowed: list[AckSubscriber] | None = fanout.broadcast(record)  # type: ignore[assignment]
+        overflowed: list[AckSubscriber] | None = fanout.broadcast(record, raw)  # type: ignore[assignment]
+        skipped = fanout.skipped
+        if skipped:  # declined by prefilters: done with it, nothing derived
+            record.acked += skipped
+            record.pending -= skipped
+            if not record.pending:
+                self.record_resolved(record)
         if overflowed is not None:
             for sub in overflowed:
                 self._resolve_failed(record)

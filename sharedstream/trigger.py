@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from sharedstream.events import TriggerEvent
@@ -127,6 +127,28 @@ class BaseEventTrigger(BaseTrigger):
         opens its connection lazily in ``open_stream``.
         """
         raise NotImplementedError(f"{cls.__qualname__} does not create a shared-stream producer")
+
+    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
+        """Optionally, a quick test that lets the runtime skip raw events for this trigger.
+
+        Returns ``None`` (the default: the filter sees every raw event) or a
+        synchronous ``accept(raw_event) -> bool``. The runtime calls it once
+        per raw event and subscriber, in the poll's task, when the event is
+        fanned out. Returning ``False`` is a promise that
+        :meth:`filter_shared_stream` would neither yield an event for that
+        raw event nor reject it; the runtime then does not hand it over and
+        it counts as processed by this trigger, with nothing derived (acked
+        at once in ack mode). When in doubt (a value that does not decode,
+        say), return ``True`` and let the filter decide. ``accept`` must be
+        cheap and free of side effects; if it raises, the raw event is
+        handed over as usual (and a warning logged).
+
+        Called once, when the trigger subscribes. The Kafka and SQS triggers
+        return their declarative ``match`` here, so the usual "1 in N"
+        watchers cost one test per raw event instead of a pass through
+        their filters.
+        """
+        return None
 
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any]

@@ -42,10 +42,10 @@ plain ``KafkaSharedStreamTrigger`` watchers of the same stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
-from sharedstream.codecs import DECODERS, MISSING, as_text, lookup
+from sharedstream.codecs import DECODERS, MISSING, as_text, decoding_prefilter, lookup
 from sharedstream.events import TriggerEvent
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
@@ -262,6 +262,24 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
             "headers": [(name, raw) for name, raw in message.headers],
             "timestamp": message.timestamp,
         }
+
+    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
+        """Skip, at fan-out, the messages this trigger's filter would ignore.
+
+        Declines a message only when it decodes and does not match (an
+        undecodable one still reaches the filter, which rejects it). ``None``
+        when nothing is filtered out (no ``match`` and ``matches`` not
+        overridden) or when a subclass overrides ``filter_shared_stream``,
+        whose logic the test cannot know. With the test in place, ``decode``
+        and ``matches`` also run in the poll's task, so keep them free of
+        side effects.
+        """
+        cls = type(self)
+        if cls.filter_shared_stream is not KafkaSharedStreamTrigger.filter_shared_stream:
+            return None
+        if not self.match and cls.matches is KafkaSharedStreamTrigger.matches:
+            return None
+        return decoding_prefilter(self.decode, self.matches)
 
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any]

@@ -12,7 +12,7 @@ from typing import Any, cast
 import msgpack
 import pytest
 
-from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager
+from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager, TriggerEvent
 from sharedstream.producers.kafka import (
     KafkaCommitError,
     KafkaConfigError,
@@ -365,3 +365,38 @@ def test_a_record_is_decoded_once_for_all_its_filters() -> None:
         with pytest.raises(ValueError, match="undecodable json value"):
             broken.decoded("json", counting_loads)
     assert len(calls) == 2
+
+
+def test_prefilter_declines_exactly_what_the_filter_ignores() -> None:
+    trigger = KafkaSharedStreamTrigger(
+        **BASE, value_format="json",
+        match={"key": "eu", "headers": {"src": "web"}, "json": {"order.amount": 5}},
+    )
+    accept = trigger.shared_stream_prefilter()
+    assert accept is not None
+    good = message(b'{"order": {"amount": 5}}', b"eu", (("src", b"web"),))
+    assert accept(good)
+    for ignored in (message(good.value, b"us", good.headers),
+                    message(b'{"order": {"amount": 6}}', b"eu", good.headers),
+                    message(None, b"eu", good.headers)):
+        assert not accept(ignored)
+    assert accept(message(b"{nope", b"eu", good.headers))  # undecodable: the filter rejects it
+
+
+def test_no_prefilter_when_it_could_not_be_exact_or_would_not_help() -> None:
+    class OwnFilter(KafkaSharedStreamTrigger):
+        async def filter_shared_stream(
+            self, shared_stream: AsyncIterator[Any]
+        ) -> AsyncIterator[TriggerEvent]:
+            async for raw in shared_stream:  # sees every record, whatever match says
+                yield TriggerEvent({"offset": raw.offset})
+
+    class OwnMatch(KafkaSharedStreamTrigger):
+        def matches(self, value: Any, message: KafkaMessage) -> bool:
+            return message.offset % 2 == 0
+
+    assert OwnFilter(**BASE, match={"key": "eu"}).shared_stream_prefilter() is None
+    assert KafkaSharedStreamTrigger(**BASE).shared_stream_prefilter() is None  # matches all
+    accept = OwnMatch(**BASE).shared_stream_prefilter()
+    assert accept is not None
+    assert not accept(message(b"x"))  # offset 7

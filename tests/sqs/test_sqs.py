@@ -284,3 +284,17 @@ async def test_msgpack_bodies_are_base64_and_decoded_once_for_all_filters() -> N
     assert second.decode(message) is first.decode(message)  # one decode, shared
     events, rejected = await filtered(second, [message, sqs_message("%%%")])
     assert (len(events), rejected) == (1, 1)
+
+
+async def test_prefilter_declines_exactly_what_the_filter_ignores() -> None:
+    trigger = SqsSharedStreamTrigger(**BASE, body_format="json", match={
+        "attributes": {"region": "eu"}, "json": {"order.kind": "big"}})
+    accept = trigger.shared_stream_prefilter()
+    assert accept is not None
+    for body, region in (('{"order": {"kind": "big"}}', "eu"), ('{"order": {"kind": "big"}}', "us"),
+                         ('{"order": {"kind": "small"}}', "eu"), ("{not json", "eu"),
+                         ('"order"', "eu")):
+        message = sqs_message(body, region=region)
+        events, rejected = await filtered(trigger, [message])
+        assert accept(message) == bool(events or rejected), (body, region)
+    assert SqsSharedStreamTrigger(**BASE).shared_stream_prefilter() is None  # matches all

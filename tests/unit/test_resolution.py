@@ -257,3 +257,31 @@ def test_failing_one_of_two_identical_inboxes_keeps_the_other_live() -> None:
     book.broadcast("e1", 1, None, now=0.0)
     assert [r.raw for r in a.inbox] == ["e0", "e1"]
     assert not b.inbox
+
+
+def test_prefiltered_subscriber_does_not_owe_what_it_declined() -> None:
+    book = make_book()
+    picky = book.add_subscriber("picky", lambda raw: raw != "e1")
+    other = book.add_subscriber("other")
+    records = [book.broadcast(f"e{n}", n, n, now=0.0) for n in range(3)]
+    assert records == [None, None, None]  # nobody overflowed
+    assert [r.raw for r in picky.inbox] == ["e0", "e2"]
+    e0, e1, e2 = list(other.inbox)
+    assert picky.owes(e0)
+    assert picky.owes(e2)
+    assert not picky.owes(e1)  # a gap in its inbox: declined, acked at broadcast
+    assert (e1.acked, e1.pending) == (1, 1)
+    for _ in range(3):
+        pull(book, other)  # past e0 and e1, window open on e2
+    assert outcomes(book, 1) == [(1, AdvanceOutcome(2, 0, 0))]
+    assert outcomes(book, 0) == []  # picky has not pulled e0 yet
+
+
+def test_a_declined_record_still_fails_for_a_subscriber_that_overflows() -> None:
+    book = make_book(capacity=1)
+    picky = book.add_subscriber("picky", lambda raw: raw != "skip")
+    assert book.broadcast("e0", 0, None, now=0.0) is None
+    assert book.broadcast("skip", 1, None, now=0.0) is None  # declined: no overflow
+    [overflowed] = book.broadcast("e2", 2, None, now=0.0) or []
+    assert overflowed is picky
+    assert isinstance(picky.error, SubscriberOverflow)

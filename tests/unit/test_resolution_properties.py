@@ -16,7 +16,7 @@ and advances, and checks after every step:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Hashable
+from collections.abc import AsyncGenerator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,15 @@ class ModelSub:
     current: int | None = None
     failed: bool = False
     departed: bool = False
+    accept: Callable[[Any], bool] | None = None
+
+    def accepts(self, raw: str) -> bool:
+        return self.accept is None or self.accept(raw)
+
+
+def _declines_every_third(sub_id: int) -> Callable[[Any], bool]:
+    """A prefilter declining the raw events ``raw{n}`` with ``n % 3 == sub_id % 3``."""
+    return lambda raw: int(raw[3:]) % 3 != sub_id % 3
 
 
 class BookMachine(RuleBasedStateMachine):
@@ -98,12 +107,13 @@ class BookMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------
 
-    @rule()
-    def subscribe(self) -> None:
+    @rule(prefiltered=st.booleans())
+    def subscribe(self, prefiltered: bool) -> None:
         sub_id = self.next_id
         self.next_id += 1
-        self.subs[sub_id] = self.book.add_subscriber(sub_id)
-        self.model_subs[sub_id] = ModelSub()
+        accept = _declines_every_third(sub_id) if prefiltered else None
+        self.subs[sub_id] = self.book.add_subscriber(sub_id, accept)
+        self.model_subs[sub_id] = ModelSub(accept=accept)
 
     @precondition(lambda self: self.live_ids())
     @rule(data=st.data())
@@ -126,11 +136,17 @@ class BookMachine(RuleBasedStateMachine):
         live = self.live_ids()
         event = ModelEvent(lane, self.now, set(live), dict.fromkeys(live))
         self.events.append(event)
-        overflowed = self.book.broadcast(f"raw{pos}", pos, lane, self.now) or []
-        expected = {i for i in live if len(self.model_subs[i].queue) >= CAPACITY}
+        raw = f"raw{pos}"
+        overflowed = self.book.broadcast(raw, pos, lane, self.now) or []
+        declined = {i for i in live if not self.model_subs[i].accepts(raw)}
+        expected = {
+            i for i in live if i not in declined and len(self.model_subs[i].queue) >= CAPACITY
+        }
         assert {s.trigger_id for s in overflowed} == expected
         for sub_id in live:
-            if sub_id in expected:
+            if sub_id in declined:  # its prefilter said no: done with it at once
+                event.resolution[sub_id] = "acked"
+            elif sub_id in expected:
                 event.resolution[sub_id] = "failed"
                 self.model_fail(sub_id)
             else:

@@ -566,3 +566,11 @@ def test_fingerprint_changes_with_classpath() -> None:
 def test_fingerprint_rejects_a_non_str_classpath() -> None:
     with pytest.raises(SerializationError, match="classpath"):
         kwargs_fingerprint(b"m.T", {})  # type: ignore[arg-type]
+
+
+def test_a_failed_pack_leaves_nothing_behind_for_the_next_one() -> None:
+    # The packer is reused per thread: an error half-way must not leak bytes.
+    with pytest.raises(SerializationError):
+        pack_kwargs({"a": [1, 2, object()]})
+    assert unpack_kwargs(pack_kwargs({"a": [1, 2]})) == {"a": [1, 2]}
+    assert pack_kwargs({"a": [1, 2]}) == msgpack.packb({"a": [1, 2]}, use_bin_type=True)

@@ -1,0 +1,149 @@
+"""Prefilters (``shared_stream_prefilter``) through the manager, in both modes.
+
+A raw event a trigger's prefilter declines never reaches its filter and
+counts as acked for it at once; everything else behaves as without one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from sharedstream import AdvanceOutcome, SharedStreamManager
+from tests.engine.harness import (
+    FastFeedTrigger,
+    Feed,
+    FeedTrigger,
+    Runner,
+    eventually,
+    settle,
+)
+
+
+class OddOnly(FeedTrigger):
+    """Emits for odd raw events only, says so in its prefilter, and records what it is handed."""
+
+    def __init__(self, feed: str, name: str) -> None:
+        super().__init__(feed, name, skip=range(0, 100, 2))
+        self.seen: list[Any] = []
+
+    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
+        return lambda raw: raw % 2 == 1
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async def spy() -> AsyncIterator[Any]:
+            async for raw in shared_stream:
+                self.seen.append(raw)
+                yield raw
+
+        async for event in super().filter_shared_stream(spy()):
+            yield event
+
+
+class FastOddOnly(FastFeedTrigger):
+    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
+        return lambda raw: raw % 2 == 1
+
+
+class BrokenPrefilter(FeedTrigger):
+    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
+        def accept(raw: Any) -> bool:
+            if raw == 3:
+                raise RuntimeError("prefilter bug")
+            return False
+
+        return accept
+
+
+class RaisingFactory(FeedTrigger):
+    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
+        raise RuntimeError("cannot build a prefilter")
+
+
+class NotCallable(FeedTrigger):
+    def shared_stream_prefilter(self) -> Any:
+        return "yes please"
+
+
+async def test_declined_events_skip_the_filter_and_count_as_acked(feed: Feed) -> None:
+    manager = SharedStreamManager()
+    odd = OddOnly("f", "odd")
+    odd_runner = Runner(manager, odd, 1).start()
+    every = Runner(manager, FeedTrigger("f", "all"), 2).start()
+    feed.push(0, 1, 2, 3)
+    await eventually(lambda: len(feed.advanced()) == 4)
+    assert odd.seen == [1, 3]  # the even ones never reached its filter
+    assert odd_runner.raws() == [1, 3]
+    assert every.raws() == [0, 1, 2, 3]
+    clean = AdvanceOutcome(acked=2, failed=0, rejected=0)
+    assert feed.advanced() == [(0, clean), (1, clean), (2, clean), (3, clean)]
+    await manager.stop_all()
+
+
+async def test_an_event_every_prefilter_declines_is_advanced_clean(feed: Feed) -> None:
+    manager = SharedStreamManager()
+    odd = OddOnly("f", "odd")
+    Runner(manager, odd, 1).start()
+    feed.push(0, 2)
+    await eventually(lambda: len(feed.advanced()) == 2)
+    # Not "broadcast to nobody" (0, 0, 0), which a producer holds for redelivery.
+    assert feed.advanced() == [(0, AdvanceOutcome(1, 0, 0)), (2, AdvanceOutcome(1, 0, 0))]
+    assert all(item.outcome.is_clean for batch in feed.batches for item in batch)
+    assert odd.seen == []
+    await manager.stop_all()
+
+
+async def test_a_declined_event_does_not_wait_on_an_earlier_open_window(feed: Feed) -> None:
+    """Lane order still holds: the declined event waits for the one before it."""
+    manager = SharedStreamManager()
+    odd = OddOnly("f", "odd")
+    runner = Runner(manager, odd, 1, auto_confirm=False).start()
+    feed.push(1, 2)
+    await eventually(lambda: len(runner.events) == 1)
+    await settle()
+    assert feed.advanced() == []  # 1's event is not stored yet; 2 is behind it in the lane
+    runner.confirm_all()
+    await eventually(lambda: len(feed.advanced()) == 2)
+    assert [payload for payload, _ in feed.advanced()] == [1, 2]
+    await manager.stop_all()
+
+
+async def test_fast_path_subscribers_get_only_what_they_accept(feed: Feed) -> None:
+    manager = SharedStreamManager()
+    odd = Runner(manager, FastOddOnly("f", "odd"), 1).start()
+    every = Runner(manager, FastFeedTrigger("f", "all"), 2).start()
+    feed.push(0, 1, 2, 3, 4, 5)
+    await eventually(lambda: len(every.events) == 6)
+    await settle()
+    assert odd.raws() == [1, 3, 5]
+    await manager.stop_all()
+
+
+async def test_a_prefilter_that_raises_hands_the_event_over(
+    feed: Feed, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = SharedStreamManager()
+    runner = Runner(manager, BrokenPrefilter("f", "b"), 1).start()
+    with caplog.at_level(logging.WARNING, logger="sharedstream.fanout"):
+        feed.push(2, 3, 4)
+        await eventually(lambda: len(feed.advanced()) == 3)
+    assert runner.raws() == [3]  # the filter decided about 3; the poll kept going
+    assert "prefilter of trigger 1 raised" in caplog.text
+    await manager.stop_all()
+
+
+@pytest.mark.parametrize("trigger_class", [RaisingFactory, NotCallable])
+async def test_a_broken_prefilter_factory_means_no_prefilter(
+    feed: Feed, caplog: pytest.LogCaptureFixture, trigger_class: type[FeedTrigger]
+) -> None:
+    manager = SharedStreamManager()
+    with caplog.at_level(logging.WARNING, logger="sharedstream.stream"):
+        runner = Runner(manager, trigger_class("f", "b"), 1).start()
+    assert "shared_stream_prefilter()" in caplog.text
+    assert trigger_class.__qualname__ in caplog.text
+    feed.push(0, 1)
+    await eventually(lambda: len(runner.events) == 2)
+    await manager.stop_all()
