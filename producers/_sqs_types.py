@@ -102,7 +102,24 @@ class SqsSettings:
     """Attempts per call, by botocore (standard mode), then rounds of ours."""
 
     def validate(self) -> None:
-        """Raise :class:`SqsConfigError` for settings that cannot work."""
+        """Raise :class:`SqsConfigError` for settings that cannot work.
+
+        Complete for what the producer sends: its client skips botocore's
+        own request validation (see ``SqsSharedStreamProducer``).
+        """
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise SqsConfigError(
+                    f"{name} must be an int, got {type(value).__qualname__} (queue {self.queue!r})"
+                )
+        texts = {"queue": self.queue, "region_name": self.region_name,
+                 "endpoint_url": self.endpoint_url, "dead_letter_queue": self.dead_letter_queue}
+        for name, value in texts.items():
+            if value is not None and type(value) is not str:
+                raise SqsConfigError(
+                    f"{name} must be a str, got {type(value).__qualname__} (queue {self.queue!r})"
+                )
         checks = [
             (bool(self.queue), "queue (a URL or a name) is required"),
             (0 <= self.wait_time_seconds <= 20, "wait_time_seconds must be within 0..20"),
@@ -139,6 +156,11 @@ class SqsSettings:
     def fingerprint(self) -> str:
         """A digest of every setting (secrets included, never shown)."""
         return _fingerprint(asdict(self))
+
+
+_INT_FIELDS = ("wait_time_seconds", "max_messages", "receive_concurrency", "visibility_timeout",
+               "failure_visibility", "max_redeliveries", "max_in_flight", "delete_concurrency",
+               "retries")
 
 
 class SqsMessage(DecodeCache):

@@ -11,12 +11,20 @@ Nothing here imports a broker SDK.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import msgpack
 
-__all__ = ["DECODERS", "MISSING", "DecodeCache", "as_text", "decoding_prefilter", "lookup"]
+__all__ = [
+    "DECODERS",
+    "MISSING",
+    "DecodeCache",
+    "as_text",
+    "decoding_prefilter",
+    "lookup",
+    "shared_prefilter",
+]
 
 MISSING: Any = object()
 """What :func:`lookup` returns for a path that is not in the document."""
@@ -60,13 +68,14 @@ class DecodeCache:
     Subclasses declare their own ``__slots__``, call ``super().__init__()``
     and say where the raw bytes are (:meth:`raw_bytes`, asked only on a
     cache miss). Treat decoded values as read-only: every filter of the
-    stream gets the same object.
+    stream gets the same object. The cache also keeps the selections of
+    :func:`shared_prefilter` (under tuple keys; formats are strings).
     """
 
     __slots__ = ("_decoded",)
 
     def __init__(self) -> None:
-        self._decoded: dict[str, Any] = {}
+        self._decoded: dict[Hashable, Any] = {}
 
     def raw_bytes(self) -> bytes | None:
         """The bytes to decode (``None``: nothing to decode, decodes to ``None``)."""
@@ -108,5 +117,37 @@ def decoding_prefilter(
         except ValueError:
             return True  # the filter rejects it: it must see it
         return bool(matches(value, raw_event))
+
+    return accept
+
+
+_UNDECODABLE: Any = object()
+
+
+def shared_prefilter(
+    shape: Hashable, select: Callable[[Any], tuple[Any, ...]], wanted: tuple[Any, ...]
+) -> Callable[[DecodeCache], bool]:
+    """A prefilter whose work is shared by every trigger with the same ``shape`` of match.
+
+    ``select(raw_event)`` decodes the raw event and returns the tuple of
+    values the match compares (key, headers, paths...), raising
+    ``ValueError`` when the raw event does not decode; ``shape`` names
+    everything ``select`` depends on. The tuple is computed once per raw
+    event and shape and kept in the event's decode cache, so N watchers
+    that differ only in the values they want cost one selection and N
+    tuple comparisons. The test accepts when the selection equals
+    ``wanted``, or when the raw event does not decode (the filter rejects it).
+    """
+
+    def accept(raw_event: DecodeCache) -> bool:
+        memo = raw_event._decoded
+        got = memo.get(shape, MISSING)
+        if got is MISSING:
+            try:
+                got = select(raw_event)
+            except ValueError:
+                got = _UNDECODABLE
+            memo[shape] = got
+        return got is _UNDECODABLE or got == wanted
 
     return accept

@@ -45,7 +45,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
-from sharedstream.codecs import DECODERS, MISSING, as_text, decoding_prefilter, lookup
+from sharedstream.codecs import (
+    DECODERS,
+    MISSING,
+    as_text,
+    decoding_prefilter,
+    lookup,
+    shared_prefilter,
+)
 from sharedstream.events import TriggerEvent
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
@@ -275,11 +282,33 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         side effects.
         """
         cls = type(self)
-        if cls.filter_shared_stream is not KafkaSharedStreamTrigger.filter_shared_stream:
+        base = KafkaSharedStreamTrigger
+        if cls.filter_shared_stream is not base.filter_shared_stream:
             return None
-        if not self.match and cls.matches is KafkaSharedStreamTrigger.matches:
+        if cls.matches is not base.matches or cls.decode is not base.decode:
+            return decoding_prefilter(self.decode, self.matches)
+        if not self.match:
             return None
-        return decoding_prefilter(self.decode, self.matches)
+        # The declarative match alone: one selection per record for every trigger
+        # whose match has the same shape (typically: the same JSON path).
+        header_names = tuple(name for name, _ in self._headers)
+        parts = tuple(path for path, _ in self._paths)
+        has_key = self._key is not MISSING
+        decode = self.decode
+
+        def select(message: KafkaMessage) -> tuple[Any, ...]:
+            value = decode(message)
+            selected: list[Any] = [as_text(message.key)] if has_key else []
+            if header_names:
+                headers = {name: as_text(raw) for name, raw in message.headers}
+                selected.extend(headers.get(name, MISSING) for name in header_names)
+            selected.extend(lookup(value, path) for path in parts)
+            return tuple(selected)
+
+        wanted = (*((self._key,) if has_key else ()), *(w for _, w in self._headers),
+                  *(w for _, w in self._paths))
+        shape = ("kafka", self.value_format, has_key, header_names, parts)
+        return shared_prefilter(shape, select, wanted)
 
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any]

@@ -32,7 +32,14 @@ import binascii
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
-from sharedstream.codecs import DECODERS, as_text, decoding_prefilter, lookup
+from sharedstream.codecs import (
+    DECODERS,
+    MISSING,
+    as_text,
+    decoding_prefilter,
+    lookup,
+    shared_prefilter,
+)
 from sharedstream.events import TriggerEvent
 from sharedstream.producer import SharedStreamProducer
 from sharedstream.producers.sqs import (
@@ -239,11 +246,32 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         side effects.
         """
         cls = type(self)
-        if cls.filter_shared_stream is not SqsSharedStreamTrigger.filter_shared_stream:
+        base = SqsSharedStreamTrigger
+        if cls.filter_shared_stream is not base.filter_shared_stream:
             return None
-        if not self.match and cls.matches is SqsSharedStreamTrigger.matches:
+        if cls.matches is not base.matches or cls.decode is not base.decode:
+            return decoding_prefilter(self.decode, self.matches)
+        if not self.match:
             return None
-        return decoding_prefilter(self.decode, self.matches)
+        # The declarative match alone: one selection per message for every trigger
+        # whose match has the same shape (typically: the same JSON path).
+        wanted_attributes = self.match.get("attributes", {})
+        names = tuple(wanted_attributes)
+        parts = tuple(path for path, _ in self._json_paths)
+        decode = self.decode
+
+        def select(message: SqsMessage) -> tuple[Any, ...]:
+            value = decode(message)
+            attributes = message.attributes
+            selected = [as_text(attributes[name]) if name in attributes else MISSING
+                        for name in names]
+            selected.extend(lookup(value, path) for path in parts)
+            return tuple(selected)
+
+        wanted = (*(as_text(wanted_attributes[name]) for name in names),
+                  *(w for _, w in self._json_paths))
+        shape = ("sqs", self.body_format, names, parts)
+        return shared_prefilter(shape, select, wanted)
 
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any]

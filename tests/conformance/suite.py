@@ -173,7 +173,8 @@ class ProducerConformance:
         await harness.produce(stream, values(3, prefix="late"))  # later batches, all clean
         mark = stuck.failures
         await eventually(lambda: stuck.failures >= mark + 3, what="more rounds")
-        assert await harness.committed(stream) == 1, "nothing at or after the floor"
+        committed = await harness.committed(stream)
+        assert committed == 1, f"nothing at or after the floor (committed: {committed})"
         stuck.fail[b"m1"] = 0  # the trigger is fixed
         await eventually_async(lambda: harness.committed(stream), 6, what="committed")
         assert b"late2" in healthy.values()

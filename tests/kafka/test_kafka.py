@@ -11,6 +11,8 @@ from typing import Any, cast
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager, TriggerEvent
 from sharedstream.producers.kafka import (
@@ -400,3 +402,38 @@ def test_no_prefilter_when_it_could_not_be_exact_or_would_not_help() -> None:
     accept = OwnMatch(**BASE).shared_stream_prefilter()
     assert accept is not None
     assert not accept(message(b"x"))  # offset 7
+
+
+_KEYS = st.sampled_from([None, b"eu", b"us", b"\xff"])
+_HEADERS = st.lists(st.tuples(st.sampled_from(["src", "kind"]),
+                              st.sampled_from([b"web", b"app", b"\xff"])), max_size=3)
+_VALUES = st.sampled_from([None, b"{nope", b'{"a": 1}', b'{"a": 2, "b": {"c": "x"}}',
+                           b'{"b": {"c": "y"}}', b"[1, 2]", b'"text"'])
+_MATCHES = st.fixed_dictionaries({}, optional={
+    "key": st.sampled_from(["eu", "us"]),
+    "headers": st.dictionaries(st.sampled_from(["src", "kind"]), st.sampled_from(["web", "app"]),
+                               max_size=2),
+    "json": st.dictionaries(st.sampled_from(["a", "b.c", "b"]), st.sampled_from([1, 2, "x"]),
+                            max_size=2),
+})
+
+
+@given(matches=st.lists(_MATCHES, min_size=1, max_size=4),
+       records=st.lists(st.tuples(_KEYS, _HEADERS, _VALUES), min_size=1, max_size=6))
+def test_shared_prefilters_agree_with_decode_and_match(
+    matches: list[dict[str, Any]], records: list[tuple[Any, Any, Any]]
+) -> None:
+    """Watchers of one stream share selections; each still decides exactly as its filter."""
+    triggers = [KafkaSharedStreamTrigger(**BASE, value_format="json", match=m) for m in matches]
+    accepts = [t.shared_stream_prefilter() for t in triggers]
+    for key, headers, value in records:
+        record = KafkaMessage("orders", 0, 7, key, value, tuple(headers), 1)  # shared by all
+        for trigger, accept in zip(triggers, accepts, strict=True):
+            try:
+                handed = trigger.matches(trigger.decode(record), record)
+            except ValueError:
+                handed = True  # rejected by the filter, so it must see it
+            if accept is None:
+                assert handed, "no prefilter only when everything matches"
+            else:
+                assert accept(record) == handed, (trigger.match, key, headers, value)

@@ -9,6 +9,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sharedstream import TriggerEvent
 from sharedstream.producers.sqs import SqsConfigError, SqsMessage, SqsSharedStreamProducer
@@ -212,6 +214,11 @@ def test_key_does_not_leak_secrets() -> None:
     ({"wait_time_seconds": 21}, "wait_time_seconds must be within 0..20"),
     ({"dead_letter_queue": "orders"}, "must not be the consumed queue"),
     ({"credentials": {"password": "x"}}, "unknown credential fields"),
+    # The client does not validate requests itself: types are checked here.
+    ({"visibility_timeout": 30.5}, "visibility_timeout must be an int, got float"),
+    ({"wait_time_seconds": True}, "wait_time_seconds must be an int, got bool"),
+    ({"max_in_flight": "500"}, "max_in_flight must be an int, got str"),
+    ({"region_name": 1}, "region_name must be a str, got int"),
 ])
 def test_bad_settings_are_refused_with_the_reason(kwargs: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
@@ -298,3 +305,38 @@ async def test_prefilter_declines_exactly_what_the_filter_ignores() -> None:
         events, rejected = await filtered(trigger, [message])
         assert accept(message) == bool(events or rejected), (body, region)
     assert SqsSharedStreamTrigger(**BASE).shared_stream_prefilter() is None  # matches all
+
+
+_ATTRIBUTE_VALUES = st.sampled_from([{"StringValue": "eu"}, {"StringValue": "us"},
+                                     {"BinaryValue": b"eu"}, {"BinaryValue": b"\xff"}])
+_SQS_MATCHES = st.fixed_dictionaries({}, optional={
+    "attributes": st.dictionaries(st.sampled_from(["region", "kind"]),
+                                  st.sampled_from(["eu", "us", b"eu"]), max_size=2),
+    "json": st.dictionaries(st.sampled_from(["a", "b.c"]), st.sampled_from([1, "x"]), max_size=2),
+})
+
+
+@given(matches=st.lists(_SQS_MATCHES, min_size=1, max_size=4),
+       bodies=st.lists(st.tuples(
+           st.sampled_from(["{nope", '{"a": 1}', '{"a": 1, "b": {"c": "x"}}', "[1]", '"t"']),
+           st.dictionaries(st.sampled_from(["region", "kind"]), _ATTRIBUTE_VALUES, max_size=2)),
+           min_size=1, max_size=6))
+def test_shared_prefilters_agree_with_decode_and_match(
+    matches: list[dict[str, Any]], bodies: list[tuple[str, dict[str, Any]]]
+) -> None:
+    """Watchers of one queue share selections; each still decides exactly as its filter."""
+    triggers = [SqsSharedStreamTrigger(**BASE, body_format="json", match=m) for m in matches]
+    accepts = [t.shared_stream_prefilter() for t in triggers]
+    for body, attributes in bodies:
+        message = SqsMessage("orders", {"MessageId": "m", "Body": body, "MessageAttributes": {
+            name: {"DataType": "Binary" if "BinaryValue" in v else "String", **v}
+            for name, v in attributes.items()}})
+        for trigger, accept in zip(triggers, accepts, strict=True):
+            try:
+                handed = trigger.matches(trigger.decode(message), message)
+            except ValueError:
+                handed = True  # rejected by the filter, so it must see it
+            if accept is None:
+                assert handed, "no prefilter only when everything matches"
+            else:
+                assert accept(message) == handed, (trigger.match, body, attributes)
