@@ -34,9 +34,21 @@ def _unpack_msgpack(value: bytes) -> Any:
     return msgpack.unpackb(value, raw=False, strict_map_key=False)
 
 
+def _load_json(value: bytes) -> Any:
+    """``json.loads(value)``, without its encoding sniffing in the usual case.
+
+    ``json.loads`` on bytes first guesses UTF-8/16/32 from BOMs and zero
+    bytes; a document starting with a nonzero ASCII byte followed by a
+    nonzero byte is UTF-8 in that guess, so it is decoded as such directly.
+    """
+    if value and 0 < value[0] < 0x80 and (len(value) < 2 or value[1]):
+        return json.loads(value.decode("utf-8", "surrogatepass"))
+    return json.loads(value)
+
+
 DECODERS: dict[str, Callable[[bytes], Any]] = {
     "utf-8": bytes.decode,
-    "json": json.loads,
+    "json": _load_json,
     "msgpack": _unpack_msgpack,
 }
 """Format name -> decoder of raw bytes; each raises ``ValueError`` on bad input."""
