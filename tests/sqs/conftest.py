@@ -7,6 +7,7 @@ or aiobotocore these tests skip.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -207,14 +208,28 @@ class SqsHarness:
         raise NotImplementedError("SQS has no setting that deletes before processing")
 
     async def counts(self, url: str) -> tuple[int, int, int]:
-        """(visible, in flight, delayed) messages of a queue (moto's counts are exact)."""
-        response = await self.client.get_queue_attributes(QueueUrl=url, AttributeNames=[
-            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed"])
-        attributes = response["Attributes"]
-        return (int(attributes["ApproximateNumberOfMessages"]),
-                int(attributes["ApproximateNumberOfMessagesNotVisible"]),
-                int(attributes["ApproximateNumberOfMessagesDelayed"]))
+        """(visible, in flight, delayed) messages of a queue, read until two reads agree.
+
+        moto's counts are exact, but it computes each one at its own instant
+        (another server thread runs meanwhile): a message whose visibility
+        changes between them is counted twice or not at all. A producer that
+        keeps showing messages again (a held FIFO group) makes that common
+        enough to matter, so one read is not trusted on its own.
+        """
+        last: tuple[int, int, int] | None = None
+        for _ in range(50):
+            response = await self.client.get_queue_attributes(QueueUrl=url, AttributeNames=[
+                "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                "ApproximateNumberOfMessagesDelayed"])
+            attributes = response["Attributes"]
+            read = (int(attributes["ApproximateNumberOfMessages"]),
+                    int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+                    int(attributes["ApproximateNumberOfMessagesDelayed"]))
+            if read == last:
+                return read
+            last = read
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"the counts of {url} did not settle: last read {last}")
 
     async def committed(self, stream: Stream) -> int:
         """How many of the stream's messages are deleted."""
