@@ -331,7 +331,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                 # only have been in the inbox of a subscriber that died on the held record.
                 continue
             if outcome.failed or not (outcome.acked or outcome.rejected):
-                if outcome.failed:
+                if outcome.failed > outcome.unseen:  # some filter failed on this very record
                     failures = lane.failures[offset] = lane.failures.get(offset, 0) + 1
                     if failures > self.settings.max_redeliveries:
                         await self._dead_letter(payload, REASON_MAX_REDELIVERIES, failures)
@@ -339,6 +339,8 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                         continue
                     # Back off a little more each time, so a failing record is no hot loop.
                     pause = min(self.settings.retry_backoff * 0.2 * 2 ** failures, 1.0)
+                elif outcome.failed:
+                    pause = 0.05  # only unseen failures (collateral): not counted against it
                 else:
                     pause = 0.2  # nobody was subscribed: give them a moment to come back
                 self._idle_until = max(self._idle_until,

@@ -391,6 +391,10 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 bounced.append(payload)
                 continue
             if outcome.failed:
+                if outcome.unseen == outcome.failed:
+                    # Only subscribers that never had it in their filter failed (they
+                    # died on another message): shown again, but not held against it.
+                    self._bounced[message_id] = self._bounced.get(message_id, 0) + 1
                 failures = payload.message.receive_count - self._bounced.get(message_id, 0)
                 if failures > self.settings.max_redeliveries:
                     dispose.append((payload, REASON_MAX_REDELIVERIES))

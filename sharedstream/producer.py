@@ -24,7 +24,7 @@ import abc
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer"]
+__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer", "outcome_with_unseen"]
 
 
 class AdvanceOutcome(NamedTuple):
@@ -39,6 +39,8 @@ class AdvanceOutcome(NamedTuple):
       pulling the event: redelivery is the usual answer;
     * ``rejected`` - refused it with :func:`reject_shared_stream_event`:
       dead-letter or discard it, do not redeliver.
+
+    :attr:`unseen` says how many of the failures are not the event's doing.
     """
 
     acked: int
@@ -53,6 +55,43 @@ class AdvanceOutcome(NamedTuple):
         accepted it.
         """
         return self.acked > 0 and self.failed == 0 and self.rejected == 0
+
+    @property
+    def unseen(self) -> int:
+        """How many of the ``failed`` subscribers never had the event in their filter.
+
+        They failed or left with the event still queued for them: their
+        filter raised on an earlier event, they fell behind (overflow), or an
+        earlier event timed out. Such a failure says nothing about this
+        event, so a producer that counts failures toward a poison-message
+        limit should count only ``failed - unseen``. Not part of the tuple
+        (the three counts stay what they are): 0 unless the engine says
+        otherwise.
+        """
+        return 0
+
+
+class _PartlyUnseen(AdvanceOutcome):
+    """An :class:`AdvanceOutcome` some of whose failures are unseen (built by the engine)."""
+
+    @property
+    def unseen(self) -> int:
+        unseen: int = self.__dict__.get("_unseen", 0)
+        return unseen
+
+    def __repr__(self) -> str:
+        return (f"AdvanceOutcome(acked={self.acked}, failed={self.failed}, "
+                f"rejected={self.rejected}, unseen={self.unseen})")
+
+
+def outcome_with_unseen(acked: int, failed: int, rejected: int, unseen: int) -> AdvanceOutcome:
+    """The outcome ``(acked, failed, rejected)`` whose :attr:`~AdvanceOutcome.unseen` is ``unseen``.
+
+    For the engine and for tests; equal, as a tuple, to the plain outcome.
+    """
+    outcome = _PartlyUnseen(acked, failed, rejected)
+    outcome.__dict__["_unseen"] = min(unseen, failed)
+    return outcome
 
 
 class AdvanceItem(NamedTuple):

@@ -47,7 +47,7 @@ from typing import Any
 
 from sharedstream.errors import AckTimeout, SubscriberOverflow
 from sharedstream.fanout import Accept, FanOut, Subscriber
-from sharedstream.producer import AdvanceItem, AdvanceOutcome
+from sharedstream.producer import AdvanceItem, AdvanceOutcome, outcome_with_unseen
 
 __all__ = [
     "SLOT_SHIFT", "AckSubscriber", "EventRecord", "ResolutionBook", "SeqRouter", "overflow_error",
@@ -74,6 +74,7 @@ class EventRecord:
         "position",
         "raw",
         "rejected",
+        "unseen",
     )
 
     def __init__(  # noqa: PLR0917 - built once per raw event on the hot path
@@ -95,9 +96,12 @@ class EventRecord:
         self.acked = 0
         self.failed = 0
         self.rejected = 0
+        self.unseen = 0  # failures of subscribers that never pulled it (part of failed)
 
     def outcome(self) -> AdvanceOutcome:
         """The resolution counts handed to the producer."""
+        if self.unseen:
+            return outcome_with_unseen(self.acked, self.failed, self.rejected, self.unseen)
         return _new_tuple(AdvanceOutcome, (self.acked, self.failed, self.rejected))
 
     def __repr__(self) -> str:
@@ -248,7 +252,7 @@ class ResolutionBook:
         sub.departed = True
         if sub.error is None:
             for record in sub.inbox:
-                self._resolve_failed(record)
+                self._resolve_failed(record, unseen=True)
             sub.inbox.clear()
             self.next_record(sub)  # with an empty inbox this only closes the window
         if sub.ledger:
@@ -290,7 +294,7 @@ class ResolutionBook:
                 self.record_resolved(record)
         if overflowed is not None:
             for sub in overflowed:
-                self._resolve_failed(record)
+                self._resolve_failed(record, unseen=True)
                 self.fail(sub, overflow_error(self.key, sub.trigger_id, fanout.capacity))
         return overflowed
 
@@ -397,7 +401,7 @@ class ResolutionBook:
             return
         self.fanout.drop(sub)
         for record in sub.inbox:
-            self._resolve_failed(record)
+            self._resolve_failed(record, unseen=True)
         current = sub.current
         if current is not None:
             sub.current = None
@@ -505,8 +509,11 @@ class ResolutionBook:
 
     # -- internals ---------------------------------------------------------------
 
-    def _resolve_failed(self, record: EventRecord) -> None:
+    def _resolve_failed(self, record: EventRecord, *, unseen: bool = False) -> None:
+        """One subscriber failed on ``record``; ``unseen``: it never pulled it."""
         record.failed += 1
+        if unseen:
+            record.unseen += 1
         record.pending -= 1
         if not record.pending:
             self.record_resolved(record)

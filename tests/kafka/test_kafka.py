@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager, TriggerEvent
+from sharedstream.producer import outcome_with_unseen
 from sharedstream.producers.kafka import (
     KafkaCommitError,
     KafkaConfigError,
@@ -186,6 +187,20 @@ async def test_poison_is_discarded_without_dead_letter_topic(
     assert consumer.commits == [2]
     assert producer.discarded == 1
     assert "no dead_letter_topic" in caplog.text
+
+
+async def test_unseen_failures_are_not_held_against_a_record() -> None:
+    """Collateral failures (subscribers that died on a record of another partition with
+    this one still queued) hold the partition but never dead-letter the record."""
+    producer, consumer = policy_producer(max_redeliveries=1)
+    collateral = outcome_with_unseen(1, 1, 0, unseen=1)
+    for _ in range(4):
+        await advance(producer, batch(producer, (0, collateral)))
+        assert consumer.commits == []  # held, and sought back for redelivery
+    assert producer.discarded == 0
+    await advance(producer, batch(producer, (0, CLEAN)))
+    assert consumer.commits == [1]
+    assert consumer.seeks == [0, 0, 0, 0]
 
 
 async def test_stale_epoch_is_ignored() -> None:

@@ -12,8 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sharedstream import TriggerEvent
-from sharedstream.producers.sqs import SqsConfigError, SqsMessage, SqsSharedStreamProducer
+from sharedstream import AdvanceItem, AdvanceOutcome, TriggerEvent
+from sharedstream.producer import outcome_with_unseen
+from sharedstream.producers.sqs import (
+    SqsConfigError,
+    SqsMessage,
+    SqsPayload,
+    SqsSettings,
+    SqsSharedStreamProducer,
+)
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
 from tests.conformance.harness import (
     Script,
@@ -340,3 +347,18 @@ def test_shared_prefilters_agree_with_decode_and_match(
                 assert handed, "no prefilter only when everything matches"
             else:
                 assert accept(message) == handed, (trigger.match, body, attributes)
+
+
+def test_unseen_failures_do_not_count_toward_max_redeliveries() -> None:
+    """A message that only failed for subscribers that never had it (they died on another
+    message, in another lane) is shown again, not dead-lettered for it."""
+    message = sqs_message("{}")  # ApproximateReceiveCount 3: one past max_redeliveries
+    payload = SqsPayload(message.message_id, "h", ("receive", 1), message)
+
+    def sort(outcome: AdvanceOutcome) -> tuple[Any, ...]:
+        producer = SqsSharedStreamProducer(SqsSettings(queue="orders", max_redeliveries=2))
+        return producer._sort([AdvanceItem(payload, outcome)])
+
+    # Its own failure: dead-lettered. Collateral: this receive is not counted, shown again.
+    assert sort(AdvanceOutcome(1, 1, 0)) == ([], [], [], [(payload, "max_redeliveries")])
+    assert sort(outcome_with_unseen(1, 1, 0, unseen=1)) == ([], [payload], [], [])

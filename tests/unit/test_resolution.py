@@ -285,3 +285,43 @@ def test_a_declined_record_still_fails_for_a_subscriber_that_overflows() -> None
     [overflowed] = book.broadcast("e2", 2, None, now=0.0) or []
     assert overflowed is picky
     assert isinstance(picky.error, SubscriberOverflow)
+
+
+def test_failures_of_events_a_subscriber_never_pulled_are_unseen() -> None:
+    book = make_book()
+    dies = book.add_subscriber("dies")
+    book.add_subscriber("left")
+    for n in range(3):
+        book.broadcast(f"e{n}", n, n, now=0.0)
+    assert pull(book, dies) == "e0"  # its filter is on e0 when it raises
+    book.fail(dies, RuntimeError("filter raised"))
+    book.remove_subscriber("left")  # leaves with all three still queued
+    [(_, first)] = outcomes(book, 0)
+    assert first == AdvanceOutcome(0, 2, 0)
+    assert first.unseen == 1  # "left" never had e0; "dies" failed on it
+    for lane in (1, 2):
+        [(_, later)] = outcomes(book, lane)
+        assert later == AdvanceOutcome(0, 2, 0)
+        assert later.unseen == 2  # nobody's filter had e1 or e2: not their fault
+    assert "unseen=2" in repr(later)
+
+
+def test_overflow_failures_are_unseen_and_clean_outcomes_have_none() -> None:
+    book = make_book(capacity=1)
+    slow = book.add_subscriber("slow")
+    quick = book.add_subscriber("quick")
+    book.broadcast("e0", 0, 0, now=0.0)
+    pull(book, quick)  # quick keeps up; slow does not
+    book.broadcast("e1", 1, 1, now=0.0)  # slow's inbox is full: it overflows on e1
+    assert isinstance(slow.error, SubscriberOverflow)
+    pull(book, quick)
+    pull(book, quick)
+    [(_, e1)] = outcomes(book, 1)
+    assert (e1, e1.unseen) == (AdvanceOutcome(1, 1, 0), 1)
+    clean = make_book()
+    sub = clean.add_subscriber("s")
+    clean.broadcast("e0", 0, None, now=0.0)
+    pull(clean, sub)
+    pull(clean, sub)
+    [(_, outcome)] = outcomes(clean)
+    assert (outcome.is_clean, outcome.unseen) == (True, 0)

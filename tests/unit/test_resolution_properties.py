@@ -94,11 +94,12 @@ class BookMachine(RuleBasedStateMachine):
     def model_fail(self, sub_id: int) -> None:
         m = self.model_subs[sub_id]
         m.failed = True
+        queued = set(m.queue)  # never pulled: an unseen failure
         m.queue.clear()
         m.current = None
         for pos, event in enumerate(self.events):
             if event.resolution.get(sub_id, "x") is None:
-                event.resolution[sub_id] = "failed"
+                event.resolution[sub_id] = "unseen" if pos in queued else "failed"
                 self.drop_seqs(sub_id, pos)
 
     def drop_seqs(self, sub_id: int, pos: int) -> None:
@@ -123,7 +124,7 @@ class BookMachine(RuleBasedStateMachine):
         m = self.model_subs[sub_id]
         m.departed = True
         for pos in m.queue:
-            self.events[pos].resolution[sub_id] = "failed"
+            self.events[pos].resolution[sub_id] = "unseen"
         m.queue.clear()
         if m.current is not None:
             self.moved_past.add((sub_id, m.current))
@@ -147,7 +148,7 @@ class BookMachine(RuleBasedStateMachine):
             if sub_id in declined:  # its prefilter said no: done with it at once
                 event.resolution[sub_id] = "acked"
             elif sub_id in expected:
-                event.resolution[sub_id] = "failed"
+                event.resolution[sub_id] = "unseen"  # never reached its inbox
                 self.model_fail(sub_id)
             else:
                 self.model_subs[sub_id].queue.append(pos)
@@ -248,9 +249,12 @@ class BookMachine(RuleBasedStateMachine):
             event = self.events[pos]
             assert event.lane == self.in_flight_lane
             assert None not in event.resolution.values(), "advanced before resolution"
-            counts = [sum(r == kind for r in event.resolution.values()) for kind in
-                      ("acked", "failed", "rejected")]
-            assert item.outcome == AdvanceOutcome(*counts)
+            acked, failed, rejected, unseen = (
+                sum(r == kind for r in event.resolution.values())
+                for kind in ("acked", "failed", "rejected", "unseen")
+            )
+            assert item.outcome == AdvanceOutcome(acked, failed + unseen, rejected)
+            assert item.outcome.unseen == unseen, (item.outcome, event.resolution)
             assert sum(item.outcome) == len(event.snapshot)
             assert pos not in self.advanced, "advanced twice"
             earlier = [p for p in self.advanced if self.events[p].lane == event.lane]
