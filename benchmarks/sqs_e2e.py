@@ -622,6 +622,18 @@ def ratios(results: list[CaseResult]) -> dict[str, float]:
     return out
 
 
+def round_ratios(runs: list[CaseResult]) -> dict[str, list[float]]:
+    """Each shared case / the raw run of the same round: pairs measured minutes apart."""
+    raws = {(r.backend, r.round): r for r in runs if r.case == "raw"}
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        raw = raws.get((r.backend, r.round))
+        if r.case.startswith("shared") and raw is not None:
+            out.setdefault(f"{r.backend}: {r.case} / raw", []).append(
+                round(r.per_s / raw.per_s, 3))
+    return out
+
+
 def targets(results: list[CaseResult], rat: dict[str, float]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for backend in dict.fromkeys(r.backend for r in results):
@@ -697,6 +709,7 @@ def write_outputs(out: Path, stem: str, args: argparse.Namespace, runs: list[Cas
         "notes": {f"{r.backend} {r.case} #{r.round}": r.notes for r in runs if r.notes},
         "skipped": skipped,
         "ratios": {k: None if math.isnan(v) else round(v, 4) for k, v in rat.items()},
+        "round_ratios": round_ratios(runs),
         "targets": targets(results, rat)}, indent=2) + "\n")
     with (out / f"{stem}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -788,6 +801,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stem = "sqs_e2e-quick" if args.quick else "sqs_e2e"
     write_outputs(args.output_dir, stem, args, runs, skipped=skipped, load=load)
     print_table(medians(runs))
+    for name, values in round_ratios(runs).items():
+        print(f"{name}, round by round: {', '.join(f'{v:.2f}' for v in values)}")
     bad = [f"{r.backend} {r.case} #{r.round}" for r in runs if r.events != r.expected_events]
     if bad:
         _say(f"error: wrong event counts in {', '.join(bad)}")
