@@ -23,6 +23,7 @@ __all__ = [
     "as_text",
     "decoding_prefilter",
     "lookup",
+    "match_prefilter",
     "shared_prefilter",
 ]
 
@@ -163,3 +164,29 @@ def shared_prefilter(
         return got is _UNDECODABLE or got == wanted
 
     return accept
+
+
+def match_prefilter(
+    trigger: Any,
+    base: type[Any],
+    *,
+    declared: bool,
+    shared: Callable[[], Callable[[Any], bool]],
+) -> Callable[[Any], bool] | None:
+    """The ``shared_stream_prefilter`` of a broker trigger whose filter decodes, then matches.
+
+    ``base`` is the broker's trigger class, whose ``filter_shared_stream``
+    rejects what ``decode`` cannot decode and fires for what ``matches``.
+    ``None`` when a subclass overrides that filter (its logic is unknown)
+    or when nothing is filtered out (no declarative match, ``declared``
+    false, and neither ``decode`` nor ``matches`` overridden). A subclass
+    that overrides ``decode`` or ``matches`` gets :func:`decoding_prefilter`
+    over them; the base class's declarative match gets ``shared()`` (a
+    :func:`shared_prefilter`).
+    """
+    cls = type(trigger)
+    if cls.filter_shared_stream is not base.filter_shared_stream:
+        return None
+    if cls.matches is not base.matches or cls.decode is not base.decode:
+        return decoding_prefilter(trigger.decode, trigger.matches)
+    return shared() if declared else None

@@ -36,8 +36,8 @@ from sharedstream.codecs import (
     DECODERS,
     MISSING,
     as_text,
-    decoding_prefilter,
     lookup,
+    match_prefilter,
     shared_prefilter,
 )
 from sharedstream.events import TriggerEvent
@@ -235,24 +235,17 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         }
 
     def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
-        """Skip, at fan-out, the messages this trigger's filter would ignore.
+        """Skip, at fan-out, each message that decodes but does not match.
 
-        Declines a message only when it decodes and does not match (an
-        undecodable one still reaches the filter, which rejects it). ``None``
-        when nothing is filtered out (no ``match`` and ``matches`` not
-        overridden) or when a subclass overrides ``filter_shared_stream``,
-        whose logic the test cannot know. With the test in place, ``decode``
-        and ``matches`` also run in the poll's task, so keep them free of
-        side effects.
+        An undecodable message still reaches the filter, which rejects it; see
+        :func:`~sharedstream.codecs.match_prefilter` for when there is no
+        test. ``decode`` and ``matches`` then also run in the poll's task:
+        keep them free of side effects.
         """
-        cls = type(self)
-        base = SqsSharedStreamTrigger
-        if cls.filter_shared_stream is not base.filter_shared_stream:
-            return None
-        if cls.matches is not base.matches or cls.decode is not base.decode:
-            return decoding_prefilter(self.decode, self.matches)
-        if not self.match:
-            return None
+        return match_prefilter(self, SqsSharedStreamTrigger, declared=bool(self.match),
+                               shared=self._shared_prefilter)
+
+    def _shared_prefilter(self) -> Callable[[Any], bool]:
         # The declarative match alone: one selection per message for every trigger
         # whose match has the same shape (typically: the same JSON path).
         wanted_attributes = self.match.get("attributes", {})
