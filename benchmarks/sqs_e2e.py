@@ -22,8 +22,8 @@ polled by a separate client).
 
 Reported per case: msgs/s (whole time, start-up included), steady msgs/s
 (from the first delete observed), ``DeleteMessageBatch`` calls per 1000
-messages (the raw loop counts its own; the shared case reads the producer's
-OpenTelemetry counter ``sharedstream.broker.requests``), CPU seconds of this
+messages (the raw loop counts its own; the shared case reads its producer's
+``calls`` counter, so no OpenTelemetry SDK runs in either), CPU seconds of this
 process and of the emulator, and garbage-collector time. ``--repeat R`` runs
 every case R times, rounds interleaved, and reports the median run. The
 target - shared at K = 10 reaching 80% of the raw rate at the same receive
@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from _fauxqs import CREDENTIALS, REGION, FauxqsError, start_fauxqs, stop_fauxqs
+from _producers_seen import PRODUCERS
 from _triggerer_config import make_config
 
 from sharedstream.store.sqlite import SqliteStore
@@ -69,7 +70,6 @@ BUCKETS = 10
 POLL = 0.1  # seconds between queue-depth checks (each costs ~2-3 ms of client CPU)
 SEND_IN_FLIGHT = 8  # SendMessageBatch calls in flight while pre-sending
 WAIT_TIME_SECONDS = 1  # long poll of both the raw loop and the shared consumer
-REQUESTS_METRIC = "sharedstream.broker.requests"
 DELETE_OPERATIONS = ("DeleteMessageBatch", "DeleteMessage")
 TARGET_K, TARGET_FRACTION = 10, 0.80
 LOCALSTACK_IMAGE = "localstack/localstack:3.8"
@@ -428,42 +428,9 @@ async def run_raw(backend: Backend, monitor: Any, queue_url: str, messages: int,
 # -- the shared case ----------------------------------------------------------------------------
 
 
-class RequestMeter:
-    """Reads the SQS producer's ``sharedstream.broker.requests`` counter from an in-memory SDK.
-
-    Installed as the global meter provider before any triggerer starts, so
-    the producer's counter (created on first use) reports here.
-    """
-
-    def __init__(self) -> None:
-        try:
-            sdk_metrics: Any = importlib.import_module("opentelemetry.sdk.metrics")
-            export: Any = importlib.import_module("opentelemetry.sdk.metrics.export")
-        except ImportError as exc:
-            raise SystemExit("the shared case reads the producer's OpenTelemetry counter: "
-                             "pip install opentelemetry-sdk (in the dev extra)") from exc
-        from opentelemetry import metrics  # noqa: PLC0415 - after the SDK check
-
-        self.reader = export.InMemoryMetricReader()
-        metrics.set_meter_provider(sdk_metrics.MeterProvider(metric_readers=[self.reader]))
-
-    def totals(self) -> Counter[str]:
-        """Cumulative SQS requests per operation since the provider was installed."""
-        totals: Counter[str] = Counter()
-        data = self.reader.get_metrics_data()
-        for resource in data.resource_metrics if data is not None else []:
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    if metric.name != REQUESTS_METRIC:
-                        continue
-                    for point in metric.data.data_points:
-                        attributes = dict(point.attributes or {})
-                        if attributes.get("broker") == "sqs":
-                            totals[str(attributes.get("operation"))] += int(point.value)
-        return totals
-
-
 DEFINITIONS_HEADER = """\
+from _producers_seen import PRODUCERS
+
 from sharedstream.definitions import Asset, AssetWatcher
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
 
@@ -478,6 +445,12 @@ class BenchWatcher(SqsSharedStreamTrigger):
     def serialize(self):
         classpath, kwargs = super().serialize()
         return classpath, {**kwargs, "watcher": self.watcher}
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs):
+        producer = super().create_shared_stream_producer(kwargs)
+        PRODUCERS.append(producer)  # the benchmark reads its call counts
+        return producer
 
 """
 
@@ -500,7 +473,7 @@ def write_definitions(path: Path, common: dict[str, Any], k: int) -> None:
 
 
 async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: int, *, k: int,
-                     concurrency: int, meter: RequestMeter, casedir: Path,
+                     concurrency: int, casedir: Path,
                      limit: float) -> CaseResult:
     from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.triggerer import Triggerer  # noqa: PLC0415
@@ -513,7 +486,7 @@ async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: i
     }, k)
     config = make_config(casedir)
     triggerer = Triggerer(config, load_definitions(definitions))
-    requests0 = meter.totals()
+    PRODUCERS.clear()
     with Usage(backend.pid) as usage:
         started = time.perf_counter()
         task = asyncio.create_task(triggerer.run(), name=f"sqs-e2e-triggerer-{k}")
@@ -531,14 +504,15 @@ async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: i
             triggerer.request_stop()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    requests = meter.totals()
-    requests.subtract(requests0)
+    requests: Counter[str] = Counter()
+    for producer in PRODUCERS:
+        requests.update(producer.calls)
     with SqliteStore(config.sqlite_path()) as store:
         events = store.counts()["trigger_events"]
     result = CaseResult(backend.name, f"shared {k}", k, concurrency, messages, progress,
                         +requests, events, expected_events(messages, k), usage)
     if not requests:
-        result.notes.append(f"no {REQUESTS_METRIC} measurements: delete calls unknown")
+        result.notes.append("no producer call counts: delete calls unknown")
     return result
 
 
@@ -555,7 +529,7 @@ def shared_module_ready() -> str | None:
 
 
 async def run_case(args: argparse.Namespace, backend: Backend, monitor: Any, *, kind: str,
-                   k: int, name: str, meter: RequestMeter | None, workdir: Path) -> CaseResult:
+                   k: int, name: str, shared: bool, workdir: Path) -> CaseResult:
     """One case on a fresh queue ``name``: send, consume until empty, delete the queue."""
     label = "raw" if kind == "raw" else f"shared {k}"
     queue_url = (await monitor.create_queue(QueueName=name))["QueueUrl"]
@@ -566,14 +540,14 @@ async def run_case(args: argparse.Namespace, backend: Backend, monitor: Any, *, 
          f"(sent in {time.perf_counter() - sent:.1f}s)")
     if depth != args.messages:
         raise RuntimeError(f"{name} holds {depth} messages, expected {args.messages}")
-    if kind == "raw" or meter is None:
+    if kind == "raw" or not shared:
         result = await run_raw(backend, monitor, queue_url, args.messages,
                                concurrency=args.concurrency, limit=args.timeout)
     else:
         casedir = workdir / f"{backend.name}-{name}"
         casedir.mkdir()
         result = await run_shared(backend, monitor, queue_url, args.messages, k=k,
-                                  concurrency=args.concurrency, meter=meter,
+                                  concurrency=args.concurrency,
                                   casedir=casedir, limit=args.timeout)
     await monitor.delete_queue(QueueUrl=queue_url)
     _say(f"{backend.name} {label}: {result.per_s:,.0f} msgs/s ({result.seconds:.2f}s; "
@@ -584,10 +558,10 @@ async def run_case(args: argparse.Namespace, backend: Backend, monitor: Any, *, 
 
 
 async def run_backend(args: argparse.Namespace, backend: Backend, workdir: Path,
-                      meter: RequestMeter | None) -> list[CaseResult]:
+                      shared: bool) -> list[CaseResult]:
     """Every case ``args.repeat`` times, rounds interleaved (raw, shared K..., raw, ...)."""
     cases: list[tuple[str, int]] = [("raw", 0)]
-    if meter is not None:
+    if shared:
         cases += [("shared", k) for k in args.ks]
     results: list[CaseResult] = []
     async with sqs_client(backend.endpoint_url) as monitor:
@@ -595,7 +569,7 @@ async def run_backend(args: argparse.Namespace, backend: Backend, workdir: Path,
             for n, (kind, k) in enumerate(cases):
                 name = f"bench-e2e-{os.getpid()}-{round_}-{n}-{kind}-{k}"
                 result = await run_case(args, backend, monitor, kind=kind, k=k, name=name,
-                                        meter=meter, workdir=workdir)
+                                        shared=shared, workdir=workdir)
                 result.round = round_
                 results.append(result)
     return results
@@ -768,11 +742,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     skipped: dict[str, str] = {}
-    # Installed before the SQS modules are imported: their counter is created at import.
-    meter: RequestMeter | None = RequestMeter()
+    shared = True
     why_not = shared_module_ready()
     if why_not is not None:
-        meter = None
+        shared = False
         skipped["shared"] = why_not
         _say(f"{why_not}: running the raw case only")
     workdir = Path(tempfile.mkdtemp(prefix="sharedstream-sqs-e2e-"))
@@ -785,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       else localstack_backend(args.localstack_image)) as backend:
                     _say(f"{backend.name} on {backend.endpoint_url}; {args.messages} messages "
                          f"per case, receive concurrency {args.concurrency}; in {workdir}")
-                    runs += asyncio.run(run_backend(args, backend, workdir, meter))
+                    runs += asyncio.run(run_backend(args, backend, workdir, shared))
             except BackendUnavailable as exc:
                 skipped[name] = str(exc)
                 _say(str(exc))
