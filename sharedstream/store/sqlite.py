@@ -65,19 +65,21 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cache
-from itertools import chain
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from sharedstream.store._sqlite_events import (
+    Definitions,
+    StaleDefinitions,
+    load_definitions,
+    write_batch,
+)
+from sharedstream.store._sqlite_schema import MIGRATIONS
 from sharedstream.store.base import (
-    RUN_STATE_QUEUED,
     TRIGGER_STATES,
     DagSpec,
     EventRow,
@@ -96,103 +98,6 @@ from sharedstream.store.base import (
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
 log = logging.getLogger("sharedstream.store")
-
-_V1 = (
-    """CREATE TABLE store_meta (
-        key TEXT PRIMARY KEY,
-        value INTEGER NOT NULL
-    ) WITHOUT ROWID""",
-    "INSERT INTO store_meta (key, value) VALUES ('definitions_generation', 0)",
-    """CREATE TABLE triggers (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        fingerprint TEXT NOT NULL UNIQUE,
-        classpath TEXT NOT NULL,
-        kwargs_blob BLOB NOT NULL,
-        state TEXT NOT NULL DEFAULT 'active'
-            CHECK (state IN ('active', 'finished', 'failed', 'orphaned')),
-        error_count INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        last_traceback TEXT,
-        last_error_at TEXT,
-        created_at TEXT NOT NULL,
-        events_stored INTEGER NOT NULL DEFAULT 0
-    )""",
-    "CREATE INDEX triggers_state ON triggers (state, id)",
-    """CREATE TABLE assets (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        name TEXT NOT NULL UNIQUE,
-        created_at TEXT NOT NULL
-    )""",
-    """CREATE TABLE watchers (
-        asset_id INTEGER NOT NULL REFERENCES assets (id),
-        name TEXT NOT NULL,
-        trigger_id INTEGER NOT NULL REFERENCES triggers (id),
-        PRIMARY KEY (asset_id, name)
-    ) WITHOUT ROWID""",
-    "CREATE INDEX watchers_trigger ON watchers (trigger_id)",
-    """CREATE TABLE dags (
-        dag_id TEXT PRIMARY KEY,
-        schedule TEXT NOT NULL,
-        updated_at TEXT NOT NULL
-    ) WITHOUT ROWID""",
-    """CREATE TABLE dag_schedule_assets (
-        dag_id TEXT NOT NULL REFERENCES dags (dag_id) ON DELETE CASCADE,
-        asset_id INTEGER NOT NULL REFERENCES assets (id),
-        PRIMARY KEY (dag_id, asset_id)
-    ) WITHOUT ROWID""",
-    "CREATE INDEX dag_schedule_assets_asset ON dag_schedule_assets (asset_id)",
-    """CREATE TABLE trigger_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        trigger_id INTEGER NOT NULL REFERENCES triggers (id),
-        idem_key TEXT UNIQUE,
-        payload BLOB NOT NULL,
-        created_at TEXT NOT NULL
-    )""",
-    "CREATE INDEX trigger_events_trigger ON trigger_events (trigger_id, id)",
-    """CREATE TABLE asset_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        asset_id INTEGER NOT NULL REFERENCES assets (id),
-        trigger_event_id INTEGER NOT NULL REFERENCES trigger_events (id),
-        created_at TEXT NOT NULL
-    )""",
-    "CREATE INDEX asset_events_trigger_event ON asset_events (trigger_event_id)",
-    "CREATE INDEX asset_events_asset ON asset_events (asset_id, id)",
-    """CREATE TABLE asset_dag_queue (
-        dag_id TEXT NOT NULL REFERENCES dags (dag_id) ON DELETE CASCADE,
-        asset_event_id INTEGER NOT NULL REFERENCES asset_events (id),
-        asset_id INTEGER NOT NULL REFERENCES assets (id),
-        PRIMARY KEY (dag_id, asset_event_id)
-    ) WITHOUT ROWID""",
-    "CREATE INDEX asset_dag_queue_event ON asset_dag_queue (asset_event_id)",
-    """CREATE TABLE dag_runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        dag_id TEXT NOT NULL,
-        run_id TEXT NOT NULL,
-        state TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        UNIQUE (dag_id, run_id)
-    )""",
-    "CREATE INDEX dag_runs_dag ON dag_runs (dag_id, id)",
-    """CREATE TABLE dag_run_asset_events (
-        dag_run_id INTEGER NOT NULL REFERENCES dag_runs (id),
-        asset_event_id INTEGER NOT NULL REFERENCES asset_events (id),
-        PRIMARY KEY (dag_run_id, asset_event_id)
-    ) WITHOUT ROWID""",
-    "CREATE INDEX dag_run_asset_events_event ON dag_run_asset_events (asset_event_id)",
-    """CREATE TABLE triggerers (
-        id TEXT PRIMARY KEY,
-        hostname TEXT NOT NULL,
-        pid INTEGER NOT NULL,
-        started_at TEXT NOT NULL,
-        heartbeat_at TEXT NOT NULL
-    ) WITHOUT ROWID""",
-)
-
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
-"""Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
-
-Append only; never edit a released migration.
-"""
 
 _TRIGGER_COLUMNS = (
     "id, fingerprint, classpath, kwargs_blob, state, error_count, last_error,"
@@ -228,90 +133,9 @@ def _trigger_row(row: Sequence[Any]) -> TriggerRow:
     )
 
 
-def _rowid(cur: sqlite3.Cursor) -> int:
-    rowid = cur.lastrowid
-    if rowid is None:  # pragma: no cover - only after a statement that inserted nothing
-        raise StoreError("INSERT reported no rowid")
-    return rowid
-
-
 def _check_limit(limit: int) -> None:
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-
-
-_VALUES_CHUNK = 64
-"""Most rows one multi-row ``INSERT ... VALUES`` of :func:`_insert_rows` carries.
-
-Past 64 the saving per row is small; 64 rows of 4 columns also stay far below
-the 999 bound parameters older SQLite builds allow per statement.
-"""
-
-
-@cache
-def _values_statement(head: str, width: int, rows: int, tail: str) -> str:
-    row = "(" + ", ".join("?" * width) + ")"
-    return f"{head} VALUES {', '.join([row] * rows)}{tail}"
-
-
-def _insert_rows(
-    cur: sqlite3.Cursor, head: str, rows: Sequence[tuple[Any, ...]], tail: str = ""
-) -> int:
-    """``INSERT`` the rows in order, in few statements; returns how many were inserted.
-
-    The effect is that of ``cur.executemany(f"{head} VALUES (?, ...){tail}", rows)``:
-    a multi-row ``VALUES`` inserts its rows one after the other, ids are
-    assigned in that order, and a conflict clause in ``tail`` applies to each
-    row, also against rows earlier in the same statement. The cost is not:
-    the overhead of a statement (binding from Python, step, reset, releasing
-    and retaking the GIL) is paid per chunk of up to :data:`_VALUES_CHUNK`
-    rows instead of per row. Chunk sizes are powers of two, so a handful of
-    cached statements serve every batch size.
-    """
-    inserted = start = 0
-    size = _VALUES_CHUNK
-    while start < len(rows):
-        while size > len(rows) - start:
-            size //= 2
-        end = start + (len(rows) - start) // size * size
-        cur.executemany(
-            _values_statement(head, len(rows[0]), size, tail),
-            [tuple(chain.from_iterable(rows[i : i + size])) for i in range(start, end, size)],
-        )
-        inserted += cur.rowcount  # executemany sums the rows each execution inserted
-        start = end
-    return inserted
-
-
-@dataclass(slots=True)
-class _Definitions:
-    """What write_events needs from the definitions, as of one generation."""
-
-    generation: int = -1
-    # trigger id -> (asset id, asset name, ids of the DAGs whose schedule mentions the
-    # asset, sorted) of every asset watching it, by asset id: the asset events one
-    # stored event of the trigger creates, in creation order
-    assets_by_trigger: dict[int, tuple[tuple[int, str, tuple[str, ...]], ...]] = field(
-        default_factory=dict
-    )
-    # the triggers watched by at least one asset some DAG is scheduled on: only
-    # their events need the queue and run logic
-    scheduled_triggers: frozenset[int] = frozenset()
-    schedules: dict[str, Schedule] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Queue:
-    """One DAG's pending queue while write_events runs, held in memory."""
-
-    # the asset event ids queued, ascending (the batch's ids exceed every stored one)
-    ids: list[int] = field(default_factory=list)
-    # the asset names among them: what the schedule is evaluated against
-    names: set[str] = field(default_factory=set)
-    # (asset event id, asset id) queued by this batch: rows to write at the end
-    unwritten: list[tuple[int, int]] = field(default_factory=list)
-    # whether asset_dag_queue holds rows of this queue (to delete when it is consumed)
-    in_table: bool = False
 
 
 class SqliteStore:
@@ -325,7 +149,7 @@ class SqliteStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._defs = _Definitions()
+        self._defs = Definitions()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -549,44 +373,13 @@ class SqliteStore:
             )
         return ids
 
-    def _definitions(self, conn: sqlite3.Connection) -> _Definitions:
+    def _definitions(self, conn: sqlite3.Connection) -> Definitions:
         """The cached definitions, reloaded if the generation moved (call inside a transaction)."""
         (generation,) = conn.execute(
             "SELECT value FROM store_meta WHERE key = 'definitions_generation'"
         ).fetchone()
-        if generation == self._defs.generation:
-            return self._defs
-        assets_by_trigger: dict[int, dict[int, str]] = {}
-        for trigger_id, asset_id, name in conn.execute(
-            "SELECT w.trigger_id, a.id, a.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
-            " ORDER BY w.trigger_id, a.id"
-        ):
-            assets_by_trigger.setdefault(int(trigger_id), {})[int(asset_id)] = str(name)
-        dags_by_asset: dict[int, list[str]] = {}
-        for asset_id, dag_id in conn.execute(
-            "SELECT asset_id, dag_id FROM dag_schedule_assets ORDER BY asset_id, dag_id"
-        ):
-            dags_by_asset.setdefault(int(asset_id), []).append(str(dag_id))
-        schedules = {
-            str(dag_id): Schedule.parse(json.loads(text), where=f"dag {dag_id!r}: schedule")
-            for dag_id, text in conn.execute("SELECT dag_id, schedule FROM dags")
-        }
-        self._defs = _Definitions(
-            generation=int(generation),
-            assets_by_trigger={
-                trigger_id: tuple(
-                    (asset_id, name, tuple(dags_by_asset.get(asset_id, ())))
-                    for asset_id, name in assets.items()
-                )
-                for trigger_id, assets in assets_by_trigger.items()
-            },
-            scheduled_triggers=frozenset(
-                trigger_id
-                for trigger_id, assets in assets_by_trigger.items()
-                if any(asset_id in dags_by_asset for asset_id in assets)
-            ),
-            schedules=schedules,
-        )
+        if generation != self._defs.generation:
+            self._defs = load_definitions(conn, int(generation))
         return self._defs
 
     # -- triggers ---------------------------------------------------------------
@@ -678,192 +471,16 @@ class SqliteStore:
         return result
 
     def _write_batch(self, conn: sqlite3.Connection, batch: Sequence[PendingEvent]) -> WriteResult:
-        """Do what :meth:`write_events` promises, inside its ``BEGIN IMMEDIATE`` transaction.
+        """:func:`~sharedstream.store._sqlite_events.write_batch` with the cached definitions.
 
-        Set-based, so the cost per event is a few rows bound and stepped in C
-        rather than several statements run from Python: chunked multi-row
-        inserts (:func:`_insert_rows`) for the trigger events, one ``INSERT ...
-        SELECT`` for all their asset events, and the queue/run logic in Python
-        only for events of triggers whose assets have DAGs
-        (:meth:`_queue_and_run`).
-
-        This relies on holding the write lock: nobody else inserts meanwhile,
-        so every id assigned in this transaction is larger than any stored
-        before it (``AUTOINCREMENT`` assigns one more than the largest id ever
-        used), and ids follow statement order. The rows are the ones the
-        one-statement-per-event algorithm produced, ids included (a duplicate
-        still burns a trigger event id, as a conflicting insert always did).
+        Definitions found stale (the watchers table changed behind
+        ``sync_definitions``' back) fail the batch and are reloaded on the retry.
         """
-        defs = self._definitions(conn)
-        now = _now()
-        cur = conn.cursor()
-        (before,) = cur.execute("SELECT coalesce(max(id), 0) FROM trigger_events").fetchone()
-        stored = _insert_rows(
-            cur,
-            "INSERT INTO trigger_events (trigger_id, idem_key, payload, created_at)",
-            [(event.trigger_id, event.idem_key, event.payload, now) for event in batch],
-            " ON CONFLICT (idem_key) DO NOTHING",
-        )
-        if stored == len(batch):
-            stored_triggers = [event.trigger_id for event in batch]
-        else:
-            # Some were duplicates (already stored, or earlier in the batch with
-            # the same key): the rows this batch stored say which events remain.
-            stored_triggers = [
-                int(trigger_id)
-                for (trigger_id,) in cur.execute(
-                    "SELECT trigger_id FROM trigger_events WHERE id > ? ORDER BY id", (before,)
-                )
-            ]
-        per_trigger = Counter(stored_triggers)
-        asset_event_count = sum(
-            count * len(defs.assets_by_trigger.get(trigger_id, ()))
-            for trigger_id, count in per_trigger.items()
-        )
-        runs: list[str] = []
-        if asset_event_count:
-            # One asset event per (stored event, distinct watching asset), ordered
-            # by event then asset id: the order of defs.assets_by_trigger, so the
-            # ids are consecutive in that order (DISTINCT: an asset may watch a
-            # trigger under two watcher names, and still gets one event).
-            cur.execute(
-                "INSERT INTO asset_events (asset_id, trigger_event_id, created_at)"
-                " SELECT DISTINCT w.asset_id, te.id, ?1 FROM trigger_events te"
-                " JOIN watchers w ON w.trigger_id = te.trigger_id"
-                " WHERE te.id > ?2 ORDER BY te.id, w.asset_id",
-                (now, before),
-            )
-            if cur.rowcount != asset_event_count:
-                # The watchers table no longer matches definitions_generation
-                # (changed behind sync_definitions' back): fail the batch, and
-                # reload the definitions when it is retried.
-                self._defs = _Definitions()
-                raise StoreError(
-                    f"expected {asset_event_count} asset events from the cached definitions"
-                    f" (generation {defs.generation}), the watchers table gave {cur.rowcount}"
-                )
-            if not defs.scheduled_triggers.isdisjoint(per_trigger):
-                first_asset_event_id = _rowid(cur) - asset_event_count + 1
-                runs = self._queue_and_run(cur, defs, stored_triggers, first_asset_event_id, now)
-        if stored:
-            # one statement, not one per trigger: each statement releases and
-            # retakes the GIL, which the event loop is waiting for
-            cur.execute(
-                "UPDATE triggers SET events_stored = events_stored + (SELECT count(*)"
-                "  FROM trigger_events te WHERE te.trigger_id = triggers.id AND te.id > ?1)"
-                " WHERE id IN (SELECT trigger_id FROM trigger_events WHERE id > ?1)",
-                (before,),
-            )
-        return WriteResult(
-            stored=stored,
-            duplicates=len(batch) - stored,
-            asset_events=asset_event_count,
-            dag_runs=tuple(runs),
-        )
-
-    def _queue_and_run(
-        self,
-        cur: sqlite3.Cursor,
-        defs: _Definitions,
-        stored_triggers: Sequence[int],
-        first_asset_event_id: int,
-        now: str,
-    ) -> list[str]:
-        """Queue a batch's asset events on their DAGs and create the runs that satisfies.
-
-        ``stored_triggers`` holds the trigger id of each stored event, in batch
-        order; the batch's asset events have consecutive ids from
-        ``first_asset_event_id``, per event in the order of
-        ``defs.assets_by_trigger``. Per event: each asset event joins the queue
-        of every DAG of its asset, then each DAG it touched whose schedule the
-        queue satisfies gets a run consuming the whole queue. Returns the runs
-        created, as ``dag_id/run_id``, in creation order.
-        """
-        # Queue changes are kept in memory and written once at the end (the
-        # write lock is ours, so nobody else sees or changes the queue
-        # meanwhile): an entry enqueued and consumed within the batch never
-        # touches the table. Runs are collected and inserted together too.
-        queues: dict[str, _Queue] = {}
-        consumed_from_table: list[str] = []  # dags whose table entries were consumed
-        runs: list[tuple[str, str, list[int]]] = []  # (dag id, run id, consumed ids)
-        asset_event_id = first_asset_event_id
-        for trigger_id in stored_triggers:
-            assets = defs.assets_by_trigger.get(trigger_id, ())
-            if trigger_id not in defs.scheduled_triggers:
-                asset_event_id += len(assets)
-                continue
-            touched: dict[str, _Queue] = {}  # in first-touched order
-            for asset_id, asset_name, dag_ids in assets:
-                for dag_id in dag_ids:
-                    queue = queues.get(dag_id)
-                    if queue is None:
-                        queue = queues[dag_id] = self._load_queue(cur, dag_id)
-                    queue.ids.append(asset_event_id)
-                    queue.names.add(asset_name)
-                    queue.unwritten.append((asset_event_id, asset_id))
-                    touched[dag_id] = queue
-                asset_event_id += 1
-            for dag_id, queue in touched.items():
-                if defs.schedules[dag_id].satisfied(queue.names):
-                    runs.append((dag_id, f"asset_triggered__{queue.ids[-1]:012d}", queue.ids))
-                    if queue.in_table:
-                        consumed_from_table.append(dag_id)
-                    queues[dag_id] = _Queue()
-        cur.executemany(
-            "DELETE FROM asset_dag_queue WHERE dag_id = ?",
-            [(dag_id,) for dag_id in consumed_from_table],
-        )
-        _insert_rows(
-            cur,
-            "INSERT INTO asset_dag_queue (dag_id, asset_event_id, asset_id)",
-            [
-                (dag_id, queued_id, asset_id)
-                for dag_id, queue in queues.items()
-                for queued_id, asset_id in queue.unwritten
-            ],
-        )
-        self._create_runs(cur, runs, now)
-        return [f"{dag_id}/{run_id}" for dag_id, run_id, _ in runs]
-
-    @staticmethod
-    def _create_runs(
-        cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int]]], now: str
-    ) -> None:
-        """Insert queued runs ``(dag id, run id, consumed asset event ids)``, in this order."""
-        if not runs:
-            return
-        _insert_rows(
-            cur,
-            "INSERT INTO dag_runs (dag_id, run_id, state, created_at)",
-            [(dag_id, run_id, RUN_STATE_QUEUED, now) for dag_id, run_id, _ in runs],
-        )
-        # Consecutive ids ending at the last one inserted: AUTOINCREMENT under our
-        # write lock, and a conflict would have raised.
-        (last,) = cur.execute("SELECT last_insert_rowid()").fetchone()
-        first = int(last) - len(runs) + 1
-        _insert_rows(
-            cur,
-            "INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id)",
-            [
-                (first + index, asset_event_id)
-                for index, (_, _, consumed) in enumerate(runs)
-                for asset_event_id in consumed
-            ],
-        )
-
-    @staticmethod
-    def _load_queue(cur: sqlite3.Cursor, dag_id: str) -> _Queue:
-        """The DAG's queue as stored (call inside the write transaction)."""
-        queue = _Queue()
-        for asset_event_id, name in cur.execute(
-            "SELECT q.asset_event_id, a.name FROM asset_dag_queue q"
-            " JOIN assets a ON a.id = q.asset_id WHERE q.dag_id = ? ORDER BY q.asset_event_id",
-            (dag_id,),
-        ):
-            queue.ids.append(int(asset_event_id))
-            queue.names.add(str(name))
-        queue.in_table = bool(queue.ids)
-        return queue
+        try:
+            return write_batch(conn, self._definitions(conn), batch, _now())
+        except StaleDefinitions:
+            self._defs = Definitions()
+            raise
 
     # -- triggerers -------------------------------------------------------------
 

@@ -1,0 +1,348 @@
+"""How the SQLite store writes a batch of trigger events: set-based, in one transaction.
+
+``SqliteStore.write_events`` opens the ``BEGIN IMMEDIATE`` transaction and
+calls :func:`write_batch`; this module is the rest. The cost per event is a
+few rows bound and stepped in C, not statements run from Python: the
+database thread shares the GIL with the event loop, so every statement and
+Python step here is time the runtime's event loop waits.
+
+Invariant relied on throughout: the caller holds the write lock, so nobody
+else inserts meanwhile, ids assigned in the transaction exceed every stored
+one (``AUTOINCREMENT``), and they follow statement order.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from itertools import chain
+from typing import Any
+
+from sharedstream.store.base import (
+    RUN_STATE_QUEUED,
+    PendingEvent,
+    Schedule,
+    StoreError,
+    WriteResult,
+)
+
+__all__ = [
+    "VALUES_CHUNK",
+    "Definitions",
+    "StaleDefinitions",
+    "insert_rows",
+    "load_definitions",
+    "rowid",
+    "write_batch",
+]
+
+
+class StaleDefinitions(StoreError):
+    """The watchers table no longer matches the cached definitions: reload, then retry."""
+
+
+def rowid(cur: sqlite3.Cursor) -> int:
+    """The id of the last row ``cur`` inserted."""
+    last = cur.lastrowid
+    if last is None:  # pragma: no cover - only after a statement that inserted nothing
+        raise StoreError("INSERT reported no rowid")
+    return last
+
+
+VALUES_CHUNK = 64
+"""Most rows one multi-row ``INSERT ... VALUES`` of :func:`insert_rows` carries.
+
+Past 64 the saving per row is small; 64 rows of 4 columns also stay far below
+the 999 bound parameters older SQLite builds allow per statement.
+"""
+
+
+@cache
+def _values_statement(head: str, width: int, rows: int, tail: str) -> str:
+    row = "(" + ", ".join("?" * width) + ")"
+    return f"{head} VALUES {', '.join([row] * rows)}{tail}"
+
+
+def insert_rows(
+    cur: sqlite3.Cursor, head: str, rows: Sequence[tuple[Any, ...]], tail: str = ""
+) -> int:
+    """``INSERT`` the rows in order, in few statements; returns how many were inserted.
+
+    The effect is that of ``cur.executemany(f"{head} VALUES (?, ...){tail}", rows)``:
+    a multi-row ``VALUES`` inserts its rows one after the other, ids are
+    assigned in that order, and a conflict clause in ``tail`` applies to each
+    row, also against rows earlier in the same statement. The cost is not:
+    the overhead of a statement (binding from Python, step, reset, releasing
+    and retaking the GIL) is paid per chunk of up to :data:`VALUES_CHUNK`
+    rows instead of per row. Chunk sizes are powers of two, so a handful of
+    cached statements serve every batch size.
+    """
+    inserted = start = 0
+    size = VALUES_CHUNK
+    while start < len(rows):
+        while size > len(rows) - start:
+            size //= 2
+        end = start + (len(rows) - start) // size * size
+        cur.executemany(
+            _values_statement(head, len(rows[0]), size, tail),
+            [tuple(chain.from_iterable(rows[i : i + size])) for i in range(start, end, size)],
+        )
+        inserted += cur.rowcount  # executemany sums the rows each execution inserted
+        start = end
+    return inserted
+
+
+@dataclass(slots=True)
+class Definitions:
+    """What :func:`write_batch` needs from the definitions, as of one generation."""
+
+    generation: int = -1
+    # trigger id -> (asset id, asset name, ids of the DAGs whose schedule mentions the
+    # asset, sorted) of every asset watching it, by asset id: the asset events one
+    # stored event of the trigger creates, in creation order
+    assets_by_trigger: dict[int, tuple[tuple[int, str, tuple[str, ...]], ...]] = field(
+        default_factory=dict
+    )
+    # the triggers watched by at least one asset some DAG is scheduled on: only
+    # their events need the queue and run logic
+    scheduled_triggers: frozenset[int] = frozenset()
+    schedules: dict[str, Schedule] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One DAG's pending queue while write_events runs, held in memory."""
+
+    # the asset event ids queued, ascending (the batch's ids exceed every stored one)
+    ids: list[int] = field(default_factory=list)
+    # the asset names among them: what the schedule is evaluated against
+    names: set[str] = field(default_factory=set)
+    # (asset event id, asset id) queued by this batch: rows to write at the end
+    unwritten: list[tuple[int, int]] = field(default_factory=list)
+    # whether asset_dag_queue holds rows of this queue (to delete when it is consumed)
+    in_table: bool = False
+
+
+def load_definitions(conn: sqlite3.Connection, generation: int) -> Definitions:
+    """What :func:`write_batch` needs from the stored definitions (read in a transaction)."""
+    assets_by_trigger: dict[int, dict[int, str]] = {}
+    for trigger_id, asset_id, name in conn.execute(
+        "SELECT w.trigger_id, a.id, a.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
+        " ORDER BY w.trigger_id, a.id"
+    ):
+        assets_by_trigger.setdefault(int(trigger_id), {})[int(asset_id)] = str(name)
+    dags_by_asset: dict[int, list[str]] = {}
+    for asset_id, dag_id in conn.execute(
+        "SELECT asset_id, dag_id FROM dag_schedule_assets ORDER BY asset_id, dag_id"
+    ):
+        dags_by_asset.setdefault(int(asset_id), []).append(str(dag_id))
+    schedules = {
+        str(dag_id): Schedule.parse(json.loads(text), where=f"dag {dag_id!r}: schedule")
+        for dag_id, text in conn.execute("SELECT dag_id, schedule FROM dags")
+    }
+    return Definitions(
+        generation=generation,
+        assets_by_trigger={
+            trigger_id: tuple(
+                (asset_id, name, tuple(dags_by_asset.get(asset_id, ())))
+                for asset_id, name in assets.items()
+            )
+            for trigger_id, assets in assets_by_trigger.items()
+        },
+        scheduled_triggers=frozenset(
+            trigger_id
+            for trigger_id, assets in assets_by_trigger.items()
+            if any(asset_id in dags_by_asset for asset_id in assets)
+        ),
+        schedules=schedules,
+    )
+
+
+def write_batch(
+    conn: sqlite3.Connection, defs: Definitions, batch: Sequence[PendingEvent], now: str
+) -> WriteResult:
+    """Do what ``SqliteStore.write_events`` promises, inside its ``BEGIN IMMEDIATE`` transaction.
+
+    Set-based, so the cost per event is a few rows bound and stepped in C
+    rather than several statements run from Python: chunked multi-row
+    inserts (:func:`insert_rows`) for the trigger events, one ``INSERT ...
+    SELECT`` for all their asset events, and the queue/run logic in Python
+    only for events of triggers whose assets have DAGs
+    (:func:`_queue_and_run`).
+
+    This relies on holding the write lock: nobody else inserts meanwhile,
+    so every id assigned in this transaction is larger than any stored
+    before it (``AUTOINCREMENT`` assigns one more than the largest id ever
+    used), and ids follow statement order. The rows are the ones the
+    one-statement-per-event algorithm produced, ids included (a duplicate
+    still burns a trigger event id, as a conflicting insert always did).
+    """
+    cur = conn.cursor()
+    (before,) = cur.execute("SELECT coalesce(max(id), 0) FROM trigger_events").fetchone()
+    stored = insert_rows(
+        cur,
+        "INSERT INTO trigger_events (trigger_id, idem_key, payload, created_at)",
+        [(event.trigger_id, event.idem_key, event.payload, now) for event in batch],
+        " ON CONFLICT (idem_key) DO NOTHING",
+    )
+    if stored == len(batch):
+        stored_triggers = [event.trigger_id for event in batch]
+    else:
+        # Some were duplicates (already stored, or earlier in the batch with
+        # the same key): the rows this batch stored say which events remain.
+        stored_triggers = [
+            int(trigger_id)
+            for (trigger_id,) in cur.execute(
+                "SELECT trigger_id FROM trigger_events WHERE id > ? ORDER BY id", (before,)
+            )
+        ]
+    per_trigger = Counter(stored_triggers)
+    asset_event_count = sum(
+        count * len(defs.assets_by_trigger.get(trigger_id, ()))
+        for trigger_id, count in per_trigger.items()
+    )
+    runs: list[str] = []
+    if asset_event_count:
+        # One asset event per (stored event, distinct watching asset), ordered
+        # by event then asset id: the order of defs.assets_by_trigger, so the
+        # ids are consecutive in that order (DISTINCT: an asset may watch a
+        # trigger under two watcher names, and still gets one event).
+        cur.execute(
+            "INSERT INTO asset_events (asset_id, trigger_event_id, created_at)"
+            " SELECT DISTINCT w.asset_id, te.id, ?1 FROM trigger_events te"
+            " JOIN watchers w ON w.trigger_id = te.trigger_id"
+            " WHERE te.id > ?2 ORDER BY te.id, w.asset_id",
+            (now, before),
+        )
+        if cur.rowcount != asset_event_count:
+            # The watchers table no longer matches definitions_generation
+            # (changed behind sync_definitions' back): fail the batch; the
+            # store reloads the definitions when it is retried.
+            raise StaleDefinitions(
+                f"expected {asset_event_count} asset events from the cached definitions"
+                f" (generation {defs.generation}), the watchers table gave {cur.rowcount}"
+            )
+        if not defs.scheduled_triggers.isdisjoint(per_trigger):
+            first_asset_event_id = rowid(cur) - asset_event_count + 1
+            runs = _queue_and_run(cur, defs, stored_triggers, first_asset_event_id, now)
+    if stored:
+        # one statement, not one per trigger: each statement releases and
+        # retakes the GIL, which the event loop is waiting for
+        cur.execute(
+            "UPDATE triggers SET events_stored = events_stored + (SELECT count(*)"
+            "  FROM trigger_events te WHERE te.trigger_id = triggers.id AND te.id > ?1)"
+            " WHERE id IN (SELECT trigger_id FROM trigger_events WHERE id > ?1)",
+            (before,),
+        )
+    return WriteResult(
+        stored=stored,
+        duplicates=len(batch) - stored,
+        asset_events=asset_event_count,
+        dag_runs=tuple(runs),
+    )
+
+
+def _queue_and_run(
+    cur: sqlite3.Cursor,
+    defs: Definitions,
+    stored_triggers: Sequence[int],
+    first_asset_event_id: int,
+    now: str,
+) -> list[str]:
+    """Queue a batch's asset events on their DAGs and create the runs that satisfies.
+
+    ``stored_triggers`` holds the trigger id of each stored event, in batch
+    order; the batch's asset events have consecutive ids from
+    ``first_asset_event_id``, per event in the order of
+    ``defs.assets_by_trigger``. Per event: each asset event joins the queue
+    of every DAG of its asset, then each DAG it touched whose schedule the
+    queue satisfies gets a run consuming the whole queue. Returns the runs
+    created, as ``dag_id/run_id``, in creation order.
+    """
+    # Queue changes are kept in memory and written once at the end (the
+    # write lock is ours, so nobody else sees or changes the queue
+    # meanwhile): an entry enqueued and consumed within the batch never
+    # touches the table. Runs are collected and inserted together too.
+    queues: dict[str, _Queue] = {}
+    consumed_from_table: list[str] = []  # dags whose table entries were consumed
+    runs: list[tuple[str, str, list[int]]] = []  # (dag id, run id, consumed ids)
+    asset_event_id = first_asset_event_id
+    for trigger_id in stored_triggers:
+        assets = defs.assets_by_trigger.get(trigger_id, ())
+        if trigger_id not in defs.scheduled_triggers:
+            asset_event_id += len(assets)
+            continue
+        touched: dict[str, _Queue] = {}  # in first-touched order
+        for asset_id, asset_name, dag_ids in assets:
+            for dag_id in dag_ids:
+                queue = queues.get(dag_id)
+                if queue is None:
+                    queue = queues[dag_id] = _load_queue(cur, dag_id)
+                queue.ids.append(asset_event_id)
+                queue.names.add(asset_name)
+                queue.unwritten.append((asset_event_id, asset_id))
+                touched[dag_id] = queue
+            asset_event_id += 1
+        for dag_id, queue in touched.items():
+            if defs.schedules[dag_id].satisfied(queue.names):
+                runs.append((dag_id, f"asset_triggered__{queue.ids[-1]:012d}", queue.ids))
+                if queue.in_table:
+                    consumed_from_table.append(dag_id)
+                queues[dag_id] = _Queue()
+    cur.executemany(
+        "DELETE FROM asset_dag_queue WHERE dag_id = ?",
+        [(dag_id,) for dag_id in consumed_from_table],
+    )
+    insert_rows(
+        cur,
+        "INSERT INTO asset_dag_queue (dag_id, asset_event_id, asset_id)",
+        [
+            (dag_id, queued_id, asset_id)
+            for dag_id, queue in queues.items()
+            for queued_id, asset_id in queue.unwritten
+        ],
+    )
+    _create_runs(cur, runs, now)
+    return [f"{dag_id}/{run_id}" for dag_id, run_id, _ in runs]
+
+
+def _create_runs(cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int]]], now: str) -> None:
+    """Insert queued runs ``(dag id, run id, consumed asset event ids)``, in this order."""
+    if not runs:
+        return
+    insert_rows(
+        cur,
+        "INSERT INTO dag_runs (dag_id, run_id, state, created_at)",
+        [(dag_id, run_id, RUN_STATE_QUEUED, now) for dag_id, run_id, _ in runs],
+    )
+    # Consecutive ids ending at the last one inserted: AUTOINCREMENT under our
+    # write lock, and a conflict would have raised.
+    (last,) = cur.execute("SELECT last_insert_rowid()").fetchone()
+    first = int(last) - len(runs) + 1
+    insert_rows(
+        cur,
+        "INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id)",
+        [
+            (first + index, asset_event_id)
+            for index, (_, _, consumed) in enumerate(runs)
+            for asset_event_id in consumed
+        ],
+    )
+
+
+def _load_queue(cur: sqlite3.Cursor, dag_id: str) -> _Queue:
+    """The DAG's queue as stored (call inside the write transaction)."""
+    queue = _Queue()
+    for asset_event_id, name in cur.execute(
+        "SELECT q.asset_event_id, a.name FROM asset_dag_queue q"
+        " JOIN assets a ON a.id = q.asset_id WHERE q.dag_id = ? ORDER BY q.asset_event_id",
+        (dag_id,),
+    ):
+        queue.ids.append(int(asset_event_id))
+        queue.names.add(str(name))
+    queue.in_table = bool(queue.ids)
+    return queue

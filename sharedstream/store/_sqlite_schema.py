@@ -1,0 +1,107 @@
+"""The SQLite store's schema: its migrations, in order.
+
+A migration is a tuple of statements run in one transaction by
+:meth:`sharedstream.store.sqlite.SqliteStore.migrate`. Append only; never
+edit a released migration (stores in the field have already run it).
+"""
+
+from __future__ import annotations
+
+__all__ = ["MIGRATIONS"]
+
+_V1 = (
+    """CREATE TABLE store_meta (
+        key TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+    "INSERT INTO store_meta (key, value) VALUES ('definitions_generation', 0)",
+    """CREATE TABLE triggers (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        fingerprint TEXT NOT NULL UNIQUE,
+        classpath TEXT NOT NULL,
+        kwargs_blob BLOB NOT NULL,
+        state TEXT NOT NULL DEFAULT 'active'
+            CHECK (state IN ('active', 'finished', 'failed', 'orphaned')),
+        error_count INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        last_traceback TEXT,
+        last_error_at TEXT,
+        created_at TEXT NOT NULL,
+        events_stored INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX triggers_state ON triggers (state, id)",
+    """CREATE TABLE assets (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL UNIQUE,
+        created_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE watchers (
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        name TEXT NOT NULL,
+        trigger_id INTEGER NOT NULL REFERENCES triggers (id),
+        PRIMARY KEY (asset_id, name)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX watchers_trigger ON watchers (trigger_id)",
+    """CREATE TABLE dags (
+        dag_id TEXT PRIMARY KEY,
+        schedule TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE dag_schedule_assets (
+        dag_id TEXT NOT NULL REFERENCES dags (dag_id) ON DELETE CASCADE,
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        PRIMARY KEY (dag_id, asset_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX dag_schedule_assets_asset ON dag_schedule_assets (asset_id)",
+    """CREATE TABLE trigger_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        trigger_id INTEGER NOT NULL REFERENCES triggers (id),
+        idem_key TEXT UNIQUE,
+        payload BLOB NOT NULL,
+        created_at TEXT NOT NULL
+    )""",
+    "CREATE INDEX trigger_events_trigger ON trigger_events (trigger_id, id)",
+    """CREATE TABLE asset_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        trigger_event_id INTEGER NOT NULL REFERENCES trigger_events (id),
+        created_at TEXT NOT NULL
+    )""",
+    "CREATE INDEX asset_events_trigger_event ON asset_events (trigger_event_id)",
+    "CREATE INDEX asset_events_asset ON asset_events (asset_id, id)",
+    """CREATE TABLE asset_dag_queue (
+        dag_id TEXT NOT NULL REFERENCES dags (dag_id) ON DELETE CASCADE,
+        asset_event_id INTEGER NOT NULL REFERENCES asset_events (id),
+        asset_id INTEGER NOT NULL REFERENCES assets (id),
+        PRIMARY KEY (dag_id, asset_event_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX asset_dag_queue_event ON asset_dag_queue (asset_event_id)",
+    """CREATE TABLE dag_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        dag_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        UNIQUE (dag_id, run_id)
+    )""",
+    "CREATE INDEX dag_runs_dag ON dag_runs (dag_id, id)",
+    """CREATE TABLE dag_run_asset_events (
+        dag_run_id INTEGER NOT NULL REFERENCES dag_runs (id),
+        asset_event_id INTEGER NOT NULL REFERENCES asset_events (id),
+        PRIMARY KEY (dag_run_id, asset_event_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX dag_run_asset_events_event ON dag_run_asset_events (asset_event_id)",
+    """CREATE TABLE triggerers (
+        id TEXT PRIMARY KEY,
+        hostname TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started_at TEXT NOT NULL,
+        heartbeat_at TEXT NOT NULL
+    ) WITHOUT ROWID""",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+"""Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
+
+Append only; never edit a released migration.
+"""
