@@ -53,7 +53,6 @@ import math
 import platform
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _docker import docker_unavailable
 from _triggerer_config import make_config
 
 from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
@@ -414,29 +414,6 @@ def plot(rows: list[dict[str, Any]], path: Path, broker: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def docker_unavailable() -> str | None:
-    """Why no Docker engine can be used (``None`` when one answers a ping)."""
-    try:
-        docker: Any = importlib.import_module("docker")
-    except ImportError:
-        docker = None
-    if docker is not None:  # the client testcontainers itself uses
-        try:
-            docker.from_env(timeout=10).ping()
-        except Exception as exc:  # noqa: BLE001 - any failure means "no engine"; said below
-            return f"no Docker engine answers ({type(exc).__name__}: {exc})"
-        return None
-    if shutil.which("docker") is None:
-        return "no Docker client (neither the docker package nor the docker CLI)"
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"no Docker engine answers (docker info: {exc})"
-    if info.returncode != 0:
-        return "no Docker engine answers (docker info failed)"
-    return None
 
 
 def testcontainers_unavailable() -> str | None:

@@ -49,7 +49,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _docker import docker_unavailable
 from _fauxqs import CREDENTIALS, REGION, FauxqsError, start_fauxqs, stop_fauxqs
 from _producers_seen import PRODUCERS
 from _triggerer_config import make_config
@@ -93,27 +93,6 @@ class Backend:
     name: str
     endpoint_url: str
     pid: int | None
-
-
-def docker_unavailable() -> str | None:
-    """Why no Docker engine can be used here, or ``None`` when one answers."""
-    try:
-        docker: Any = importlib.import_module("docker")  # the client testcontainers uses
-    except ImportError:
-        docker = None
-    if docker is not None:
-        try:
-            docker.from_env(timeout=10).ping()
-        except Exception as exc:  # noqa: BLE001 - whatever fails, there is no engine to use
-            return f"no Docker engine answers ({type(exc).__name__}: {exc})"
-        return None
-    if shutil.which("docker") is None:
-        return "no Docker client (neither the docker package nor the docker CLI)"
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"no Docker engine answers (docker info: {exc})"
-    return None if info.returncode == 0 else "no Docker engine answers (docker info failed)"
 
 
 @contextlib.contextmanager

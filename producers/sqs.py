@@ -349,11 +349,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._release(len(batch))
         deletes, failed, bounced, dispose = self._sort(batch)
         if bounced:
-            counts = self._bounced
             for payload in bounced:
-                counts[payload.message_id] = counts.get(payload.message_id, 0) + 1
-            while len(counts) > _MAX_HOLDS:  # a bounced message another consumer took
-                del counts[next(iter(counts))]
+                self._uncount(payload.message_id)
             log.debug("showing %s again behind a held message", [p.message_id for p in bounced])
             await self._set_visibility(_handles(bounced), 0)
         if failed:
@@ -394,7 +391,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 if outcome.unseen == outcome.failed:
                     # Only subscribers that never had it in their filter failed (they
                     # died on another message): shown again, but not held against it.
-                    self._bounced[message_id] = self._bounced.get(message_id, 0) + 1
+                    self._uncount(message_id)
                 failures = payload.message.receive_count - self._bounced.get(message_id, 0)
                 if failures > self.settings.max_redeliveries:
                     dispose.append((payload, REASON_MAX_REDELIVERIES))
@@ -410,6 +407,13 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 deletes.append(payload)
             # else: fanned out to nobody; its visibility lapses and it is received again
         return deletes, failed, bounced, dispose
+
+    def _uncount(self, message_id: str) -> None:
+        """Discount one receive of the message: that delivery did not fail on its account."""
+        counts = self._bounced
+        counts[message_id] = counts.get(message_id, 0) + 1
+        while len(counts) > _MAX_HOLDS:  # a message another consumer took never resolves here
+            del counts[next(iter(counts))]
 
     async def _show_failed(self, failed: list[SqsPayload]) -> None:
         base = self.settings.failure_visibility

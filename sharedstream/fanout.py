@@ -13,8 +13,8 @@ Invariants:
 * A subscriber with an ``accept`` test (its trigger's
   ``shared_stream_prefilter``) receives only the items whose raw event the
   test accepts; an item it declines is counted in ``FanOut.skipped`` and
-  never reaches its inbox. A test that raises accepts (the filter then sees
-  the raw event and decides).
+  never reaches its inbox. A test that raises is switched off for that
+  subscriber: its filter sees that raw event and every later one.
 
 This module holds no resolution bookkeeping and never awaits; the async
 iterators in :mod:`sharedstream.stream` read from it.
@@ -150,12 +150,16 @@ class FanOut:
                 try:
                     wanted = accept(raw)
                 except Exception:
+                    # Switched off for good (one warning, not one per raw event): its
+                    # filter sees every raw event from now on, this one included.
                     log.warning(
-                        "the shared-stream prefilter of trigger %r raised; handing the raw "
-                        "event to its filter",
+                        "the shared-stream prefilter of trigger %r raised; it is switched "
+                        "off and the filter gets every raw event",
                         sub.trigger_id,
                         exc_info=True,
                     )
+                    sub.accept = None
+                    self._filtered -= 1
                     wanted = True
                 if not wanted:
                     skipped += 1

@@ -140,8 +140,8 @@ class BaseEventTrigger(BaseTrigger):
         it counts as processed by this trigger, with nothing derived (acked
         at once in ack mode). When in doubt (a value that does not decode,
         say), return ``True`` and let the filter decide. ``accept`` must be
-        cheap and free of side effects; if it raises, the raw event is
-        handed over as usual (and a warning logged).
+        cheap and free of side effects; if it raises, a warning is logged and
+        the test is dropped: the filter gets that raw event and every later one.
 
         Called once, when the trigger subscribes. The Kafka and SQS triggers
         return their declarative ``match`` here, so the usual "1 in N"
