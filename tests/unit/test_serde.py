@@ -204,6 +204,14 @@ def test_the_native_fast_path_packs_exactly_like_the_general_encoder(
     assert pack_kwargs(kwargs) == packed_by_the_general_encoder(kwargs)
 
 
+@pytest.mark.parametrize("key", [(1, 2), frozenset({1}), 2**64, -(2**63) - 1, 7, b"k", 1.5, None])
+def test_the_native_fast_path_checks_nested_dict_keys(key: Any) -> None:
+    # Keys that are containers or out-of-range ints need the general encoder's ext types.
+    kwargs = {"v": {key: 1}}
+    assert pack_kwargs(kwargs) == packed_by_the_general_encoder(kwargs)
+    assert unpack_kwargs(pack_kwargs(kwargs)) == kwargs
+
+
 @pytest.mark.parametrize("depth", range(MAX_DEPTH - 3, MAX_DEPTH + 3))
 @pytest.mark.parametrize("container", [list, dict])
 def test_the_native_fast_path_keeps_the_depth_limit(depth: int, container: type) -> None:
