@@ -17,6 +17,8 @@ from typing import Any
 import msgpack
 import msgspec
 
+from sharedstream.fanout import PASS_ALL, KeyedPrefilter
+
 __all__ = [
     "DECODERS",
     "MISSING",
@@ -148,36 +150,36 @@ def decoding_prefilter(
     return accept
 
 
-_UNDECODABLE: Any = object()
-
-
 def shared_prefilter(
     shape: Hashable, select: Callable[[Any], tuple[Any, ...]], wanted: tuple[Any, ...]
-) -> Callable[[DecodeCache], bool]:
+) -> KeyedPrefilter:
     """A prefilter whose work is shared by every trigger with the same ``shape`` of match.
 
     ``select(raw_event)`` decodes the raw event and returns the tuple of
     values the match compares (key, headers, paths...), raising
     ``ValueError`` when the raw event does not decode; ``shape`` names
-    everything ``select`` depends on. The tuple is computed once per raw
-    event and shape and kept in the event's decode cache, so N watchers
-    that differ only in the values they want cost one selection and N
-    tuple comparisons. The test accepts when the selection equals
-    ``wanted``, or when the raw event does not decode (the filter rejects it).
+    everything ``select`` depends on. The test accepts when the selection
+    equals ``wanted``, or when the raw event does not decode (the filter
+    rejects it). It is a :class:`~sharedstream.fanout.KeyedPrefilter`: the
+    fan-out selects once per raw event for all the triggers of one shape
+    and looks the accepting ones up by ``wanted``. Asked one by one, the
+    selection is kept in the raw event's decode cache, so it is computed
+    once per raw event and shape either way.
     """
+    memo_key = ("prefilter", shape)
 
-    def accept(raw_event: DecodeCache) -> bool:
+    def shared_select(raw_event: DecodeCache) -> Any:
         memo = raw_event._decoded
-        got = memo.get(shape, MISSING)
+        got = memo.get(memo_key, MISSING)
         if got is MISSING:
             try:
                 got = select(raw_event)
             except ValueError:
-                got = _UNDECODABLE
-            memo[shape] = got
-        return got is _UNDECODABLE or got == wanted
+                got = PASS_ALL  # the filter rejects it: it must see it
+            memo[memo_key] = got
+        return got
 
-    return accept
+    return KeyedPrefilter(("sharedstream.codecs", shape), shared_select, wanted)
 
 
 def match_prefilter(

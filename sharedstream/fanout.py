@@ -15,6 +15,9 @@ Invariants:
   test accepts; an item it declines is counted in ``FanOut.skipped`` and
   never reaches its inbox. A test that raises is switched off for that
   subscriber: its filter sees that raw event and every later one.
+* Subscribers whose tests are :class:`KeyedPrefilter` objects of one shape
+  cost one ``select`` call per raw event between them (then a dict lookup),
+  and receive exactly what each test, asked on its own, would accept.
 
 This module holds no resolution bookkeeping and never awaits; the async
 iterators in :mod:`sharedstream.stream` read from it.
@@ -26,14 +29,109 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Final, cast
 
-__all__ = ["Accept", "FanOut", "Subscriber"]
+__all__ = ["PASS_ALL", "Accept", "FanOut", "KeyedPrefilter", "Subscriber"]
 
 log = logging.getLogger("sharedstream.fanout")
 
 Accept = Callable[[Any], bool]
 """A subscriber's prefilter: ``accept(raw_event)`` is false for raw events it would ignore."""
+
+PASS_ALL: Final[Any] = object()
+"""What a :class:`KeyedPrefilter`'s ``select`` returns to let a raw event through to all."""
+
+
+class KeyedPrefilter:
+    """A prefilter that compares one selection from the raw event with a wanted value.
+
+    ``select(raw_event)`` returns a value (typically a tuple of the fields a
+    match looks at) or :data:`PASS_ALL` when every subscriber must see the
+    raw event (one that does not decode, say); the test accepts when the
+    selection is :data:`PASS_ALL` or equals ``wanted``. Called on its own it
+    is an ordinary ``accept(raw_event) -> bool``.
+
+    Sharing: prefilters with equal ``shape`` (a hashable) promise that their
+    ``select`` functions return equal values for every raw event. The
+    fan-out then calls ``select`` once per raw event for all of them and
+    finds the accepting subscribers with one dict lookup on the selection
+    (``wanted`` must be hashable for that; an unhashable one, or an
+    unhashable selection, falls back to comparing), so N watchers of the
+    same field cost one selection instead of N tests. ``select`` follows the
+    rules of any prefilter: cheap, no side effects; if it raises, the test
+    is switched off for every subscriber of its shape.
+    """
+
+    __slots__ = ("select", "shape", "wanted")
+
+    def __init__(self, shape: Hashable, select: Callable[[Any], Any], wanted: Any) -> None:
+        self.shape, self.select, self.wanted = shape, select, wanted
+
+    def __call__(self, raw_event: Any) -> bool:
+        """Whether this test alone accepts ``raw_event``."""
+        got = self.select(raw_event)
+        return got is PASS_ALL or bool(got == self.wanted)
+
+    def __repr__(self) -> str:
+        return f"KeyedPrefilter(shape={self.shape!r}, wanted={self.wanted!r})"
+
+
+class _Shape:
+    """The live subscribers whose :class:`KeyedPrefilter` tests share one shape."""
+
+    __slots__ = ("by_wanted", "members", "select")
+
+    def __init__(self, select: Callable[[Any], Any]) -> None:
+        self.select = select
+        self.members: list[Subscriber] = []
+        self.by_wanted: dict[Any, list[Subscriber]] = {}
+
+    def add(self, sub: Subscriber, wanted: Any) -> None:
+        self.members.append(sub)
+        self.by_wanted.setdefault(wanted, []).append(sub)
+
+    def remove(self, sub: Subscriber, wanted: Any) -> None:
+        _remove_by_identity(self.members, sub)
+        subs = self.by_wanted[wanted]
+        _remove_by_identity(subs, sub)
+        if not subs:
+            del self.by_wanted[wanted]
+
+    def accepting(self, got: Any) -> list[Subscriber]:
+        """The members whose test accepts a raw event whose selection is ``got``."""
+        if got is PASS_ALL:
+            return self.members
+        try:
+            return self.by_wanted.get(got, _NONE)
+        except TypeError:  # an unhashable selection (a list, say): compare one by one
+            return [sub for sub in self.members if _keyed(sub).wanted == got]
+
+
+_NONE: Final[list[Any]] = []  # never mutated: what _Shape.accepting returns for no match
+
+
+def _keyed(sub: Subscriber) -> KeyedPrefilter:
+    return cast("KeyedPrefilter", sub.accept)  # only shape members get here
+
+
+def _shape_of(accept: Accept | None) -> tuple[Hashable, Any] | None:
+    """``(shape, wanted)`` when ``accept`` can join a shared shape (both hashable)."""
+    if not isinstance(accept, KeyedPrefilter):
+        return None
+    try:
+        hash(accept.shape)
+        hash(accept.wanted)
+    except TypeError:
+        return None
+    return accept.shape, accept.wanted
+
+
+def _remove_by_identity(subs: list[Subscriber], sub: Subscriber) -> bool:
+    for index, candidate in enumerate(subs):
+        if candidate is sub:
+            del subs[index]
+            return True
+    return False
 
 
 class Subscriber:
@@ -81,13 +179,15 @@ class FanOut:
     wait on an empty inbox register in ``parked`` and are woken once per
     broadcast, so the per-subscriber loop only touches inboxes. While some
     live subscriber has an ``accept`` test, broadcasts take a second loop
-    that asks it and wakes only the subscribers that received the item;
-    ``skipped`` then says how many declined the last one.
+    that asks the tests (one ``select`` per shape of :class:`KeyedPrefilter`)
+    and wakes only the subscribers that received the item; ``skipped`` then
+    says how many declined the last one.
     """
 
     __slots__ = (
-        "_filtered", "_high_water", "_inboxes", "capacity", "crowded", "live", "parked", "skipped",
-    )
+        "_filtered", "_high_water", "_inboxes", "_plain", "_shapes", "capacity", "crowded", "live",
+        "parked", "skipped",
+    )  # fmt: skip
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -100,6 +200,8 @@ class FanOut:
         self.crowded = False
         self.skipped = 0
         self._filtered = 0  # live subscribers with an accept test
+        self._plain: list[Subscriber] = []  # live, outside any shape (accept may be None)
+        self._shapes: dict[Hashable, _Shape] = {}  # live, KeyedPrefilter tests by shape
 
     def broadcast(self, item: Any, raw: Any) -> list[Subscriber] | None:
         """Append ``item`` (carrying ``raw``) to every live inbox that accepts ``raw``.
@@ -139,31 +241,47 @@ class FanOut:
 
     def _broadcast_filtered(self, item: Any, raw: Any) -> list[Subscriber] | None:
         """:meth:`broadcast` when some subscriber has an ``accept`` test."""
-        high_water = self._high_water
-        capacity = self.capacity
-        crowded = False
         skipped = 0
-        overflowed: list[Subscriber] | None = None
-        for sub in self.live:
+        receivers: list[Subscriber] = []
+        for sub in self._plain:
             accept = sub.accept
             if accept is not None:
                 try:
                     wanted = accept(raw)
-                except Exception:
+                except Exception:  # noqa: BLE001 - logged with its traceback
                     # Switched off for good (one warning, not one per raw event): its
                     # filter sees every raw event from now on, this one included.
-                    log.warning(
-                        "the shared-stream prefilter of trigger %r raised; it is switched "
-                        "off and the filter gets every raw event",
-                        sub.trigger_id,
-                        exc_info=True,
-                    )
-                    sub.accept = None
-                    self._filtered -= 1
+                    self._switch_off([sub])
                     wanted = True
                 if not wanted:
                     skipped += 1
                     continue
+            receivers.append(sub)
+        broken: list[Hashable] | None = None
+        for shape_key, shape in self._shapes.items():
+            try:
+                got = shape.select(raw)
+            except Exception:  # noqa: BLE001 - logged with its traceback
+                self._switch_off(shape.members)  # moved out of the shapes below
+                broken = [shape_key] if broken is None else [*broken, shape_key]
+                receivers.extend(shape.members)
+                continue
+            chosen = shape.accepting(got)
+            skipped += len(shape.members) - len(chosen)
+            receivers.extend(chosen)
+        if broken is not None:
+            for shape_key in broken:
+                self._plain.extend(self._shapes.pop(shape_key).members)
+        return self._deliver(item, receivers, skipped)
+
+    def _deliver(
+        self, item: Any, receivers: list[Subscriber], skipped: int
+    ) -> list[Subscriber] | None:
+        high_water = self._high_water
+        capacity = self.capacity
+        crowded = False
+        overflowed: list[Subscriber] | None = None
+        for sub in receivers:
             inbox = sub.inbox
             if len(inbox) >= high_water:
                 if len(inbox) >= capacity:
@@ -184,12 +302,37 @@ class FanOut:
                 self.drop(sub)
         return overflowed
 
+    def _switch_off(self, subs: list[Subscriber]) -> None:
+        """Drop the tests of ``subs`` (they raised): their filters get every raw event.
+
+        Call it while handling the exception: the warning carries its traceback.
+        """
+        log.warning(
+            "the shared-stream prefilter of trigger%s %s raised; it is switched off and "
+            "the filter gets every raw event",
+            "s" if len(subs) > 1 else "",
+            ", ".join(repr(sub.trigger_id) for sub in subs),
+            exc_info=True,
+        )
+        for sub in subs:
+            sub.accept = None
+        self._filtered -= len(subs)
+
     def add(self, sub: Subscriber) -> None:
         """Make ``sub`` live: it is in the snapshot of every later broadcast."""
         self.live.append(sub)
         self._inboxes.append(sub.inbox)
         if sub.accept is not None:
             self._filtered += 1
+        keyed = _shape_of(sub.accept)
+        if keyed is None:
+            self._plain.append(sub)
+            return
+        shape_key, wanted = keyed
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            shape = self._shapes[shape_key] = _Shape(_keyed(sub).select)
+        shape.add(sub, wanted)
 
     def drop(self, sub: Subscriber) -> None:
         """Stop broadcasting to ``sub``. Idempotent."""
@@ -200,11 +343,18 @@ class FanOut:
                 del self._inboxes[index]
                 if sub.accept is not None:
                     self._filtered -= 1
+                if not _remove_by_identity(self._plain, sub):
+                    shape_key, wanted = cast("tuple[Hashable, Any]", _shape_of(sub.accept))
+                    shape = self._shapes[shape_key]
+                    shape.remove(sub, wanted)
+                    if not shape.members:
+                        del self._shapes[shape_key]
                 return
 
     def fail_all(self, error: BaseException) -> None:
         """Deliver ``error`` to every live subscriber and stop broadcasting to them."""
         subs, self.live, self._inboxes = self.live, [], []
         self._filtered = 0
+        self._plain, self._shapes = [], {}
         for sub in subs:
             sub.set_error(error)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sharedstream import AdvanceOutcome, SharedStreamManager
+from sharedstream.fanout import PASS_ALL, KeyedPrefilter
 from tests.engine.harness import (
     FastFeedTrigger,
     Feed,
@@ -147,4 +148,118 @@ async def test_a_broken_prefilter_factory_means_no_prefilter(
     assert trigger_class.__qualname__ in caplog.text
     feed.push(0, 1)
     await eventually(lambda: len(runner.events) == 2)
+    await manager.stop_all()
+
+
+# -- keyed prefilters: one selection per raw event for a whole shape ------------------------
+
+
+class Selections:
+    """A ``select`` for raw ints that counts its calls; ``PASS_ALL`` for negatives."""
+
+    def __init__(self, *, broken_on: int | None = None) -> None:
+        self.calls: list[Any] = []
+        self.broken_on = broken_on
+
+    def __call__(self, raw: int) -> Any:
+        self.calls.append(raw)
+        if raw == self.broken_on:
+            raise RuntimeError("select bug")
+        return PASS_ALL if raw < 0 else raw % 10
+
+
+class Bucket(FeedTrigger):
+    """Emits for the raw events ``n`` with ``n % 10 == bucket`` (or negative), keyed on that."""
+
+    def __init__(self, feed: str, name: str, bucket: Any, select: Selections,
+                 mine: Callable[[int], bool] | None = None) -> None:
+        super().__init__(feed, name)
+        self.bucket, self.select = bucket, select
+        self.mine = mine or (lambda raw: raw < 0 or raw % 10 == bucket)
+
+    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
+        return KeyedPrefilter("mod10", self.select, self.bucket)
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async def only_mine() -> AsyncIterator[Any]:
+            async for raw in shared_stream:
+                if self.mine(raw):
+                    yield raw
+
+        async for event in super().filter_shared_stream(only_mine()):
+            yield event
+
+
+async def test_keyed_prefilters_of_one_shape_select_once_per_raw_event(feed: Feed) -> None:
+    manager = SharedStreamManager()
+    select = Selections()
+    runners = [Runner(manager, Bucket("f", f"b{j}", j, select), j).start() for j in range(10)]
+    every = Runner(manager, FeedTrigger("f", "all"), 99).start()
+    raws = [*range(25), -1]
+    feed.push(*raws)
+    await eventually(lambda: len(feed.advanced()) == len(raws))
+    assert select.calls == raws  # one selection per raw event for the ten of them
+    for j, runner in enumerate(runners):
+        assert runner.raws() == [n for n in range(25) if n % 10 == j] + [-1]
+    assert every.raws() == raws
+    # Each raw event: 9 buckets declined (acked at once), one bucket and "all" emitted.
+    assert feed.advanced()[0] == (0, AdvanceOutcome(acked=11, failed=0, rejected=0))
+    assert feed.advanced()[-1] == (-1, AdvanceOutcome(acked=11, failed=0, rejected=0))
+    await manager.stop_all()
+
+
+async def test_keyed_prefilters_with_unhashable_values_still_match(feed: Feed) -> None:
+    """An unhashable ``wanted`` or selection falls back to comparing, with the same answers."""
+    manager = SharedStreamManager()
+
+    class ListSelect(Selections):
+        def __call__(self, raw: int) -> Any:
+            got = super().__call__(raw)
+            return got if got is PASS_ALL or got != 3 else [3]  # unhashable for 3
+
+    select = ListSelect()
+    three = Runner(manager, Bucket("f", "three", [3], select, lambda raw: raw % 10 == 3),
+                   1).start()
+    four = Runner(manager, Bucket("f", "four", 4, select), 2).start()
+    feed.push(3, 4, 13, 5)
+    await eventually(lambda: len(feed.advanced()) == 4)
+    assert four.raws() == [4]
+    # Bucket [3] (a list) gets what its own test accepts: the selections equal to [3].
+    assert three.raws() == [3, 13]
+    await manager.stop_all()
+
+
+async def test_a_raising_keyed_select_switches_off_its_whole_shape(
+    feed: Feed, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = SharedStreamManager()
+    select = Selections(broken_on=3)
+    one = Runner(manager, Bucket("f", "one", 1, select), 1).start()
+    two = Runner(manager, Bucket("f", "two", 2, select), 2).start()
+    with caplog.at_level(logging.WARNING, logger="sharedstream.fanout"):
+        feed.push(1, 2, 3, 4)
+        await eventually(lambda: len(feed.advanced()) == 4)
+    assert select.calls == [1, 2, 3]  # never asked again
+    # Both filters get 3 and everything later (their own filters still drop 4).
+    assert (one.raws(), two.raws()) == ([1], [2])
+    assert caplog.text.count("prefilter of triggers 1, 2 raised") == 1
+    assert "select bug" in caplog.text
+    await manager.stop_all()
+
+
+async def test_a_keyed_subscriber_that_leaves_stops_receiving(feed: Feed) -> None:
+    manager = SharedStreamManager()
+    select = Selections()
+    one = Runner(manager, Bucket("f", "one", 1, select), 1).start()
+    other_one = Runner(manager, Bucket("f", "one-again", 1, select), 2).start()
+    feed.push(1, 11)
+    await eventually(lambda: len(feed.advanced()) == 2)
+    await one.stop()
+    feed.push(21, 2)
+    await eventually(lambda: len(feed.advanced()) == 4)
+    assert one.raws() == [1, 11]
+    assert other_one.raws() == [1, 11, 21]
+    # 21: the one left subscriber emitted; 2: declined by it.
+    assert feed.advanced()[2:] == [(21, AdvanceOutcome(1, 0, 0)), (2, AdvanceOutcome(1, 0, 0))]
+    await other_one.stop()
     await manager.stop_all()

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sharedstream import AdvanceItem, AdvanceOutcome
-from sharedstream.fanout import FanOut
+from sharedstream.fanout import PASS_ALL, FanOut, KeyedPrefilter
 from sharedstream.resolution import AckSubscriber, EventRecord, ResolutionBook
 from sharedstream.stream import ack_stream
 
@@ -58,6 +58,20 @@ class ModelSub:
 def _declines_every_third(sub_id: int) -> Callable[[Any], bool]:
     """A prefilter declining the raw events ``raw{n}`` with ``n % 3 == sub_id % 3``."""
     return lambda raw: int(raw[3:]) % 3 != sub_id % 3
+
+
+def _select_mod3(raw: str) -> Any:
+    n = int(raw[3:])
+    return PASS_ALL if n % 5 == 4 else n % 3
+
+
+def _keyed_every_third(sub_id: int) -> KeyedPrefilter:
+    """One shape for all: accepts ``raw{n}`` with ``n % 3 == sub_id % 3``, and all n % 5 == 4.
+
+    The fan-out answers all of them with one selection and a lookup; the
+    model asks each test on its own, so any difference between the two fails.
+    """
+    return KeyedPrefilter("mod3", _select_mod3, sub_id % 3)
 
 
 class BookMachine(RuleBasedStateMachine):
@@ -108,11 +122,12 @@ class BookMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------
 
-    @rule(prefiltered=st.booleans())
-    def subscribe(self, prefiltered: bool) -> None:
+    @rule(prefilter=st.sampled_from([None, "plain", "keyed"]))
+    def subscribe(self, prefilter: str | None) -> None:
         sub_id = self.next_id
         self.next_id += 1
-        accept = _declines_every_third(sub_id) if prefiltered else None
+        accept = (None if prefilter is None else _declines_every_third(sub_id)
+                  if prefilter == "plain" else _keyed_every_third(sub_id))
         self.subs[sub_id] = self.book.add_subscriber(sub_id, accept)
         self.model_subs[sub_id] = ModelSub(accept=accept)
 
