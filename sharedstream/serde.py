@@ -76,6 +76,7 @@ __all__ = [
     "MAX_DEPTH",
     "SerializationError",
     "kwargs_fingerprint",
+    "pack_event_payload",
     "pack_kwargs",
     "unpack_kwargs",
 ]
@@ -158,6 +159,26 @@ def pack_kwargs(kwargs: Mapping[str, Any]) -> bytes:
         # them over: pack as is (the runtime packs every stored event payload here).
         return _packb(kwargs)
     return _packb(_top_level(kwargs, canonical=False))
+
+
+def pack_event_payload(payload: Any, *, native: bool = False) -> bytes:
+    """Pack a trigger event's payload as the kwargs ``{"payload": payload}``.
+
+    ``native`` is the trigger's promise (``BaseEventTrigger.payload_is_native``)
+    that the payload holds only types msgpack packs natively, nested fewer
+    than ``MAX_DEPTH - 2`` containers deep: it is then packed without the
+    type walk. Whatever msgpack refuses under that promise (a tuple, a set,
+    an int past 64 bits...) falls back to :func:`pack_kwargs`, so the bytes
+    are the same either way. Raises :class:`SerializationError` as
+    :func:`pack_kwargs` does.
+    """
+    kwargs = {"payload": payload}
+    if native:
+        try:
+            return _packb(kwargs)
+        except (TypeError, ValueError, OverflowError):
+            pass  # not as promised: the checked way below names what is wrong
+    return pack_kwargs(kwargs)
 
 
 def unpack_kwargs(data: bytes) -> dict[str, Any]:

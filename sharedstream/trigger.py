@@ -150,6 +150,24 @@ class BaseEventTrigger(BaseTrigger):
         """
         return None
 
+    def payload_is_native(self, event: TriggerEvent) -> bool:
+        """Optionally, vouch that ``event`` (just yielded) needs no type check to be stored.
+
+        The runtime calls it for every event :meth:`filter_shared_stream`
+        yields, before anything else runs. ``True`` promises that the payload
+        holds only ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+        and ``list`` and ``str``-keyed ``dict`` of them (exact types),
+        nested fewer than ``MAX_DEPTH - 2`` containers deep (see
+        :mod:`sharedstream.serde`): the runtime then packs it directly, without
+        walking it first. A value msgpack cannot pack as is (a tuple, a set,
+        a ``datetime``, a subclass, an ``int`` past 64 bits) is still caught
+        and packed the checked way; ``bytearray`` and ``memoryview`` are not
+        (they would be stored as ``bytes``). The default, ``False``, checks
+        every payload. The Kafka trigger vouches for the payloads it builds
+        from JSON, text and bytes values.
+        """
+        return False
+
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any]
     ) -> AsyncIterator[TriggerEvent]:

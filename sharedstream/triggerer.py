@@ -50,7 +50,7 @@ from sharedstream.events import TriggerEvent
 from sharedstream.manager import SharedStreamManager
 from sharedstream.persist import PersistGate
 from sharedstream.registry import TriggerRegistry
-from sharedstream.serde import pack_kwargs, unpack_kwargs
+from sharedstream.serde import pack_event_payload, pack_kwargs, unpack_kwargs
 from sharedstream.store.base import DagSpec, PendingEvent, TriggerRow, TriggerSpec, WatcherSpec
 from sharedstream.store.sqlite import SqliteStore
 from sharedstream.telemetry import instruments
@@ -381,10 +381,11 @@ class Triggerer:
         try:
             if delay:
                 await asyncio.sleep(delay)
+            native = trigger.payload_is_native
             async for event in trigger.filter_shared_stream(stream):
                 seq = manager.bind_pending_event(trigger_id=trigger_id, key=key)
                 name = manager.raw_event_key(trigger_id=trigger_id, key=key)
-                await self._store_event(trigger_id, event, seq, name)
+                await self._store_event(trigger_id, event, seq, name, native=native(event))
             raise TriggerEnded(  # noqa: TRY301 - handled below like any filter failure
                 f"trigger {trigger_id}: filter_shared_stream returned"
             )
@@ -401,12 +402,13 @@ class Triggerer:
             raise
 
     async def _store_event(
-        self, trigger_id: int, event: TriggerEvent, seq: int | None, name: str | None
+        self, trigger_id: int, event: TriggerEvent, seq: int | None, name: str | None, *,
+        native: bool = False,
     ) -> None:
         if not isinstance(event, TriggerEvent):
             raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
                             "not a TriggerEvent")
-        payload = pack_kwargs({"payload": event.payload})
+        payload = pack_event_payload(event.payload, native=native)
         idem_key = None if name is None else f"{trigger_id}/{name}"
         await self.gate.put(PendingEvent(trigger_id, idem_key, payload), seq)
 

@@ -62,10 +62,19 @@ from sharedstream.producers.kafka import (
     KafkaSharedStreamProducer,
     security_fingerprint,
 )
+from sharedstream.serde import MAX_DEPTH
 from sharedstream.stream import reject_shared_stream_event
 from sharedstream.trigger import BaseEventTrigger
 
 __all__ = ["VALUE_FORMATS", "KafkaSharedStreamTrigger", "normalize_bootstrap"]
+
+_MAX_JSON_BRACKETS = MAX_DEPTH - 3  # the payload and the stored kwargs add two levels
+
+
+def _shallow(document: bytes | None) -> bool:
+    """Whether a JSON document surely nests fewer than ``_MAX_JSON_BRACKETS`` deep."""
+    return document is None or (
+        document.count(b"[") + document.count(b"{") < _MAX_JSON_BRACKETS)
 
 VALUE_FORMATS = ("bytes", "utf-8", "json", "msgpack")
 _MATCH_FIELDS = frozenset({"key", "headers", "json"})
@@ -150,6 +159,7 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
                               for name, wanted in match.get("headers", {}).items())
         self._paths = tuple((tuple(path.split(".")), wanted)
                             for path, wanted in match.get("json", {}).items())
+        self._native_event: TriggerEvent | None = None  # see payload_is_native
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """``(classpath, kwargs)``; rebuilt as ``cls(**kwargs)`` by the triggerer."""
@@ -288,6 +298,25 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         parts = tuple(path for path, _ in self._paths)
         has_key = self._key is not MISSING
         decode = self.decode
+        select: Callable[[KafkaMessage], tuple[Any, ...]]
+        if not has_key and not header_names and len(parts) == 1:
+            (path,) = parts  # the usual watcher: one JSON field
+
+            def select_one(message: KafkaMessage) -> tuple[Any, ...]:
+                return (lookup(decode(message), path),)
+
+            select = select_one
+        else:
+            select = self._select_all(has_key, header_names, parts)
+        wanted = (*((self._key,) if has_key else ()), *(w for _, w in self._headers),
+                  *(w for _, w in self._paths))
+        shape = ("kafka", self.value_format, has_key, header_names, parts)
+        return shared_prefilter(shape, select, wanted)
+
+    def _select_all(
+        self, has_key: bool, header_names: tuple[str, ...], parts: tuple[tuple[str, ...], ...]
+    ) -> Callable[[KafkaMessage], tuple[Any, ...]]:
+        decode = self.decode
 
         def select(message: KafkaMessage) -> tuple[Any, ...]:
             value = decode(message)
@@ -298,16 +327,15 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
             selected.extend(lookup(value, path) for path in parts)
             return tuple(selected)
 
-        wanted = (*((self._key,) if has_key else ()), *(w for _, w in self._headers),
-                  *(w for _, w in self._paths))
-        shape = ("kafka", self.value_format, has_key, header_names, parts)
-        return shared_prefilter(shape, select, wanted)
+        return select
 
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any]
     ) -> AsyncIterator[TriggerEvent]:
         """Decode, reject what does not decode, fire for what matches."""
         decode, matches = self.decode, self.matches  # bound once: this runs per record
+        vouch = self._builds_native_payloads()
+        json = self.value_format == "json"
         async for message in shared_stream:
             try:
                 value = decode(message)
@@ -317,4 +345,24 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
                 reject_shared_stream_event()
                 continue
             if matches(value, message):
-                yield TriggerEvent(self.to_payload(value, message))
+                event = TriggerEvent(self.to_payload(value, message))
+                # Headers travel as tuples (not native); JSON may nest too deep.
+                if vouch and not message.headers and (not json or _shallow(message.value)):
+                    self._native_event = event
+                yield event
+
+    def payload_is_native(self, event: TriggerEvent) -> bool:
+        """True for the events this class built from a ``bytes``, text or JSON value.
+
+        Such a payload is made of the record's fields and a decoded value
+        whose types JSON cannot go beyond (a JSON document with too many
+        brackets, a record with headers, a subclass that overrides
+        ``decode``, ``to_payload`` or ``filter_shared_stream`` are not vouched for).
+        """
+        return event is self._native_event
+
+    def _builds_native_payloads(self) -> bool:
+        cls, base = type(self), KafkaSharedStreamTrigger
+        return (self.value_format != "msgpack"  # msgpack values may hold ext types
+                and cls.decode is base.decode and cls.to_payload is base.to_payload
+                and cls.filter_shared_stream is base.filter_shared_stream)

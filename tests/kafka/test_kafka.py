@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager, TriggerEvent
+from sharedstream.fanout import FanOut, Subscriber
 from sharedstream.producer import outcome_with_unseen
 from sharedstream.producers.kafka import (
     KafkaCommitError,
@@ -25,6 +26,7 @@ from sharedstream.producers.kafka import (
     KafkaSettings,
     KafkaSharedStreamProducer,
 )
+from sharedstream.serde import pack_event_payload, pack_kwargs, unpack_kwargs
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.conformance.harness import (
     Stream,
@@ -441,9 +443,16 @@ def test_shared_prefilters_agree_with_decode_and_match(
     """Watchers of one stream share selections; each still decides exactly as its filter."""
     triggers = [KafkaSharedStreamTrigger(**BASE, value_format="json", match=m) for m in matches]
     accepts = [t.shared_stream_prefilter() for t in triggers]
+    # The fan-out asks them together (one selection per shape); it must hand over the same.
+    fanout = FanOut(capacity=len(records) + 1)
+    subs = [Subscriber(i, accept) for i, accept in enumerate(accepts)]
+    for sub in subs:
+        fanout.add(sub)
     for key, headers, value in records:
         record = KafkaMessage("orders", 0, 7, key, value, tuple(headers), 1)  # shared by all
-        for trigger, accept in zip(triggers, accepts, strict=True):
+        fanned = KafkaMessage("orders", 0, 7, key, value, tuple(headers), 1)  # fresh cache
+        fanout.broadcast(fanned, fanned)
+        for trigger, accept, sub in zip(triggers, accepts, subs, strict=True):
             try:
                 handed = trigger.matches(trigger.decode(record), record)
             except ValueError:
@@ -452,3 +461,55 @@ def test_shared_prefilters_agree_with_decode_and_match(
                 assert handed, "no prefilter only when everything matches"
             else:
                 assert accept(record) == handed, (trigger.match, key, headers, value)
+            assert (fanned in sub.inbox) == handed, (trigger.match, key, headers, value)
+            sub.inbox.clear()
+
+
+_VOUCHED = [
+    ("json", b'{"id": 1, "tags": ["a", {"b": null}], "x": 1.5}', (), True),
+    ("json", b'{"big": 123456789012345678901234567890}', (), True),  # caught by the packer
+    ("json", b"[" * 97 + b"]" * 97, (), False),  # too many brackets to vouch for
+    ("json", b'{"a": 1}', (("src", b"web"),), False),  # headers are tuples
+    ("utf-8", b"caf\xc3\xa9", (), True),
+    ("bytes", b"\x00\x01", (), True),
+    ("bytes", None, (), True),
+    ("msgpack", msgpack.packb({"a": 1}), (), False),  # may hold ext types
+]
+
+
+@pytest.mark.parametrize(("value_format", "value", "headers", "vouched"), _VOUCHED)
+async def test_the_trigger_vouches_only_for_payloads_it_knows_are_native(
+    value_format: str, value: bytes | None, headers: tuple[tuple[str, bytes], ...],
+    vouched: bool,
+) -> None:
+    """A vouched payload packs to the same bytes as the checked way, and round-trips."""
+    trigger = KafkaSharedStreamTrigger(**BASE, value_format=value_format)
+
+    async def records() -> AsyncIterator[KafkaMessage]:
+        yield message(value, b"k", headers)
+
+    events = [event async for event in trigger.filter_shared_stream(records())]
+    assert len(events) == 1
+    (event,) = events
+    assert trigger.payload_is_native(event) is vouched
+    assert not trigger.payload_is_native(TriggerEvent(event.payload))  # only what it built
+    packed = pack_event_payload(event.payload, native=vouched)
+    assert packed == pack_kwargs({"payload": event.payload})
+    assert unpack_kwargs(packed) == {"payload": event.payload}
+
+
+async def test_subclasses_that_build_their_own_payloads_are_not_vouched_for() -> None:
+    class OwnPayload(KafkaSharedStreamTrigger):
+        def to_payload(self, value: Any, message: KafkaMessage) -> dict[str, Any]:
+            return {"value": value, "when": (message.timestamp,)}
+
+    class OwnDecode(KafkaSharedStreamTrigger):
+        def decode(self, message: KafkaMessage) -> Any:
+            return bytearray(message.value or b"")
+
+    for trigger in (OwnPayload(**BASE, value_format="json"), OwnDecode(**BASE)):
+        async def records() -> AsyncIterator[KafkaMessage]:
+            yield message(b"{}")
+
+        events = [event async for event in trigger.filter_shared_stream(records())]
+        assert not trigger.payload_is_native(events[0])

@@ -26,6 +26,7 @@ from sharedstream.serde import (
     MAX_DEPTH,
     SerializationError,
     kwargs_fingerprint,
+    pack_event_payload,
     pack_kwargs,
     unpack_kwargs,
 )
@@ -202,6 +203,20 @@ def test_the_native_fast_path_packs_exactly_like_the_general_encoder(
     kwargs: dict[str, Any],
 ) -> None:
     assert pack_kwargs(kwargs) == packed_by_the_general_encoder(kwargs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(values, native_values))
+def test_a_vouched_event_payload_packs_as_the_checked_way_would(payload: Any) -> None:
+    # A broken promise (a tuple, a set, a big int, a datetime...) falls back to the check.
+    checked = pack_kwargs({"payload": payload})
+    assert pack_event_payload(payload, native=True) == checked
+    assert pack_event_payload(payload) == checked
+
+
+def test_a_vouched_event_payload_still_names_what_cannot_be_stored() -> None:
+    with pytest.raises(SerializationError, match=r"kwargs\['payload'\]\[0\]: .* object"):
+        pack_event_payload([object()], native=True)
 
 
 @pytest.mark.parametrize("key", [(1, 2), frozenset({1}), 2**64, -(2**63) - 1, 7, b"k", 1.5, None])
