@@ -162,24 +162,17 @@ def shared_prefilter(
     equals ``wanted``, or when the raw event does not decode (the filter
     rejects it). It is a :class:`~sharedstream.fanout.KeyedPrefilter`: the
     fan-out selects once per raw event for all the triggers of one shape
-    and looks the accepting ones up by ``wanted``. Asked one by one, the
-    selection is kept in the raw event's decode cache, so it is computed
-    once per raw event and shape either way.
+    and looks the accepting ones up by ``wanted`` (decoding itself is
+    cached in the raw event, so asking the tests one by one decodes once too).
     """
-    memo_key = ("prefilter", shape)
 
-    def shared_select(raw_event: DecodeCache) -> Any:
-        memo = raw_event._decoded
-        got = memo.get(memo_key, MISSING)
-        if got is MISSING:
-            try:
-                got = select(raw_event)
-            except ValueError:
-                got = PASS_ALL  # the filter rejects it: it must see it
-            memo[memo_key] = got
-        return got
+    def select_or_pass(raw_event: Any) -> Any:
+        try:
+            return select(raw_event)
+        except ValueError:
+            return PASS_ALL  # the filter rejects it: it must see it
 
-    return KeyedPrefilter(("sharedstream.codecs", shape), shared_select, wanted)
+    return KeyedPrefilter(("sharedstream.codecs", shape), select_or_pass, wanted)
 
 
 def match_prefilter(

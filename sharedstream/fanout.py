@@ -241,6 +241,18 @@ class FanOut:
 
     def _broadcast_filtered(self, item: Any, raw: Any) -> list[Subscriber] | None:
         """:meth:`broadcast` when some subscriber has an ``accept`` test."""
+        if not self._plain and len(self._shapes) == 1:  # the usual case: N watchers, 1 field
+            (shape,) = self._shapes.values()
+            try:
+                got = shape.select(raw)
+            except Exception:  # noqa: BLE001 - logged with its traceback
+                self._switch_off(shape.members)
+                members = shape.members
+                self._plain.extend(members)
+                self._shapes.clear()
+                return self._deliver(item, members, 0)
+            chosen = shape.accepting(got)
+            return self._deliver(item, chosen, len(shape.members) - len(chosen))
         skipped = 0
         receivers: list[Subscriber] = []
         for sub in self._plain:

@@ -73,7 +73,7 @@ _MAX_JSON_BRACKETS = MAX_DEPTH - 3  # the payload and the stored kwargs add two 
 
 def _shallow(document: bytes | None) -> bool:
     """Whether a JSON document surely nests fewer than ``_MAX_JSON_BRACKETS`` deep."""
-    return document is None or (
+    return document is None or len(document) < _MAX_JSON_BRACKETS or (
         document.count(b"[") + document.count(b"{") < _MAX_JSON_BRACKETS)
 
 VALUE_FORMATS = ("bytes", "utf-8", "json", "msgpack")

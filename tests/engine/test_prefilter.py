@@ -229,13 +229,16 @@ async def test_keyed_prefilters_with_unhashable_values_still_match(feed: Feed) -
     await manager.stop_all()
 
 
+@pytest.mark.parametrize("beside_others", [False, True])  # the one-shape fast path, or not
 async def test_a_raising_keyed_select_switches_off_its_whole_shape(
-    feed: Feed, caplog: pytest.LogCaptureFixture
+    feed: Feed, caplog: pytest.LogCaptureFixture, beside_others: bool
 ) -> None:
     manager = SharedStreamManager()
     select = Selections(broken_on=3)
     one = Runner(manager, Bucket("f", "one", 1, select), 1).start()
     two = Runner(manager, Bucket("f", "two", 2, select), 2).start()
+    if beside_others:
+        Runner(manager, FeedTrigger("f", "all"), 3).start()
     with caplog.at_level(logging.WARNING, logger="sharedstream.fanout"):
         feed.push(1, 2, 3, 4)
         await eventually(lambda: len(feed.advanced()) == 4)
