@@ -148,7 +148,7 @@ class KafkaSettings:
     """Extra ``AIOKafkaConsumer`` keyword arguments (``session_timeout_ms``, ...)."""
     poll_timeout_ms: int = 500
     max_records: int = 500
-    max_in_flight: int = 1000
+    max_in_flight: int = 4000
     """Records yielded but not yet advanced before the poll waits (bounded prefetch)."""
     retries: int = 5
     retry_backoff: float = 0.1

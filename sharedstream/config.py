@@ -311,7 +311,7 @@ class StoreConfig:
     """
 
     url: str = "sqlite:///sharedstream.db"
-    persist_batch_max: int = 500
+    persist_batch_max: int = 2000
     persist_linger_ms: float = 2.0
     kwargs_key: str | None = field(default=None, repr=False)
 

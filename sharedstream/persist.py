@@ -57,7 +57,7 @@ class PersistGate:
         *,
         write: Write,
         confirm: Callable[[list[int]], None],
-        batch_max: int = 500,
+        batch_max: int = 2000,
         linger: float = 0.002,
         capacity: int = 20_000,
         retry_delay: float = 0.05,

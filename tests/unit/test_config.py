@@ -72,7 +72,7 @@ def test_defaults_are_airflows_triggerer_defaults() -> None:
 
 def test_store_defaults_are_a_sqlite_file_in_the_working_directory() -> None:
     config = load_config(environ={})
-    assert config.store.persist_batch_max == 500
+    assert config.store.persist_batch_max == 2000
     assert config.store.persist_linger_ms == 2.0
     assert config.store.kwargs_key is None
     assert config.sqlite_path() == Path.cwd() / "sharedstream.db"
