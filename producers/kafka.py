@@ -236,28 +236,31 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             # below are being yielded makes the rest of their chunk stale (the seek already
             # moved the position back, so they come again).
             tags = dict(self._rewinds)
+            lanes, rewinds = self._lanes, self._rewinds
+            keep_message = self.settings.dead_letter_topic is not None
+            max_in_flight = self.settings.max_in_flight
             for tp, records in chunks.items():
                 tp_key = (tp.topic, tp.partition)
-                lane = self._lanes.get(tp_key)
+                lane = lanes.get(tp_key)
                 if lane is None:
                     continue  # revoked since the fetch
                 tag, epoch = tags.get(tp_key, 0), lane.epoch
                 for record in records:
-                    current = self._lanes.get(tp_key)
-                    if self._rewinds.get(tp_key, 0) != tag or current is None or (
-                        current.epoch != epoch
-                    ):
+                    # Checked before every record: the previous yield may have let a
+                    # seek or a rebalance run.
+                    if rewinds.get(tp_key, 0) != tag or lanes.get(tp_key) is not lane:
                         break  # sought back or reassigned: the rest comes again
+                    headers = record.headers
                     message = KafkaMessage(
                         record.topic, record.partition, record.offset, record.key, record.value,
-                        tuple(record.headers or ()), record.timestamp,
+                        tuple(headers) if headers else (), record.timestamp,
                     )
                     payload = KafkaPayload(
                         record.topic, record.partition, record.offset, epoch,
-                        message if self.settings.dead_letter_topic is not None else None,
+                        message if keep_message else None,
                     )
                     self._in_flight += 1
-                    if self._in_flight >= self.settings.max_in_flight:
+                    if self._in_flight >= max_in_flight:
                         self._capacity.clear()
                     yield message, payload
 

@@ -82,13 +82,26 @@ class PersistGate:
         self.last_confirm_latency = 0.0
 
     async def put(self, event: PendingEvent, seq: int | None) -> None:
-        """Queue one event (and the seq that gates its raw event, if any)."""
-        while len(self._queue) >= self._capacity:
+        """Queue one event (and the seq that gates its raw event, if any).
+
+        Waits while the queue is full; see :meth:`offer` for the common case.
+        """
+        while not self.offer(event, seq):
             self._has_room.clear()
             await self._has_room.wait()
+
+    def offer(self, event: PendingEvent, seq: int | None) -> bool:
+        """:meth:`put` without waiting: queue the event and return ``True``, or ``False`` if full.
+
+        The hot path (one call per trigger event, no coroutine); on ``False``
+        nothing was queued and the caller awaits :meth:`put`.
+        """
+        if len(self._queue) >= self._capacity:
+            return False
         self._queue.append(_Queued(event, seq))
         self._idle.clear()
         self._has_items.set()
+        return True
 
     async def flush(self) -> None:
         """Wait until everything queued so far has been written (or dropped)."""

@@ -363,7 +363,7 @@ class Triggerer:
                 return False
         fired = 0
         async for event in trigger.run():
-            await self._store_event(trigger_id, event, None, None)
+            await self._store_event(trigger_id, event)
             fired += 1
         if not fired:
             raise TriggerEnded(f"trigger {trigger_id}: run() ended without firing an event")
@@ -382,10 +382,13 @@ class Triggerer:
             if delay:
                 await asyncio.sleep(delay)
             native = trigger.payload_is_native
+            offer = self.gate.offer
             async for event in trigger.filter_shared_stream(stream):
                 seq = manager.bind_pending_event(trigger_id=trigger_id, key=key)
                 name = manager.raw_event_key(trigger_id=trigger_id, key=key)
-                await self._store_event(trigger_id, event, seq, name, native=native(event))
+                pending = self._pending_event(trigger_id, event, name, native=native(event))
+                if not offer(pending, seq):  # the gate's queue is full: wait for room
+                    await self.gate.put(pending, seq)
             raise TriggerEnded(  # noqa: TRY301 - handled below like any filter failure
                 f"trigger {trigger_id}: filter_shared_stream returned"
             )
@@ -401,14 +404,19 @@ class Triggerer:
                 attempt.stream = manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
             raise
 
-    async def _store_event(
-        self, trigger_id: int, event: TriggerEvent, seq: int | None, name: str | None, *,
-        native: bool = False,
-    ) -> None:
+    async def _store_event(self, trigger_id: int, event: TriggerEvent) -> None:
+        """Queue an event of a standalone trigger (not gated, no idempotency key)."""
+        await self.gate.put(self._pending_event(trigger_id, event, None), None)
+
+    @staticmethod
+    def _pending_event(
+        trigger_id: int, event: TriggerEvent, name: str | None, *, native: bool = False
+    ) -> PendingEvent:
+        """What the gate stores for ``event``: its packed payload and idempotency key."""
         if not isinstance(event, TriggerEvent):
             raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
                             "not a TriggerEvent")
         payload = pack_event_payload(event.payload, native=native)
         idem_key = None if name is None else f"{trigger_id}/{name}"
-        await self.gate.put(PendingEvent(trigger_id, idem_key, payload), seq)
+        return PendingEvent(trigger_id, idem_key, payload)
 
