@@ -37,6 +37,7 @@ __all__ = [
     "insert_rows",
     "load_definitions",
     "rowid",
+    "values_chunk",
     "write_batch",
 ]
 
@@ -53,12 +54,24 @@ def rowid(cur: sqlite3.Cursor) -> int:
     return last
 
 
-VALUES_CHUNK = 64
+VALUES_CHUNK = 512
 """Most rows one multi-row ``INSERT ... VALUES`` of :func:`insert_rows` carries.
 
-Past 64 the saving per row is small; 64 rows of 4 columns also stay far below
-the 999 bound parameters older SQLite builds allow per statement.
+Fewer, larger statements matter most for the GIL: every execution releases
+it and has to take it back, and while the event loop is busy that wait can
+last up to the interpreter's switch interval. Builds whose limit on bound
+parameters per statement is lower (999 before SQLite 3.32) get smaller chunks
+(:func:`values_chunk`).
 """
+
+
+def values_chunk(conn: sqlite3.Connection, width: int) -> int:
+    """The rows per ``INSERT ... VALUES`` for rows of ``width`` columns: a power of two."""
+    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    size = VALUES_CHUNK
+    while size > 1 and size * width > limit:
+        size //= 2
+    return size
 
 
 @cache
@@ -82,7 +95,9 @@ def insert_rows(
     cached statements serve every batch size.
     """
     inserted = start = 0
-    size = VALUES_CHUNK
+    if not rows:
+        return 0
+    size = values_chunk(cur.connection, len(rows[0]))
     while start < len(rows):
         while size > len(rows) - start:
             size //= 2

@@ -31,6 +31,7 @@ from sharedstream.store import (
     WriteResult,
 )
 from sharedstream.store import sqlite as sqlite_store
+from sharedstream.store._sqlite_events import values_chunk
 from sharedstream.store.sqlite import MIGRATIONS
 
 
@@ -857,3 +858,36 @@ def test_write_events_matches_the_per_row_reference_on_large_batches(tmp_path: P
         if b == 5:
             ops.append(("purge",))
     _assert_same_as_reference(ops, tmp_path)
+
+
+@pytest.mark.parametrize("variable_limit", [999, 64, 4])
+def test_large_batches_fit_a_lower_bound_parameter_limit(
+    tmp_path: Path, variable_limit: int
+) -> None:
+    """Builds allowing fewer bound parameters per statement get smaller VALUES chunks.
+
+    The events of trigger_events have 4 columns: a limit of 999 (SQLite before
+    3.32) allows 128 rows per statement, 64 allows 16, 4 one row at a time.
+    """
+    batches = [
+        [ev(0, rng_key, bytes([i % 256])) for i, rng_key in enumerate(
+            f"k{(b * 7919 + i) % 1800}" if i % 5 else None for i in range(1500))]
+        for b in range(2)
+    ]
+    results = []
+    for limit in (None, variable_limit):
+        with SqliteStore(tmp_path / f"meta-{limit}.db") as store:
+            store.migrate()
+            ids = define(store, {"t": ["x"]}, {"d": asset("x")})
+            if limit is not None:
+                store._connection().setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
+                assert values_chunk(store._connection(), 4) == min(
+                    512, 1 << ((limit // 4).bit_length() - 1))
+            written = [
+                store.write_events([PendingEvent(ids["t"], e.idem_key, e.payload) for e in batch])
+                for batch in batches
+            ]
+            rows = [(e.idem_key, e.payload) for e in store.list_events(limit=10_000)]
+            results.append((written, rows, store.counts()))
+    assert results[0] == results[1]
+    assert results[0][2]["trigger_events"] > 1500  # duplicates and fresh keys both happened
