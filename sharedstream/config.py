@@ -135,6 +135,12 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
         "persist_linger_ms": _OptionSpec(
             "float", "Milliseconds a batch waits for more events before committing.", strict=False
         ),
+        "switch_interval_ms": _OptionSpec(
+            "float",
+            "Python's thread switch interval while the triggerer runs, so the database thread "
+            "gets the GIL back quickly (0: leave Python's setting).",
+            strict=False,
+        ),
         "kwargs_key": _OptionSpec(
             "secret",
             "SECRET. Fernet key(s) encrypting trigger kwargs at rest; comma-separated to rotate.",
@@ -313,6 +319,7 @@ class StoreConfig:
     url: str = "sqlite:///sharedstream.db"
     persist_batch_max: int = 2000
     persist_linger_ms: float = 2.0
+    switch_interval_ms: float = 0.5
     kwargs_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -34,6 +34,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
@@ -183,6 +184,11 @@ class Triggerer:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._on_signal, signum)
+        switch_interval = sys.getswitchinterval()
+        if self.config.store.switch_interval_ms:
+            # The database thread takes the GIL back after every SQLite statement;
+            # with the default 5 ms it waits that long whenever the loop is busy.
+            sys.setswitchinterval(self.config.store.switch_interval_ms / 1000)
         try:
             rows = await self._register()
             async with asyncio.TaskGroup() as tasks:
@@ -203,6 +209,7 @@ class Triggerer:
             if self._store is not None:
                 await self._db(self._store.close)
             self._db_thread.shutdown(wait=True)
+            sys.setswitchinterval(switch_interval)
         log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued, "
                  "%d refused by the store", self.gate.stored, self.gate.duplicates,
                  self.gate.runs_queued, self.gate.dropped)

@@ -349,7 +349,8 @@ def test_top_level_option_points_to_its_section(tmp_path: Path) -> None:
 def test_unknown_file_option_without_a_close_match_lists_the_options(tmp_path: Path) -> None:
     path = write(tmp_path / "c.toml", "[store]\nzzz = 1\n")
     message = str(load_error(path))
-    assert "expected one of: url, persist_batch_max, persist_linger_ms, kwargs_key" in message
+    assert ("expected one of: url, persist_batch_max, persist_linger_ms, switch_interval_ms, "
+            "kwargs_key") in message
 
 
 @pytest.mark.parametrize(
