@@ -13,6 +13,7 @@ from sharedstream.config import load_config, write_default_config
 from sharedstream.crypto import generate_key
 from sharedstream.definitions import load_definitions
 from sharedstream.triggerer import Triggerer
+from tests.engine.harness import eventually
 
 DEFINITIONS = """
 from datetime import datetime, timedelta, timezone
@@ -38,9 +39,7 @@ async def test_the_switch_interval_is_set_while_running_and_restored(
     expected = before if while_running is None else while_running
     task = asyncio.create_task(triggerer.run())
     try:
-        async with asyncio.timeout(10):
-            while sys.getswitchinterval() != pytest.approx(expected):
-                await asyncio.sleep(0.01)
+        await eventually(lambda: sys.getswitchinterval() == pytest.approx(expected))
         await asyncio.sleep(0.1)  # running: registered, supervising its trigger
         assert not task.done()
         assert sys.getswitchinterval() == pytest.approx(expected)
