@@ -393,7 +393,7 @@ class Triggerer:
             async for event in trigger.filter_shared_stream(stream):
                 seq = manager.bind_pending_event(trigger_id=trigger_id, key=key)
                 name = manager.raw_event_key(trigger_id=trigger_id, key=key)
-                pending = self._pending_event(trigger_id, event, name, native=native(event))
+                pending = self._pending_event(trigger_id, event, name, native)
                 if not offer(pending, seq):  # the gate's queue is full: wait for room
                     await self.gate.put(pending, seq)
             raise TriggerEnded(  # noqa: TRY301 - handled below like any filter failure
@@ -417,13 +417,19 @@ class Triggerer:
 
     @staticmethod
     def _pending_event(
-        trigger_id: int, event: TriggerEvent, name: str | None, *, native: bool = False
+        trigger_id: int, event: TriggerEvent, name: str | None,
+        native: Callable[[TriggerEvent], bool] | None = None,
     ) -> PendingEvent:
-        """What the gate stores for ``event``: its packed payload and idempotency key."""
+        """What the gate stores for ``event``: its packed payload and idempotency key.
+
+        ``native`` is the trigger's ``payload_is_native``, asked once the event
+        is known to be a :class:`TriggerEvent`.
+        """
         if not isinstance(event, TriggerEvent):
             raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
                             "not a TriggerEvent")
-        payload = pack_event_payload(event.payload, native=native)
+        vouched = native is not None and native(event)
+        payload = pack_event_payload(event.payload, native=vouched)
         idem_key = None if name is None else f"{trigger_id}/{name}"
         return PendingEvent(trigger_id, idem_key, payload)
 
