@@ -68,6 +68,7 @@ from typing import Any
 from _docker import docker_unavailable
 from _triggerer_config import make_config
 
+from sharedstream.codecs import DECODERS
 from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
 from sharedstream.store.sqlite import SqliteStore
 
@@ -207,10 +208,15 @@ async def consume_loop(bootstrap: str, topic: str, group: str, stop: asyncio.Eve
 
 
 class IndependentStore:
-    """One consumer's SQLite connection (WAL, synchronous=FULL), one transaction per batch."""
+    """One consumer's SQLite connection (WAL, synchronous=FULL), one transaction per batch.
 
-    def __init__(self, path: Path, index: int) -> None:
+    ``loads`` decodes each record's value: ``json.loads`` (what users write) by
+    default, or sharedstream's own decoder (``--independent-json fast``).
+    """
+
+    def __init__(self, path: Path, index: int, loads: Callable[[bytes], Any] = json.loads) -> None:
         self.index = index
+        self.loads = loads
         self.stored = 0
         self.db = sqlite3.connect(path, timeout=60, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -228,7 +234,7 @@ class IndependentStore:
     async def handle(self, records: list[Any]) -> None:
         rows = []
         for record in records:
-            value = json.loads(record.value)
+            value = self.loads(record.value)
             if value.get("bucket") == self.index % BUCKETS:
                 rows.append((self.index, record.topic, record.partition, record.offset,
                              json.dumps(value)))
@@ -300,10 +306,11 @@ async def run_raw(bootstrap: str, topic: str, ends: dict[int, int], messages: in
 
 
 async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], messages: int,
-                          *, k: int, workdir: Path, limit: float) -> CaseResult:
+                          *, k: int, workdir: Path, limit: float,
+                          loads: Callable[[bytes], Any] = json.loads) -> CaseResult:
     stop = asyncio.Event()
     db = workdir / f"{topic}.db"  # one per run of a case
-    stores = [IndependentStore(db, i) for i in range(k)]
+    stores = [IndependentStore(db, i, loads) for i in range(k)]
     groups = [f"{topic}.independent-{i}" for i in range(k)]
     started = time.perf_counter()
     tasks = [asyncio.create_task(consume_loop(bootstrap, topic, g, stop, s.handle))
@@ -320,6 +327,12 @@ async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], mess
     expected = expected_events(messages, k)
     return summarize(f"independent {k}", k, messages, progress,
                      events=int(stored), expected=expected)
+
+
+INDEPENDENT_JSON: dict[str, Callable[[bytes], Any]] = {
+    "stdlib": json.loads,
+    "fast": DECODERS["json"],
+}
 
 
 def expected_events(messages: int, k: int) -> int:
@@ -474,7 +487,8 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
                                       limit=args.timeout)
         else:
             result = await run_independent(bootstrap, topic, ends, messages, k=k,
-                                           workdir=workdir, limit=args.timeout)
+                                           workdir=workdir, limit=args.timeout,
+                                           loads=INDEPENDENT_JSON[args.independent_json])
         _say(f"{label}: {result.per_s:,.0f} msgs/s ({result.seconds:.2f}s, join "
              f"~{result.join_seconds:.2f}s, steady {result.steady_per_s:,.0f} msgs/s), "
              f"{result.events}/{result.expected_events} events stored")
@@ -508,13 +522,13 @@ def ratios(results: list[CaseResult]) -> dict[str, float]:
 
 
 def write_results(out: Path, stem: str, broker: str, partitions: int,
-                  results: list[CaseResult]) -> None:
+                  results: list[CaseResult], *, independent_json: str = "stdlib") -> None:
     rows = [r.row() for r in results]
     rat = ratios(results)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps({
         "python": sys.version.split()[0], "machine": platform.machine(), "broker": broker,
-        "partitions": partitions, "rows": rows,
+        "partitions": partitions, "independent_json": independent_json, "rows": rows,
         "ratios": {k: None if math.isnan(v) else v for k, v in rat.items()}}, indent=2))
     with (out / f"{stem}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -545,6 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default="auto", help="auto (default): Tansu, then a Kafka container "
                         "when a Docker engine answers")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--independent-json", choices=sorted(INDEPENDENT_JSON), default="stdlib",
+                        help="how the independent consumers decode JSON: stdlib json.loads "
+                        "(default, what users write) or fast (sharedstream's msgspec decoder)")
     parser.add_argument("--name", default="kafka_e2e",
                         help="stem of the result files (default kafka_e2e)")
     args = parser.parse_args(argv)
@@ -573,7 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         stem = args.name if broker == "tansu" else f"{args.name}-testcontainers"
-        write_results(args.output_dir, stem + suffix, broker, args.partitions, results)
+        write_results(args.output_dir, stem + suffix, broker, args.partitions, results,
+                      independent_json=args.independent_json)
         bad += [f"{r.case} ({broker})" for r in results
                 if any(run.events != run.expected_events for run in r.repeats)]
     if bad:
