@@ -307,17 +307,18 @@ async def run_raw(bootstrap: str, topic: str, ends: dict[int, int], messages: in
 
 async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], messages: int,
                           *, k: int, workdir: Path, limit: float,
-                          loads: Callable[[bytes], Any] = json.loads) -> CaseResult:
+                          decoder: str = "stdlib") -> CaseResult:
     stop = asyncio.Event()
     db = workdir / f"{topic}.db"  # one per run of a case
-    stores = [IndependentStore(db, i, loads) for i in range(k)]
+    stores = [IndependentStore(db, i, INDEPENDENT_JSON[decoder]) for i in range(k)]
+    case = independent_case(k, decoder)
     groups = [f"{topic}.independent-{i}" for i in range(k)]
     started = time.perf_counter()
     tasks = [asyncio.create_task(consume_loop(bootstrap, topic, g, stop, s.handle))
              for g, s in zip(groups, stores, strict=True)]
     try:
         progress = await wait_committed(bootstrap, topic, ends, groups, started=started,
-                                        limit=limit, label=f"independent {k}")
+                                        limit=limit, label=case)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
@@ -325,14 +326,20 @@ async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], mess
         for store in stores:
             store.db.close()
     expected = expected_events(messages, k)
-    return summarize(f"independent {k}", k, messages, progress,
-                     events=int(stored), expected=expected)
+    return summarize(case, k, messages, progress, events=int(stored), expected=expected)
 
 
 INDEPENDENT_JSON: dict[str, Callable[[bytes], Any]] = {
     "stdlib": json.loads,
     "fast": DECODERS["json"],
 }
+"""How the independent consumers may decode: ``json.loads`` (what users write) or
+sharedstream's own decoder (msgspec, falling back to ``json.loads``)."""
+
+
+def independent_case(k: int, decoder: str) -> str:
+    """``independent K``, or ``independent K (fast json)`` for the msgspec variant."""
+    return f"independent {k}" if decoder == "stdlib" else f"independent {k} ({decoder} json)"
 
 
 def expected_events(messages: int, k: int) -> int:
@@ -470,15 +477,16 @@ def kafka_container(image: str = KAFKA_IMAGE) -> Iterator[str]:
 async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
                   messages: int) -> list[CaseResult]:
     """Every case ``--repeat`` times, round-robin (noise hits all cases alike); medians."""
-    runs: dict[tuple[str, int], list[CaseResult]] = {}
-    cases: list[tuple[str, int]] = [("raw", 1)]
+    runs: dict[str, list[CaseResult]] = {}
+    cases: list[tuple[str, int, str]] = [("raw", 1, "")]
     for k in args.ks:
-        cases += [("shared", k), ("independent", k)]
-    for n, (kind, k) in enumerate(cases * args.repeat):
+        cases += [("shared", k, "")] + [("independent", k, d) for d in args.independent_json]
+    for n, (kind, k, decoder) in enumerate(cases * args.repeat):
         topic = f"bench.e2e.{n}.{kind}-{k}"
         await create_topic(bootstrap, topic, args.partitions)
         ends = await produce(bootstrap, topic, messages, args.partitions)
-        label = kind if kind == "raw" else f"{kind} {k}"
+        label = ("raw" if kind == "raw" else f"shared {k}" if kind == "shared"
+                 else independent_case(k, decoder))
         _say(f"{label}: {sum(ends.values())} records on {topic} ({args.partitions} partitions)")
         if kind == "raw":
             result = await run_raw(bootstrap, topic, ends, messages, args.timeout)
@@ -487,13 +495,12 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
                                       limit=args.timeout)
         else:
             result = await run_independent(bootstrap, topic, ends, messages, k=k,
-                                           workdir=workdir, limit=args.timeout,
-                                           loads=INDEPENDENT_JSON[args.independent_json])
+                                           workdir=workdir, limit=args.timeout, decoder=decoder)
         _say(f"{label}: {result.per_s:,.0f} msgs/s ({result.seconds:.2f}s, join "
              f"~{result.join_seconds:.2f}s, steady {result.steady_per_s:,.0f} msgs/s), "
              f"{result.events}/{result.expected_events} events stored")
-        runs.setdefault((kind, k), []).append(result)
-    return [median_run(runs[case]) for case in cases]
+        runs.setdefault(label, []).append(result)
+    return [median_run(runs[label]) for label in runs]
 
 
 def ratios(results: list[CaseResult]) -> dict[str, float]:
@@ -505,30 +512,32 @@ def ratios(results: list[CaseResult]) -> dict[str, float]:
             out[f"{r.case} / raw"] = r.per_s / raw.per_s
             out[f"{r.case} / raw (steady)"] = r.steady_per_s / raw.steady_per_s
             # nan propagates when a steady rate could not be measured
-            other = by.get(f"independent {r.k}")
-            if other is not None:
-                out[f"{r.case} / independent {r.k}"] = r.per_s / other.per_s
-                out[f"{r.case} / independent {r.k} (steady)"] = (
-                    r.steady_per_s / other.steady_per_s)
+            for other in (o for o in results if o.case.startswith(f"independent {r.k}")
+                          and o.k == r.k):
+                name = f"{r.case} / {other.case}"
+                out[name] = r.per_s / other.per_s
+                out[f"{name} (steady)"] = r.steady_per_s / other.steady_per_s
                 if len(r.repeats) > 1 and len(r.repeats) == len(other.repeats):
                     # Each round's own ratio, then the median: noise that hits a whole
                     # round (the machine is shared) cancels out.
                     pairs = list(zip(r.repeats, other.repeats, strict=True))
-                    out[f"{r.case} / independent {r.k} (same-round median)"] = (
+                    out[f"{name} (same-round median)"] = (
                         statistics.median(a.per_s / b.per_s for a, b in pairs))
-                    out[f"{r.case} / independent {r.k} (steady, same-round median)"] = (
+                    out[f"{name} (steady, same-round median)"] = (
                         statistics.median(a.steady_per_s / b.steady_per_s for a, b in pairs))
     return out
 
 
 def write_results(out: Path, stem: str, broker: str, partitions: int,
-                  results: list[CaseResult], *, independent_json: str = "stdlib") -> None:
+                  results: list[CaseResult], *, independent_json: Sequence[str] = ("stdlib",),
+                  ) -> None:
     rows = [r.row() for r in results]
     rat = ratios(results)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps({
         "python": sys.version.split()[0], "machine": platform.machine(), "broker": broker,
-        "partitions": partitions, "independent_json": independent_json, "rows": rows,
+        "partitions": partitions, "independent_json": list(independent_json),
+        "rows": rows,
         "ratios": {k: None if math.isnan(v) else v for k, v in rat.items()}}, indent=2))
     with (out / f"{stem}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -545,6 +554,15 @@ def write_results(out: Path, stem: str, broker: str, partitions: int,
         print(f"{name}: {value:.2f}x")
 
 
+def _decoders(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(INDEPENDENT_JSON))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected names from {sorted(INDEPENDENT_JSON)}, got {text!r}")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=60_000)
@@ -559,9 +577,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default="auto", help="auto (default): Tansu, then a Kafka container "
                         "when a Docker engine answers")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
-    parser.add_argument("--independent-json", choices=sorted(INDEPENDENT_JSON), default="stdlib",
-                        help="how the independent consumers decode JSON: stdlib json.loads "
-                        "(default, what users write) or fast (sharedstream's msgspec decoder)")
+    parser.add_argument("--independent-json", type=_decoders, default=["stdlib"],
+                        help="how the independent consumers decode JSON, comma-separated, one "
+                        "case each: stdlib (json.loads, the default: what users write) and/or "
+                        "fast (sharedstream's msgspec decoder)")
     parser.add_argument("--name", default="kafka_e2e",
                         help="stem of the result files (default kafka_e2e)")
     args = parser.parse_args(argv)
