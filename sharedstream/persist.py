@@ -1,7 +1,8 @@
 """The persistence gate: every trigger event is stored by one writer, in group commits.
 
 Triggers hand events to :meth:`PersistGate.put` (awaiting when the gate is
-full, which pushes back on their filters). The writer takes whatever is
+full, which pushes back on their filters; ack-mode events, which carry a seq,
+never wait: their producers' read-ahead limits bound them). The writer takes whatever is
 queued - up to ``batch_max`` events, after lingering ``linger`` seconds for
 more - writes it in one transaction on the database thread, and only then
 calls ``confirm`` with the batch's seqs, which lets the engine advance the
@@ -49,7 +50,12 @@ class PersistGate:
 
     ``write`` stores a batch in one transaction (on the database thread) and
     raises if nothing was stored; ``confirm`` is the manager's
-    ``confirm_persisted``. ``capacity`` bounds the queue.
+    ``confirm_persisted``. ``capacity`` bounds the queued events that
+    nothing upstream bounds: those without a seq (fast path, standalone
+    triggers). Events with a seq are always queued: their raw events count
+    against their producer's read-ahead limit, which is the back-pressure of
+    ack mode, and holding their filters here could only let the other raw
+    events pile up in those triggers' queues until they overflow.
     """
 
     def __init__(
@@ -94,9 +100,10 @@ class PersistGate:
         """:meth:`put` without waiting: queue the event and return ``True``, or ``False`` if full.
 
         The hot path (one call per trigger event, no coroutine); on ``False``
-        nothing was queued and the caller awaits :meth:`put`.
+        nothing was queued and the caller awaits :meth:`put`. An event with a
+        seq is never refused (see the class docstring).
         """
-        if len(self._queue) >= self._capacity:
+        if seq is None and len(self._queue) >= self._capacity:
             return False
         self._queue.append(_Queued(event, seq))
         self._idle.clear()
