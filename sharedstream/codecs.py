@@ -97,8 +97,7 @@ class DecodeCache:
     Subclasses declare their own ``__slots__``, call ``super().__init__()``
     and say where the raw bytes are (:meth:`raw_bytes`, asked only on a
     cache miss). Treat decoded values as read-only: every filter of the
-    stream gets the same object. The cache also keeps the selections of
-    :func:`shared_prefilter` (under tuple keys; formats are strings).
+    stream gets the same object.
     """
 
     __slots__ = ("_decoded",)

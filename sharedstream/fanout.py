@@ -242,15 +242,12 @@ class FanOut:
     def _broadcast_filtered(self, item: Any, raw: Any) -> list[Subscriber] | None:
         """:meth:`broadcast` when some subscriber has an ``accept`` test."""
         if not self._plain and len(self._shapes) == 1:  # the usual case: N watchers, 1 field
-            (shape,) = self._shapes.values()
+            ((shape_key, shape),) = self._shapes.items()
             try:
                 got = shape.select(raw)
             except Exception:  # noqa: BLE001 - logged with its traceback
                 self._switch_off(shape.members)
-                members = shape.members
-                self._plain.extend(members)
-                self._shapes.clear()
-                return self._deliver(item, members, 0)
+                return self._deliver(item, self._retire_shape(shape_key), 0)
             chosen = shape.accepting(got)
             return self._deliver(item, chosen, len(shape.members) - len(chosen))
         skipped = 0
@@ -283,8 +280,14 @@ class FanOut:
             receivers.extend(chosen)
         if broken is not None:
             for shape_key in broken:
-                self._plain.extend(self._shapes.pop(shape_key).members)
+                self._retire_shape(shape_key)
         return self._deliver(item, receivers, skipped)
+
+    def _retire_shape(self, shape_key: Hashable) -> list[Subscriber]:
+        """Move a shape's members (their tests switched off) to the plain loop."""
+        members = self._shapes.pop(shape_key).members
+        self._plain.extend(members)
+        return members
 
     def _deliver(
         self, item: Any, receivers: list[Subscriber], skipped: int
