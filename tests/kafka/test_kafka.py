@@ -7,6 +7,7 @@ import importlib
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from functools import partial
 from typing import Any, cast
 
 import msgpack
@@ -15,7 +16,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager, TriggerEvent
-from sharedstream.fanout import FanOut, Subscriber
 from sharedstream.producer import outcome_with_unseen
 from sharedstream.producers.kafka import (
     KafkaCommitError,
@@ -36,6 +36,7 @@ from tests.conformance.harness import (
 )
 from tests.conformance.suite import ProducerConformance
 from tests.kafka.conftest import GROUP_SETTINGS, KafkaHarness
+from tests.prefilters import assert_prefilters_agree
 
 
 class TestKafkaConformance(ProducerConformance):
@@ -442,27 +443,9 @@ def test_shared_prefilters_agree_with_decode_and_match(
 ) -> None:
     """Watchers of one stream share selections; each still decides exactly as its filter."""
     triggers = [KafkaSharedStreamTrigger(**BASE, value_format="json", match=m) for m in matches]
-    accepts = [t.shared_stream_prefilter() for t in triggers]
-    # The fan-out asks them together (one selection per shape); it must hand over the same.
-    fanout = FanOut(capacity=len(records) + 1)
-    subs = [Subscriber(i, accept) for i, accept in enumerate(accepts)]
-    for sub in subs:
-        fanout.add(sub)
     for key, headers, value in records:
-        record = KafkaMessage("orders", 0, 7, key, value, tuple(headers), 1)  # shared by all
-        fanned = KafkaMessage("orders", 0, 7, key, value, tuple(headers), 1)  # fresh cache
-        fanout.broadcast(fanned, fanned)
-        for trigger, accept, sub in zip(triggers, accepts, subs, strict=True):
-            try:
-                handed = trigger.matches(trigger.decode(record), record)
-            except ValueError:
-                handed = True  # rejected by the filter, so it must see it
-            if accept is None:
-                assert handed, "no prefilter only when everything matches"
-            else:
-                assert accept(record) == handed, (trigger.match, key, headers, value)
-            assert (fanned in sub.inbox) == handed, (trigger.match, key, headers, value)
-            sub.inbox.clear()
+        record = partial(KafkaMessage, "orders", 0, 7, key, value, tuple(headers), 1)
+        assert_prefilters_agree(triggers, record, (key, headers, value))
 
 
 _VOUCHED = [

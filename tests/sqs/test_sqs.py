@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -30,6 +31,7 @@ from tests.conformance.harness import (
     eventually_async,
 )
 from tests.conformance.suite import ProducerConformance, Session, _ids, values
+from tests.prefilters import assert_prefilters_agree
 from tests.sqs.conftest import ConformanceSqsTrigger, SqsHarness
 
 
@@ -331,22 +333,17 @@ _SQS_MATCHES = st.fixed_dictionaries({}, optional={
 def test_shared_prefilters_agree_with_decode_and_match(
     matches: list[dict[str, Any]], bodies: list[tuple[str, dict[str, Any]]]
 ) -> None:
-    """Watchers of one queue share selections; each still decides exactly as its filter."""
+    """Watchers of one queue share a selection; each still decides exactly as its filter."""
     triggers = [SqsSharedStreamTrigger(**BASE, body_format="json", match=m) for m in matches]
-    accepts = [t.shared_stream_prefilter() for t in triggers]
     for body, attributes in bodies:
-        message = SqsMessage("orders", {"MessageId": "m", "Body": body, "MessageAttributes": {
-            name: {"DataType": "Binary" if "BinaryValue" in v else "String", **v}
-            for name, v in attributes.items()}})
-        for trigger, accept in zip(triggers, accepts, strict=True):
-            try:
-                handed = trigger.matches(trigger.decode(message), message)
-            except ValueError:
-                handed = True  # rejected by the filter, so it must see it
-            if accept is None:
-                assert handed, "no prefilter only when everything matches"
-            else:
-                assert accept(message) == handed, (trigger.match, body, attributes)
+        assert_prefilters_agree(triggers, partial(_attributed, body, attributes),
+                                (body, attributes))
+
+
+def _attributed(body: str, attributes: dict[str, Any]) -> SqsMessage:
+    return SqsMessage("orders", {"MessageId": "m", "Body": body, "MessageAttributes": {
+        name: {"DataType": "Binary" if "BinaryValue" in v else "String", **v}
+        for name, v in attributes.items()}})
 
 
 def test_unseen_failures_do_not_count_toward_max_redeliveries() -> None:
