@@ -21,10 +21,18 @@ dead-letter, nack, ...).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer", "outcome_with_unseen"]
+__all__ = [
+    "AdvanceItem",
+    "AdvanceOutcome",
+    "DeadLetter",
+    "DeadLetterFallback",
+    "SharedStreamProducer",
+    "outcome_with_unseen",
+]
 
 
 class AdvanceOutcome(NamedTuple):
@@ -104,13 +112,51 @@ class AdvanceItem(NamedTuple):
     """How the subscribers resolved the event."""
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A raw event the broker's own dead-letter destination would not take.
+
+    Handed by a producer to its :data:`DeadLetterFallback` so the event is
+    kept somewhere durable before the broker is advanced past it.
+    """
+
+    stream: str
+    """Which stream it came from, as the producer names it (``"kafka orders"``)."""
+
+    source: str
+    """The producer's stable name of the raw event (``"orders/0/42"``, a message id)."""
+
+    reason: str
+    """Why it was dead-lettered, and why the broker refused it."""
+
+    triggers: tuple[str, ...]
+    """The triggers (ids, as text) that rejected it or kept failing on it."""
+
+    payload: bytes
+    """The raw event's body, whole; the keeper may store only a prefix of it."""
+
+    headers: tuple[tuple[str, bytes], ...] = ()
+    """Broker headers or attributes, as ``(name, value)`` pairs."""
+
+
+DeadLetterFallback = Callable[[DeadLetter], Awaitable[None]]
+"""Keeps a :class:`DeadLetter` durably; returns once it is stored, raises if it was not."""
+
+
 class SharedStreamProducer(abc.ABC):
     """Broker-side half of an ack-mode shared stream.
 
     Built by ``BaseEventTrigger.create_shared_stream_producer(kwargs)`` once
     per group. The constructor must not connect: connect inside
     :meth:`open_stream`.
+
+    ``dead_letter_fallback`` is set by the engine before :meth:`open_stream`
+    when the runtime offers one (``None`` otherwise): where a raw event goes
+    when the broker's dead-letter destination refuses it for good (too big,
+    say), so it is neither lost nor left to stall its lane.
     """
+
+    dead_letter_fallback: DeadLetterFallback | None = None
 
     @abc.abstractmethod
     def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
