@@ -18,6 +18,10 @@ Invariants:
 * Subscribers whose tests are :class:`KeyedPrefilter` objects of one shape
   cost one ``select`` call per raw event between them (then a dict lookup),
   and receive exactly what each test, asked on its own, would accept.
+* A *durable* subscriber never overflows: once its inbox is full the poll
+  must not broadcast again until it has room (:meth:`FanOut.full_member`,
+  :meth:`FanOut.wait_for_room`). A slow durable subscriber is back-pressure
+  on its stream, not a failure.
 
 This module holds no resolution bookkeeping and never awaits; the async
 iterators in :mod:`sharedstream.stream` read from it.
@@ -139,14 +143,18 @@ class Subscriber:
 
     ``waiter`` is the future the iterator awaits while the inbox is empty;
     ``error`` is the terminal exception the iterator raises once set;
-    ``accept`` is the optional prefilter of the raw events it receives.
+    ``accept`` is the optional prefilter of the raw events it receives;
+    ``durable`` makes its full inbox hold the poll instead of overflowing.
     """
 
-    __slots__ = ("accept", "error", "inbox", "trigger_id", "waiter")
+    __slots__ = ("accept", "durable", "error", "inbox", "trigger_id", "waiter")
 
-    def __init__(self, trigger_id: Hashable, accept: Accept | None = None) -> None:
+    def __init__(
+        self, trigger_id: Hashable, accept: Accept | None = None, *, durable: bool = False
+    ) -> None:
         self.trigger_id = trigger_id
         self.accept = accept
+        self.durable = durable
         self.inbox: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
@@ -185,8 +193,8 @@ class FanOut:
     """
 
     __slots__ = (
-        "_filtered", "_high_water", "_inboxes", "_plain", "_shapes", "capacity", "crowded", "live",
-        "parked", "skipped",
+        "_filtered", "_high_water", "_inboxes", "_plain", "_room", "_shapes", "blocked_on",
+        "capacity", "crowded", "durable", "live", "parked", "skipped",
     )  # fmt: skip
 
     def __init__(self, capacity: int) -> None:
@@ -202,6 +210,9 @@ class FanOut:
         self._filtered = 0  # live subscribers with an accept test
         self._plain: list[Subscriber] = []  # live, outside any shape (accept may be None)
         self._shapes: dict[Hashable, _Shape] = {}  # live, KeyedPrefilter tests by shape
+        self.durable: list[Subscriber] = []  # live durable subscribers
+        self.blocked_on: Subscriber | None = None  # the full durable inbox the poll waits on
+        self._room: asyncio.Future[None] | None = None
 
     def broadcast(self, item: Any, raw: Any) -> list[Subscriber] | None:
         """Append ``item`` (carrying ``raw``) to every live inbox that accepts ``raw``.
@@ -333,10 +344,50 @@ class FanOut:
             sub.accept = None
         self._filtered -= len(subs)
 
+    # -- back-pressure of durable subscribers -----------------------------------------
+
+    def full_member(self) -> Subscriber | None:
+        """A live durable subscriber whose inbox is full, or ``None``.
+
+        The poll asks after a broadcast that left the fan-out ``crowded``
+        and must not broadcast again while this returns a subscriber.
+        """
+        capacity = self.capacity
+        for sub in self.durable:
+            if len(sub.inbox) >= capacity:
+                return sub
+        return None
+
+    async def wait_for_room(self, sub: Subscriber, recheck: float) -> None:
+        """Wait until ``sub``'s inbox is down to half, it leaves, or ``recheck`` seconds pass.
+
+        The subscriber's iterator calls :meth:`relieve` as it pulls.
+        """
+        room = self._room = asyncio.get_running_loop().create_future()
+        self.blocked_on = sub
+        try:
+            await asyncio.wait([room], timeout=recheck)
+        finally:
+            self.blocked_on = self._room = None
+
+    def relieve(self, sub: Subscriber) -> None:
+        """``sub`` pulled: release the waiting poll once its inbox is down to half."""
+        if self.blocked_on is sub and len(sub.inbox) <= self._high_water:
+            self._wake_poll()
+
+    def _wake_poll(self) -> None:
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    # -- membership ------------------------------------------------------------------
+
     def add(self, sub: Subscriber) -> None:
         """Make ``sub`` live: it is in the snapshot of every later broadcast."""
         self.live.append(sub)
         self._inboxes.append(sub.inbox)
+        if sub.durable:
+            self.durable.append(sub)
         if sub.accept is not None:
             self._filtered += 1
         keyed = _shape_of(sub.accept)
@@ -356,6 +407,10 @@ class FanOut:
             if candidate is sub:
                 del self.live[index]
                 del self._inboxes[index]
+                if sub.durable:
+                    _remove_by_identity(self.durable, sub)
+                    if self.blocked_on is sub:
+                        self._wake_poll()
                 if sub.accept is not None:
                     self._filtered -= 1
                 if not _remove_by_identity(self._plain, sub):
@@ -369,6 +424,8 @@ class FanOut:
     def fail_all(self, error: BaseException) -> None:
         """Deliver ``error`` to every live subscriber and stop broadcasting to them."""
         subs, self.live, self._inboxes = self.live, [], []
+        self.durable = []
+        self._wake_poll()
         self._filtered = 0
         self._plain, self._shapes = [], {}
         for sub in subs:

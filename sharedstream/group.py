@@ -15,15 +15,23 @@ Whatever ends the poll, the exit path advances what is already resolved
 (bounded by ``DRAIN_TIMEOUT``; not after an ``advance`` failure), then calls
 ``producer.aclose()`` exactly once. Unresolved events are abandoned to
 broker redelivery.
+
+Back-pressure: the poll takes nothing more from its source while the
+manager's :class:`IntakeValve` is closed (the runtime's store is behind) or
+while a durable member's inbox is full (that member is slow or away); it
+resumes when the valve opens and the member has worked through half its
+queue. So durable members never overflow, and memory stays bounded by
+``max_subscriber_queue`` per member.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, cast
 
 from sharedstream.errors import (
     DuplicateSubscription,
@@ -32,15 +40,15 @@ from sharedstream.errors import (
     StreamStopped,
 )
 from sharedstream.fanout import Accept, FanOut, Subscriber
-from sharedstream.producer import SharedStreamProducer
+from sharedstream.producer import DeadLetterFallback, SharedStreamProducer
 from sharedstream.pump import AdvancePump
-from sharedstream.resolution import ResolutionBook, SeqRouter, overflow_error
+from sharedstream.resolution import AckSubscriber, ResolutionBook, SeqRouter, overflow_error
 from sharedstream.stream import ack_stream, fast_stream
 from sharedstream.telemetry import instruments, unwatch_book, watch_book
 from sharedstream.timeouts import run_ack_watchdog
 from sharedstream.trigger import BaseEventTrigger, uses_ack_mode
 
-__all__ = ["StreamGroup"]
+__all__ = ["IntakeValve", "StreamGroup"]
 
 log = logging.getLogger("sharedstream.stream")
 
@@ -49,6 +57,49 @@ DRAIN_TIMEOUT = 30.0
 
 YIELD_EVERY = 256
 """The poll yields to the event loop at least once per this many raw events."""
+
+ROOM_RECHECK = 1.0
+"""Seconds between re-checks while the poll waits on a full durable inbox."""
+
+BEHIND_LOG_INTERVAL = 60.0
+"""Seconds between two "paused for trigger X" lines about the same trigger."""
+
+
+class IntakeValve:
+    """A switch, shared by a manager's groups, that stops every poll from fanning out.
+
+    The runtime closes it while the store is behind (its write queue is
+    long, or it is failing) and opens it once it has caught up. Closing is
+    by reason, so two causes do not release each other.
+    """
+
+    def __init__(self) -> None:
+        self._reasons: set[str] = set()
+        self._opened = asyncio.Event()
+        self._opened.set()
+        self.is_open = True
+
+    def close(self, reason: str) -> None:
+        """Hold intake for ``reason`` (idempotent)."""
+        self._reasons.add(reason)
+        self.is_open = False
+        self._opened.clear()
+
+    def open(self, reason: str) -> None:
+        """Drop ``reason``; intake resumes when no reason is left (idempotent)."""
+        self._reasons.discard(reason)
+        if not self._reasons:
+            self.is_open = True
+            self._opened.set()
+
+    @property
+    def reasons(self) -> frozenset[str]:
+        """Why intake is held now (empty when open)."""
+        return frozenset(self._reasons)
+
+    async def wait_open(self) -> None:
+        """Return once intake is open."""
+        await self._opened.wait()
 
 
 class StreamGroup:
@@ -71,6 +122,8 @@ class StreamGroup:
         clock: Callable[[], float],
         router: SeqRouter,
         on_terminate: Callable[[StreamGroup], None],
+        valve: IntakeValve | None = None,
+        dead_letter_fallback: DeadLetterFallback | None = None,
     ) -> None:
         self.key = key
         self.trigger_class = trigger_class
@@ -79,6 +132,9 @@ class StreamGroup:
         self._grace = cohort_grace_period
         self._clock = clock
         self._on_terminate = on_terminate
+        self._valve = valve if valve is not None else IntakeValve()
+        self._dead_letter_fallback = dead_letter_fallback
+        self._behind_logged: dict[Hashable, float] = {}
         self.fanout = FanOut(max_subscriber_queue)
         self.book: ResolutionBook | None = None
         if self.ack_mode:
@@ -109,6 +165,12 @@ class StreamGroup:
 
         ``accept`` is its prefilter (see :class:`~sharedstream.fanout.FanOut`).
         """
+        return self.attempt(self.add_subscriber(trigger_id, accept))
+
+    def add_subscriber(
+        self, trigger_id: Hashable, accept: Accept | None = None, *, durable: bool = False
+    ) -> Subscriber:
+        """Add a subscriber without an iterator yet (see :meth:`attempt`)."""
         if trigger_id in self._fast_subscribers or (
             self.book is not None and trigger_id in self.book.subscribers
         ):
@@ -117,10 +179,16 @@ class StreamGroup:
                 "unsubscribe it first"
             )
         if self.book is not None:
-            return ack_stream(self.book, self.book.add_subscriber(trigger_id, accept))
-        sub = Subscriber(trigger_id, accept)
+            return self.book.add_subscriber(trigger_id, accept, durable=durable)
+        sub = Subscriber(trigger_id, accept, durable=durable)
         self._fast_subscribers[trigger_id] = sub
         self.fanout.add(sub)
+        return sub
+
+    def attempt(self, sub: Subscriber) -> AsyncIterator[Any]:
+        """A new iterator over ``sub``'s inbox (a durable member gets one per attempt)."""
+        if self.book is not None:
+            return ack_stream(self.book, cast("AckSubscriber", sub))
         return fast_stream(sub, self.fanout)
 
     def unsubscribe(self, trigger_id: Hashable) -> None:
@@ -131,6 +199,17 @@ class StreamGroup:
         sub = self._fast_subscribers.pop(trigger_id, None)
         if sub is not None:
             self.fanout.drop(sub)
+
+    def has_subscriber(self, trigger_id: Hashable) -> bool:
+        """Whether ``trigger_id`` is subscribed (plain or durable)."""
+        if self.book is not None:
+            return trigger_id in self.book.subscribers
+        return trigger_id in self._fast_subscribers
+
+    def queued(self) -> dict[Hashable, int]:
+        """Raw events queued and not pulled yet, per subscriber."""
+        subs = self.book.subscribers if self.book is not None else self._fast_subscribers
+        return {trigger_id: len(sub.inbox) for trigger_id, sub in subs.items()}
 
     def is_empty(self) -> bool:
         """Whether no subscriber is registered any more."""
@@ -223,6 +302,7 @@ class StreamGroup:
         exits.push_async_callback(self._close_source, source)
         broadcast = self.fanout.broadcast
         count = 0
+        valve = self._valve
         async for raw in source:
             overflowed = broadcast(raw, raw)
             if overflowed is not None:
@@ -230,8 +310,8 @@ class StreamGroup:
                     self._report_overflow(sub)
                     sub.set_error(overflow_error(self.key, sub.trigger_id, self.fanout.capacity))
             count += 1
-            if self.fanout.crowded or not count % YIELD_EVERY:
-                await asyncio.sleep(0)
+            if self.fanout.crowded or not valve.is_open or not count % YIELD_EVERY:
+                await self._hold()
 
     async def _poll_ack(self, book: ResolutionBook, exits: AsyncExitStack) -> None:
         producer = self.trigger_class.create_shared_stream_producer(self.kwargs)
@@ -241,6 +321,8 @@ class StreamGroup:
                 f"{type(producer).__qualname__}, not a SharedStreamProducer"
             )
         self._producer = producer
+        if self._dead_letter_fallback is not None:
+            producer.dead_letter_fallback = self._dead_letter_fallback
         exits.push_async_callback(self._close_producer, producer)
         pump = AdvancePump(book, producer, on_failure=self._fail_from_pump)
         book.on_ready = pump.notify
@@ -258,6 +340,7 @@ class StreamGroup:
         get_lane = producer.get_advance_lane
         clock = self._clock
         fanout = self.fanout
+        valve = self._valve
         count = 0
         async for item in source:
             try:
@@ -279,8 +362,39 @@ class StreamGroup:
                 for sub in overflowed:
                     self._report_overflow(sub)
             count += 1
-            if fanout.crowded or not count % YIELD_EVERY:
-                await asyncio.sleep(0)
+            if fanout.crowded or not valve.is_open or not count % YIELD_EVERY:
+                await self._hold()
+
+    async def _hold(self) -> None:
+        """Yield to the loop; wait while intake is closed or a durable member's inbox is full.
+
+        Called between two broadcasts, so the source is not asked for more
+        (its own read-ahead is bounded) until the wait is over.
+        """
+        await asyncio.sleep(0)
+        valve, fanout = self._valve, self.fanout
+        while True:
+            if not valve.is_open:
+                await valve.wait_open()
+                continue
+            sub = fanout.full_member()
+            if sub is None:
+                return
+            self._report_behind(sub)
+            await fanout.wait_for_room(sub, ROOM_RECHECK)
+
+    def _report_behind(self, sub: Subscriber) -> None:
+        instruments().pauses.add(1, {"stream": repr(self.key), "reason": "subscriber_behind"})
+        now = time.monotonic()
+        last = self._behind_logged.get(sub.trigger_id)
+        if last is not None and now - last < BEHIND_LOG_INTERVAL:
+            return
+        self._behind_logged[sub.trigger_id] = now
+        log.info(
+            "shared stream %r: trigger %r is behind (its queue of %d is full); pausing the "
+            "stream until it has worked through half of it",
+            self.key, sub.trigger_id, self.fanout.capacity,
+        )
 
     def _report_overflow(self, sub: Subscriber) -> None:
         instruments().forced_failures.add(1, {"stream": repr(self.key), "reason": "overflow"})

@@ -5,6 +5,11 @@ and routes the runner's calls to it. It is single-event-loop and not
 thread-safe; the trigger runner is its only owner. Group membership changes
 are synchronous, so a key is in the map only while its poll is alive (see
 :mod:`sharedstream.group`).
+
+Besides plain subscriptions, the manager keeps a *roster* of durable
+members per key (:meth:`SharedStreamManager.join`, see
+:mod:`sharedstream.membership`): every group it creates for a key starts
+with the key's whole roster subscribed.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from typing import Any, cast
 
-from sharedstream.errors import InvalidStreamKey
+from sharedstream.errors import DuplicateSubscription, InvalidStreamKey
 from sharedstream.fanout import Accept
-from sharedstream.group import StreamGroup
+from sharedstream.group import IntakeValve, StreamGroup
+from sharedstream.membership import Membership
+from sharedstream.producer import DeadLetterFallback
 from sharedstream.resolution import SeqRouter
 from sharedstream.trigger import BaseEventTrigger
 
@@ -57,8 +64,13 @@ class SharedStreamManager:
         self._cohort_grace_period = cohort_grace_period
         self._clock = clock
         self._groups: dict[Hashable, StreamGroup] = {}
+        self._rosters: dict[Hashable, dict[Hashable, Membership]] = {}
         # Persist-confirmation seqs are unique per manager, shared by all groups.
         self._router = SeqRouter()
+        self.intake = IntakeValve()
+        """Closed by the runtime while its store is behind: every poll holds."""
+        self.dead_letter_fallback: DeadLetterFallback | None = None
+        """Given to every producer created from now on (see ``SharedStreamProducer``)."""
 
     def subscribe(
         self, *, trigger_id: Hashable, trigger: BaseEventTrigger, key: Hashable
@@ -79,33 +91,81 @@ class SharedStreamManager:
         ``RuntimeError``) if ``trigger_id`` is already subscribed to the live
         group of ``key``.
         """
-        if key is None:
-            raise InvalidStreamKey("a shared stream key must not be None")
-        try:
-            group = self._groups.get(key)
-        except TypeError as exc:
-            raise InvalidStreamKey(
-                f"a shared stream key must be hashable, got {type(key).__qualname__}"
-            ) from exc
-        if group is None:
-            _, kwargs = trigger.serialize()
-            group = StreamGroup(
-                key=key,
-                trigger_class=type(trigger),
-                kwargs=kwargs,
-                max_subscriber_queue=self._max_subscriber_queue,
-                ack_timeout=self._ack_timeout,
-                cohort_grace_period=self._cohort_grace_period,
-                clock=self._clock,
-                router=self._router,
-                on_terminate=self._evict,
+        _check_key(key)
+        roster = self._rosters.get(key)
+        if roster is not None and trigger_id in roster:
+            raise DuplicateSubscription(
+                f"trigger {trigger_id!r} is already a member of shared stream {key!r}"
             )
-            stream = group.subscribe(trigger_id, _prefilter(trigger))
-            group.start()  # first: outside a running loop this raises, leaving no dead group
-            self._groups[key] = group
-            log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
-            return stream
-        return group.subscribe(trigger_id, _prefilter(trigger))
+        return self.live_group(key, trigger).subscribe(trigger_id, _prefilter(trigger))
+
+    def join(
+        self, *, trigger_id: Hashable, trigger: BaseEventTrigger, key: Hashable
+    ) -> Membership:
+        """Make ``trigger`` a durable member of the stream of ``key``.
+
+        Synchronous. Unlike :meth:`subscribe`, the member stays in the
+        snapshot of every raw event of ``key`` - across failed attempts of
+        its filter and across groups - until :meth:`Membership.leave`; see
+        :mod:`sharedstream.membership`. Consume with
+        :meth:`Membership.stream` (the group starts then, if it is not
+        running). Raises like :meth:`subscribe` for a bad key or a trigger
+        id already subscribed or joined.
+        """
+        _check_key(key)
+        roster = self._rosters.setdefault(key, {})
+        group = self._groups.get(key)
+        if trigger_id in roster or (group is not None and group.has_subscriber(trigger_id)):
+            raise DuplicateSubscription(
+                f"trigger {trigger_id!r} is already subscribed to shared stream {key!r}"
+            )
+        member = Membership(
+            self, trigger_id=trigger_id, trigger=trigger, key=key, accept=_prefilter(trigger)
+        )
+        roster[trigger_id] = member
+        if group is not None:
+            member.attach(group)
+        return member
+
+    def live_group(self, key: Hashable, trigger: BaseEventTrigger) -> StreamGroup:
+        """The running group of ``key``; if none, start one from ``trigger`` with the roster in it.
+
+        The new group's poll is created from ``trigger``'s class and
+        serialized kwargs; every durable member of ``key`` is subscribed
+        before the poll starts. Synchronous; call it inside the event loop.
+        """
+        group = self._groups.get(key)
+        if group is not None:
+            return group
+        _, kwargs = trigger.serialize()
+        group = StreamGroup(
+            key=key,
+            trigger_class=type(trigger),
+            kwargs=kwargs,
+            max_subscriber_queue=self._max_subscriber_queue,
+            ack_timeout=self._ack_timeout,
+            cohort_grace_period=self._cohort_grace_period,
+            clock=self._clock,
+            router=self._router,
+            on_terminate=self._evict,
+            valve=self.intake,
+            dead_letter_fallback=self.dead_letter_fallback,
+        )
+        group.start()  # first: outside a running loop this raises, leaving no dead group
+        for member in self._rosters.get(key, {}).values():
+            member.attach(group)
+        self._groups[key] = group
+        log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
+        return group
+
+    async def release(self, member: Membership) -> None:
+        """Take ``member`` off its roster and out of its group (``Membership.leave``)."""
+        roster = self._rosters.get(member.key)
+        if roster is not None and roster.get(member.trigger_id) is member:
+            del roster[member.trigger_id]
+            if not roster:
+                del self._rosters[member.key]
+        await self.unsubscribe(member.trigger_id, member.key)
 
     def bind_pending_event(self, *, trigger_id: Hashable, key: Hashable) -> int | None:
         """Bind the trigger event the subscriber just emitted to the raw event it is on.
@@ -154,6 +214,26 @@ class SharedStreamManager:
             if sub is not None:
                 sub.book.confirm(sub, seq)
 
+    def refuse_persisted(self, seq: int, reason: str) -> None:
+        """The store refused, for good, the trigger event behind ``seq``.
+
+        Its raw event resolves as *rejected* for the subscriber that bound
+        it (redelivering it would fail the same way), with ``reason`` in the
+        outcome's verdicts. Unknown seqs are ignored.
+        """
+        sub = self._router.route(seq)
+        if sub is not None:
+            sub.book.refuse(sub, seq, reason)
+
+    def lag(self) -> list[tuple[Hashable, Hashable, int]]:
+        """``(key, trigger_id, queued)`` for every subscriber with raw events queued."""
+        behind: list[tuple[Hashable, Hashable, int]] = []
+        for key, group in self._groups.items():
+            for trigger_id, queued in group.queued().items():
+                if queued:
+                    behind.append((key, trigger_id, queued))
+        return behind
+
     def fail_subscriber(
         self, *, trigger_id: Hashable, key: Hashable, error: BaseException
     ) -> None:
@@ -198,6 +278,10 @@ class SharedStreamManager:
         Subscribers still attached get :class:`StreamStopped` from their
         iterator once their group has advanced what was resolved.
         """
+        for roster in self._rosters.values():
+            for member in roster.values():
+                member.left = True
+        self._rosters.clear()
         groups = list(self._groups.values())
         self._groups.clear()
         for group in groups:
@@ -206,6 +290,17 @@ class SharedStreamManager:
     def _evict(self, group: StreamGroup) -> None:
         if self._groups.get(group.key) is group:
             del self._groups[group.key]
+
+
+def _check_key(key: Hashable) -> None:
+    if key is None:
+        raise InvalidStreamKey("a shared stream key must not be None")
+    try:
+        hash(key)
+    except TypeError as exc:
+        raise InvalidStreamKey(
+            f"a shared stream key must be hashable, got {type(key).__qualname__}"
+        ) from exc
 
 
 def _prefilter(trigger: BaseEventTrigger) -> Accept | None:

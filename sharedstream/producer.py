@@ -31,6 +31,8 @@ __all__ = [
     "DeadLetter",
     "DeadLetterFallback",
     "SharedStreamProducer",
+    "Verdict",
+    "annotated_outcome",
     "outcome_with_unseen",
 ]
 
@@ -78,28 +80,66 @@ class AdvanceOutcome(NamedTuple):
         """
         return 0
 
+    @property
+    def verdicts(self) -> tuple[Verdict, ...]:
+        """Who failed on the event itself or rejected it, and why.
 
-class _PartlyUnseen(AdvanceOutcome):
-    """An :class:`AdvanceOutcome` some of whose failures are unseen (built by the engine)."""
+        One :class:`Verdict` per subscriber whose failure was the event's
+        doing (its filter raised or hung on it) or that rejected it, so a
+        producer can name them in dead-letter headers. Unseen failures
+        have none. Empty unless the engine says otherwise.
+        """
+        return ()
+
+
+class Verdict(NamedTuple):
+    """One subscriber's non-clean resolution of one event (see :attr:`AdvanceOutcome.verdicts`)."""
+
+    trigger_id: Hashable
+    """The subscriber (the runtime's trigger id)."""
+
+    resolution: str
+    """``"failed"`` or ``"rejected"``."""
+
+    reason: str
+    """Why, in one line (``"RuntimeError: boom"``, ``"undecodable json value: ..."``)."""
+
+
+class _Annotated(AdvanceOutcome):
+    """An :class:`AdvanceOutcome` with unseen failures or verdicts (built by the engine)."""
 
     @property
     def unseen(self) -> int:
         unseen: int = self.__dict__.get("_unseen", 0)
         return unseen
 
+    @property
+    def verdicts(self) -> tuple[Verdict, ...]:
+        verdicts: tuple[Verdict, ...] = self.__dict__.get("_verdicts", ())
+        return verdicts
+
     def __repr__(self) -> str:
         return (f"AdvanceOutcome(acked={self.acked}, failed={self.failed}, "
-                f"rejected={self.rejected}, unseen={self.unseen})")
+                f"rejected={self.rejected}, unseen={self.unseen}, verdicts={self.verdicts!r})")
 
 
-def outcome_with_unseen(acked: int, failed: int, rejected: int, unseen: int) -> AdvanceOutcome:
-    """The outcome ``(acked, failed, rejected)`` whose :attr:`~AdvanceOutcome.unseen` is ``unseen``.
+def annotated_outcome(
+    acked: int, failed: int, rejected: int, *, unseen: int = 0,
+    verdicts: tuple[Verdict, ...] = (),
+) -> AdvanceOutcome:
+    """The outcome ``(acked, failed, rejected)`` with :attr:`~AdvanceOutcome.unseen` and verdicts.
 
     For the engine and for tests; equal, as a tuple, to the plain outcome.
     """
-    outcome = _PartlyUnseen(acked, failed, rejected)
+    outcome = _Annotated(acked, failed, rejected)
     outcome.__dict__["_unseen"] = min(unseen, failed)
+    outcome.__dict__["_verdicts"] = verdicts
     return outcome
+
+
+def outcome_with_unseen(acked: int, failed: int, rejected: int, unseen: int) -> AdvanceOutcome:
+    """:func:`annotated_outcome` with unseen failures only."""
+    return annotated_outcome(acked, failed, rejected, unseen=unseen)
 
 
 class AdvanceItem(NamedTuple):

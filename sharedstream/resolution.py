@@ -47,7 +47,7 @@ from typing import Any
 
 from sharedstream.errors import AckTimeout, SubscriberOverflow
 from sharedstream.fanout import Accept, FanOut, Subscriber
-from sharedstream.producer import AdvanceItem, AdvanceOutcome, outcome_with_unseen
+from sharedstream.producer import AdvanceItem, AdvanceOutcome, Verdict, annotated_outcome
 
 __all__ = [
     "SLOT_SHIFT", "AckSubscriber", "EventRecord", "ResolutionBook", "SeqRouter", "overflow_error",
@@ -75,6 +75,7 @@ class EventRecord:
         "raw",
         "rejected",
         "unseen",
+        "verdicts",
     )
 
     def __init__(  # noqa: PLR0917 - built once per raw event on the hot path
@@ -97,11 +98,15 @@ class EventRecord:
         self.failed = 0
         self.rejected = 0
         self.unseen = 0  # failures of subscribers that never pulled it (part of failed)
+        self.verdicts: list[Verdict] | None = None  # who failed on it or rejected it, and why
 
     def outcome(self) -> AdvanceOutcome:
         """The resolution counts handed to the producer."""
-        if self.unseen:
-            return outcome_with_unseen(self.acked, self.failed, self.rejected, self.unseen)
+        if self.unseen or self.verdicts:
+            return annotated_outcome(
+                self.acked, self.failed, self.rejected, unseen=self.unseen,
+                verdicts=tuple(self.verdicts or ()),
+            )
         return _new_tuple(AdvanceOutcome, (self.acked, self.failed, self.rejected))
 
     def __repr__(self) -> str:
@@ -127,12 +132,14 @@ class AckSubscriber(Subscriber):
     """
 
     __slots__ = (
-        "bind_index", "book", "bound_record", "current", "departed", "ledger", "ledger_base",
-        "next_seq", "window_seqs",
+        "bind_index", "book", "bound_record", "current", "departed", "interrupt", "ledger",
+        "ledger_base", "next_seq", "on_interrupt", "window_seqs",
     )
 
-    def __init__(self, trigger_id: Hashable, book: ResolutionBook) -> None:
-        super().__init__(trigger_id)
+    def __init__(
+        self, trigger_id: Hashable, book: ResolutionBook, *, durable: bool = False
+    ) -> None:
+        super().__init__(trigger_id, durable=durable)
         self.book = book
         self.inbox: deque[EventRecord]  # narrowed: an ack inbox holds records only
         self.current: EventRecord | None = None
@@ -143,6 +150,10 @@ class AckSubscriber(Subscriber):
         self.bound_record: EventRecord | None = None  # the window the last bind went to
         self.bind_index = 0  # that bind's index among the binds of its window
         self.next_seq = 0  # set by SeqRouter.enroll: slot << SLOT_SHIFT
+        # Durable members only: an error for the attempt now consuming (its filter hung on
+        # a record past the ack timeout), raised at its next pull, and who to tell at once.
+        self.interrupt: BaseException | None = None
+        self.on_interrupt: Callable[[BaseException], None] | None = None
 
     def owes(self, record: EventRecord) -> bool:
         """Whether ``record`` is still pending for this subscriber."""
@@ -224,13 +235,17 @@ class ResolutionBook:
 
     # -- membership ---------------------------------------------------------
 
-    def add_subscriber(self, trigger_id: Hashable, accept: Accept | None = None) -> AckSubscriber:
+    def add_subscriber(
+        self, trigger_id: Hashable, accept: Accept | None = None, *, durable: bool = False
+    ) -> AckSubscriber:
         """Register a subscriber; it is in the snapshot of every later broadcast.
 
         ``accept`` is its prefilter: a raw event it declines is resolved as
-        acked for it at broadcast, without reaching its inbox.
+        acked for it at broadcast, without reaching its inbox. A ``durable``
+        subscriber stays in the snapshot when an attempt of its filter fails
+        (see :meth:`fail_attempt`); only :meth:`remove_subscriber` takes it out.
         """
-        sub = AckSubscriber(trigger_id, self)
+        sub = AckSubscriber(trigger_id, self, durable=durable)
         sub.accept = accept
         self.router.enroll(sub)
         self.subscribers[trigger_id] = sub
@@ -371,12 +386,13 @@ class ResolutionBook:
             self._departed.discard(sub)
             self.router.withdraw(sub)
 
-    def reject(self, sub: AckSubscriber) -> bool:
+    def reject(self, sub: AckSubscriber, reason: str | None = None) -> bool:
         """Resolve the subscriber's open-window record as rejected, at once.
 
         Seqs already bound to the record are dropped (there is nothing left to
-        gate). Returns ``False`` when no window is open, so the caller can
-        warn.
+        gate). ``reason`` becomes the record's :class:`Verdict` for this
+        subscriber. Returns ``False`` when no window is open, so the caller
+        can warn.
         """
         record = sub.current
         if record is None:
@@ -385,11 +401,54 @@ class ResolutionBook:
         if sub.window_seqs:
             self._forget_seqs(sub, record)
             sub.window_seqs = 0
-        record.rejected += 1
-        record.pending -= 1
-        if not record.pending:
-            self.record_resolved(record)
+        self._resolve_rejected(record, sub, reason)
         return True
+
+    def refuse(self, sub: AckSubscriber, seq: int, reason: str) -> None:
+        """The store refused the event bound under ``seq`` for good: reject its record.
+
+        Redelivering a record whose derived event cannot be stored would fail
+        the same way, so the record resolves as *rejected* for ``sub`` (with
+        ``reason``) whether its window is still open or ``sub`` moved past
+        it; its other unconfirmed seqs are dropped. Unknown seqs are ignored.
+        """
+        index = seq - sub.ledger_base
+        if not 0 <= index < len(sub.ledger):
+            return
+        record = sub.ledger[index]
+        if record is None:
+            return
+        if record is sub.current:
+            self.reject(sub, reason)
+            return
+        self._forget_seqs(sub, record)
+        self._resolve_rejected(record, sub, reason)
+        if sub.departed and not sub.ledger:
+            self._departed.discard(sub)
+            self.router.withdraw(sub)
+
+    def fail_attempt(self, sub: AckSubscriber, error: BaseException) -> None:
+        """A durable subscriber's filter failed: only the record it was on fails.
+
+        That record resolves as *failed* for ``sub`` (a failure of its own,
+        with a :class:`Verdict` naming ``error``) and the seqs bound to it are
+        dropped. Everything else stays owed by ``sub``: records it moved past
+        resolve as their events are confirmed, records in its inbox wait for
+        its next attempt, and it stays in the snapshot of later broadcasts -
+        so nothing is resolved as done for it while it is away. No-op for a
+        subscriber that already failed for good or whose group ended.
+        """
+        if sub.error is not None:
+            return
+        sub.interrupt = None
+        record = sub.current
+        if record is None:
+            return
+        sub.current = None
+        if sub.window_seqs:
+            self._forget_seqs(sub, record)
+            sub.window_seqs = 0
+        self._resolve_failed(record, verdict=_failure(sub, error))
 
     def fail(self, sub: AckSubscriber, error: BaseException) -> None:
         """Force-fail one subscriber: every record it owes resolves as failed.
@@ -428,11 +487,21 @@ class ResolutionBook:
             return None
         return timeline[0].created_at + self.ack_timeout
 
-    def expire(self, now: float) -> list[tuple[AckSubscriber, EventRecord]]:
-        """Force-fail every subscriber still owing a record created ``ack_timeout`` ago or more.
+    def peek_deadline(self) -> float | None:
+        """:meth:`next_deadline` without trimming anything (safe from another thread)."""
+        for record in list(self._timeline):
+            if record.pending:
+                return record.created_at + self.ack_timeout
+        return None
 
-        The boundary is inclusive. Returns the ``(subscriber, record)`` pairs
-        that timed out, for logging. Looks only at the oldest records.
+    def expire(self, now: float) -> list[tuple[AckSubscriber, EventRecord]]:
+        """Time out every subscriber still owing a record created ``ack_timeout`` ago or more.
+
+        The boundary is inclusive. A plain subscriber is force-failed with
+        :class:`AckTimeout` (everything it owes fails). A durable one fails
+        only the overdue record (see :meth:`_expire_durable`) and stays.
+        Returns the ``(subscriber, record)`` pairs that timed out, for
+        logging. Looks only at the oldest records.
         """
         expired: list[tuple[AckSubscriber, EventRecord]] = []
         timeline = self._timeline
@@ -445,17 +514,49 @@ class ResolutionBook:
             for sub in candidates:
                 if sub.error is None and sub.owes(record):
                     expired.append((sub, record))
-                    self.fail(
-                        sub,
-                        AckTimeout(
-                            f"shared stream {self.key!r}: trigger {sub.trigger_id!r} did not "
-                            f"resolve event #{record.position} within {self.ack_timeout}s "
-                            "(its filter was still on the event, or trigger events it "
-                            "derived were not confirmed persisted)"
-                        ),
+                    error = AckTimeout(
+                        f"shared stream {self.key!r}: trigger {sub.trigger_id!r} did not "
+                        f"resolve event #{record.position} within {self.ack_timeout}s "
+                        "(its filter was still on the event, or trigger events it "
+                        "derived were not confirmed persisted)"
                     )
+                    if sub.durable and not sub.departed:
+                        self._expire_durable(sub, record, error)
+                    else:
+                        self.fail(sub, error)
             if record.pending:  # pragma: no cover - would be a bookkeeping bug
                 raise AssertionError(f"{record!r} still pending after its subscribers timed out")
+
+    def _expire_durable(self, sub: AckSubscriber, record: EventRecord, error: AckTimeout) -> None:
+        """``record`` timed out for durable ``sub``: it fails for ``sub``, which stays a member.
+
+        * Its filter is still on it (hung): a failure of its own; the attempt
+          is interrupted (``on_interrupt``, then raised at its next pull).
+        * It moved past it but the events it derived were not confirmed (the
+          store is slow): an unseen failure; those seqs are dropped.
+        * It never pulled it (behind, or away): an unseen failure; the record
+          leaves its inbox.
+
+        Either way the broker redelivers the record, and the redelivery
+        reaches ``sub`` because it is still in the snapshot.
+        """
+        if record is sub.current:
+            sub.current = None
+            if sub.window_seqs:
+                self._forget_seqs(sub, record)
+                sub.window_seqs = 0
+            self._resolve_failed(record, verdict=_failure(sub, error))
+            sub.interrupt = error
+            if sub.on_interrupt is not None:
+                sub.on_interrupt(error)
+            sub.wake()
+            return
+        if record in sub.ledger:
+            self._forget_seqs(sub, record)
+        else:
+            sub.inbox.remove(record)
+            self.fanout.relieve(sub)
+        self._resolve_failed(record, unseen=True)
 
     # -- advancing -------------------------------------------------------------
 
@@ -509,11 +610,24 @@ class ResolutionBook:
 
     # -- internals ---------------------------------------------------------------
 
-    def _resolve_failed(self, record: EventRecord, *, unseen: bool = False) -> None:
+    def _resolve_failed(
+        self, record: EventRecord, *, unseen: bool = False, verdict: Verdict | None = None
+    ) -> None:
         """One subscriber failed on ``record``; ``unseen``: it never pulled it."""
         record.failed += 1
         if unseen:
             record.unseen += 1
+        if verdict is not None:
+            _add_verdict(record, verdict)
+        record.pending -= 1
+        if not record.pending:
+            self.record_resolved(record)
+
+    def _resolve_rejected(
+        self, record: EventRecord, sub: AckSubscriber, reason: str | None
+    ) -> None:
+        record.rejected += 1
+        _add_verdict(record, Verdict(sub.trigger_id, "rejected", reason or "rejected by a filter"))
         record.pending -= 1
         if not record.pending:
             self.record_resolved(record)
@@ -577,3 +691,21 @@ def _still_owed(ledger: deque[EventRecord | None], index: int, record: EventReco
 
 def _nothing() -> None:
     """Default ``on_ready``: nobody to wake."""
+
+
+def _add_verdict(record: EventRecord, verdict: Verdict) -> None:
+    if record.verdicts is None:
+        record.verdicts = [verdict]
+    else:
+        record.verdicts.append(verdict)
+
+
+def _failure(sub: AckSubscriber, error: BaseException) -> Verdict:
+    """The verdict of ``sub`` failing on a record with ``error``."""
+    return Verdict(sub.trigger_id, "failed", _describe(error))
+
+
+def _describe(error: BaseException) -> str:
+    """``"RuntimeError: boom"`` on one line, at most 500 characters."""
+    text = f"{type(error).__name__}: {error}".replace("\n", " ")
+    return text if len(text) <= 500 else text[:497] + "..."

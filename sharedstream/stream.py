@@ -31,21 +31,23 @@ _window_owner: ContextVar[tuple[ResolutionBook, AckSubscriber] | None] = Context
 )
 
 
-def reject_shared_stream_event() -> None:
+def reject_shared_stream_event(reason: str | None = None) -> None:
     """Reject the raw event the calling filter is processing (ack mode).
 
     The event resolves at once as *rejected* for this subscriber - nothing
     waits on persistence - and the producer sees it in
     ``AdvanceOutcome.rejected``, typically dead-lettering it rather than
     redelivering it. Trigger events yielded for it before the reject no
-    longer gate its advance.
+    longer gate its advance. ``reason`` (one line, optional) travels to the
+    producer in ``AdvanceOutcome.verdicts``, so a dead-letter record can
+    say why.
 
     Outside an ack-mode binding window (the fast path, a standalone
     ``run()``, another task, or after the event was already resolved) it
     logs one warning and does nothing.
     """
     owner = _window_owner.get()
-    if owner is None or not owner[0].reject(owner[1]):
+    if owner is None or not owner[0].reject(owner[1], reason):
         log.warning(
             "reject_shared_stream_event() called outside an ack-mode binding window; "
             "ignored (it only affects the raw event an ack-mode filter is processing)"
@@ -73,22 +75,32 @@ async def fast_stream(sub: Subscriber, fanout: FanOut) -> AsyncGenerator[Any, No
     popleft = inbox.popleft
     while True:
         if inbox:
-            yield popleft()
+            item = popleft()
+            if fanout.blocked_on is sub:
+                fanout.relieve(sub)
+            yield item
         elif sub.error is not None:
             raise sub.error
         else:
             await _park(sub, fanout)
 
 
-async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncGenerator[Any, None]:
+async def ack_stream(  # noqa: PLR0912 - one inlined state machine on the hot path
+    book: ResolutionBook, sub: AckSubscriber
+) -> AsyncGenerator[Any, None]:
     """Raw events of an ack-mode subscriber; each pull resolves the previous event.
 
     While a raw event is out with the filter, its binding window is open:
     trigger events the runner binds now belong to it, and
     :func:`reject_shared_stream_event` called from this task rejects it.
+
+    A durable subscriber may consume through several of these in turn (one
+    per attempt of its filter); an attempt interrupted by the ack watchdog
+    raises the interrupt at its next pull.
     """
     owner = (book, sub)
     inbox = sub.inbox
+    fanout = book.fanout
     record_resolved = book.record_resolved
     try:
         while True:
@@ -104,8 +116,13 @@ async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncGenerator
                     current.pending -= 1
                     if not current.pending:
                         record_resolved(current)
+            elif sub.interrupt is not None:
+                error, sub.interrupt = sub.interrupt, None
+                raise error
             if inbox:
                 record = sub.current = inbox.popleft()
+                if fanout.blocked_on is sub:
+                    fanout.relieve(sub)
                 if _window_owner.get() is not owner:
                     _window_owner.set(owner)
                 yield record.raw

@@ -53,10 +53,24 @@ def _outstanding(_options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(book.outstanding(), {"stream": repr(book.key)})
 
 
+def _subscriber_lag(_options: CallbackOptions) -> Iterable[Observation]:
+    # Reads only (copies first): this may run on an exporter thread.
+    for book in list(_books):
+        for sub in list(book.subscribers.values()):
+            yield Observation(len(sub.inbox), {"stream": repr(book.key),
+                                               "trigger": str(sub.trigger_id)})
+
+
+def _lane_outstanding(_options: CallbackOptions) -> Iterable[Observation]:
+    for book in list(_books):
+        for lane, records in list(book.lanes.items()):
+            yield Observation(len(records), {"stream": repr(book.key), "lane": repr(lane)})
+
+
 def _head_of_line_age(_options: CallbackOptions) -> Iterable[Observation]:
     now = time.monotonic()
     for book in list(_books):
-        deadline = book.next_deadline()
+        deadline = book.peek_deadline()
         age = 0.0 if deadline is None else max(0.0, now - (deadline - book.ack_timeout))
         yield Observation(age, {"stream": repr(book.key)})
 
@@ -75,6 +89,9 @@ class Instruments:
     triggers_running: UpDownCounter
     outstanding: ObservableGauge
     head_of_line_age: ObservableGauge
+    pauses: Counter
+    subscriber_lag: ObservableGauge
+    lane_outstanding: ObservableGauge
 
 
 @cache
@@ -133,5 +150,22 @@ def instruments() -> Instruments:
             callbacks=[_head_of_line_age],
             unit="s",
             description="Age of the oldest unresolved raw event, per stream (0 if none)",
+        ),
+        pauses=meter.create_counter(
+            "sharedstream.stream.pauses",
+            unit="{pause}",
+            description="Times a poll paused: a durable subscriber's queue was full",
+        ),
+        subscriber_lag=meter.create_observable_gauge(
+            "sharedstream.subscriber.lag",
+            callbacks=[_subscriber_lag],
+            unit="{event}",
+            description="Raw events queued for a subscriber and not yet pulled, per trigger",
+        ),
+        lane_outstanding=meter.create_observable_gauge(
+            "sharedstream.lane.outstanding",
+            callbacks=[_lane_outstanding],
+            unit="{event}",
+            description="Raw events fanned out and not yet advanced, per lane",
         ),
     )
