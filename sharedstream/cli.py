@@ -2,16 +2,18 @@
 
 Commands: ``init`` (configuration file with a fresh encryption key, and the
 database), ``triggerer`` (run the watchers of a definitions file), ``triggers
-list``, ``events list``, ``runs list`` (``--json`` for machines) and ``config
-show`` (the effective configuration, secrets masked). Every error a user can
-cause - bad configuration, a broken definitions file, an unusable store -
-is one line on stderr and exit status 2, never a traceback.
+list``, ``events list``, ``runs list``, ``deadletters list`` (``--json`` for
+machines) and ``config show`` (the effective configuration, secrets
+masked). Every error a user can cause - bad configuration, a broken
+definitions file, an unusable store - is one line on stderr and exit status
+2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import logging
 import sys
@@ -90,15 +92,16 @@ def _parser() -> argparse.ArgumentParser:
     triggerer.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     triggerer.set_defaults(handler=_triggerer)
 
-    for noun, handler, extra in (
-        ("triggers", _triggers_list, ()),
-        ("events", _events_list, ("--asset", "--trigger", "--limit")),
-        ("runs", _runs_list, ("--dag", "--asset", "--limit")),
+    for noun, what, handler, extra in (
+        ("triggers", "triggers", _triggers_list, ()),
+        ("events", "events", _events_list, ("--asset", "--trigger", "--limit")),
+        ("runs", "runs", _runs_list, ("--dag", "--asset", "--limit")),
+        ("deadletters", "dead letters", _deadletters_list, ("--stream", "--limit")),
     ):
-        group = commands.add_parser(noun, help=f"inspect stored {noun}")
+        group = commands.add_parser(noun, help=f"inspect stored {what}")
         verbs = group.add_subparsers(title="actions", required=True, metavar="ACTION")
         order = "by id" if noun == "triggers" else "newest first"
-        listing = verbs.add_parser("list", help=f"list {noun}, {order}")
+        listing = verbs.add_parser("list", help=f"list {what}, {order}")
         listing.add_argument("--json", action="store_true", help="one JSON document on stdout")
         if "--asset" in extra:
             listing.add_argument("--asset", help="only those of this asset")
@@ -106,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
             listing.add_argument("--trigger", type=int, help="only those of this trigger id")
         if "--dag" in extra:
             listing.add_argument("--dag", help="only runs of this DAG")
+        if "--stream" in extra:
+            listing.add_argument("--stream", help="only those of this stream (\"kafka orders\")")
         if "--limit" in extra:
             listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
         listing.set_defaults(handler=handler)
@@ -198,6 +203,25 @@ def _runs_list(args: argparse.Namespace, config: Config) -> int:
     return _emit(args, records, ("dag_id", "run_id", "state", "created_at", "assets"))
 
 
+def _deadletters_list(args: argparse.Namespace, config: Config) -> int:
+    with _open_store(config) as store:
+        rows = store.dead_letters(args.limit, stream=args.stream)
+    records: list[dict[str, Any]] = []
+    for r in rows:
+        record = {"id": r.id, "created_at": r.created_at, "stream": r.stream,
+                  "source": r.source, "reason": r.reason, "triggers": list(r.triggers)}
+        if args.json:  # everything, bytes as base64
+            record |= {"payload_size": r.payload_size, "truncated": r.truncated,
+                       "payload": _base64(r.payload),
+                       "headers": [[name, _base64(value)] for name, value in r.headers]}
+        else:
+            record |= {"size": f"{r.payload_size} (truncated)" if r.truncated else r.payload_size,
+                       "preview": _preview(r.payload)}
+        records.append(record)
+    columns = ("id", "created_at", "stream", "source", "reason", "triggers", "size", "preview")
+    return _emit(args, records, columns)
+
+
 def _config_show(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         print(json.dumps(config.as_dict(mask_secrets=True), indent=2, default=str))
@@ -230,6 +254,22 @@ def _emit(args: argparse.Namespace, records: list[dict[str, Any]], columns: Sequ
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def _base64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _preview(payload: bytes) -> str:
+    """The payload's start as text; bytes that are not UTF-8 and control characters as ``.``.
+
+    Decodes enough bytes for :func:`_cell` to fill its width and mark the cut.
+    """
+    text = payload[:256].decode("utf-8", errors="replace")
+    return "".join(
+        " " if char.isspace() else char if char.isprintable() and char != "\ufffd" else "."
+        for char in text
+    )
 
 
 def _cell(value: Any, limit: int = 60) -> str:

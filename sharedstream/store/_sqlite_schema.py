@@ -100,7 +100,24 @@ _V1 = (
     ) WITHOUT ROWID""",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+# Dead letters (see sharedstream.store._sqlite_dead_letters for the column formats).
+_V2 = (
+    """CREATE TABLE dead_letters (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_at TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        source TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        triggers TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        payload_size INTEGER NOT NULL CHECK (payload_size >= length(payload)),
+        headers TEXT NOT NULL,
+        UNIQUE (stream, source, reason)
+    )""",
+    "CREATE INDEX dead_letters_stream ON dead_letters (stream, id)",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

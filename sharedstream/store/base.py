@@ -30,6 +30,11 @@ Contracts every backend keeps:
 3. Run ids are deterministic: ``asset_triggered__{N:012d}`` where ``N`` is the
    largest asset event id the run consumed; ``(dag_id, run_id)`` is unique.
 4. All datetimes are timezone-aware UTC.
+5. A *dead letter* (a raw event the broker's own dead-letter destination
+   refused for good, see :class:`~sharedstream.producer.DeadLetter`) is kept
+   once per ``(stream, source, reason)``, with at most
+   :data:`DEAD_LETTER_PAYLOAD_LIMIT` bytes of its payload and the payload's
+   original size.
 """
 
 from __future__ import annotations
@@ -41,11 +46,14 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
 from sharedstream.errors import SharedStreamError
+from sharedstream.producer import DeadLetter
 
 __all__ = [
+    "DEAD_LETTER_PAYLOAD_LIMIT",
     "RUN_STATE_QUEUED",
     "TRIGGER_STATES",
     "DagSpec",
+    "DeadLetterRow",
     "EventRow",
     "MetadataStore",
     "PendingEvent",
@@ -65,6 +73,14 @@ TRIGGER_STATES = frozenset({"active", "finished", "failed", "orphaned"})
 
 RUN_STATE_QUEUED = "queued"
 """The state of a DAG run created by :meth:`MetadataStore.write_events`."""
+
+DEAD_LETTER_PAYLOAD_LIMIT = 256 * 1024
+"""Most payload bytes :meth:`MetadataStore.add_dead_letter` keeps (a prefix); 256 KiB.
+
+Big enough to read and replay any ordinary message, small enough that a
+flood of oversized records (the usual reason a broker refuses a dead letter)
+cannot bloat the metadata database.
+"""
 
 
 class StoreError(SharedStreamError):
@@ -201,6 +217,32 @@ class TriggererRow:
     pid: int
     started_at: datetime
     heartbeat_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRow:
+    """A :class:`~sharedstream.producer.DeadLetter` as the store keeps it.
+
+    ``payload`` is the stored prefix of the body (at most
+    :data:`DEAD_LETTER_PAYLOAD_LIMIT` bytes) and ``payload_size`` the size of
+    the whole body; ``triggers`` and ``headers`` are as the producer gave
+    them, in order. ``created_at`` is when the first copy was stored.
+    """
+
+    id: int
+    created_at: datetime
+    stream: str
+    source: str
+    reason: str
+    triggers: tuple[str, ...]
+    payload: bytes
+    payload_size: int
+    headers: tuple[tuple[str, bytes], ...]
+
+    @property
+    def truncated(self) -> bool:
+        """Whether only a prefix of the body was kept."""
+        return len(self.payload) < self.payload_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +389,24 @@ class MetadataStore(Protocol):
 
     def counts(self) -> dict[str, int]:
         """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
+        ...
+
+    def add_dead_letter(self, letter: DeadLetter) -> bool:
+        """Keep a raw event the broker's dead-letter destination refused; one transaction.
+
+        Called by a producer's dead-letter fallback before the broker is
+        advanced past the event, so it must be durable when it returns.
+        Stores the first :data:`DEAD_LETTER_PAYLOAD_LIMIT` bytes of the
+        payload and its whole size. Idempotent per ``(stream, source,
+        reason)``: returns ``True`` when a row was written, ``False`` when one
+        with that identity was already kept (a redelivery after a crash; the
+        first row is left as it was). On failure raises
+        :class:`StoreWriteError` (``retryable``) and keeps nothing.
+        """
+        ...
+
+    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
         ...
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ another thread than the one using it. Other processes and other instances
 may open the same file: writes serialize on SQLite's write lock, reads see
 what was committed.
 
-Schema (version 1; ``schema_version`` holds one row per applied migration)::
+Schema (version 2; ``schema_version`` holds one row per applied migration)::
 
     store_meta(key PK, value)                  definitions_generation counter
     triggers(id PK AUTOINCREMENT, fingerprint UNIQUE, classpath, kwargs_blob,
@@ -33,6 +33,9 @@ Schema (version 1; ``schema_version`` holds one row per applied migration)::
     dag_run_asset_events(dag_run_id -> dag_runs, asset_event_id -> asset_events,
                          PK both)
     triggerers(id PK, hostname, pid, started_at, heartbeat_at)
+    dead_letters(id PK AUTOINCREMENT, created_at, stream, source, reason,
+                 triggers JSON, payload BLOB prefix, payload_size, headers JSON,
+                 UNIQUE (stream, source, reason))   formats: _sqlite_dead_letters
 
 Datetimes are ISO-8601 text in UTC with microseconds
 (``2025-01-02T03:04:05.123456+00:00``), so text order is time order.
@@ -72,6 +75,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from sharedstream.producer import DeadLetter
+from sharedstream.store._sqlite_dead_letters import (
+    dead_letter_row,
+    dead_letters_query,
+    insert_dead_letter,
+)
 from sharedstream.store._sqlite_events import (
     Definitions,
     StaleDefinitions,
@@ -82,6 +91,7 @@ from sharedstream.store._sqlite_schema import MIGRATIONS
 from sharedstream.store.base import (
     TRIGGER_STATES,
     DagSpec,
+    DeadLetterRow,
     EventRow,
     PendingEvent,
     RunRow,
@@ -510,6 +520,23 @@ class SqliteStore:
                 "SELECT id, hostname, pid, started_at, heartbeat_at FROM triggerers ORDER BY id"
             )
         ]
+
+    # -- dead letters -----------------------------------------------------------
+
+    def add_dead_letter(self, letter: DeadLetter) -> bool:
+        """Keep the letter unless its ``(stream, source, reason)`` is kept; ``True`` if new.
+
+        One transaction, durable when it returns; the payload is cut to
+        ``DEAD_LETTER_PAYLOAD_LIMIT`` bytes, its whole size kept. An SQLite
+        failure rolls back and raises :class:`StoreWriteError` (``retryable``).
+        """
+        with self._write("add_dead_letter") as conn:
+            return insert_dead_letter(conn, letter, _now())
+
+    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
+        _check_limit(limit)
+        return [dead_letter_row(row) for row in self._read(*dead_letters_query(limit, stream))]
 
     # -- read API for the CLI ---------------------------------------------------
 

@@ -80,11 +80,11 @@ def ev(trigger_id: int, key: str | None = None, payload: bytes = b"{}") -> Pendi
 def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     assert not db_path.parent.exists()
     with SqliteStore(db_path) as s:
-        assert s.migrate() == len(MIGRATIONS) == 1
-        assert s.migrate() == 1
+        assert s.migrate() == len(MIGRATIONS) == 2
+        assert s.migrate() == 2
     assert db_path.is_file()
     with SqliteStore(db_path) as again:
-        assert again.migrate() == 1
+        assert again.migrate() == 2
         assert again.counts() == {
             "triggers": 0,
             "trigger_events": 0,
@@ -93,7 +93,7 @@ def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
         }
     raw = sqlite3.connect(db_path)
     try:
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,)]
     finally:
         raw.close()
 
@@ -549,7 +549,7 @@ def test_heartbeats(store: SqliteStore) -> None:
 def test_a_second_connection_sees_committed_data(store: SqliteStore, db_path: Path) -> None:
     ids = define(store, {"t": ["x"]}, {"d": asset("x")})
     with SqliteStore(db_path) as other:
-        assert other.migrate() == 1
+        assert other.migrate() == 2
         store.write_events([ev(ids["t"], "k")])
         assert other.counts()["dag_runs"] == 1
         # the other connection writes too, with definitions synced elsewhere

@@ -1,0 +1,206 @@
+"""Dead letters kept by SqliteStore: round trip, truncation, idempotency, order, migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from itertools import count
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sharedstream.producer import DeadLetter
+from sharedstream.store import (
+    PendingEvent,
+    SqliteStore,
+    StoreError,
+    StoreWriteError,
+    TriggerSpec,
+)
+from sharedstream.store import sqlite as sqlite_store
+from sharedstream.store.base import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetterRow, MetadataStore
+from sharedstream.store.sqlite import MIGRATIONS
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "meta.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[SqliteStore]:
+    with SqliteStore(db_path) as s:
+        s.migrate()
+        yield s
+
+
+def letter(
+    source: str = "orders/0/42",
+    *,
+    stream: str = "kafka orders",
+    reason: str = "rejected; dead-letter topic refused it: MessageSizeTooLargeError",
+    payload: bytes = b'{"id": 42}',
+    triggers: tuple[str, ...] = ("3", "7"),
+    headers: tuple[tuple[str, bytes], ...] = (),
+) -> DeadLetter:
+    return DeadLetter(stream, source, reason, triggers, payload, headers)
+
+
+def test_a_letter_round_trips(store: SqliteStore) -> None:
+    typed: MetadataStore = store
+    headers = (("trace-id", b"\x00\xff\x10"), ("retry", b"1"), ("retry", b"2"), ("empty", b""))
+    before = datetime.now(UTC)
+    assert typed.add_dead_letter(letter(headers=headers)) is True
+    after = datetime.now(UTC)
+    [row] = typed.dead_letters(10)
+    assert row == DeadLetterRow(
+        id=1,
+        created_at=row.created_at,
+        stream="kafka orders",
+        source="orders/0/42",
+        reason="rejected; dead-letter topic refused it: MessageSizeTooLargeError",
+        triggers=("3", "7"),
+        payload=b'{"id": 42}',
+        payload_size=10,
+        headers=headers,
+    )
+    assert row.created_at.tzinfo is not None
+    assert before <= row.created_at <= after
+    assert not row.truncated
+
+
+def test_a_payload_over_the_limit_is_cut_and_its_size_kept(store: SqliteStore) -> None:
+    assert DEAD_LETTER_PAYLOAD_LIMIT == 256 * 1024
+    big = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # a 3 MiB record
+    store.add_dead_letter(letter("big", payload=big))
+    store.add_dead_letter(letter("exact", payload=big[:DEAD_LETTER_PAYLOAD_LIMIT]))
+    store.add_dead_letter(letter("empty", payload=b""))
+    empty, exact, cut = store.dead_letters(10)
+    assert cut.payload == big[:DEAD_LETTER_PAYLOAD_LIMIT]
+    assert (cut.payload_size, cut.truncated) == (len(big), True)
+    assert exact.payload == big[:DEAD_LETTER_PAYLOAD_LIMIT]
+    assert (exact.payload_size, exact.truncated) == (DEAD_LETTER_PAYLOAD_LIMIT, False)
+    assert (empty.payload, empty.payload_size, empty.truncated) == (b"", 0, False)
+
+
+def test_the_same_stream_source_and_reason_are_kept_once(store: SqliteStore) -> None:
+    assert store.add_dead_letter(letter(payload=b"first", triggers=("3",))) is True
+    # a redelivery after a crash: the same letter again, even with other details
+    assert store.add_dead_letter(letter(payload=b"second", triggers=("3", "9"))) is False
+    [row] = store.dead_letters(10)
+    assert (row.payload, row.triggers) == (b"first", ("3",))
+    # any part of the identity that differs makes a new letter
+    assert store.add_dead_letter(letter(reason="poison: 5 failed deliveries")) is True
+    assert store.add_dead_letter(letter(stream="kafka refunds")) is True
+    assert store.add_dead_letter(letter(source="orders/0/43")) is True
+    assert len(store.dead_letters(10)) == 4
+
+
+def test_newest_first_limited_and_filtered_by_stream(store: SqliteStore) -> None:
+    for offset in range(5):
+        stream = "kafka orders" if offset % 2 == 0 else "sqs refunds"
+        store.add_dead_letter(letter(f"m{offset}", stream=stream))
+    assert [r.source for r in store.dead_letters(10)] == ["m4", "m3", "m2", "m1", "m0"]
+    assert [r.source for r in store.dead_letters(2)] == ["m4", "m3"]
+    assert [r.source for r in store.dead_letters(10, stream="kafka orders")] == ["m4", "m2", "m0"]
+    assert [r.source for r in store.dead_letters(1, stream="sqs refunds")] == ["m3"]
+    assert store.dead_letters(10, stream="kafka nothing") == []
+    assert store.dead_letters(0) == []
+    rows = store.dead_letters(10)
+    assert [r.id for r in rows] == sorted((r.id for r in rows), reverse=True)
+    assert [r.created_at for r in rows] == sorted((r.created_at for r in rows), reverse=True)
+    with pytest.raises(ValueError, match="limit"):
+        store.dead_letters(-1)
+
+
+def test_a_failed_write_keeps_nothing_and_is_retryable(store: SqliteStore, db_path: Path) -> None:
+    raw = sqlite3.connect(db_path)
+    try:
+        with raw:
+            raw.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON dead_letters"
+                " BEGIN SELECT RAISE(ABORT, 'disk is full'); END"
+            )
+        with pytest.raises(StoreWriteError, match="disk is full") as info:
+            store.add_dead_letter(letter())
+        assert info.value.retryable
+        assert isinstance(info.value.__cause__, sqlite3.Error)
+        assert store.dead_letters(10) == []
+        with raw:
+            raw.execute("DROP TRIGGER refuse")
+    finally:
+        raw.close()
+    assert store.add_dead_letter(letter()) is True  # the retry succeeds
+
+
+def test_a_closed_store_refuses_dead_letters(db_path: Path) -> None:
+    s = SqliteStore(db_path)
+    s.migrate()
+    s.close()
+    with pytest.raises(StoreError, match="closed"):
+        s.add_dead_letter(letter())
+    with pytest.raises(StoreError, match="closed"):
+        s.dead_letters(10)
+
+
+def test_a_database_at_schema_version_1_is_upgraded(db_path: Path) -> None:
+    with patch.object(sqlite_store, "MIGRATIONS", MIGRATIONS[:1]), SqliteStore(db_path) as old:
+        assert old.migrate() == 1
+        [trigger_id] = old.sync_definitions(
+            [TriggerSpec("fp", "pkg.Trigger", b"kw")], [], []
+        ).values()
+        old.write_events([PendingEvent(trigger_id, "k", b"{}")])
+    raw = sqlite3.connect(db_path)
+    try:
+        tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_master")}
+        assert "dead_letters" not in tables
+    finally:
+        raw.close()
+    with SqliteStore(db_path) as new:
+        assert new.migrate() == len(MIGRATIONS) == 2
+        assert new.counts()["trigger_events"] == 1  # what version 1 held is still there
+        assert new.dead_letters(10) == []
+        assert new.add_dead_letter(letter()) is True
+        assert new.add_dead_letter(letter()) is False
+        assert [r.source for r in new.dead_letters(10)] == ["orders/0/42"]
+        versions = new._read("SELECT version FROM schema_version ORDER BY version")
+        assert [v for (v,) in versions] == [1, 2]
+
+
+_TEXT = st.text(max_size=40)
+_HEADERS = st.lists(st.tuples(_TEXT, st.binary(max_size=64)), max_size=5).map(tuple)
+
+
+def test_any_letter_round_trips(tmp_path: Path) -> None:
+    sources = count()
+    with SqliteStore(tmp_path / "meta.db") as store:
+        store.migrate()
+
+        @settings(max_examples=60, deadline=None)
+        @given(
+            stream=_TEXT,
+            reason=_TEXT,
+            triggers=st.lists(_TEXT, max_size=4).map(tuple),
+            payload=st.binary(max_size=2048),
+            headers=_HEADERS,
+        )
+        def check(
+            stream: str,
+            reason: str,
+            triggers: tuple[str, ...],
+            payload: bytes,
+            headers: tuple[tuple[str, bytes], ...],
+        ) -> None:
+            source = f"m{next(sources)}"
+            sent = DeadLetter(stream, source, reason, triggers, payload, headers)
+            assert store.add_dead_letter(sent) is True
+            [row] = store.dead_letters(1)
+            assert (row.stream, row.source, row.reason) == (stream, source, reason)
+            assert (row.triggers, row.payload, row.headers) == (triggers, payload, headers)
+            assert row.payload_size == len(payload)
+
+        check()
