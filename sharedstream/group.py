@@ -41,7 +41,7 @@ from sharedstream.errors import (
 )
 from sharedstream.fanout import Accept, FanOut, Subscriber
 from sharedstream.producer import DeadLetterFallback, SharedStreamProducer
-from sharedstream.pump import AdvancePump
+from sharedstream.pump import AdvancePump, StreamTotals
 from sharedstream.resolution import AckSubscriber, ResolutionBook, SeqRouter, overflow_error
 from sharedstream.stream import ack_stream, fast_stream
 from sharedstream.telemetry import instruments, unwatch_book, watch_book
@@ -124,6 +124,7 @@ class StreamGroup:
         on_terminate: Callable[[StreamGroup], None],
         valve: IntakeValve | None = None,
         dead_letter_fallback: DeadLetterFallback | None = None,
+        totals: StreamTotals | None = None,
     ) -> None:
         self.key = key
         self.trigger_class = trigger_class
@@ -134,6 +135,7 @@ class StreamGroup:
         self._on_terminate = on_terminate
         self._valve = valve if valve is not None else IntakeValve()
         self._dead_letter_fallback = dead_letter_fallback
+        self._totals = totals
         self._behind_logged: dict[Hashable, float] = {}
         self.fanout = FanOut(max_subscriber_queue)
         self.book: ResolutionBook | None = None
@@ -324,7 +326,7 @@ class StreamGroup:
         if self._dead_letter_fallback is not None:
             producer.dead_letter_fallback = self._dead_letter_fallback
         exits.push_async_callback(self._close_producer, producer)
-        pump = AdvancePump(book, producer, on_failure=self._fail_from_pump)
+        pump = AdvancePump(book, producer, on_failure=self._fail_from_pump, totals=self._totals)
         book.on_ready = pump.notify
         pump_task = asyncio.get_running_loop().create_task(
             pump.run(), name=f"sharedstream-advance[{self.key!r}]"

@@ -24,6 +24,7 @@ from sharedstream.fanout import Accept
 from sharedstream.group import IntakeValve, StreamGroup
 from sharedstream.membership import Membership
 from sharedstream.producer import DeadLetterFallback
+from sharedstream.pump import StreamTotals
 from sharedstream.resolution import SeqRouter
 from sharedstream.trigger import BaseEventTrigger
 
@@ -71,6 +72,8 @@ class SharedStreamManager:
         """Closed by the runtime while its store is behind: every poll holds."""
         self.dead_letter_fallback: DeadLetterFallback | None = None
         """Given to every producer created from now on (see ``SharedStreamProducer``)."""
+        self.totals = StreamTotals()
+        """Raw events advanced by every group of this manager, by outcome."""
 
     def subscribe(
         self, *, trigger_id: Hashable, trigger: BaseEventTrigger, key: Hashable
@@ -150,6 +153,7 @@ class SharedStreamManager:
             on_terminate=self._evict,
             valve=self.intake,
             dead_letter_fallback=self.dead_letter_fallback,
+            totals=self.totals,
         )
         group.start()  # first: outside a running loop this raises, leaving no dead group
         for member in self._rosters.get(key, {}).values():

@@ -9,12 +9,18 @@ calls ``confirm`` with the batch's seqs, which lets the engine advance the
 broker. Invariants:
 
 * a seq is confirmed only after the transaction holding its event committed;
-* a failed write confirms nothing: a transient failure is retried (with
-  backoff, a bounded number of times), then events are written one by one so
-  a single bad event cannot hold back the others; an event the store still
-  refuses is logged and dropped - if it is gated (has a seq) the ack timeout
-  fails its raw event and the broker redelivers it, otherwise (fast path,
-  standalone triggers) it is lost and the log says so.
+* a failed write confirms nothing and drops nothing: the batch is retried
+  with backoff (doubling up to ``MAX_RETRY_DELAY``) until the store takes
+  it. A store that cannot take an event for good is not something to find
+  out here - payloads are checked where their trigger yields them (see
+  :func:`~sharedstream.serde.pack_event_payload`) - and telling a broken
+  store from a bad event by guessing would risk turning an outage into
+  dead-lettered data. Gated events whose raw events time out meanwhile are
+  redelivered, and the store's idempotency keys absorb the second copy;
+* while the store is failing, or more than ``capacity`` events are queued,
+  the gate reports *pressure* (``on_pressure(True)``; ``False`` once the
+  writes succeed again and the queue is down to half), which the runtime
+  uses to pause every shared stream's intake: memory stays bounded.
 """
 
 from __future__ import annotations
@@ -36,7 +42,10 @@ log = logging.getLogger("sharedstream.runtime")
 Write = Callable[[Sequence[PendingEvent]], Awaitable[WriteResult]]
 
 RETRIES = 3
-"""Attempts at a whole batch before it is split into single-event writes."""
+"""Failed attempts at one batch before the store is reported as failing (pressure on)."""
+
+MAX_RETRY_DELAY = 2.0
+"""Longest wait, in seconds, between two attempts at a batch the store refused."""
 
 
 @dataclass(slots=True)
@@ -52,10 +61,9 @@ class PersistGate:
     raises if nothing was stored; ``confirm`` is the manager's
     ``confirm_persisted``. ``capacity`` bounds the queued events that
     nothing upstream bounds: those without a seq (fast path, standalone
-    triggers). Events with a seq are always queued: their raw events count
-    against their producer's read-ahead limit, which is the back-pressure of
-    ack mode, and holding their filters here could only let the other raw
-    events pile up in those triggers' queues until they overflow.
+    triggers). Events with a seq are always queued (holding a filter here
+    would only pile raw events up in its queue); they are bounded by
+    ``on_pressure``, which the runtime wires to the shared streams' intake.
     """
 
     def __init__(
@@ -67,6 +75,7 @@ class PersistGate:
         linger: float = 0.002,
         capacity: int = 20_000,
         retry_delay: float = 0.05,
+        on_pressure: Callable[[bool], None] | None = None,
     ) -> None:
         self._write = write
         self._confirm = confirm
@@ -74,6 +83,9 @@ class PersistGate:
         self._linger = linger
         self._capacity = capacity
         self._retry_delay = retry_delay
+        self._on_pressure = on_pressure
+        self._pressure = False
+        self._failing_since: float | None = None
         self._queue: deque[_Queued] = deque()
         self._has_items = asyncio.Event()
         self._has_room = asyncio.Event()
@@ -84,7 +96,7 @@ class PersistGate:
         self.stored = 0
         self.duplicates = 0
         self.runs_queued = 0
-        self.dropped = 0
+        self.failed_writes = 0
         self.last_confirm_latency = 0.0
 
     async def put(self, event: PendingEvent, seq: int | None) -> None:
@@ -103,12 +115,31 @@ class PersistGate:
         nothing was queued and the caller awaits :meth:`put`. An event with a
         seq is never refused (see the class docstring).
         """
-        if seq is None and len(self._queue) >= self._capacity:
-            return False
-        self._queue.append(_Queued(event, seq))
+        queue = self._queue
+        if len(queue) >= self._capacity:
+            if seq is None:
+                return False
+            self._set_pressure(True)
+        queue.append(_Queued(event, seq))
         self._idle.clear()
         self._has_items.set()
         return True
+
+    @property
+    def store_failing(self) -> bool:
+        """Whether the store has refused the current batch ``RETRIES`` times or more."""
+        return self._failing_since is not None
+
+    @property
+    def queued(self) -> int:
+        """Events waiting to be written."""
+        return len(self._queue)
+
+    def _set_pressure(self, on: bool) -> None:
+        if on != self._pressure:
+            self._pressure = on
+            if self._on_pressure is not None:
+                self._on_pressure(on)
 
     async def flush(self) -> None:
         """Wait until everything queued so far has been written (or dropped)."""
@@ -136,31 +167,45 @@ class PersistGate:
             await self._write_batch(batch)
 
     async def _write_batch(self, batch: list[_Queued]) -> None:
+        """Write ``batch`` until the store takes it (see the module docstring)."""
         metrics = instruments()
         started = time.perf_counter()
-        for attempt in range(1, RETRIES + 1):
+        delay = self._retry_delay
+        attempt = 0
+        while True:
             try:
                 result = await self._write([item.event for item in batch])
-            except Exception as exc:  # noqa: BLE001 - any store error: retried, then isolated
+            except Exception as exc:  # noqa: BLE001 - any store error: retried, never dropped
                 # A failed transaction stored nothing and confirms nothing.
-                log.warning("storing %d trigger events failed (attempt %d/%d): %s",
-                            len(batch), attempt, RETRIES, exc)
-                await asyncio.sleep(self._retry_delay * 2 ** (attempt - 1))
-            else:
-                self._committed(batch, result, started)
-                metrics.persist_batch_size.record(len(batch))
-                return
-        if len(batch) > 1:
-            for item in batch:
-                await self._write_batch([item])
+                attempt += 1
+                self.failed_writes += 1
+                self._write_failed(len(batch), attempt, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+                continue
+            if self._failing_since is not None:
+                log.warning("the store takes writes again after %.1fs; resuming intake",
+                            time.monotonic() - self._failing_since)
+                self._failing_since = None
+            self._committed(batch, result, started)
+            metrics.persist_batch_size.record(len(batch))
+            if self._pressure and len(self._queue) <= self._capacity // 2:
+                self._set_pressure(False)
             return
-        item = batch[0]
-        self.dropped += 1
-        log.error(
-            "the store refused an event of trigger %d; %s", item.event.trigger_id,
-            "its raw event will be redelivered after the ack timeout" if item.seq is not None
-            else "it is lost (not gated: fast path or standalone trigger)",
-        )
+
+    def _write_failed(self, size: int, attempt: int, exc: Exception, delay: float) -> None:
+        """Say it once when a batch fails, once when the store counts as failing."""
+        if attempt < RETRIES:
+            log.warning("storing %d trigger events failed (attempt %d): %s; retrying in %.2fs",
+                        size, attempt, exc, delay)
+        elif attempt == RETRIES:
+            self._failing_since = time.monotonic()
+            self._set_pressure(True)
+            log.error(
+                "the store keeps failing (%s); pausing intake and retrying every %.1fs at "
+                "most until it takes writes again (nothing is acknowledged meanwhile)",
+                exc, MAX_RETRY_DELAY,
+            )
 
     def _committed(self, batch: list[_Queued], result: WriteResult, started: float) -> None:
         seqs = [item.seq for item in batch if item.seq is not None]

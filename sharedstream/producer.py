@@ -198,6 +198,13 @@ class SharedStreamProducer(abc.ABC):
 
     dead_letter_fallback: DeadLetterFallback | None = None
 
+    dead_lettered: int = 0
+    """Raw events this producer dead-lettered (to the broker or its fallback) so far.
+
+    Producers that dead-letter increment it; the engine reads it after each
+    ``advance`` to total it up for the runtime.
+    """
+
     @abc.abstractmethod
     def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Connect and yield ``(raw_event, broker_payload)`` pairs, forever.

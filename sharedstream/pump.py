@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from opentelemetry.metrics import Counter
 
@@ -26,9 +27,25 @@ from sharedstream.producer import AdvanceItem, SharedStreamProducer
 from sharedstream.resolution import ResolutionBook
 from sharedstream.telemetry import instruments
 
-__all__ = ["AdvancePump"]
+__all__ = ["AdvancePump", "StreamTotals"]
 
 log = logging.getLogger("sharedstream.stream")
+
+
+@dataclass
+class StreamTotals:
+    """Raw events advanced by a manager's groups, by outcome, since it was made.
+
+    Written only by the pumps (on the event loop); read by the runtime for
+    its progress lines and stop summary.
+    """
+
+    advanced: int = 0
+    clean: int = 0
+    failed: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    """As counted by the producers (``SharedStreamProducer.dead_lettered``)."""
 
 
 class AdvancePump:
@@ -45,8 +62,10 @@ class AdvancePump:
         producer: SharedStreamProducer,
         *,
         on_failure: Callable[[BaseException], None],
+        totals: StreamTotals | None = None,
     ) -> None:
         self._book = book
+        self._totals = totals if totals is not None else StreamTotals()
         self._producer = producer
         self._on_failure = on_failure
         self._waiter: asyncio.Future[None] | None = None
@@ -83,6 +102,7 @@ class AdvancePump:
             if not batch:
                 continue
             started = time.perf_counter()
+            dead_lettered = self._producer.dead_lettered
             try:
                 await self._producer.advance(batch)
             except Exception as exc:
@@ -100,6 +120,7 @@ class AdvancePump:
                 return
             metrics.advance_latency.record(time.perf_counter() - started, self._attributes)
             metrics.advanced_events.add(len(batch), self._attributes)
+            self._totals.dead_lettered += self._producer.dead_lettered - dead_lettered
             self._count_outcomes(batch, metrics.outcomes)
 
     def _count_outcomes(self, batch: Sequence[AdvanceItem], counter: Counter) -> None:
@@ -112,6 +133,11 @@ class AdvancePump:
             elif not outcome.acked:
                 unobserved += 1
         clean = len(batch) - failed - rejected - unobserved
+        totals = self._totals
+        totals.advanced += len(batch)
+        totals.clean += clean
+        totals.failed += failed
+        totals.rejected += rejected
         for name, count in (("clean", clean), ("failed", failed), ("rejected", rejected),
                             ("unobserved", unobserved)):
             if count:

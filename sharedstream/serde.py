@@ -58,6 +58,7 @@ of insertion order; the runtime uses it to collapse identical triggers.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import hashlib
@@ -74,6 +75,7 @@ from sharedstream.errors import SharedStreamError
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_EVENT_PAYLOAD_BYTES",
     "SerializationError",
     "kwargs_fingerprint",
     "pack_event_payload",
@@ -83,6 +85,9 @@ __all__ = [
 
 MAX_DEPTH: Final = 100
 """How many containers deep kwargs may nest, counting the kwargs dict itself."""
+
+MAX_EVENT_PAYLOAD_BYTES: Final = 32 * 1024 * 1024
+"""The largest packed trigger-event payload stored (a bigger one is refused at its trigger)."""
 
 EXT_BIGINT: Final = 1
 EXT_TUPLE: Final = 2
@@ -170,15 +175,34 @@ def pack_event_payload(payload: Any, *, native: bool = False) -> bytes:
     type walk. Whatever msgpack refuses under that promise (a tuple, a set,
     an int past 64 bits...) falls back to :func:`pack_kwargs`, so the bytes
     are the same either way. Raises :class:`SerializationError` as
-    :func:`pack_kwargs` does.
+    :func:`pack_kwargs` does, and also for text that is not valid Unicode
+    (a lone surrogate) and for a result over ``MAX_EVENT_PAYLOAD_BYTES``:
+    whatever it raises names why the store could not take the payload.
     """
     kwargs = {"payload": payload}
+    packed: bytes | None = None
     if native:
+        # Not as promised: the checked way below names what is wrong.
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            packed = _packb(kwargs)
+    if packed is None:
         try:
-            return _packb(kwargs)
-        except (TypeError, ValueError, OverflowError):
-            pass  # not as promised: the checked way below names what is wrong
-    return pack_kwargs(kwargs)
+            packed = pack_kwargs(kwargs)
+        except SerializationError:
+            raise
+        except UnicodeEncodeError as exc:
+            raise SerializationError(
+                f"payload: text that is not valid Unicode ({exc.reason} at position "
+                f"{exc.start}: a lone surrogate?)"
+            ) from exc
+        except (RecursionError, OverflowError, ValueError, TypeError) as exc:
+            raise SerializationError(f"payload: {type(exc).__name__}: {exc}") from exc
+    if len(packed) > MAX_EVENT_PAYLOAD_BYTES:
+        raise SerializationError(
+            f"payload: {len(packed):,} bytes packed, over the limit of "
+            f"{MAX_EVENT_PAYLOAD_BYTES:,} (MAX_EVENT_PAYLOAD_BYTES)"
+        )
+    return packed
 
 
 def unpack_kwargs(data: bytes) -> dict[str, Any]:

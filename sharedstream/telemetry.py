@@ -86,6 +86,7 @@ class Instruments:
     persist_batch_size: Histogram
     persist_latency: Histogram
     events_stored: Counter
+    events_refused: Counter
     triggers_running: UpDownCounter
     outstanding: ObservableGauge
     head_of_line_age: ObservableGauge
@@ -133,6 +134,11 @@ def instruments() -> Instruments:
             "sharedstream.events.stored",
             unit="{event}",
             description="Trigger events stored (duplicates excluded)",
+        ),
+        events_refused=meter.create_counter(
+            "sharedstream.events.refused",
+            unit="{event}",
+            description="Trigger events whose payload could not be stored (raw event rejected)",
         ),
         triggers_running=meter.create_up_down_counter(
             "sharedstream.triggers.running",

@@ -13,13 +13,16 @@ silently. A trigger whose class is not registered, or whose stored kwargs
 cannot be decrypted, is marked failed and not restarted. ``cleanup()``
 always runs.
 
-Restarting a shared-stream subscriber leaves no gap: when it fails while
-its group lives on, its old subscription is failed (everything it owed is
-redelivered) and a new one is taken *in the same synchronous step*, before
-anything else runs. The redelivered events therefore reach the restarted
-trigger too, instead of being acknowledged by the other subscribers alone.
-The backoff is then spent before the new filter starts consuming (capped
-at half the ack timeout, so waiting does not itself time out).
+A shared-stream trigger is a durable member of its stream
+(:meth:`SharedStreamManager.join`): when its filter raises, only the raw
+event it was on fails (the broker redelivers it, and the redelivery reaches
+the restarted filter); everything fanned out meanwhile waits in its queue,
+and a full queue pauses the stream instead of failing the trigger. The
+backoff is spent before the next attempt starts consuming (capped at half
+the ack timeout). A filter still on one raw event when the ack timeout
+passes is cancelled and restarted the same way. An event whose payload
+cannot be stored is refused at the trigger: its raw event is rejected
+(dead-lettered by the producer) with the reason.
 
 Shutdown (SIGINT/SIGTERM): stop taking work, store what is queued, stop
 the triggers and groups (resolved events are advanced, producers closed),
@@ -49,9 +52,10 @@ from sharedstream.definitions import Definitions
 from sharedstream.errors import SharedStreamError
 from sharedstream.events import TriggerEvent
 from sharedstream.manager import SharedStreamManager
+from sharedstream.membership import Membership
 from sharedstream.persist import PersistGate
 from sharedstream.registry import TriggerRegistry
-from sharedstream.serde import pack_event_payload, pack_kwargs, unpack_kwargs
+from sharedstream.serde import SerializationError, pack_event_payload, pack_kwargs, unpack_kwargs
 from sharedstream.store.base import DagSpec, PendingEvent, TriggerRow, TriggerSpec, WatcherSpec
 from sharedstream.store.sqlite import SqliteStore
 from sharedstream.telemetry import instruments
@@ -82,17 +86,18 @@ class _Unrunnable(SharedStreamError):
 
 @dataclass
 class _Attempt:
-    """A supervised trigger's subscription, kept across restarts to avoid gaps."""
+    """A supervised trigger's membership of its stream, kept across restarts."""
 
     trigger_id: int
-    stream: AsyncIterator[Any] | None = None
-    key: Hashable | None = None
+    member: Membership | None = None
 
 
 @dataclass
 class _Progress:
     running: int = 0
     restarts: int = 0
+    refused: int = 0  # events whose payload could not be stored (their raw events rejected)
+    fallbacks: int = 0  # raw events kept in the store's dead-letter table
 
 
 class Triggerer:
@@ -125,10 +130,21 @@ class Triggerer:
             confirm=self.manager.confirm_persisted,
             batch_max=config.store.persist_batch_max,
             linger=config.store.persist_linger_ms / 1000,
+            on_pressure=self._store_pressure,
         )
         self.progress = _Progress()
         self._stop = asyncio.Event()
         self._signals = 0
+
+    def _store_pressure(self, on: bool) -> None:
+        """The gate is behind or the store failing: hold every stream's intake meanwhile."""
+        if on:
+            self.manager.intake.close("store")
+            log.warning("the store is behind (%d events queued%s); pausing intake",
+                        self.gate.queued, ", writes failing" if self.gate.store_failing else "")
+        else:
+            self.manager.intake.open("store")
+            log.info("the store has caught up; intake resumed")
 
     # -- database thread -------------------------------------------------------
 
@@ -210,9 +226,13 @@ class Triggerer:
                 await self._db(self._store.close)
             self._db_thread.shutdown(wait=True)
             sys.setswitchinterval(switch_interval)
-        log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued, "
-                 "%d refused by the store", self.gate.stored, self.gate.duplicates,
-                 self.gate.runs_queued, self.gate.dropped)
+        totals = self.manager.totals
+        log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued; "
+                 "raw events rejected: %d, dead-lettered: %d (kept in the store: %d); "
+                 "events not storable: %d; store writes retried: %d",
+                 self.gate.stored, self.gate.duplicates, self.gate.runs_queued,
+                 totals.rejected, totals.dead_lettered, self.progress.fallbacks,
+                 self.progress.refused, self.gate.failed_writes)
         return 0
 
     def request_stop(self) -> None:
@@ -271,11 +291,26 @@ class Triggerer:
             stored = self.gate.stored
             log.info(
                 "progress: %d triggers running, %d events stored (+%d), %d duplicates, "
-                "%d DAG runs queued, %d refused by the store, last commit %.1f ms",
+                "%d DAG runs queued, %d rejected, %d dead-lettered, last commit %.1f ms%s",
                 self.progress.running, stored, stored - last, self.gate.duplicates,
-                self.gate.runs_queued, self.gate.dropped, self.gate.last_confirm_latency * 1000,
+                self.gate.runs_queued, self.manager.totals.rejected,
+                self.manager.totals.dead_lettered, self.gate.last_confirm_latency * 1000,
+                self._lag_note(),
             )
             last = stored
+
+    def _lag_note(self) -> str:
+        """``"; behind: trigger 7 (812 queued), ..."`` for the most lagging, or nothing."""
+        behind = sorted(self.manager.lag(), key=lambda entry: -entry[2])
+        if not behind and self.manager.intake.is_open:
+            return ""
+        parts = [f"trigger {trigger_id} ({queued} queued)" for _key, trigger_id, queued in
+                 behind[:5]]
+        if len(behind) > 5:
+            parts.append(f"{len(behind) - 5} more")
+        held = "" if self.manager.intake.is_open else (
+            "; intake paused: " + ", ".join(sorted(self.manager.intake.reasons)))
+        return (f"; behind: {', '.join(parts)}" if parts else "") + held
 
     # -- one trigger ------------------------------------------------------------------
 
@@ -303,8 +338,8 @@ class Triggerer:
                 await self._note("record_trigger_error", row.id, str(exc), "")
                 await self._note("set_trigger_state", row.id, "failed")
                 return
-            if attempt.stream is None and delay:
-                await asyncio.sleep(delay)  # nothing held: back off before starting again
+            if attempt.member is None and delay:
+                await asyncio.sleep(delay)  # not a member: back off before starting again
                 delay = 0.0
             started = loop.time()
             finished = False
@@ -331,7 +366,7 @@ class Triggerer:
                 backoff = tconf.restart_backoff_initial
             self.progress.restarts += 1
             delay = backoff
-            if attempt.stream is not None:  # consuming waits; keep clear of the ack timeout
+            if attempt.member is not None:  # its queue waits; keep clear of the ack timeout
                 delay = min(delay, tconf.shared_stream_ack_timeout / 2)
             backoff = min(backoff * 2, tconf.restart_backoff_max)
 
@@ -348,9 +383,9 @@ class Triggerer:
             log.exception("could not record %s for trigger %s in the store", method, args[0])
 
     async def _release(self, attempt: _Attempt) -> None:
-        if attempt.stream is not None and attempt.key is not None:
-            attempt.stream = None
-            await self.manager.unsubscribe(attempt.trigger_id, attempt.key)
+        member, attempt.member = attempt.member, None
+        if member is not None:
+            await member.leave()
 
     async def _cleanup(self, trigger_id: int, trigger: BaseTrigger) -> None:
         try:
@@ -379,23 +414,26 @@ class Triggerer:
     async def _run_shared(
         self, attempt: _Attempt, trigger: BaseEventTrigger, key: Hashable, delay: float
     ) -> None:
-        manager = self.manager
+        """One attempt of a shared-stream trigger's filter, as a durable member of ``key``."""
         trigger_id = attempt.trigger_id
-        if attempt.stream is None:
-            attempt.stream = manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
-            attempt.key = key
-        stream = attempt.stream
+        member = attempt.member
+        if member is None or member.left:
+            member = attempt.member = self.manager.join(
+                trigger_id=trigger_id, trigger=trigger, key=key
+            )
+        scope = asyncio.timeout(None)
         try:
             if delay:
-                await asyncio.sleep(delay)
-            native = trigger.payload_is_native
-            offer = self.gate.offer
-            async for event in trigger.filter_shared_stream(stream):
-                seq = manager.bind_pending_event(trigger_id=trigger_id, key=key)
-                name = manager.raw_event_key(trigger_id=trigger_id, key=key)
-                pending = self._pending_event(trigger_id, event, name, native)
-                if not offer(pending, seq):  # the gate's queue is full: wait for room
-                    await self.gate.put(pending, seq)
+                await asyncio.sleep(delay)  # events queue for it meanwhile
+            async with scope:
+                # The ack watchdog gave up on the event the filter is on: cancel it now
+                # (a hung filter would never pull again to see the error).
+                member.on_interrupt = lambda _error: scope.reschedule(-1)
+                try:
+                    await self._consume(member, trigger, trigger.filter_shared_stream(
+                        member.stream()))
+                finally:
+                    member.on_interrupt = None
             raise TriggerEnded(  # noqa: TRY301 - handled below like any filter failure
                 f"trigger {trigger_id}: filter_shared_stream returned"
             )
@@ -403,13 +441,44 @@ class Triggerer:
             await self._release(attempt)
             raise
         except Exception as exc:
-            manager.fail_subscriber(trigger_id=trigger_id, key=key, error=exc)
-            attempt.stream = None
-            await manager.unsubscribe(trigger_id, key)  # does not suspend while others remain
-            if manager.has_group(key):
-                # Same synchronous step: the redelivery of what it owed reaches it.
-                attempt.stream = manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
+            if isinstance(exc, TimeoutError) and scope.expired():
+                hung = TriggerEnded(f"trigger {trigger_id}: cancelled by the ack timeout, its "
+                                    "filter still on one raw event")
+                member.fail(hung)  # the watchdog failed that event already: a no-op
+                raise hung from exc
+            member.fail(exc)  # the raw event it was on fails; the rest waits for it
             raise
+
+    async def _consume(
+        self, member: Membership, trigger: BaseEventTrigger, events: AsyncIterator[Any]
+    ) -> None:
+        """Queue every event the filter yields for storing, bound to its raw event."""
+        trigger_id = member.trigger_id
+        assert isinstance(trigger_id, int)  # noqa: S101 - the runtime's ids are row ids
+        native = trigger.payload_is_native
+        offer = self.gate.offer
+        async for event in events:
+            seq = member.bind()
+            try:
+                pending = self._pending_event(trigger_id, event, member.raw_event_key(), native)
+            except SerializationError as exc:
+                self._refuse_event(member, exc)  # rejecting drops the seq just bound
+                continue
+            if not offer(pending, seq):  # the gate's queue is full: wait for room
+                await self.gate.put(pending, seq)
+
+    def _refuse_event(self, member: Membership, exc: SerializationError) -> None:
+        """An event whose payload the store cannot take: reject its raw event, with the reason."""
+        detail = str(exc)
+        if len(detail) > 300:
+            detail = detail[:297] + "..."
+        reason = f"the trigger event cannot be stored: {detail}"
+        self.progress.refused += 1
+        instruments().events_refused.add(1)
+        if member.reject(reason):
+            log.warning("trigger %s: %s; rejecting its raw event", member.trigger_id, reason)
+        else:
+            log.error("trigger %s: %s; the event is dropped", member.trigger_id, reason)
 
     async def _store_event(self, trigger_id: int, event: TriggerEvent) -> None:
         """Queue an event of a standalone trigger (not gated, no idempotency key)."""
