@@ -17,10 +17,12 @@ from sharedstream.errors import SharedStreamError
 
 __all__ = [
     "BATCH",
+    "DLQ_ATTRIBUTE_DETAIL",
     "DLQ_ATTRIBUTE_MESSAGE_ID",
     "DLQ_ATTRIBUTE_QUEUE",
     "DLQ_ATTRIBUTE_REASON",
     "DLQ_ATTRIBUTE_RECEIVE_COUNT",
+    "DLQ_ATTRIBUTE_TRIGGERS",
     "REASON_MAX_REDELIVERIES",
     "REASON_REJECTED",
     "SqsConfigError",
@@ -37,7 +39,11 @@ DLQ_ATTRIBUTE_QUEUE = "sharedstream.source-queue"
 DLQ_ATTRIBUTE_MESSAGE_ID = "sharedstream.source-message-id"
 DLQ_ATTRIBUTE_REASON = "sharedstream.reason"
 DLQ_ATTRIBUTE_RECEIVE_COUNT = "sharedstream.receive-count"
-"""Message attributes added to a dead-lettered copy (String, Number for the count)."""
+DLQ_ATTRIBUTE_TRIGGERS = "sharedstream.triggers"
+DLQ_ATTRIBUTE_DETAIL = "sharedstream.detail"
+"""Message attributes added to a dead-lettered copy (String, Number for the count):
+the source, the reason, the ids of the triggers that rejected it or kept failing
+on it (comma-separated) and what they said."""
 
 REASON_REJECTED = "rejected"
 REASON_MAX_REDELIVERIES = "max_redeliveries"

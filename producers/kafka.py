@@ -7,9 +7,13 @@ broker action, per ``(topic, partition)`` lane:
 * **clean** (acked, nobody failed or rejected) - commit past the contiguous
   resolved prefix (offset of its last item + 1);
 * **rejected** - publish the record to ``dead_letter_topic`` (original key,
-  value and headers, plus ``sharedstream.*`` headers naming the source and
-  the reason), await the broker's acknowledgement, then commit past it;
-  without a dead-letter topic, log a warning and commit past it (discard);
+  value and headers, plus ``sharedstream.*`` headers naming the source, the
+  reason, the triggers that rejected it and why), await the broker's
+  acknowledgement, then commit past it. When the broker refuses the
+  dead-letter write for good (a record over its size limit, say), or no
+  dead-letter topic is set, the record goes to the engine's
+  ``dead_letter_fallback`` (the runtime's dead-letter table) instead; with
+  neither, it is logged and discarded;
 * **failed**, or fanned out to nobody - set the partition's *floor* at that
   offset: nothing at or after it is committed until it is redelivered and
   resolves, and the consumer seeks back to it so it is redelivered in this
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
-from sharedstream.producer import AdvanceItem, SharedStreamProducer
+from sharedstream.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.producers._coalesced_commits import CoalescedCommitter
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
@@ -58,10 +62,12 @@ from sharedstream.producers._kafka_types import (
 )
 
 __all__ = [
+    "DLQ_HEADER_DETAIL",
     "DLQ_HEADER_OFFSET",
     "DLQ_HEADER_PARTITION",
     "DLQ_HEADER_REASON",
     "DLQ_HEADER_TOPIC",
+    "DLQ_HEADER_TRIGGERS",
     "KafkaCommitError",
     "KafkaConfigError",
     "KafkaConnectError",
@@ -81,7 +87,12 @@ DLQ_HEADER_TOPIC = "sharedstream.source.topic"
 DLQ_HEADER_PARTITION = "sharedstream.source.partition"
 DLQ_HEADER_OFFSET = "sharedstream.source.offset"
 DLQ_HEADER_REASON = "sharedstream.reason"
-"""Headers added to a dead-lettered record (values are UTF-8 text)."""
+DLQ_HEADER_TRIGGERS = "sharedstream.triggers"
+DLQ_HEADER_DETAIL = "sharedstream.detail"
+"""Headers added to a dead-lettered record (values are UTF-8 text): the source
+coordinates, the reason (``rejected`` or ``max_redeliveries``), the ids of the
+triggers that rejected it or kept failing on it (comma-separated) and what they
+said (``; ``-separated)."""
 
 REASON_REJECTED = "rejected"
 REASON_MAX_REDELIVERIES = "max_redeliveries"
@@ -237,7 +248,6 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             # moved the position back, so they come again).
             tags = dict(self._rewinds)
             lanes, rewinds = self._lanes, self._rewinds
-            keep_message = self.settings.dead_letter_topic is not None
             max_in_flight = self.settings.max_in_flight
             for tp, records in chunks.items():
                 tp_key = (tp.topic, tp.partition)
@@ -257,7 +267,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                     )
                     payload = KafkaPayload(
                         record.topic, record.partition, record.offset, epoch,
-                        message if keep_message else None,
+                        message,
                     )
                     self._in_flight += 1
                     if self._in_flight >= max_in_flight:
@@ -337,7 +347,8 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                 if outcome.failed > outcome.unseen:  # some filter failed on this very record
                     failures = lane.failures[offset] = lane.failures.get(offset, 0) + 1
                     if failures > self.settings.max_redeliveries:
-                        await self._dead_letter(payload, REASON_MAX_REDELIVERIES, failures)
+                        await self._dead_letter(payload, REASON_MAX_REDELIVERIES, failures,
+                                                outcome.verdicts)
                         self._resolve(lane, offset)
                         continue
                     # Back off a little more each time, so a failing record is no hot loop.
@@ -351,7 +362,8 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                 self._hold(lane, tp_key, offset)
                 continue
             if outcome.rejected:
-                await self._dead_letter(payload, REASON_REJECTED, lane.failures.get(offset, 0))
+                await self._dead_letter(payload, REASON_REJECTED, lane.failures.get(offset, 0),
+                                        outcome.verdicts)
             self._resolve(lane, offset)
         self._committer.want(tp_key, lane.epoch, lane.resolved_to)
 
@@ -412,17 +424,48 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         if error is not None:
             raise KafkaCommitError(f"committing offsets failed: {error}") from error
 
-    async def _dead_letter(self, payload: KafkaPayload, reason: str, failures: int) -> None:
+    async def _dead_letter(
+        self, payload: KafkaPayload, reason: str, failures: int, verdicts: Sequence[Verdict]
+    ) -> None:
+        """Publish the record to the DLQ topic, or keep it through the fallback; then return.
+
+        Returns only once the record is durable somewhere (or discarded, with
+        a warning, when there is neither a DLQ topic nor a fallback), so the
+        caller may commit past it. Raises :class:`KafkaDeadLetterError` when
+        the DLQ refuses it and there is no fallback.
+        """
         name = self.raw_event_name(payload)
+        triggers = ",".join(dict.fromkeys(str(v.trigger_id) for v in verdicts))
+        detail = "; ".join(dict.fromkeys(v.reason for v in verdicts))
         topic = self.settings.dead_letter_topic
-        if topic is None:
-            self.discarded += 1
-            log.warning("discarding %s (%s after %d failed deliveries): no dead_letter_topic "
-                        "configured, committing past it", name, reason, failures)
-            return
         message = payload.message
-        if message is None:  # pragma: no cover - payloads carry the record when a DLQ is set
+        if message is None and (topic is not None or self.dead_letter_fallback is not None):
             raise KafkaDeadLetterError(f"{name}: the record was not kept for dead-lettering")
+        if topic is not None and message is not None:
+            try:
+                await self._publish_dead_letter(topic, message, reason, triggers, detail)
+            except KafkaProducerError as exc:
+                if self.dead_letter_fallback is None:
+                    raise
+                refusal = f"{reason}; the dead-letter topic {topic} refused it: {exc}"
+                await self._keep_dead_letter(message, refusal, triggers, detail)
+                return
+            self.dead_lettered += 1
+            log.warning("dead-lettered %s to %s (%s%s)", name, topic, reason,
+                        f": {detail}" if detail else "")
+            return
+        if self.dead_letter_fallback is not None and message is not None:
+            await self._keep_dead_letter(message, f"{reason}; no dead_letter_topic configured",
+                                         triggers, detail)
+            return
+        self.discarded += 1
+        log.warning("discarding %s (%s after %d failed deliveries%s): no dead_letter_topic "
+                    "configured, committing past it", name, reason, failures,
+                    f"; {detail}" if detail else "")
+
+    async def _publish_dead_letter(
+        self, topic: str, message: KafkaMessage, reason: str, triggers: str, detail: str
+    ) -> None:
         if self._dlq is None:
             aiokafka = _sdk()
             try:
@@ -434,19 +477,39 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             self._dlq = producer
         headers = [
             *message.headers,
-            (DLQ_HEADER_TOPIC, payload.topic.encode()),
-            (DLQ_HEADER_PARTITION, str(payload.partition).encode()),
-            (DLQ_HEADER_OFFSET, str(payload.offset).encode()),
+            (DLQ_HEADER_TOPIC, message.topic.encode()),
+            (DLQ_HEADER_PARTITION, str(message.partition).encode()),
+            (DLQ_HEADER_OFFSET, str(message.offset).encode()),
             (DLQ_HEADER_REASON, reason.encode()),
         ]
+        if triggers:
+            headers.append((DLQ_HEADER_TRIGGERS, triggers.encode()))
+        if detail:
+            headers.append((DLQ_HEADER_DETAIL, detail.encode("utf-8", "replace")))
         dlq = self._dlq
+        name = f"{message.topic}/{message.partition}/{message.offset}"
 
         async def send() -> None:
             await dlq.send_and_wait(topic, value=message.value, key=message.key, headers=headers)
 
         await self._retrying(f"dead-lettering {name} to {topic}", send, KafkaDeadLetterError)
+
+    async def _keep_dead_letter(
+        self, message: KafkaMessage, reason: str, triggers: str, detail: str
+    ) -> None:
+        keep = self.dead_letter_fallback
+        assert keep is not None  # noqa: S101 - callers check
+        name = f"{message.topic}/{message.partition}/{message.offset}"
+        await keep(DeadLetter(
+            stream=f"kafka {','.join(self.settings.topics)} (group {self.settings.group_id})",
+            source=name,
+            reason=f"{reason}: {detail}" if detail else reason,
+            triggers=tuple(t for t in triggers.split(",") if t),
+            payload=message.value or b"",
+            headers=tuple(message.headers),
+        ))
         self.dead_lettered += 1
-        log.warning("dead-lettered %s to %s (%s)", name, topic, reason)
+        log.debug("handed %s to the dead-letter fallback (%s)", name, reason)
 
     async def aclose(self) -> None:
         """Commit the final targets (best-effort), then stop the consumer and the DLQ, once.

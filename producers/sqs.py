@@ -58,13 +58,15 @@ from typing import Any
 from opentelemetry import metrics
 
 from sharedstream import __version__
-from sharedstream.producer import AdvanceItem, SharedStreamProducer
+from sharedstream.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.producers._sqs_types import (
     BATCH,
+    DLQ_ATTRIBUTE_DETAIL,
     DLQ_ATTRIBUTE_MESSAGE_ID,
     DLQ_ATTRIBUTE_QUEUE,
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_RECEIVE_COUNT,
+    DLQ_ATTRIBUTE_TRIGGERS,
     REASON_MAX_REDELIVERIES,
     REASON_REJECTED,
     SqsConfigError,
@@ -78,10 +80,12 @@ from sharedstream.producers._sqs_types import (
 )
 
 __all__ = [
+    "DLQ_ATTRIBUTE_DETAIL",
     "DLQ_ATTRIBUTE_MESSAGE_ID",
     "DLQ_ATTRIBUTE_QUEUE",
     "DLQ_ATTRIBUTE_REASON",
     "DLQ_ATTRIBUTE_RECEIVE_COUNT",
+    "DLQ_ATTRIBUTE_TRIGGERS",
     "SqsConfigError",
     "SqsDeadLetterError",
     "SqsMessage",
@@ -129,6 +133,16 @@ def _handles(payloads: Sequence[SqsPayload]) -> list[tuple[str, str]]:
     return [(p.receipt_handle, p.message_id) for p in payloads]
 
 
+_Disposal = tuple[SqsPayload, str, Sequence[Verdict]]
+"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
+
+
+def _detail(verdicts: Sequence[Verdict], prefix: str) -> str:
+    """What the verdicts say, ``; ``-separated, after ``prefix`` (empty when none)."""
+    said = "; ".join(dict.fromkeys(v.reason for v in verdicts))
+    return f"{prefix}{said}" if said else ""
+
+
 def _chunks(items: Sequence[Any], size: int = BATCH) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -152,6 +166,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self.calls: Counter[str] = Counter()
         self.dead_lettered = 0
         self.discarded = 0
+        self._refusals: dict[str, str] = {}  # message id -> why the DLQ refused it
         self._client: Any = None
         self._exit = contextlib.AsyncExitStack()
         self._url = ""
@@ -303,7 +318,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     async def _take(self, received: list[dict[str, Any]], deadline: float) -> None:
         batch_lane = next(self._receive_ids)
-        poison: list[tuple[SqsPayload, str]] = []
+        poison: list[_Disposal] = []
         taken: list[SqsPayload] = []
         for raw in received:
             message = SqsMessage(self._url, raw)
@@ -313,7 +328,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             if deliveries > self.settings.max_redeliveries + 1:
                 # Delivered that often without resolving (crashes, lapses): never fan it out.
                 self._release(1)
-                poison.append((payload, REASON_MAX_REDELIVERIES))
+                poison.append((payload, REASON_MAX_REDELIVERIES, ()))
                 continue
             self._held[payload.receipt_handle] = _Held(deadline, message.message_id)
             taken.append(payload)
@@ -361,7 +376,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             await self._queue_deletes(deletes)
 
     def _sort(self, batch: Sequence[AdvanceItem]) -> tuple[
-        list[SqsPayload], list[SqsPayload], list[SqsPayload], list[tuple[SqsPayload, str]]
+        list[SqsPayload], list[SqsPayload], list[SqsPayload], list[_Disposal]
     ]:
         """Split a batch into deletes, failures, bounces and dead letters.
 
@@ -377,7 +392,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         deletes: list[SqsPayload] = []
         failed: list[SqsPayload] = []
         bounced: list[SqsPayload] = []
-        dispose: list[tuple[SqsPayload, str]] = []
+        dispose: list[_Disposal] = []
         for payload, outcome in batch:
             held.pop(payload.receipt_handle, None)  # renewal stops here
             message_id, lane = payload.message_id, payload.lane
@@ -394,7 +409,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                     self._uncount(message_id)
                 failures = payload.message.receive_count - self._bounced.get(message_id, 0)
                 if failures > self.settings.max_redeliveries:
-                    dispose.append((payload, REASON_MAX_REDELIVERIES))
+                    dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
                     continue
                 failed.append(payload)
                 if lane not in floors:
@@ -402,7 +417,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                     if len(floors) > _MAX_HOLDS:  # standard lanes never come back: forget
                         del floors[next(iter(floors))]
             elif outcome.rejected:
-                dispose.append((payload, REASON_REJECTED))
+                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
             elif outcome.acked:
                 deletes.append(payload)
             # else: fanned out to nobody; its visibility lapses and it is received again
@@ -543,40 +558,84 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     # -- dead letters --------------------------------------------------------------------
 
-    async def _dispose(self, items: list[tuple[SqsPayload, str]]) -> None:
-        """Dead-letter (or discard) ``items``, deleting each once its copy is stored."""
+    async def _dispose(self, items: list[_Disposal]) -> None:
+        """Dead-letter ``items``, deleting each once its copy is stored somewhere.
+
+        A copy goes to ``dead_letter_queue``; when there is none, or SQS
+        refuses the copy for good (a sender fault: too big, say), to the
+        engine's ``dead_letter_fallback``; with neither, the message is
+        discarded with a warning. A transient failure leaves the message
+        where it is: it comes again.
+        """
         if self._dlq_url is None:
-            for payload, reason in items:
-                self.discarded += 1
-                log.warning("discarding %s from %s (%s, received %d times): no "
-                            "dead_letter_queue configured", payload.message_id,
-                            queue_name(self._url), reason, payload.message.receive_count)
-            await self._queue_deletes([payload for payload, _ in items])
+            await self._dispose_elsewhere(items, "no dead_letter_queue configured")
             return
         for chunk in _chunks(items):
-            entries = [self._dead_letter_entry(str(i), payload, reason)
-                       for i, (payload, reason) in enumerate(chunk)]
+            entries = [self._dead_letter_entry(str(i), payload, reason, verdicts)
+                       for i, (payload, reason, verdicts) in enumerate(chunk)]
             try:
                 response = await self._call("SendMessageBatch", QueueUrl=self._dlq_url,
                                             Entries=entries)
             except SqsRequestError as exc:
                 log.error("dead-lettering %s failed (%s); they stay in %s and come again",  # noqa: TRY400 - the cause is in the message
-                          [p.message_id for p, _ in chunk], exc, queue_name(self._url))
+                          [p.message_id for p, _, _ in chunk], exc, queue_name(self._url))
                 continue
             failed = {f["Id"]: f for f in response.get("Failed") or []}
-            stored = []
-            for i, (payload, reason) in enumerate(chunk):
-                if str(i) in failed:
+            stored, refused = [], []
+            for i, item in enumerate(chunk):
+                payload, reason, verdicts = item
+                failure = failed.get(str(i))
+                if failure is None:
+                    self.dead_lettered += 1
+                    log.warning("dead-lettered %s from %s (%s%s)", payload.message_id,
+                                queue_name(self._url), reason, _detail(verdicts, ": "))
+                    stored.append(payload)
+                elif failure.get("SenderFault"):
+                    refused.append(item)
+                    self._refusals[payload.message_id] = str(failure.get("Code"))
+                else:
                     log.error("dead-lettering %s failed (%s); it stays and comes again",
-                              payload.message_id, failed[str(i)].get("Code"))
-                    continue
-                self.dead_lettered += 1
-                log.warning("dead-lettered %s from %s (%s)", payload.message_id,
-                            queue_name(self._url), reason)
-                stored.append(payload)
+                              payload.message_id, failure.get("Code"))
             await self._queue_deletes(stored)
+            if refused:
+                await self._dispose_elsewhere(refused, "the dead_letter_queue refused it")
 
-    def _dead_letter_entry(self, entry_id: str, payload: SqsPayload, reason: str) -> dict[str, Any]:
+    async def _dispose_elsewhere(self, items: list[_Disposal], why: str) -> None:
+        """Keep ``items`` through the fallback (or discard them), then delete them."""
+        keep = self.dead_letter_fallback
+        kept = []
+        for payload, reason, verdicts in items:
+            message = payload.message
+            refusal = self._refusals.pop(payload.message_id, None)
+            cause = f"{why} ({refusal})" if refusal else why
+            if keep is None:
+                self.discarded += 1
+                log.warning("discarding %s from %s (%s, received %d times%s): %s",
+                            payload.message_id, queue_name(self._url), reason,
+                            message.receive_count, _detail(verdicts, "; "), cause)
+                kept.append(payload)
+                continue
+            try:
+                await keep(DeadLetter(
+                    stream=f"sqs {queue_name(self._url)}",
+                    source=payload.message_id,
+                    reason=f"{reason}; {cause}{_detail(verdicts, ': ')}",
+                    triggers=tuple(dict.fromkeys(str(v.trigger_id) for v in verdicts)),
+                    payload=message.body.encode("utf-8", "surrogatepass"),
+                    headers=tuple((name, str(value).encode()) for name, value in
+                                  message.raw_attributes.items()),
+                ))
+            except Exception as exc:  # noqa: BLE001 - not kept: the message stays and comes again
+                log.error("keeping %s in the dead-letter fallback failed (%s); it stays in %s "  # noqa: TRY400 - the cause is in the message
+                          "and comes again", payload.message_id, exc, queue_name(self._url))
+                continue
+            self.dead_lettered += 1
+            kept.append(payload)
+        await self._queue_deletes(kept)
+
+    def _dead_letter_entry(
+        self, entry_id: str, payload: SqsPayload, reason: str, verdicts: Sequence[Verdict]
+    ) -> dict[str, Any]:
         message = payload.message
         ours = {
             DLQ_ATTRIBUTE_QUEUE: {"DataType": "String", "StringValue": queue_name(self._url)},
@@ -585,6 +644,11 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             DLQ_ATTRIBUTE_RECEIVE_COUNT: {"DataType": "Number",
                                           "StringValue": str(message.receive_count)},
         }
+        if verdicts:
+            triggers = ",".join(dict.fromkeys(str(v.trigger_id) for v in verdicts))
+            ours[DLQ_ATTRIBUTE_TRIGGERS] = {"DataType": "String", "StringValue": triggers}
+            ours[DLQ_ATTRIBUTE_DETAIL] = {"DataType": "String",
+                                          "StringValue": _detail(verdicts, "")[:1024]}
         originals = [(k, v) for k, v in message.raw_attributes.items() if k not in ours]
         room = _SQS_MAX_ATTRIBUTES - len(ours)
         if len(originals) > room:

@@ -112,8 +112,9 @@ class DecodeCache:
     def decoded(self, value_format: str, decode: Callable[[bytes], Any]) -> Any:
         """``decode(self.raw_bytes())``, computed once per format and shared by every filter.
 
-        A failure (``ValueError`` or ``TypeError`` from the decoder) is
-        remembered and raised again, as ``ValueError``, on every call.
+        A failure (``ValueError``, ``TypeError`` or ``RecursionError`` from
+        the decoder) is remembered and raised again, as ``ValueError``, on
+        every call.
         """
         cache = self._decoded
         if value_format not in cache:
@@ -122,6 +123,9 @@ class DecodeCache:
                 cache[value_format] = decode(raw) if raw is not None else None
             except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too
                 cache[value_format] = ValueError(f"undecodable {value_format} value: {exc}")
+            except RecursionError:  # json.loads on a document nested thousands deep
+                cache[value_format] = ValueError(
+                    f"undecodable {value_format} value: nested too deep to decode")
         result = cache[value_format]
         if isinstance(result, ValueError):
             raise result

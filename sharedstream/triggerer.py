@@ -54,6 +54,7 @@ from sharedstream.events import TriggerEvent
 from sharedstream.manager import SharedStreamManager
 from sharedstream.membership import Membership
 from sharedstream.persist import PersistGate
+from sharedstream.producer import DeadLetter
 from sharedstream.registry import TriggerRegistry
 from sharedstream.serde import SerializationError, pack_event_payload, pack_kwargs, unpack_kwargs
 from sharedstream.store.base import DagSpec, PendingEvent, TriggerRow, TriggerSpec, WatcherSpec
@@ -132,6 +133,7 @@ class Triggerer:
             linger=config.store.persist_linger_ms / 1000,
             on_pressure=self._store_pressure,
         )
+        self.manager.dead_letter_fallback = self._keep_dead_letter
         self.progress = _Progress()
         self._stop = asyncio.Event()
         self._signals = 0
@@ -145,6 +147,19 @@ class Triggerer:
         else:
             self.manager.intake.open("store")
             log.info("the store has caught up; intake resumed")
+
+    async def _keep_dead_letter(self, letter: DeadLetter) -> None:
+        """A producer's dead-letter fallback: the store's dead-letter table, durably.
+
+        Raises if the store cannot write it (the producer's ``advance`` then
+        fails, its group restarts and the broker redelivers the raw event).
+        """
+        new = await self._store_call("add_dead_letter", letter)
+        if new:
+            self.progress.fallbacks += 1
+            log.warning("kept %s of %s in the store's dead-letter table (%s); see "
+                        "`sharedstream deadletters list`", letter.source, letter.stream,
+                        letter.reason)
 
     # -- database thread -------------------------------------------------------
 

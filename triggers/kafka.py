@@ -342,7 +342,7 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
             except ValueError as exc:
                 self.log.warning("rejecting %s/%d/%d: %s", message.topic, message.partition,
                                  message.offset, exc)
-                reject_shared_stream_event()
+                reject_shared_stream_event(str(exc))
                 continue
             if matches(value, message):
                 event = TriggerEvent(self.to_payload(value, message))

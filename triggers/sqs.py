@@ -276,7 +276,7 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
             except ValueError as exc:
                 self.log.warning("rejecting %s from %s: %s", message.message_id,
                                  queue_name(message.queue), exc)
-                reject_shared_stream_event()
+                reject_shared_stream_event(str(exc))
                 continue
             if self.matches(value, message):
                 yield TriggerEvent(self.to_payload(value, message))

@@ -265,7 +265,7 @@ async def filtered(trigger: SqsSharedStreamTrigger, messages: list[SqsMessage]) 
 
     events: list[TriggerEvent] = []
     with pytest.MonkeyPatch.context() as patch:
-        def count_reject() -> None:
+        def count_reject(_reason: str | None = None) -> None:
             nonlocal rejected
             rejected += 1
         patch.setattr("sharedstream.triggers.sqs.reject_shared_stream_event", count_reject)
@@ -357,5 +357,5 @@ def test_unseen_failures_do_not_count_toward_max_redeliveries() -> None:
         return producer._sort([AdvanceItem(payload, outcome)])
 
     # Its own failure: dead-lettered. Collateral: this receive is not counted, shown again.
-    assert sort(AdvanceOutcome(1, 1, 0)) == ([], [], [], [(payload, "max_redeliveries")])
+    assert sort(AdvanceOutcome(1, 1, 0)) == ([], [], [], [(payload, "max_redeliveries", ())])
     assert sort(outcome_with_unseen(1, 1, 0, unseen=1)) == ([], [payload], [], [])
