@@ -241,3 +241,97 @@ async def eventually(predicate: Callable[[], bool], within: float = 3.0) -> None
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 - see docstring
             await asyncio.sleep(0.001)
+
+
+class MemberRunner:
+    """Drives a durable member the way the triggerer does: attempts, failures, restarts.
+
+    ``start()`` begins an attempt; when the filter raises, the member's
+    ``fail`` is called (as the triggerer does) and the attempt ends -
+    ``restart()`` begins the next. ``hang_on`` makes the filter hang on that
+    raw event until cancelled (by the ack watchdog's interrupt); ``raise_on``
+    makes it raise on that raw event (every time, or ``raise_times`` times).
+    """
+
+    def __init__(
+        self, manager: SharedStreamManager, trigger: FeedTriggerBase, trigger_id: int,
+        *, auto_confirm: bool = True,
+    ) -> None:
+        self.manager, self.trigger, self.trigger_id = manager, trigger, trigger_id
+        self.member = manager.join(
+            trigger_id=trigger_id, trigger=trigger, key=trigger.shared_stream_key())
+        self.auto_confirm = auto_confirm
+        self.events: list[TriggerEvent] = []
+        self.unconfirmed: list[int] = []
+        self.errors: list[BaseException] = []
+        self.raise_on: Any = None
+        self.raise_times = 1_000_000
+        self.hang_on: Any = None
+        self.pulls = asyncio.Event()  # set whenever a raw event is pulled
+        self.gate: asyncio.Event | None = None  # when set, the filter waits before each raw
+        self.task: asyncio.Task[None] | None = None
+        self.interrupted: list[BaseException] = []
+
+    def start(self) -> MemberRunner:
+        self.task = asyncio.get_running_loop().create_task(self._attempt())
+        return self
+
+    restart = start
+
+    async def _filter(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for raw in stream:
+            self.pulls.set()
+            if self.gate is not None:
+                await self.gate.wait()
+            if raw == self.hang_on:
+                await asyncio.Event().wait()
+            if raw == self.raise_on and self.raise_times > 0:
+                self.raise_times -= 1
+                raise RuntimeError(f"boom on {raw!r}")
+            yield TriggerEvent({"raw": raw, "by": self.trigger.name, "n": 0})
+
+    async def _attempt(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def interrupt(error: BaseException) -> None:
+            self.interrupted.append(error)
+            task.cancel()
+
+        self.member.on_interrupt = interrupt
+        try:
+            async for event in self._filter(self.member.stream()):
+                seq = self.member.bind()
+                self.events.append(event)
+                if seq is not None:
+                    if self.auto_confirm:
+                        self.manager.confirm_persisted([seq])
+                    else:
+                        self.unconfirmed.append(seq)
+        except asyncio.CancelledError:
+            if not self.interrupted:
+                raise
+            self.member.fail(self.interrupted[-1])
+            self.errors.append(self.interrupted[-1])
+        except Exception as exc:  # noqa: BLE001 - recorded for the test to assert on
+            self.member.fail(exc)
+            self.errors.append(exc)
+        finally:
+            self.member.on_interrupt = None
+
+    def confirm_all(self) -> None:
+        seqs, self.unconfirmed = self.unconfirmed, []
+        self.manager.confirm_persisted(seqs)
+
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def stop(self) -> None:
+        """Cancel the attempt, then leave (the triggerer's order)."""
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.wait([self.task])
+        await self.member.leave()
+
+    def raws(self) -> list[Any]:
+        return [event.payload["raw"] for event in self.events]
