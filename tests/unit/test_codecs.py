@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -77,3 +78,23 @@ def test_json_decoder_matches_json_loads_near_the_grammar(text: str) -> None:
 def test_json_decoder_reads_numbers_as_json_loads_does(number: str) -> None:
     raw = f'[{number}, {{"n": {number}}}]'.encode()
     assert outcome(DECODERS["json"], raw) == outcome(json.loads, raw)
+
+
+def test_a_document_nested_too_deep_to_decode_is_a_decode_error() -> None:
+    """json.loads recurses; a record nested thousands deep must be rejected, not crash."""
+    from sharedstream.codecs import DecodeCache  # noqa: PLC0415 - local to this test
+
+    class Raw(DecodeCache):
+        __slots__ = ("raw",)
+
+        def __init__(self, raw: bytes) -> None:
+            super().__init__()
+            self.raw = raw
+
+        def raw_bytes(self) -> bytes:
+            return self.raw
+
+    deep = Raw(b"[" * 100_000 + b"]" * 100_000)
+    for _ in range(2):  # remembered: every filter gets the same error
+        with pytest.raises(ValueError, match="nested too deep"):
+            deep.decoded("json", DECODERS["json"])

@@ -597,3 +597,27 @@ def test_a_failed_pack_leaves_nothing_behind_for_the_next_one() -> None:
         pack_kwargs({"a": [1, 2, object()]})
     assert unpack_kwargs(pack_kwargs({"a": [1, 2]})) == {"a": [1, 2]}
     assert pack_kwargs({"a": [1, 2]}) == msgpack.packb({"a": [1, 2]}, use_bin_type=True)
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        ("\ud800", "not valid Unicode"),
+        ({"text": "ok \udfff"}, "not valid Unicode"),
+        ("x" * (serde.MAX_EVENT_PAYLOAD_BYTES + 1), "over the limit"),
+    ],
+)
+def test_event_payloads_the_store_cannot_take_raise_one_error_naming_why(
+    payload: Any, why: str, native: bool,
+) -> None:
+    with pytest.raises(serde.SerializationError, match=why):
+        serde.pack_event_payload(payload, native=native)
+
+
+def test_an_event_payload_nested_too_deep_is_refused() -> None:
+    deep: Any = "leaf"
+    for _ in range(serde.MAX_DEPTH):
+        deep = [deep]
+    with pytest.raises(serde.SerializationError, match="nested deeper"):
+        serde.pack_event_payload(deep)
