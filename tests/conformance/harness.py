@@ -9,7 +9,7 @@ is rebuilt from its kwargs and can only carry the script's name.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,6 +51,8 @@ class DeadLetter:
     source: str
     """The raw event name of the message it came from (as ``raw_event_name`` names it)."""
     reason: str
+    triggers: str = ""
+    """The trigger ids that rejected it or kept failing on it, comma-separated."""
 
 
 class BrokerHarness(Protocol):
@@ -96,6 +98,15 @@ class Script:
     fail: dict[bytes, int] = field(default_factory=dict)
     """Value -> how many more times to raise on it (-1: always)."""
     failures: int = 0
+    delay: float = 0.0
+    """Seconds the filter spends on each message (a slow watcher)."""
+
+
+async def pace(script: str) -> None:
+    """Spend the script's ``delay`` on one message (call it first in a scripted filter)."""
+    delay = SCRIPTS[script].delay
+    if delay:
+        await asyncio.sleep(delay)
 
 
 SCRIPTS: dict[str, Script] = {}
@@ -124,45 +135,46 @@ class ScriptedFailure(RuntimeError):
 
 
 class SupervisedRunner:
-    """Runs one trigger the way the triggerer does, restarting its filter when it raises.
+    """Runs one trigger the way the triggerer does: a durable member, restarted when it raises.
 
     Events are stored at once (confirmed as soon as taken). On a filter error
-    the subscriber is force-failed, unsubscribed and subscribed again in the
-    same synchronous step, so the redelivery of what it owed reaches it.
+    the member's attempt is failed (only the message it was on fails) and,
+    after ``backoff`` seconds away, a new attempt picks up where it stopped;
+    messages fanned out meanwhile wait for it.
     """
 
     def __init__(
         self, manager: SharedStreamManager, trigger: BaseEventTrigger, trigger_id: int,
+        *, backoff: float = 0.0,
     ) -> None:
         self.manager, self.trigger, self.trigger_id = manager, trigger, trigger_id
         self.key: Hashable = trigger.shared_stream_key()
+        self.backoff = backoff
         self.events: list[TriggerEvent] = []
         self.names: list[str | None] = []
         self.errors: list[BaseException] = []
         self.task: asyncio.Task[None] | None = None
+        self.member = manager.join(trigger_id=trigger_id, trigger=trigger, key=self.key)
 
     def start(self) -> SupervisedRunner:
         self.task = asyncio.get_running_loop().create_task(self._run())
         return self
 
     async def _run(self) -> None:
-        manager, trigger_id, key = self.manager, self.trigger_id, self.key
-        stream: AsyncIterator[Any] = manager.subscribe(
-            trigger_id=trigger_id, trigger=self.trigger, key=key
-        )
+        member = self.member
         while True:
             try:
-                async for event in self.trigger.filter_shared_stream(stream):
-                    seq = manager.bind_pending_event(trigger_id=trigger_id, key=key)
-                    self.names.append(manager.raw_event_key(trigger_id=trigger_id, key=key))
+                async for event in self.trigger.filter_shared_stream(member.stream()):
+                    seq = member.bind()
+                    self.names.append(member.raw_event_key())
                     self.events.append(event)
                     if seq is not None:
-                        manager.confirm_persisted([seq])
+                        self.manager.confirm_persisted([seq])
             except ScriptedFailure as exc:
                 self.errors.append(exc)
-                manager.fail_subscriber(trigger_id=trigger_id, key=key, error=exc)
-                await manager.unsubscribe(trigger_id, key)
-                stream = manager.subscribe(trigger_id=trigger_id, trigger=self.trigger, key=key)
+                member.fail(exc)
+                if self.backoff:
+                    await asyncio.sleep(self.backoff)
             else:
                 return
 
@@ -175,7 +187,7 @@ class SupervisedRunner:
             await asyncio.wait([self.task])
             if not self.task.cancelled() and self.task.exception() is not None:
                 raise AssertionError("runner failed") from self.task.exception()
-        await self.manager.unsubscribe(self.trigger_id, self.key)
+        await self.member.leave()
 
 
 async def eventually(

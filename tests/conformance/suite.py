@@ -1,9 +1,11 @@
 """The producer conformance tests; subclass :class:`ProducerConformance` and provide ``harness``.
 
 Every test runs a real :class:`SharedStreamManager` with runner tasks that
-behave like the triggerer (store at once, restart a failed filter in the
-same step), against the real broker, and checks the committed position with
-the harness's own, separate reader.
+behave like the triggerer (durable members that store at once and restart a
+failed filter), against the real broker, and checks the committed position
+with the harness's own, separate reader. Whatever the broker, a member that
+is away, slow or failing must never let the broker advance past a message
+it has not stored.
 """
 
 from __future__ import annotations
@@ -46,16 +48,18 @@ def same(harness: BrokerHarness, seen: list[Any], expected: list[Any]) -> bool:
 class Session:
     """One manager and its runners; stops them all at the end."""
 
-    def __init__(self, harness: BrokerHarness, stream: Stream) -> None:
+    def __init__(self, harness: BrokerHarness, stream: Stream, *, queue: int = 1024) -> None:
         self.harness, self.stream = harness, stream
-        self.manager = SharedStreamManager(ack_timeout=30.0)
+        self.manager = SharedStreamManager(ack_timeout=30.0, max_subscriber_queue=queue)
         self.runners: list[SupervisedRunner] = []
 
-    def run(self, script: Script | None = None, **trigger_kwargs: Any) -> SupervisedRunner:
+    def run(
+        self, script: Script | None = None, *, backoff: float = 0.0, **trigger_kwargs: Any
+    ) -> SupervisedRunner:
         name = f"script-{next(_ids)}"
         SCRIPTS[name] = script or Script()
         trigger = self.harness.trigger(self.stream, script=name, **trigger_kwargs)
-        runner = SupervisedRunner(self.manager, trigger, next(_ids)).start()
+        runner = SupervisedRunner(self.manager, trigger, next(_ids), backoff=backoff).start()
         self.runners.append(runner)
         return runner
 
@@ -140,7 +144,7 @@ class ProducerConformance:
         flaky_script = Script(fail={b"m2": 1})
         flaky = session.run(flaky_script)
         await harness.produce(stream, values(6))
-        await eventually(lambda: same(harness, flaky.values(), values(6)),
+        await eventually(lambda: set(flaky.values()) == set(values(6)),
                          what="the flaky trigger, restarted, to get every message")
         await eventually_async(lambda: harness.committed(stream), 6, what="committed")
         assert flaky_script.failures == 1
@@ -195,9 +199,47 @@ class ProducerConformance:
         assert sorted(set(healthy.values())) == values(4)
         if harness.features.supports_dlq:
             letters = await harness.dead_letters(stream)
-            assert [(d.value, d.source, d.reason) for d in letters] == [
-                (b"m1", harness.raw_event_name(stream, 1), "max_redeliveries")
+            assert [(d.value, d.source, d.reason, d.triggers) for d in letters] == [
+                (b"m1", harness.raw_event_name(stream, 1), "max_redeliveries",
+                 str(victim.trigger_id))
             ]
+
+    async def test_a_member_away_holds_the_stream(
+        self, harness: BrokerHarness, session: Session
+    ) -> None:
+        """A filter that failed and is backing off is still owed every later message."""
+        if not harness.features.redelivers_in_session:
+            pytest.skip("no redelivery within a session")
+        stream = session.stream
+        healthy = session.run()
+        away = session.run(Script(fail={b"m1": 1}), backoff=1.5)
+        await harness.produce(stream, values(2))
+        await eventually(lambda: away.errors, what="the failure on m1")
+        await harness.produce(stream, values(6)[2:])  # fanned out while it is away
+        await eventually(lambda: set(healthy.values()) == set(values(6)),
+                         what="the healthy trigger")
+        committed = await harness.committed(stream)
+        assert committed <= 1, f"advanced to {committed} while a member was away"
+        await eventually(lambda: set(away.values()) >= set(values(6)), within=15,
+                         what="the member, back, to get every message")
+        await eventually_async(lambda: harness.committed(stream), 6, what="committed")
+
+    async def test_a_slow_member_holds_the_stream_without_failing(
+        self, harness: BrokerHarness
+    ) -> None:
+        """A filter slower than the poll is back-pressure: no overflow, nothing skipped."""
+        stream = await harness.create_stream()
+        session = Session(harness, stream, queue=4)
+        try:
+            fast, slow = session.run(), session.run(Script(delay=0.01))
+            await harness.produce(stream, values(40))
+            await eventually(lambda: set(slow.values()) == set(values(40)), within=20,
+                             what="the slow trigger to get every message")
+            await eventually_async(lambda: harness.committed(stream), 40, what="committed")
+            assert slow.errors == [] and fast.errors == []
+            assert set(fast.values()) == set(values(40))
+        finally:
+            await session.close()
 
     async def test_triggers_share_one_consumer(
         self, harness: BrokerHarness, session: Session

@@ -25,10 +25,18 @@ from sharedstream.producers.kafka import (
     DLQ_HEADER_PARTITION,
     DLQ_HEADER_REASON,
     DLQ_HEADER_TOPIC,
+    DLQ_HEADER_TRIGGERS,
 )
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.cli import TriggererCli
-from tests.conformance.harness import DeadLetter, Features, ScriptedFailure, Stream, act
+from tests.conformance.harness import (
+    DeadLetter,
+    Features,
+    ScriptedFailure,
+    Stream,
+    act,
+    pace,
+)
 
 aiokafka: Any = pytest.importorskip("aiokafka")
 aiokafka_admin: Any = importlib.import_module("aiokafka.admin")
@@ -74,6 +82,7 @@ class ConformanceKafkaTrigger(KafkaSharedStreamTrigger):
         TriggerEvent
     ]:
         async for message in shared_stream:
+            await pace(self.script)
             action = act(self.script, message.value)
             if action == "fail":
                 raise ScriptedFailure(f"scripted failure on {message.value!r}")
@@ -196,7 +205,8 @@ class KafkaHarness:
             headers = {name: value.decode() for name, value in record.headers}
             source = "/".join(headers[h] for h in (DLQ_HEADER_TOPIC, DLQ_HEADER_PARTITION,
                                                    DLQ_HEADER_OFFSET))
-            letters.append(DeadLetter(record.value, source, headers[DLQ_HEADER_REASON]))
+            letters.append(DeadLetter(record.value, source, headers[DLQ_HEADER_REASON],
+                                      headers.get(DLQ_HEADER_TRIGGERS, "")))
         return letters
 
     def producers_created(self, stream: Stream) -> int:

@@ -28,10 +28,18 @@ from sharedstream.producer import SharedStreamProducer
 from sharedstream.producers.sqs import (
     DLQ_ATTRIBUTE_MESSAGE_ID,
     DLQ_ATTRIBUTE_REASON,
+    DLQ_ATTRIBUTE_TRIGGERS,
     SqsSharedStreamProducer,
 )
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
-from tests.conformance.harness import DeadLetter, Features, ScriptedFailure, Stream, act
+from tests.conformance.harness import (
+    DeadLetter,
+    Features,
+    ScriptedFailure,
+    Stream,
+    act,
+    pace,
+)
 
 aiobotocore_session: Any = pytest.importorskip("aiobotocore.session")
 
@@ -124,6 +132,7 @@ class ConformanceSqsTrigger(SqsSharedStreamTrigger):
         TriggerEvent
     ]:
         async for message in shared_stream:
+            await pace(self.script)
             body = message.body.encode()
             action = act(self.script, body)
             if action == "fail":
@@ -257,7 +266,8 @@ class SqsHarness:
             attributes = message["MessageAttributes"]
             letters.append(DeadLetter(
                 message["Body"].encode(), attributes[DLQ_ATTRIBUTE_MESSAGE_ID]["StringValue"],
-                attributes[DLQ_ATTRIBUTE_REASON]["StringValue"]))
+                attributes[DLQ_ATTRIBUTE_REASON]["StringValue"],
+                attributes.get(DLQ_ATTRIBUTE_TRIGGERS, {}).get("StringValue", "")))
         return list(letters)
 
     def producers_created(self, stream: Stream) -> int:
