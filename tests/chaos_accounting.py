@@ -1,0 +1,344 @@
+"""Exact accounting for chaos suites: what each watcher stored, what was dead-lettered.
+
+A chaos case knows, for every input record, which watchers (trigger ids)
+must store an event for it and whether it must be dead-lettered, and why.
+This module reads what really happened - the ``trigger_events`` of the
+SQLite store, dead letters read from the broker by the suite, and the
+store's ``dead_letters`` table (the fallback for dead letters the broker
+refused) - and compares the two, record by record:
+
+* every expected event is stored exactly once per ``(trigger, source)``
+  (none *lost*, none *duplicated*, none *unexpected*);
+* every record meant to be dead-lettered is, exactly once over the broker's
+  dead-letter destination and the store's table together, in the intended
+  place, with the intended reason (and failing triggers, when given); no
+  other record is.
+
+Broker-neutral: a record's *source* is the name the broker's producer gives
+it (``raw_event_name``): ``topic/partition/offset`` for Kafka, the message id
+for SQS. The store's idempotency key is ``<trigger id>/<source>#<index>``.
+
+Also here: :class:`PeakRss`, which samples a process's peak resident set
+size (``VmHWM``) so a suite can bound the memory a case cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "IN_BROKER",
+    "IN_STORE",
+    "DeadLetterRecord",
+    "Expected",
+    "ExpectedDeadLetter",
+    "PeakRss",
+    "Reality",
+    "StoredEvent",
+    "assert_exact",
+    "compare",
+    "count_stored_events",
+    "parse_idem_key",
+    "read_dead_letter_table",
+    "read_stored_events",
+    "trigger_ids",
+]
+
+IN_BROKER = "broker"
+"""Where a dead letter went: the broker's dead-letter destination (a DLQ topic or queue)."""
+IN_STORE = "store"
+"""Where a dead letter went: the store's ``dead_letters`` table (the broker refused it)."""
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """One ``trigger_events`` row: its trigger, the source record and the event's index."""
+
+    trigger_id: int
+    source: str | None  # None: the event has no idempotency key
+    index: int
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """One dead letter, wherever it went (``IN_BROKER`` or ``IN_STORE``)."""
+
+    source: str
+    reason: str | None
+    where: str
+    triggers: frozenset[int] | None = None  # None: not recorded
+    detail: str | None = None
+    payload_size: int | None = None  # None: not recorded
+
+
+@dataclass(frozen=True)
+class ExpectedDeadLetter:
+    """A record that must be dead-lettered once, ``where``, with ``reason``.
+
+    ``triggers`` (when not None) are the ids that must be named as the
+    failing ones; ``detail`` (when not None) must occur in the recorded detail;
+    ``payload_size`` (when not None) must be the recorded size, if one is recorded.
+    """
+
+    reason: str
+    where: str = IN_BROKER
+    triggers: frozenset[int] | None = None
+    detail: str | None = None
+    payload_size: int | None = None
+
+
+@dataclass
+class Expected:
+    """What a case must end with.
+
+    ``events[trigger_id]`` is the set of sources each of which that trigger
+    must have stored exactly one event for (one event per record: index 0).
+    """
+
+    events: dict[int, set[str]] = field(default_factory=dict)
+    dead_letters: dict[str, ExpectedDeadLetter] = field(default_factory=dict)
+
+
+@dataclass
+class Reality:
+    """What a case ended with."""
+
+    events: list[StoredEvent]
+    dead_letters: list[DeadLetterRecord]
+
+
+def parse_idem_key(trigger_id: int, idem_key: str | None) -> StoredEvent:
+    """``<trigger id>/<source>#<index>`` -> :class:`StoredEvent` (no key: source ``None``)."""
+    if idem_key is None:
+        return StoredEvent(trigger_id, None, 0)
+    prefix, _, rest = idem_key.partition("/")
+    source, _, index = rest.rpartition("#")
+    if prefix != str(trigger_id) or not source or not index.isdigit():
+        raise AssertionError(f"trigger {trigger_id}: unexpected idempotency key {idem_key!r}")
+    return StoredEvent(trigger_id, source, int(index))
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(db, timeout=10)
+    connection.row_factory = sqlite3.Row
+    return connection
+
+
+def read_stored_events(db: Path) -> list[StoredEvent]:
+    """Every trigger event in the store at ``db``, read directly (a reader never blocks)."""
+    with contextlib.closing(_connect(db)) as connection:
+        rows = connection.execute("SELECT trigger_id, idem_key FROM trigger_events").fetchall()
+    return [parse_idem_key(int(row["trigger_id"]), row["idem_key"]) for row in rows]
+
+
+def count_stored_events(db: Path) -> int:
+    """How many trigger events the store holds (cheap enough to poll)."""
+    with contextlib.closing(_connect(db)) as connection:
+        return int(connection.execute("SELECT count(*) FROM trigger_events").fetchone()[0])
+
+
+def trigger_ids(db: Path) -> dict[str, list[int]]:
+    """Trigger ids by class path, from the store's ``triggers`` table."""
+    ids: dict[str, list[int]] = {}
+    with contextlib.closing(_connect(db)) as connection:
+        for row in connection.execute("SELECT id, classpath FROM triggers ORDER BY id"):
+            ids.setdefault(row["classpath"], []).append(int(row["id"]))
+    return ids
+
+
+def _triggers(value: Any) -> frozenset[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return frozenset(int(v) for v in value)
+    text = str(value).strip("[] ")
+    return frozenset(int(part) for part in text.replace(" ", "").split(",") if part)
+
+
+def _dead_letter_rows(rows: Iterable[Mapping[str, Any]]) -> list[DeadLetterRecord]:
+    return [
+        DeadLetterRecord(
+            source=str(row["source"]), reason=row.get("reason"), where=IN_STORE,
+            triggers=_triggers(row.get("triggers")), detail=row.get("detail"),
+            payload_size=None if row.get("payload_size") is None else int(row["payload_size"]),
+        )
+        for row in rows
+    ]
+
+
+def read_dead_letter_table(
+    config: Path, db: Path, env: Mapping[str, str]
+) -> list[DeadLetterRecord]:
+    """The store's fallback dead letters, as ``sharedstream deadletters list --json`` lists them.
+
+    Until the command exists, the ``dead_letters`` table is read directly;
+    a store without that table has no fallback dead letters (empty list).
+    """
+    result = subprocess.run(
+        [sys.executable, "-m", "sharedstream", "--config", str(config), "deadletters", "list",
+         "--json"],
+        cwd=config.parent, env=dict(env), capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+    if result.returncode == 0:
+        listed = json.loads(result.stdout)
+        assert isinstance(listed, list), result.stdout[:500]
+        return _dead_letter_rows(listed)
+    with contextlib.closing(_connect(db)) as connection:
+        exists = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'"
+        ).fetchone()
+        if not exists:
+            return []
+        rows = [dict(row) for row in connection.execute("SELECT * FROM dead_letters")]
+    return _dead_letter_rows(rows)
+
+
+def _natural(item: Any) -> tuple[Any, ...]:
+    """Sort key: ``t/0/9`` before ``t/0/10``."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(item)))
+
+
+def _sample(items: Iterable[Any], limit: int = 8) -> str:
+    ordered = sorted(items, key=_natural)
+    more = f" (+{len(ordered) - limit} more)" if len(ordered) > limit else ""
+    return ", ".join(map(str, ordered[:limit])) + more
+
+
+def compare(expected: Expected, reality: Reality) -> list[str]:
+    """Every discrepancy between ``expected`` and ``reality``, one line each (none: empty)."""
+    problems: list[str] = []
+    stored = Counter((e.trigger_id, e.source) for e in reality.events)
+    unkeyed = Counter(e.trigger_id for e in reality.events if e.source is None)
+    for trigger_id, count in sorted(unkeyed.items()):
+        problems.append(f"trigger {trigger_id}: {count} events without an idempotency key")
+    indexes = [e for e in reality.events if e.source is not None and e.index != 0]
+    if indexes:
+        problems.append(f"{len(indexes)} events with an index other than 0 (one event per "
+                        f"record expected): {_sample(indexes)}")
+    triggers = set(expected.events) | {e.trigger_id for e in reality.events}
+    for trigger_id in sorted(triggers):
+        wanted = expected.events.get(trigger_id, set())
+        have = {source for (t, source), _ in stored.items() if t == trigger_id and source}
+        lost = wanted - have
+        if lost:
+            problems.append(f"trigger {trigger_id}: LOST {len(lost)} of {len(wanted)} events "
+                            f"(stored {len(have & wanted)}): {_sample(lost)}")
+        twice = {s: n for (t, s), n in stored.items() if t == trigger_id and s and n > 1}
+        if twice:
+            problems.append(f"trigger {trigger_id}: {len(twice)} records stored more than "
+                            f"once: {_sample(f'{s} x{n}' for s, n in twice.items())}")
+        unexpected = have - wanted
+        if unexpected:
+            problems.append(f"trigger {trigger_id}: {len(unexpected)} unexpected events "
+                            f"(records it must not store): {_sample(unexpected)}")
+    problems.extend(_compare_dead_letters(expected.dead_letters, reality.dead_letters))
+    return problems
+
+
+def _same_reason(found: str | None, wanted: str) -> bool:
+    """``found`` is ``wanted``, possibly followed by an explanation (``"rejected; ..."``)."""
+    return found is not None and re.match(rf"{re.escape(wanted)}\b", found) is not None
+
+
+def _compare_dead_letters(
+    expected: Mapping[str, ExpectedDeadLetter], letters: list[DeadLetterRecord]
+) -> list[str]:
+    problems: list[str] = []
+    by_source: dict[str, list[DeadLetterRecord]] = {}
+    for letter in letters:
+        by_source.setdefault(letter.source, []).append(letter)
+    missing = set(expected) - set(by_source)
+    if missing:
+        problems.append(f"NOT dead-lettered ({len(missing)} of {len(expected)}): "
+                        f"{_sample(f'{s} ({expected[s].reason})' for s in missing)}")
+    unintended = set(by_source) - set(expected)
+    if unintended:
+        problems.append(f"dead-lettered but should not be ({len(unintended)}): " + _sample(
+            f"{s} ({by_source[s][0].reason}, {by_source[s][0].where})" for s in unintended))
+    for source in sorted(set(expected) & set(by_source)):
+        want, found = expected[source], by_source[source]
+        if len(found) > 1:
+            problems.append(f"{source}: dead-lettered {len(found)} times: "
+                            f"{_sample(f'{f.reason} in {f.where}' for f in found)}")
+        letter = found[0]
+        if letter.where != want.where:
+            problems.append(f"{source}: dead-lettered in the {letter.where}, expected in the "
+                            f"{want.where}")
+        if not _same_reason(letter.reason, want.reason):
+            problems.append(f"{source}: dead-letter reason {letter.reason!r:.200}, expected "
+                            f"{want.reason!r}")
+        if want.triggers is not None and letter.triggers != want.triggers:
+            problems.append(f"{source}: dead letter names triggers "
+                            f"{sorted(letter.triggers or ())}, expected {sorted(want.triggers)}")
+        if want.detail is not None and want.detail not in (letter.detail or ""):
+            problems.append(f"{source}: dead-letter detail {letter.detail!r} lacks "
+                            f"{want.detail!r}")
+        if None not in (want.payload_size, letter.payload_size) and (
+                want.payload_size != letter.payload_size):
+            problems.append(f"{source}: dead-letter payload_size {letter.payload_size}, "
+                            f"expected {want.payload_size}")
+    return problems
+
+
+def assert_exact(expected: Expected, reality: Reality, context: str) -> None:
+    """Raise ``AssertionError`` listing every discrepancy, prefixed with ``context``."""
+    problems = compare(expected, reality)
+    if problems:
+        summary = (f"{len(reality.events)} events stored, "
+                   f"{sum(len(s) for s in expected.events.values())} expected; "
+                   f"{len(reality.dead_letters)} dead letters, "
+                   f"{len(expected.dead_letters)} expected")
+        raise AssertionError(f"{context}: {summary}\n  " + "\n  ".join(problems))
+
+
+class PeakRss:
+    """The peak resident set size (``VmHWM``, in bytes) of a process, sampled.
+
+    ``VmHWM`` is the kernel's own high-water mark, so sampling only has to
+    happen before the process exits; :meth:`watching` samples periodically
+    in the background so that a process that dies still left a reading.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0
+
+    def sample(self) -> int:
+        """Read ``VmHWM`` now; returns the peak so far (unchanged if the process is gone)."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return self.peak
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                self.peak = max(self.peak, int(line.split()[1]) * 1024)
+        return self.peak
+
+    @contextlib.asynccontextmanager
+    async def watching(self, every: float = 0.25) -> AsyncIterator[PeakRss]:
+        """Sample every ``every`` seconds while the block runs, and once at its end."""
+
+        async def sampler() -> None:
+            while True:
+                self.sample()
+                await asyncio.sleep(every)
+
+        task = asyncio.create_task(sampler(), name=f"peak-rss[{self.pid}]")
+        try:
+            yield self
+        finally:
+            task.cancel()
+            await asyncio.wait([task])  # the sampler's own cancellation; ours still propagates
+            self.sample()
