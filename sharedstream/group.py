@@ -291,7 +291,11 @@ class StreamGroup:
                 # Any poll error ends the group; subscribers get the cause and
                 # the broker redelivers what was not advanced.
                 terminal = exc
-                log.exception("the poll of shared stream %r failed", self.key)
+                if getattr(exc, "retryable", False):  # the broker's doing: one line says it
+                    log.warning("shared stream %r stopped: %s: %s; its triggers start it again "
+                                "after their restart backoff", self.key, type(exc).__name__, exc)
+                else:
+                    log.exception("the poll of shared stream %r failed", self.key)
             finally:
                 if terminal is not None:
                     self._terminate(terminal)

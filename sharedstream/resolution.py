@@ -132,8 +132,8 @@ class AckSubscriber(Subscriber):
     """
 
     __slots__ = (
-        "bind_index", "book", "bound_record", "current", "departed", "interrupt", "ledger",
-        "ledger_base", "next_seq", "on_interrupt", "window_seqs",
+        "bind_index", "book", "bound_record", "current", "departed", "fences", "interrupt",
+        "ledger", "ledger_base", "next_seq", "on_interrupt", "window_seqs",
     )
 
     def __init__(
@@ -154,6 +154,9 @@ class AckSubscriber(Subscriber):
         # a record past the ack timeout), raised at its next pull, and who to tell at once.
         self.interrupt: BaseException | None = None
         self.on_interrupt: Callable[[BaseException], None] | None = None
+        # Durable members only: lane -> the record that failed for it there, until that
+        # record is advanced; the lane's later records fail for it (see _fence).
+        self.fences: dict[Hashable, EventRecord] | None = None
 
     def owes(self, record: EventRecord) -> bool:
         """Whether ``record`` is still pending for this subscriber."""
@@ -230,6 +233,7 @@ class ResolutionBook:
         self.ready: dict[Hashable, None] = {}  # insertion-ordered set of ready lanes
         self._timeline: deque[EventRecord] = deque()
         self._departed: set[AckSubscriber] = set()
+        self._fenced: set[AckSubscriber] = set()
         self._positions = itertools.count()
         self._clean_outcomes: dict[int, AdvanceOutcome] = {}
 
@@ -264,6 +268,7 @@ class ResolutionBook:
         if sub is None:
             return
         self.fanout.drop(sub)
+        self._fenced.discard(sub)
         sub.departed = True
         if sub.error is None:
             for record in sub.inbox:
@@ -302,9 +307,12 @@ class ResolutionBook:
         self._timeline.append(record)
         overflowed: list[AckSubscriber] | None = fanout.broadcast(record, raw)  # type: ignore[assignment]
         skipped = fanout.skipped
-        if skipped:  # declined by prefilters: done with it, nothing derived
+        fenced = self._apply_fences(record) if self._fenced else 0
+        if skipped or fenced:  # declined by prefilters, or fenced off (see _fence)
             record.acked += skipped
-            record.pending -= skipped
+            record.failed += fenced
+            record.unseen += fenced
+            record.pending -= skipped + fenced
             if not record.pending:
                 self.record_resolved(record)
         if overflowed is not None:
@@ -448,6 +456,7 @@ class ResolutionBook:
         if sub.window_seqs:
             self._forget_seqs(sub, record)
             sub.window_seqs = 0
+        self._fence(sub, record)
         self._resolve_failed(record, verdict=_failure(sub, error))
 
     def fail(self, sub: AckSubscriber, error: BaseException) -> None:
@@ -459,6 +468,7 @@ class ResolutionBook:
         if sub.error is not None:
             return
         self.fanout.drop(sub)
+        self._fenced.discard(sub)
         for record in sub.inbox:
             self._resolve_failed(record, unseen=True)
         current = sub.current
@@ -545,17 +555,18 @@ class ResolutionBook:
             if sub.window_seqs:
                 self._forget_seqs(sub, record)
                 sub.window_seqs = 0
+            self._fence(sub, record)
             self._resolve_failed(record, verdict=_failure(sub, error))
             sub.interrupt = error
             if sub.on_interrupt is not None:
                 sub.on_interrupt(error)
             sub.wake()
             return
-        if record in sub.ledger:
+        if record in sub.ledger:  # it saw the record: a redelivery repeats it, in order
             self._forget_seqs(sub, record)
         else:
             sub.inbox.remove(record)
-            self.fanout.relieve(sub)
+            self._fence(sub, record)
         self._resolve_failed(record, unseen=True)
 
     # -- advancing -------------------------------------------------------------
@@ -571,8 +582,11 @@ class ResolutionBook:
         if lane_queue is None:
             return batch
         clean = self._clean_outcomes
+        fenced = self._fenced
         while lane_queue and not lane_queue[0].pending:
             record = lane_queue.popleft()
+            if fenced:
+                self._unfence(record)
             if record.failed or record.rejected or not record.acked:
                 outcome = record.outcome()
             else:  # the common case: one shared immutable outcome per snapshot size
@@ -606,7 +620,56 @@ class ResolutionBook:
             sub.set_error(error)
         self.fanout.fail_all(error)
         self._departed.clear()
+        self._fenced.clear()
         self._timeline.clear()
+
+    # -- lane fences (durable members) ------------------------------------------------
+
+    def _fence(self, sub: AckSubscriber, record: EventRecord) -> None:
+        """``record`` fails for durable ``sub``: keep the rest of its lane from ``sub`` for now.
+
+        The broker redelivers ``record``; the lane's later records must not
+        reach ``sub`` before that, or it would see the lane out of order.
+        So those queued for it fail for it at once (unseen), and so do those
+        broadcast until ``record`` is taken for advancing - the producer
+        then rewinds the lane (or holds it), and what it delivers next comes
+        in order again. Every other member is unaffected.
+        """
+        lane = record.lane
+        inbox = sub.inbox
+        if any(queued.lane == lane for queued in inbox):
+            kept = [queued for queued in inbox if queued.lane != lane]
+            dropped = [queued for queued in inbox if queued.lane == lane]
+            inbox.clear()  # in place: the fan-out holds this very deque
+            inbox.extend(kept)
+            for queued in dropped:
+                self._resolve_failed(queued, unseen=True)
+            self.fanout.relieve(sub)
+        if sub.fences is None:
+            sub.fences = {}
+        sub.fences[lane] = record
+        self._fenced.add(sub)
+
+    def _apply_fences(self, record: EventRecord) -> int:
+        """Take ``record`` back from members whose fence covers its lane; how many."""
+        lane = record.lane
+        fenced = 0
+        for sub in self._fenced:
+            inbox = sub.inbox
+            if sub.fences and lane in sub.fences and inbox and inbox[-1] is record:
+                inbox.pop()
+                fenced += 1
+        return fenced
+
+    def _unfence(self, record: EventRecord) -> None:
+        """``record`` is being advanced: lift the fences it put up."""
+        for sub in list(self._fenced):
+            fences = sub.fences
+            if fences is not None and fences.get(record.lane) is record:
+                del fences[record.lane]
+                if not fences:
+                    sub.fences = None
+                    self._fenced.discard(sub)
 
     # -- internals ---------------------------------------------------------------
 

@@ -135,6 +135,7 @@ class Triggerer:
         )
         self.manager.dead_letter_fallback = self._keep_dead_letter
         self.progress = _Progress()
+        self._last_shared_error: BaseException | None = None
         self._stop = asyncio.Event()
         self._signals = 0
 
@@ -363,9 +364,12 @@ class Triggerer:
             try:
                 finished = await self._run_once(attempt, trigger, delay)
             except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
-                # Any failure of the trigger's own code: record it, restart it.
-                log.warning("trigger %d (%s) failed: %s: %s; restarting in %.1fs",
-                            row.id, row.classpath, type(exc).__name__, exc, backoff)
+                # Any failure of the trigger's own code: record it, restart it. An error
+                # every trigger of a stream gets at once (its poll ended) is said once.
+                if exc is not self._last_shared_error:
+                    log.warning("trigger %d (%s) failed: %s: %s; restarting in %.1fs",
+                                row.id, row.classpath, type(exc).__name__, exc, backoff)
+                self._last_shared_error = exc
                 await self._note(
                     "record_trigger_error", row.id, f"{type(exc).__name__}: {exc}",
                     "".join(traceback.format_exception(exc)),

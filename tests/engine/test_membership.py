@@ -27,6 +27,7 @@ def outcomes(feed: Feed) -> dict[int, AdvanceOutcome]:
 
 
 async def test_a_failed_attempt_fails_only_the_event_it_was_on(feed: Feed) -> None:
+    feed.lane_of = lambda payload: payload  # no order between raw events
     manager = SharedStreamManager()
     _plain, raising = members(manager, "plain", "raising")
     raising.raise_on = 3
@@ -49,6 +50,7 @@ async def test_a_failed_attempt_fails_only_the_event_it_was_on(feed: Feed) -> No
 
 
 async def test_events_fanned_out_while_a_member_is_away_are_not_advanced(feed: Feed) -> None:
+    feed.lane_of = lambda payload: payload
     manager = SharedStreamManager()
     _plain, raising = members(manager, "plain", "raising")
     raising.raise_on = 0
@@ -77,6 +79,32 @@ async def test_events_it_moved_past_resolve_with_their_confirmations(feed: Feed)
     raising.confirm_all()  # the events of 0 and 1 commit after the failure
     await eventually(lambda: len(feed.advanced()) == 3)
     assert [outcome for _, outcome in feed.advanced()] == [(1, 0, 0), (1, 0, 0), (0, 1, 0)]
+    await manager.stop_all()
+
+
+async def test_a_failure_fences_the_rest_of_its_lane_until_it_is_advanced(feed: Feed) -> None:
+    """The member must not see its lane out of order: what follows the failed event in
+    that lane fails for it too (the broker redelivers it after the failed one)."""
+    feed.lane_of = lambda payload: payload % 2
+    manager = SharedStreamManager()
+    _plain, raising = members(manager, "plain", "raising")
+    raising.raise_on = 2
+    raising.raise_times = 1
+    raising.gate = asyncio.Event()  # 0..7 are all queued for it when it fails on 2
+    feed.push(*range(8))
+    await eventually(lambda: manager.lag() == [(("feed", "f"), 2, 7)])
+    raising.gate.set()
+    await eventually(lambda: not raising.running())
+    raising.gate = None
+    raising.restart()
+    await eventually(lambda: len(feed.advanced()) == 8)
+    advanced = outcomes(feed)
+    assert advanced[2].failed == 1 and advanced[2].unseen == 0  # its own failure
+    assert [(advanced[n].failed, advanced[n].unseen) for n in (4, 6)] == [(1, 1), (1, 1)]
+    assert all(advanced[n] == (2, 0, 0) for n in (0, 1, 3, 5, 7))  # the other lane waited
+    assert sorted(raising.raws()) == [0, 1, 3, 5, 7]
+    feed.push(8)  # lane 0 again, after 2 was advanced: the fence is down
+    await eventually(lambda: 8 in raising.raws())
     await manager.stop_all()
 
 
