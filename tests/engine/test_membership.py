@@ -99,7 +99,7 @@ async def test_a_failure_fences_the_rest_of_its_lane_until_it_is_advanced(feed: 
     raising.restart()
     await eventually(lambda: len(feed.advanced()) == 8)
     advanced = outcomes(feed)
-    assert advanced[2].failed == 1 and advanced[2].unseen == 0  # its own failure
+    assert (advanced[2].failed, advanced[2].unseen) == (1, 0)  # its own failure
     assert [(advanced[n].failed, advanced[n].unseen) for n in (4, 6)] == [(1, 1), (1, 1)]
     assert all(advanced[n] == (2, 0, 0) for n in (0, 1, 3, 5, 7))  # the other lane waited
     assert sorted(raising.raws()) == [0, 1, 3, 5, 7]
