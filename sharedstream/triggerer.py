@@ -24,10 +24,13 @@ passes is cancelled and restarted the same way. An event whose payload
 cannot be stored is refused at the trigger: its raw event is rejected
 (dead-lettered by the producer) with the reason.
 
-Shutdown (SIGINT/SIGTERM): stop taking work, store what is queued, stop
-the triggers and groups (resolved events are advanced, producers closed),
-store the rest, exit 0 - all within ``shutdown_timeout``. A second signal
-exits at once; the broker redelivers whatever was not advanced.
+Shutdown (SIGINT/SIGTERM): close every stream's intake first (no new raw
+event is fanned out, whatever the backlog), give the watchers up to half of
+``shutdown_timeout`` to work through what they already hold and the store
+to write it, then stop the triggers and groups (resolved events are
+advanced, producers closed), store the rest, exit 0 - all within
+``shutdown_timeout``. A second signal exits at once; the broker redelivers
+whatever was not advanced.
 """
 
 from __future__ import annotations
@@ -270,9 +273,10 @@ class Triggerer:
         gate_task: asyncio.Task[None],
     ) -> None:
         budget = self.config.triggerer.shutdown_timeout
+        self.manager.intake.close("stopping")  # from now on, only what is in flight
         try:
             async with asyncio.timeout(budget):
-                await self.gate.flush()  # what is queued now is confirmed before groups stop
+                await self._finish_in_flight(budget / 2)
                 for task in supervisors:
                     task.cancel()
                 await asyncio.wait(supervisors) if supervisors else None
@@ -287,6 +291,21 @@ class Triggerer:
                 task.cancel()
         for task in side:
             task.cancel()
+
+    async def _finish_in_flight(self, within: float) -> None:
+        """Wait until the watchers hold no raw event and the store has written everything.
+
+        Bounded by ``within`` seconds: what is left then is abandoned to
+        broker redelivery (nothing unstored is ever advanced).
+        """
+        try:
+            async with asyncio.timeout(within):
+                while self.manager.lag() or self.gate.queued:  # noqa: ASYNC110 - several sources
+                    await asyncio.sleep(0.02)
+                await self.gate.flush()
+        except TimeoutError:
+            log.warning("stopping: watchers still held %d raw events after %.1fs; the broker "
+                        "redelivers them", sum(q for _, _, q in self.manager.lag()), within)
 
     async def _heartbeat(self) -> None:
         interval = self.config.triggerer.job_heartbeat_sec

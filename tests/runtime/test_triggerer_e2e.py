@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -260,3 +261,26 @@ def test_a_second_signal_exits_at_once(deployment: Deployment) -> None:
     assert proc.poll() is None  # still cleaning up
     assert d.stop(proc, signal.SIGTERM) == 128 + signal.SIGTERM
     assert "second SIGTERM: exiting at once" in d.stderr()
+
+
+def test_a_stop_under_a_backlog_closes_intake_and_exits_promptly(deployment: Deployment) -> None:
+    """SIGTERM with 20,000 lines waiting: no new line is taken, nothing taken is lost."""
+    d = deployment
+    d.append(*({"kind": "order", "amount": 5} for _ in range(20_000)))
+    proc = d.start()
+    wait_for(lambda: d.committed() >= 200, what="the backlog being worked on")
+    signalled = time.monotonic()
+    assert d.stop(proc) == 0
+    took = time.monotonic() - signalled
+    log = d.stderr()
+    assert "SIGTERM: stopping" in log
+    assert "shutdown took over" not in log
+    assert took < 15, f"stopping took {took:.1f}s"  # the default grace period is 30 s
+    committed = d.committed()
+    assert committed < 19_000, "the stop kept consuming the backlog"
+    with sqlite3.connect(d.db) as db:
+        stored = {row[0] for row in db.execute(
+            "SELECT idem_key FROM trigger_events WHERE trigger_id = "
+            "(SELECT min(trigger_id) FROM trigger_events)")}
+    ids = {int(key.split("/")[-1].split("#")[0]) for key in stored}
+    assert set(range(committed + 1)) <= ids, "a committed line has no stored event"
