@@ -220,4 +220,4 @@ class PersistGate:
         metrics.persist_latency.record(latency)
         metrics.events_stored.add(result.stored)
         for run in result.dag_runs:
-            log.info("queued DAG run %s", run)
+            log.debug("queued DAG run %s", run)

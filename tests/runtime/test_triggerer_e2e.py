@@ -56,6 +56,8 @@ def test_events_become_asset_events_and_queued_runs(deployment: Deployment) -> N
     assert len(triggers) == 3  # the two identical refund watchers are one trigger
     assert all(t["state"] == "active" for t in triggers)
     assert "stopped: 4 events stored" in d.stderr()
+    assert "8 DAG runs queued" in d.stderr()
+    assert "queued DAG run " not in d.stderr()  # one line per run only at debug level
 
     table = d.cli("runs", "list").stdout
     assert table.splitlines()[0].split()[:3] == ["DAG_ID", "RUN_ID", "STATE"]
