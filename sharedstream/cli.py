@@ -33,6 +33,27 @@ __all__ = ["main"]
 
 EXIT_USAGE = 2
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(text: str) -> str:
+    """A ``--log-level`` value, any case; one line naming the choices otherwise."""
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid level {text!r} (choose from {', '.join(LOG_LEVELS)})")
+    return text.upper()
+
+
+def _positive(text: str) -> int:
+    """A ``--limit`` or count: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit status."""
@@ -79,17 +100,19 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="run the pipeline against a local Kafka-protocol broker (Tansu)"
     )
-    demo.add_argument("--messages", type=int, default=2000, metavar="N",
+    demo.add_argument("--messages", type=_positive, default=2000, metavar="N",
                       help="records to produce (default: 2000)")
     demo.add_argument("--keep", type=Path, default=None, metavar="DIR",
                       help="work in DIR (new or empty) and keep it, instead of a temp directory")
-    demo.add_argument("--log-level", default="ERROR", help="logging level (default: ERROR)")
+    demo.add_argument("--log-level", type=_log_level, default="ERROR", metavar="LEVEL",
+                      help=f"logging level: {', '.join(LOG_LEVELS)} (default: error)")
     demo.set_defaults(handler=_demo)
 
     triggerer = commands.add_parser("triggerer", help="run the watchers of a definitions file")
     triggerer.add_argument("--definitions", type=Path, required=True, metavar="FILE",
                            help="Python file declaring Assets, their watchers and Dags")
-    triggerer.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    triggerer.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL",
+                           help=f"logging level: {', '.join(LOG_LEVELS)} (default: info)")
     triggerer.set_defaults(handler=_triggerer)
 
     for noun, what, handler, extra in (
@@ -112,7 +135,8 @@ def _parser() -> argparse.ArgumentParser:
         if "--stream" in extra:
             listing.add_argument("--stream", help="only those of this stream (\"kafka orders\")")
         if "--limit" in extra:
-            listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+            listing.add_argument("--limit", type=_positive, default=100,
+                                 help="at most this many (default: 100)")
         listing.set_defaults(handler=handler)
 
     config = commands.add_parser("config", help="inspect the configuration")

@@ -286,3 +286,25 @@ def test_a_stop_under_a_backlog_closes_intake_and_exits_promptly(deployment: Dep
             "(SELECT min(trigger_id) FROM trigger_events)")}
     ids = {int(key.split("/")[-1].split("#")[0]) for key in stored}
     assert set(range(committed + 1)) <= ids, "a committed line has no stored event"
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (("triggerer", "--definitions", "defs.py", "--log-level", "verbose"), "--log-level"),
+    (("runs", "list", "--limit", "-1"), "--limit"),
+    (("events", "list", "--limit", "-5"), "--limit"),
+    (("deadletters", "list", "--limit", "ten"), "--limit"),
+    (("demo", "--messages", "0"), "--messages"),
+])
+def test_a_bad_argument_is_one_line_and_status_2(
+    deployment: Deployment, args: tuple[str, ...], names: str,
+) -> None:
+    result = deployment.cli(*args, check=False)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    [error] = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert f"argument {names}:" in error
+
+
+def test_log_levels_are_listed_in_the_help(deployment: Deployment) -> None:
+    help_text = " ".join(deployment.cli("triggerer", "--help").stdout.split())
+    assert "logging level: debug, info, warning, error, critical (default: info)" in help_text
