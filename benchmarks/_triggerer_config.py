@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sharedstream.config import Config, load_config, write_default_config
 from sharedstream.crypto import generate_key
+from sharedstream.store.sqlite import SqliteStore
 
 
 def make_config(workdir: Path) -> Config:
@@ -17,4 +18,7 @@ def make_config(workdir: Path) -> Config:
                "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
                "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2",
                "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "15"}
-    return load_config(path, environ=environ)
+    config = load_config(path, environ=environ)
+    with SqliteStore(config.sqlite_path()) as store:  # what `sharedstream init` does
+        store.migrate()
+    return config

@@ -28,6 +28,7 @@ from sharedstream.crypto import generate_key
 from sharedstream.errors import SharedStreamError
 from sharedstream.serde import unpack_kwargs
 from sharedstream.store.sqlite import SqliteStore
+from sharedstream.store.sqlite_files import require_database
 
 __all__ = ["main"]
 
@@ -184,10 +185,7 @@ def _triggerer(args: argparse.Namespace, config: Config) -> int:
 
 
 def _open_store(config: Config) -> SqliteStore:
-    path = config.sqlite_path()
-    if not path.exists():
-        raise SharedStreamError(f"no database at {path}; run `sharedstream init` first")
-    store = SqliteStore(path)
+    store = SqliteStore(require_database(config.sqlite_path()))
     store.migrate()
     return store
 

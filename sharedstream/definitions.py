@@ -259,6 +259,10 @@ def _import_file(path: Path) -> tuple[ModuleType, list[object]]:
         package = ModuleType(DEFINITIONS_PACKAGE)
         package.__path__ = []
         sys.modules[DEFINITIONS_PACKAGE] = package
+    # Like Airflow's DAG folder: modules beside the definitions file import by name.
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise DefinitionsError(f"{path}: cannot be imported as a Python module")

@@ -62,6 +62,7 @@ from sharedstream.registry import TriggerRegistry
 from sharedstream.serde import SerializationError, pack_event_payload, pack_kwargs, unpack_kwargs
 from sharedstream.store.base import DagSpec, PendingEvent, TriggerRow, TriggerSpec, WatcherSpec
 from sharedstream.store.sqlite import SqliteStore
+from sharedstream.store.sqlite_files import TriggererLock, require_database
 from sharedstream.telemetry import instruments
 from sharedstream.trigger import BaseEventTrigger, BaseTrigger
 
@@ -129,6 +130,7 @@ class Triggerer:
         )
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharedstream-db")
         self._store: SqliteStore | None = None
+        self._lock: TriggererLock | None = None
         self.gate = PersistGate(
             write=partial(self._db, self._write),
             confirm=self.manager.confirm_persisted,
@@ -172,7 +174,10 @@ class Triggerer:
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
 
     def _open_store(self) -> int:
-        self._store = SqliteStore(self.config.sqlite_path())
+        path = require_database(self.config.sqlite_path())
+        self._lock = TriggererLock(path)
+        self._lock.acquire()
+        self._store = SqliteStore(path)
         return self._store.migrate()
 
     def _write(self, batch: Any) -> Any:
@@ -243,6 +248,8 @@ class Triggerer:
                 loop.remove_signal_handler(signum)
             if self._store is not None:
                 await self._db(self._store.close)
+            if self._lock is not None:
+                self._lock.release()
             self._db_thread.shutdown(wait=True)
             sys.setswitchinterval(switch_interval)
         totals = self.manager.totals

@@ -12,6 +12,7 @@ import pytest
 from sharedstream.config import load_config, write_default_config
 from sharedstream.crypto import generate_key
 from sharedstream.definitions import load_definitions
+from sharedstream.store.sqlite import SqliteStore
 from sharedstream.triggerer import Triggerer
 from tests.engine.harness import eventually
 
@@ -33,6 +34,8 @@ async def test_the_switch_interval_is_set_while_running_and_restored(
     write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///ss.db")
     config = load_config(path, environ={**os.environ,
                                         "SHAREDSTREAM__STORE__SWITCH_INTERVAL_MS": option})
+    with SqliteStore(config.sqlite_path()) as store:  # what `sharedstream init` does
+        store.migrate()
     (tmp_path / "defs.py").write_text(DEFINITIONS)
     triggerer = Triggerer(config, load_definitions(tmp_path / "defs.py"))
     before = sys.getswitchinterval()

@@ -308,3 +308,37 @@ def test_a_bad_argument_is_one_line_and_status_2(
 def test_log_levels_are_listed_in_the_help(deployment: Deployment) -> None:
     help_text = " ".join(deployment.cli("triggerer", "--help").stdout.split())
     assert "logging level: debug, info, warning, error, critical (default: info)" in help_text
+
+
+def test_a_missing_or_empty_database_is_refused_outside_init(deployment: Deployment) -> None:
+    d = deployment
+    d.db.unlink()
+    for args in (("triggerer", "--definitions", str(DEFS)), ("triggers", "list")):
+        result = d.cli(*args, check=False)
+        assert result.returncode == 2
+        assert result.stderr.strip() == (
+            f"sharedstream: error: no database at {d.db}; run `sharedstream init` first "
+            "(or check [store] url)")
+        assert not d.db.exists()  # not quietly created
+    d.db.touch()
+    result = d.cli("triggers", "list", check=False)
+    assert result.returncode == 2
+    assert "is empty; run `sharedstream init`" in result.stderr
+    assert d.db.stat().st_size == 0
+
+
+def test_a_second_triggerer_on_one_sqlite_file_refuses_to_start(deployment: Deployment) -> None:
+    d = deployment
+    first = d.start()
+    wait_for(lambda: "running 3" in d.stderr(), what="the first triggerer running")
+    second = d.start()
+    assert second.wait(timeout=30) == 2
+    refusal = d.stderr(-1).strip().splitlines()[-1]
+    assert refusal == (f"sharedstream: error: another triggerer (pid {first.pid}) is already "
+                       f"running on {d.db}; an SQLite store serves one triggerer (several "
+                       "need PostgreSQL)")
+    assert first.poll() is None  # the first one is untouched
+    assert d.stop(first) == 0
+    third = d.start()  # the lock went with the first process
+    wait_for(lambda: "running 3" in d.stderr(), what="a new triggerer running")
+    assert d.stop(third) == 0

@@ -137,3 +137,18 @@ Dag("inline", schedule=Asset("orders"))  # neither is assigned to a name
     assert list(defs.dags) == ["inline"]
     [trigger] = defs.triggers.values()
     assert trigger.watchers == [("orders", "w1")]
+
+
+def test_modules_beside_the_definitions_file_import_by_name(tmp_path: Path) -> None:
+    """As Airflow does for its DAG folder: no PYTHONPATH needed for a sibling module."""
+    (tmp_path / "shop_topics.py").write_text('ORDERS = "orders-from-a-sibling"\n')
+    path = write(tmp_path, '''
+import shop_topics
+Asset("orders", watchers=[AssetWatcher("w", trigger=Watch(shop_topics.ORDERS))])
+''')
+    try:
+        defs = load_definitions(path)
+    finally:
+        sys.modules.pop("shop_topics", None)
+    [trigger] = defs.triggers.values()
+    assert trigger.kwargs["topic"] == "orders-from-a-sibling"
