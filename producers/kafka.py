@@ -123,13 +123,15 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
     """The Kafka side of a shared stream: one consumer-group member, coalesced commits.
 
     The constructor validates the settings (raising :class:`KafkaConfigError`,
-    a ``ValueError``) and connects to nothing; ``open_stream`` creates the
+    a ``ValueError``, also when the ``kafka`` extra is not installed) and
+    connects to nothing; ``open_stream`` creates the
     consumer and starts the commit task, ``aclose`` stops both. See the
     module docstring for the outcome policy and the commit model.
     """
 
     def __init__(self, settings: KafkaSettings) -> None:
         settings.validate()
+        _sdk()  # a missing extra is a clear error here, not when the group connects
         self.settings = settings
         self._consumer: Any = None
         self._dlq: Any = None

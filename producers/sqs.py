@@ -155,13 +155,15 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     """The SQS side of a shared stream; see the module docstring for the policy.
 
     The constructor validates (raising :class:`SqsConfigError`, a
-    ``ValueError``) and connects to nothing. ``calls`` counts the API calls
+    ``ValueError``, also when the ``sqs`` extra is not installed) and
+    connects to nothing. ``calls`` counts the API calls
     made, by operation (also reported as the OpenTelemetry counter
     ``sharedstream.broker.requests``).
     """
 
     def __init__(self, settings: SqsSettings) -> None:
         settings.validate()
+        _sdk("aiobotocore.session")  # a missing extra is a clear error here, not at connect
         self.settings = settings
         self.calls: Counter[str] = Counter()
         self.dead_lettered = 0

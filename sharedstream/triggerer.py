@@ -64,7 +64,7 @@ from sharedstream.store.base import DagSpec, PendingEvent, TriggerRow, TriggerSp
 from sharedstream.store.sqlite import SqliteStore
 from sharedstream.store.sqlite_files import TriggererLock, require_database
 from sharedstream.telemetry import instruments
-from sharedstream.trigger import BaseEventTrigger, BaseTrigger
+from sharedstream.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
 
 __all__ = ["TriggerEnded", "Triggerer"]
 
@@ -103,6 +103,7 @@ class _Progress:
     restarts: int = 0
     refused: int = 0  # events whose payload could not be stored (their raw events rejected)
     fallbacks: int = 0  # raw events kept in the store's dead-letter table
+    unrunnable: int = 0  # triggers marked failed for good (cannot be built)
 
 
 class Triggerer:
@@ -141,6 +142,7 @@ class Triggerer:
         self.manager.dead_letter_fallback = self._keep_dead_letter
         self.progress = _Progress()
         self._last_shared_error: BaseException | None = None
+        self._idle = False  # stopped because no trigger was left running
         self._stop = asyncio.Event()
         self._signals = 0
 
@@ -215,7 +217,33 @@ class Triggerer:
             self.config.sqlite_path(), version, len(defs.assets), len(watchers), len(specs),
             len(dags), len(rows),
         )
+        self._preflight(rows)
         return rows
+
+    def _preflight(self, rows: list[TriggerRow]) -> None:
+        """Build every trigger (and each stream's producer) once; refuse to start if one fails.
+
+        A trigger whose kwargs its class no longer accepts, or whose broker
+        extra is not installed, would otherwise fail and back off forever:
+        that is a definitions or installation error, said in one line per
+        watcher before anything runs. Producers connect to nothing when
+        built (the producer contract), so this touches no broker.
+        """
+        names = {t.fingerprint: t.watchers for t in self.definitions.triggers.values()}
+        problems = []
+        for row in rows:
+            watchers = ", ".join(f"{asset}/{name}" for asset, name in names.get(
+                row.fingerprint, [])) or f"trigger {row.id}"
+            try:
+                trigger = self._rehydrate(row)
+                if isinstance(trigger, BaseEventTrigger) and uses_ack_mode(type(trigger)) and (
+                        trigger.shared_stream_key() is not None):
+                    type(trigger).create_shared_stream_producer(trigger.serialize()[1])
+            except (_Unrunnable, SharedStreamError, ImportError, TypeError, ValueError) as exc:
+                cause = exc.__cause__ if isinstance(exc, _Unrunnable) and exc.__cause__ else exc
+                problems.append(f"watcher {watchers} ({row.classpath}) cannot run: {cause}")
+        if problems:
+            raise SharedStreamError("; ".join(problems))
 
     # -- running ------------------------------------------------------------------
 
@@ -241,6 +269,8 @@ class Triggerer:
                     tasks.create_task(self._supervise(row), name=f"sharedstream-trigger[{row.id}]")
                     for row in rows
                 ]
+                side.append(tasks.create_task(self._stop_when_idle(supervisors),
+                                              name="sharedstream-idle-watch"))
                 await self._stop.wait()
                 await self._shutdown(supervisors, side, gate_task)
         finally:
@@ -259,6 +289,8 @@ class Triggerer:
                  self.gate.stored, self.gate.duplicates, self.gate.runs_queued,
                  totals.rejected, totals.dead_lettered, self.progress.fallbacks,
                  self.progress.refused, self.gate.failed_writes)
+        if self._idle and self.progress.unrunnable:
+            return 1  # it could do nothing useful: a supervisor restarts it, a person looks
         return 0
 
     def request_stop(self) -> None:
@@ -313,6 +345,20 @@ class Triggerer:
         except TimeoutError:
             log.warning("stopping: watchers still held %d raw events after %.1fs; the broker "
                         "redelivers them", sum(q for _, _, q in self.manager.lag()), within)
+
+    async def _stop_when_idle(self, supervisors: list[asyncio.Task[None]]) -> None:
+        """Stop the triggerer once no trigger is left running (all finished or failed)."""
+        if supervisors:
+            await asyncio.wait(supervisors)
+        if self._stop.is_set():
+            return
+        self._idle = True
+        if self.progress.unrunnable:
+            log.error("no trigger left running (%d could not run); exiting",
+                      self.progress.unrunnable)
+        else:
+            log.info("every trigger finished; nothing left to run")
+        self._stop.set()
 
     async def _heartbeat(self) -> None:
         interval = self.config.triggerer.job_heartbeat_sec
@@ -379,6 +425,7 @@ class Triggerer:
                 await self._release(attempt)
                 await self._note("record_trigger_error", row.id, str(exc), "")
                 await self._note("set_trigger_state", row.id, "failed")
+                self.progress.unrunnable += 1
                 return
             if attempt.member is None and delay:
                 await asyncio.sleep(delay)  # not a member: back off before starting again

@@ -7,6 +7,7 @@ the persistence gate behave as they would against a broker.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sqlite3
@@ -225,6 +226,7 @@ def test_bad_configuration_is_one_line_naming_the_option(deployment: Deployment)
 
 
 STANDALONE = DEFS.with_name("standalone_defs.py")
+DEMO_DEFINITIONS = DEFS.parents[2] / "sharedstream" / "demo_definitions.py"
 
 
 def test_standalone_triggers_fire_finish_and_fail_loudly(deployment: Deployment) -> None:
@@ -342,3 +344,57 @@ def test_a_second_triggerer_on_one_sqlite_file_refuses_to_start(deployment: Depl
     third = d.start()  # the lock went with the first process
     wait_for(lambda: "running 3" in d.stderr(), what="a new triggerer running")
     assert d.stop(third) == 0
+
+
+def test_a_trigger_that_cannot_be_built_is_a_start_up_error(deployment: Deployment) -> None:
+    """Its serialize() no longer matches its constructor: one line, status 2, nothing runs."""
+    d = deployment
+    broken = d.dir / "drifted_defs.py"
+    broken.write_text(DEFS.read_text() + '''
+
+class Drifted(FileLogTrigger):
+    def serialize(self):
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "colour": "red"}  # the constructor takes no colour
+
+
+Asset("drifted", watchers=[AssetWatcher("red_orders", trigger=Drifted(LOG, ["order"]))])
+''')
+    result = d.cli("triggerer", "--definitions", str(broken), check=False)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith("sharedstream: error: watcher drifted/red_orders (")
+    assert "unexpected keyword argument 'colour'" in line
+    assert "Traceback" not in result.stderr
+
+
+def test_a_missing_broker_extra_is_a_start_up_error(deployment: Deployment) -> None:
+    """As if `pip install sharedstream` without the kafka extra: say the fix, do not retry."""
+    d = deployment
+    blocked = d.dir / "no_extras"
+    (blocked / "aiokafka").mkdir(parents=True)
+    (blocked / "aiokafka" / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'aiokafka'\")\n")
+    d.env["PYTHONPATH"] = f"{blocked}{os.pathsep}{d.env['PYTHONPATH']}"
+    d.env["SHAREDSTREAM_DEMO_BOOTSTRAP"] = "127.0.0.1:1"  # never reached
+    result = d.cli("triggerer", "--definitions", str(DEMO_DEFINITIONS), check=False)
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert "pip install 'sharedstream[kafka]'" in line
+    assert line.startswith("sharedstream: error: watcher ")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_triggerer_with_nothing_left_to_run_exits(deployment: Deployment) -> None:
+    d = deployment
+    d.env["STANDALONE_AT"] = (datetime.now(UTC) + timedelta(seconds=0.5)).isoformat()
+    only_once = d.dir / "once_defs.py"
+    only_once.write_text(
+        "import os\nfrom datetime import datetime\n"
+        "from sharedstream.definitions import Asset, AssetWatcher\n"
+        "from sharedstream.triggers.temporal import DateTimeTrigger\n"
+        "AT = datetime.fromisoformat(os.environ['STANDALONE_AT'])\n"
+        "Asset('once', watchers=[AssetWatcher('at', trigger=DateTimeTrigger(AT))])\n")
+    proc = d.start(only_once)
+    assert proc.wait(timeout=30) == 0  # its one trigger fired and finished: done
+    assert "every trigger finished; nothing left to run" in d.stderr()
