@@ -10,7 +10,12 @@ and advances, and checks after every step:
   failed - so nothing is advanced early;
 * acked + failed + rejected equals the snapshot size;
 * at most one advance is in flight;
-* once everyone leaves and every confirmation lands, nothing is outstanding.
+* once everyone leaves and every confirmation lands, nothing is outstanding;
+* durable members (``durable=True``) stay in the snapshot across failed
+  attempts: a failed attempt fails only the event it was on, an overdue
+  event fails for them alone, and the rest of that event's lane fails for
+  them (unseen) until it is advanced - so a member never sees a lane out of
+  order, and nothing is resolved as done for it while it is away.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class ModelSub:
     failed: bool = False
     departed: bool = False
     accept: Callable[[Any], bool] | None = None
+    durable: bool = False
+    fences: dict[str, int] = field(default_factory=dict)  # lane -> the event that failed
 
     def accepts(self, raw: str) -> bool:
         return self.accept is None or self.accept(raw)
@@ -116,20 +123,33 @@ class BookMachine(RuleBasedStateMachine):
                 event.resolution[sub_id] = "unseen" if pos in queued else "failed"
                 self.drop_seqs(sub_id, pos)
 
+    def fence(self, sub_id: int, pos: int) -> None:
+        """Event ``pos`` failed for durable ``sub_id``: its lane's queued events fail too."""
+        m = self.model_subs[sub_id]
+        lane = self.events[pos].lane
+        for queued in [q for q in m.queue if self.events[q].lane == lane]:
+            m.queue.remove(queued)
+            self.events[queued].resolution[sub_id] = "unseen"
+        m.fences[lane] = pos
+
+    def durable_full(self) -> bool:
+        return any(self.model_subs[i].durable and len(self.model_subs[i].queue) >= CAPACITY
+                   for i in self.live_ids())
+
     def drop_seqs(self, sub_id: int, pos: int) -> None:
         for seq in self.unconfirmed.pop((sub_id, pos), set()):
             del self.seq_owner[seq]
 
     # -- rules -----------------------------------------------------------------
 
-    @rule(prefilter=st.sampled_from([None, "plain", "keyed"]))
-    def subscribe(self, prefilter: str | None) -> None:
+    @rule(prefilter=st.sampled_from([None, "plain", "keyed"]), durable=st.booleans())
+    def subscribe(self, prefilter: str | None, durable: bool) -> None:
         sub_id = self.next_id
         self.next_id += 1
         accept = (None if prefilter is None else _declines_every_third(sub_id)
                   if prefilter == "plain" else _keyed_every_third(sub_id))
-        self.subs[sub_id] = self.book.add_subscriber(sub_id, accept)
-        self.model_subs[sub_id] = ModelSub(accept=accept)
+        self.subs[sub_id] = self.book.add_subscriber(sub_id, accept, durable=durable)
+        self.model_subs[sub_id] = ModelSub(accept=accept, durable=durable)
 
     @precondition(lambda self: self.live_ids())
     @rule(data=st.data())
@@ -146,6 +166,7 @@ class BookMachine(RuleBasedStateMachine):
             self.settle(sub_id, m.current)
             m.current = None
 
+    @precondition(lambda self: not self.durable_full())  # the poll holds (back-pressure)
     @rule(lane=st.sampled_from(LANES))
     def broadcast(self, lane: str) -> None:
         pos = len(self.events)
@@ -165,6 +186,8 @@ class BookMachine(RuleBasedStateMachine):
             elif sub_id in expected:
                 event.resolution[sub_id] = "unseen"  # never reached its inbox
                 self.model_fail(sub_id)
+            elif lane in self.model_subs[sub_id].fences:
+                event.resolution[sub_id] = "unseen"  # fenced: comes again after the failed one
             else:
                 self.model_subs[sub_id].queue.append(pos)
 
@@ -224,8 +247,23 @@ class BookMachine(RuleBasedStateMachine):
         m = self.model_subs[sub_id]
         assert self.book.reject(self.subs[sub_id]) == (m.current is not None)
         if m.current is not None:
-            self.events[m.current].resolution[sub_id] = "rejected"
+            self.events[m.current].resolution[sub_id] = "rejected!"
             self.drop_seqs(sub_id, m.current)
+            m.current = None
+
+    @precondition(lambda self: any(self.model_subs[i].durable for i in self.live_ids()))
+    @rule(data=st.data())
+    def fail_attempt(self, data: st.DataObject) -> None:
+        """A durable member's filter raised: only the event it was on fails."""
+        sub_id = data.draw(st.sampled_from(
+            [i for i in self.live_ids() if self.model_subs[i].durable]))
+        self.book.fail_attempt(self.subs[sub_id], RuntimeError("filter raised"))
+        self.streams.pop(sub_id, None)  # the next attempt has a new iterator
+        m = self.model_subs[sub_id]
+        if m.current is not None:
+            self.events[m.current].resolution[sub_id] = "failed!"
+            self.drop_seqs(sub_id, m.current)
+            self.fence(sub_id, m.current)
             m.current = None
 
     @precondition(lambda self: self.live_ids())
@@ -240,12 +278,31 @@ class BookMachine(RuleBasedStateMachine):
         self.now += dt
         expired = {sub.trigger_id for sub, _ in self.book.expire(self.now)}
         expected: set[int] = set()
-        for event in self.events:
-            if event.created_at + ACK_TIMEOUT <= self.now:
-                expected |= {i for i, r in event.resolution.items() if r is None}
+        for pos, event in enumerate(self.events):
+            if event.created_at + ACK_TIMEOUT > self.now:
+                continue
+            for sub_id, resolution in event.resolution.items():
+                if resolution is not None:
+                    continue
+                expected.add(sub_id)
+                m = self.model_subs[sub_id]
+                if not m.durable or m.departed:
+                    self.model_fail(sub_id)
+                elif pos == m.current:  # hung on it: its own failure; the attempt ends
+                    event.resolution[sub_id] = "failed!"
+                    self.drop_seqs(sub_id, pos)
+                    self.fence(sub_id, pos)
+                    m.current = None
+                    self.book.fail_attempt(self.subs[sub_id], RuntimeError("interrupted"))
+                    self.streams.pop(sub_id, None)
+                elif pos in m.queue:  # never pulled it (behind or away)
+                    m.queue.remove(pos)
+                    event.resolution[sub_id] = "unseen"
+                    self.fence(sub_id, pos)
+                else:  # moved past it, derived events unconfirmed (a slow store)
+                    event.resolution[sub_id] = "unseen"
+                    self.drop_seqs(sub_id, pos)
         assert expired == expected
-        for sub_id in expected:
-            self.model_fail(sub_id)
 
     @precondition(lambda self: self.in_flight is None and self.book.ready)
     @rule(data=st.data())
@@ -254,6 +311,10 @@ class BookMachine(RuleBasedStateMachine):
         batch = self.book.take_batch(lane)
         assert batch
         self.in_flight, self.in_flight_lane = batch, lane
+        for item in batch:  # being advanced: the fences it put up come down
+            for m in self.model_subs.values():
+                if m.fences.get(lane) == item.broker_payload:
+                    del m.fences[lane]
 
     @precondition(lambda self: self.in_flight is not None)
     @rule()
@@ -264,12 +325,15 @@ class BookMachine(RuleBasedStateMachine):
             event = self.events[pos]
             assert event.lane == self.in_flight_lane
             assert None not in event.resolution.values(), "advanced before resolution"
-            acked, failed, rejected, unseen = (
+            acked, failed, said, rejected, unseen = (
                 sum(r == kind for r in event.resolution.values())
-                for kind in ("acked", "failed", "rejected", "unseen")
+                for kind in ("acked", "failed", "failed!", "rejected!", "unseen")
             )
-            assert item.outcome == AdvanceOutcome(acked, failed + unseen, rejected)
+            assert item.outcome == AdvanceOutcome(acked, failed + said + unseen, rejected)
             assert item.outcome.unseen == unseen, (item.outcome, event.resolution)
+            # Who failed on it (with a reason) or rejected it is named: nobody else.
+            named = {i for i, r in event.resolution.items() if r in ("failed!", "rejected!")}
+            assert {v.trigger_id for v in item.outcome.verdicts} == named
             assert sum(item.outcome) == len(event.snapshot)
             assert pos not in self.advanced, "advanced twice"
             earlier = [p for p in self.advanced if self.events[p].lane == event.lane]
