@@ -313,8 +313,8 @@ class BookMachine(RuleBasedStateMachine):
         self.in_flight, self.in_flight_lane = batch, lane
         for item in batch:  # being advanced: the fences it put up come down
             for m in self.model_subs.values():
-                if m.fences.get(lane) == item.broker_payload:
-                    del m.fences[lane]
+                if m.fences.get(str(lane)) == item.broker_payload:
+                    del m.fences[str(lane)]
 
     @precondition(lambda self: self.in_flight is not None)
     @rule()
