@@ -76,17 +76,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+class _Commands:
+    """``add_subparsers()`` whose every command also takes the shared options of ``parent``."""
+
+    def __init__(self, actions: Any, parent: argparse.ArgumentParser) -> None:
+        self._actions, self._parent = actions, parent
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self._actions.add_parser(
+            name, parents=[self._parent], **kwargs)
+        return parser
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharedstream",
         description="Event-driven ingestion: shared broker consumers feeding many triggers.",
     )
     parser.add_argument("--version", action="version", version=f"sharedstream {__version__}")
-    parser.add_argument(
-        "--config", type=Path, default=None,
-        help="configuration file (default: $SHAREDSTREAM_CONFIG or ./sharedstream.toml if present)",
-    )
-    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    config_help = ("configuration file (default: $SHAREDSTREAM_CONFIG or ./sharedstream.toml "
+                   "if present)")
+    parser.add_argument("--config", type=Path, default=None, help=config_help)
+    # Also accepted after the command (`sharedstream runs list --config x.toml`);
+    # SUPPRESS keeps a subcommand that did not get it from resetting the global one.
+    anywhere = argparse.ArgumentParser(add_help=False)
+    anywhere.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=config_help)
+    commands = _Commands(parser.add_subparsers(title="commands", required=True,
+                                               metavar="COMMAND"), anywhere)
 
     init = commands.add_parser(
         "init", help="write a configuration file with a new key; create the database"
@@ -123,7 +139,8 @@ def _parser() -> argparse.ArgumentParser:
         ("deadletters", "dead letters", _deadletters_list, ("--stream", "--limit")),
     ):
         group = commands.add_parser(noun, help=f"inspect stored {what}")
-        verbs = group.add_subparsers(title="actions", required=True, metavar="ACTION")
+        verbs = _Commands(group.add_subparsers(title="actions", required=True,
+                                               metavar="ACTION"), anywhere)
         order = "by id" if noun == "triggers" else "newest first"
         listing = verbs.add_parser("list", help=f"list {what}, {order}")
         listing.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -141,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
         listing.set_defaults(handler=handler)
 
     config = commands.add_parser("config", help="inspect the configuration")
-    verbs = config.add_subparsers(title="actions", required=True, metavar="ACTION")
+    verbs = _Commands(config.add_subparsers(title="actions", required=True, metavar="ACTION"),
+                      anywhere)
     show = verbs.add_parser("show", help="the effective configuration, secrets masked")
     show.add_argument("--json", action="store_true", help="JSON instead of TOML")
     show.set_defaults(handler=_config_show)

@@ -590,16 +590,18 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     )
 
 
-def write_default_config(path: Path, *, kwargs_key: str, store_url: str) -> None:
+def write_default_config(
+    path: Path, *, kwargs_key: str, store_url: str, source: str = "sharedstream init --db"
+) -> None:
     """Write a commented TOML file with every option at its default (``sharedstream init``).
 
     ``kwargs_key`` and ``store_url`` are validated first and written as
     given (a relative SQLite path stays relative to the file's directory).
     The file is created exclusively with mode 0600, as it holds the secret.
     Raises :class:`ConfigError` if the file exists (never overwritten), a
-    value is invalid, or the file cannot be written.
+    value is invalid (``source`` says where the value came from), or the
+    file cannot be written.
     """
-    source = "write_default_config argument"
     _convert("store", "kwargs_key", kwargs_key, source, from_text=False)
     _convert("store", "url", store_url, source, from_text=False)
     values = Config().as_dict(mask_secrets=False)
@@ -614,7 +616,9 @@ def write_default_config(path: Path, *, kwargs_key: str, store_url: str) -> None
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise ConfigError(
-            f"refusing to overwrite existing file {path}", source=f"file {path}"
+            f"refusing to overwrite existing file {path} (it may hold the key your stored "
+            "trigger kwargs are encrypted with); pass --path to write a new one",
+            source=f"file {path}",
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot create {path}: {exc.strerror}", source=f"file {path}") from exc

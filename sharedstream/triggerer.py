@@ -113,7 +113,8 @@ class Triggerer:
         if not config.store.kwargs_key:
             raise SharedStreamError(
                 "no kwargs encryption key configured ([store] kwargs_key or "
-                "SHAREDSTREAM__STORE__KWARGS_KEY); run `sharedstream init` to create one"
+                "SHAREDSTREAM__STORE__KWARGS_KEY); `sharedstream init --path NEW.toml` writes a "
+                "configuration with a new one"
             )
         self.config = config
         self.definitions = definitions

@@ -398,3 +398,26 @@ def test_a_triggerer_with_nothing_left_to_run_exits(deployment: Deployment) -> N
     proc = d.start(only_once)
     assert proc.wait(timeout=30) == 0  # its one trigger fired and finished: done
     assert "every trigger finished; nothing left to run" in d.stderr()
+
+
+def test_config_goes_before_or_after_the_command(deployment: Deployment) -> None:
+    d = deployment
+    after = subprocess.run(
+        [sys.executable, "-m", "sharedstream", "triggers", "list", "--config", str(d.config)],
+        cwd=d.dir.parent, env=d.env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.strip() == d.cli("triggers", "list").stdout.strip()
+
+
+def test_init_says_what_to_do_instead(deployment: Deployment) -> None:
+    d = deployment
+    again = d.cli("init", "--path", str(d.config), check=False)
+    assert again.returncode == 2
+    assert "refusing to overwrite existing file" in again.stderr
+    assert "pass --path to write a new one" in again.stderr
+    bad = d.cli("init", "--path", str(d.dir / "other.toml"), "--db", "postgres://db",
+                check=False)
+    assert bad.returncode == 2
+    assert "(from sharedstream init --db)" in bad.stderr
+    assert "write_default_config" not in bad.stderr
