@@ -76,6 +76,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+_EPILOG = """\
+examples:
+  sharedstream init                               write ./sharedstream.toml and a database
+  sharedstream triggerer --definitions defs.py    run the watchers of defs.py
+  sharedstream runs list --dag ship --limit 20    the newest queued DAG runs of one DAG
+  sharedstream deadletters list --json            raw events kept in the store's DLQ table
+  sharedstream demo                               everything against a local broker
+
+environment:
+  SHAREDSTREAM_CONFIG                   the configuration file (like --config)
+  SHAREDSTREAM__<SECTION>__<OPTION>     overrides one option, e.g.
+                                        SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT=60
+  (`sharedstream config show` prints the effective configuration and where each value came from)
+
+exit status:
+  0    success (the triggerer: stopped by SIGTERM/SIGINT, or every trigger finished)
+  1    the triggerer had no trigger left it could run
+  2    bad arguments, configuration, definitions or database (one line says which)
+  128+N  a second signal N (130 for Ctrl-C, 143 for SIGTERM): exited at once; the
+         broker redelivers whatever was not advanced
+"""
+
+
 class _Commands:
     """``add_subparsers()`` whose every command also takes the shared options of ``parent``."""
 
@@ -91,7 +114,11 @@ class _Commands:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharedstream",
-        description="Event-driven ingestion: shared broker consumers feeding many triggers.",
+        description=("Event-driven ingestion: one shared broker consumer per stream, fanned out "
+                     "to many filtering triggers; the broker is advanced only once every event "
+                     "derived from a message is stored."),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"sharedstream {__version__}")
     config_help = ("configuration file (default: $SHAREDSTREAM_CONFIG or ./sharedstream.toml "

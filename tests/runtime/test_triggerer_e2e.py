@@ -307,6 +307,14 @@ def test_a_bad_argument_is_one_line_and_status_2(
     assert f"argument {names}:" in error
 
 
+def test_the_help_has_examples_environment_and_exit_status(deployment: Deployment) -> None:
+    text = deployment.cli("--help").stdout
+    for heading in ("examples:", "environment:", "exit status:"):
+        assert f"\n{heading}\n" in text
+    assert "SHAREDSTREAM__<SECTION>__<OPTION>" in text
+    assert "sharedstream triggerer --definitions defs.py" in text
+
+
 def test_log_levels_are_listed_in_the_help(deployment: Deployment) -> None:
     help_text = " ".join(deployment.cli("triggerer", "--help").stdout.split())
     assert "logging level: debug, info, warning, error, critical (default: info)" in help_text
