@@ -74,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C before the triggerer's own handlers were in place
+        print("sharedstream: interrupted", file=sys.stderr)
+        return 130
 
 
 _EPILOG = """\

@@ -19,20 +19,25 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sharedstream.config import Config, load_config, write_default_config
 from sharedstream.crypto import generate_key
 from sharedstream.errors import SharedStreamError
 from sharedstream.store.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from sharedstream.triggerer import Triggerer
 
 __all__ = [
     "DEFINITIONS",
@@ -268,6 +273,26 @@ async def _count_dead_letters(aiokafka: Any, bootstrap: str, at_least: int) -> i
         await reader.stop()
 
 
+def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> None:
+    """Ctrl-C: say at once that the demo is stopping; a second one cleans up, then exits."""
+
+    def say_stopping(message: str) -> None:
+        print(f"{message}; finishing what is in flight", file=sys.stderr, flush=True)
+
+    def exit_at_once(code: int) -> None:
+        clean_up()  # the broker and the temp directory go too
+        print("stopped at once", file=sys.stderr, flush=True)
+        os._exit(code)
+
+    triggerer.on_stop_signal = say_stopping
+    triggerer.exit_at_once = exit_at_once
+
+
+async def _committed(reader: Any, tp: Any) -> int:
+    offset = await reader.committed(tp)
+    return int(offset) if offset is not None and offset >= 0 else 0
+
+
 def _line(state: _State, stored: int, runs: int, started: float) -> str:
     elapsed = time.monotonic() - started
     return (f"[{elapsed:6.1f}s] in {state.produced:>7}  stored {stored:>7}  "
@@ -275,7 +300,7 @@ def _line(state: _State, stored: int, runs: int, started: float) -> str:
 
 
 async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
-                keep: bool) -> int:
+                keep: bool, clean_up: Callable[[], None]) -> int:
     aiokafka: Any = importlib.import_module("aiokafka")
     from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.triggerer import Triggerer  # noqa: PLC0415 - heavy, only here
@@ -287,6 +312,7 @@ async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
     })
     await _create_topics(bootstrap)
     triggerer = Triggerer(config, load_definitions(DEFINITIONS))
+    _on_signals(triggerer, clean_up)
     state = _State()
     started = time.monotonic()
     trigger_task = asyncio.create_task(triggerer.run(), name="sharedstream-demo-triggerer")
@@ -295,15 +321,12 @@ async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
                                        enable_auto_commit=False)
     await reader.start()
     tp = aiokafka.TopicPartition(TOPIC, 0)
-    interrupted = False
     try:
         while True:
             done, _ = await asyncio.wait({trigger_task}, timeout=0.5)
             if done:  # Ctrl-C (the triggerer's own handler) or a failure
-                interrupted = True
                 break
-            offset = await reader.committed(tp)
-            state.committed = int(offset) if offset is not None and offset >= 0 else 0
+            state.committed = await _committed(reader, tp)
             print(_line(state, triggerer.gate.stored, triggerer.gate.runs_queued, started),
                   file=sys.stderr, flush=True)
             if produce_task.done() and state.produce_error is not None:
@@ -312,12 +335,17 @@ async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
                 break
         elapsed = time.monotonic() - started
     finally:
-        await reader.stop()
         produce_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await produce_task
         triggerer.request_stop()
-        code = await trigger_task
+        try:
+            code = await trigger_task
+            with contextlib.suppress(Exception):  # the true count, after the final commits
+                state.committed = await _committed(reader, tp)
+        finally:
+            await reader.stop()
+    interrupted = triggerer.interrupted
     dead = await _count_dead_letters(aiokafka, bootstrap, 0 if interrupted
                                      else expected_counts(messages).dead_lettered)
     with SqliteStore(config.sqlite_path()) as store:
@@ -329,10 +357,17 @@ async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
           + f"{state.committed} messages, {counts['trigger_events']} trigger events stored, "
           f"{counts['asset_events']} asset events, DAG runs: {per_dag}, "
           f"{dead} dead-lettered, {elapsed:.2f}s, {rate:.0f} msgs/s")
+    _say_where(workdir, keep=keep)
+    return 130 if interrupted and code == 0 else code
+
+
+def _say_where(workdir: Path, *, keep: bool) -> None:
     if keep:
         print(f"kept {workdir} (inspect: sharedstream --config "
               f"{workdir / 'sharedstream.toml'} runs list)")
-    return code
+    else:
+        print("(run with --keep DIR to keep the database and inspect it with the CLI)",
+              file=sys.stderr)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -354,6 +389,14 @@ def run_demo(args: argparse.Namespace) -> int:
     else:
         workdir = Path(tempfile.mkdtemp(prefix="sharedstream-demo-"))
     tansu: subprocess.Popen[bytes] | None = None
+
+    def clean_up() -> None:
+        """Stop the broker and drop the temp directory; safe to call twice."""
+        if tansu is not None:
+            stop_tansu(tansu)
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
     try:
         config = _write_config(workdir)
         with SqliteStore(config.sqlite_path()) as store:
@@ -362,12 +405,14 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"tansu on {bootstrap}; {args.messages} messages to {TOPIC}; "
               f"working in {workdir}", file=sys.stderr, flush=True)
         return asyncio.run(_demo(config, args.messages, bootstrap, workdir,
-                                 keep=args.keep is not None))
-    except KeyboardInterrupt:
+                                 keep=args.keep is not None, clean_up=clean_up))
+    except KeyboardInterrupt:  # before the triggerer's handlers were in place
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if tansu is not None:
-            stop_tansu(tansu)
-        if args.keep is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        # A Ctrl-C now would leave the broker running: cleaning up is quick, let it finish.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            clean_up()
+        finally:
+            signal.signal(signal.SIGINT, previous)

@@ -144,6 +144,10 @@ class Triggerer:
         self.progress = _Progress()
         self._last_shared_error: BaseException | None = None
         self._idle = False  # stopped because no trigger was left running
+        self.on_stop_signal: Callable[[str], None] = log.info
+        """Says that a first signal began the graceful stop (the demo prints it)."""
+        self.exit_at_once: Callable[[int], None] = os._exit
+        """What a second signal does, with the exit status (the demo cleans up first)."""
         self._stop = asyncio.Event()
         self._signals = 0
 
@@ -298,12 +302,19 @@ class Triggerer:
         """Begin a graceful shutdown (what the first SIGINT/SIGTERM does)."""
         self._stop.set()
 
+    @property
+    def interrupted(self) -> bool:
+        """Whether a stop signal arrived (as opposed to stopping because nothing was left)."""
+        return self._signals > 0
+
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
         if self._signals > 1:
             log.warning("second %s: exiting at once", signal.Signals(signum).name)
-            os._exit(128 + signum)
-        log.info("%s: stopping (send it again to exit at once)", signal.Signals(signum).name)
+            self.exit_at_once(128 + signum)
+            return
+        self.on_stop_signal(
+            f"{signal.Signals(signum).name}: stopping (send it again to exit at once)")
         self.request_stop()
 
     async def _shutdown(
