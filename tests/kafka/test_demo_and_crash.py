@@ -83,7 +83,7 @@ def test_an_interrupted_demo_stops_its_broker_and_cleans_up(signals: int) -> Non
     assert "Traceback" not in err
     assert "SIGINT: stopping" in err
     assert not workdir.exists()
-    with pytest.raises(OSError), socket.create_connection((host, port), timeout=2):
+    with pytest.raises(ConnectionRefusedError), socket.create_connection((host, port), timeout=2):
         pass  # the broker is gone
     if signals == 1:
         found = re.match(r"interrupted: (\d+) messages", out)
