@@ -214,6 +214,13 @@ class _State:
     produced: int = 0
     committed: int = 0
     produce_error: BaseException | None = None
+    consuming_since: float | None = None  # when the first offset was committed
+
+    def rate(self, now: float) -> float:
+        """Messages committed per second since consuming began (the group join excluded)."""
+        if self.consuming_since is None or now <= self.consuming_since:
+            return 0.0
+        return self.committed / (now - self.consuming_since)
 
 
 async def _produce(aiokafka: Any, bootstrap: str, messages: int, state: _State) -> None:
@@ -294,9 +301,14 @@ async def _committed(reader: Any, tp: Any) -> int:
 
 
 def _line(state: _State, stored: int, runs: int, started: float) -> str:
-    elapsed = time.monotonic() - started
-    return (f"[{elapsed:6.1f}s] in {state.produced:>7}  stored {stored:>7}  "
-            f"committed {state.committed:>7}  runs queued {runs:>7}")
+    now = time.monotonic()
+    if state.committed and state.consuming_since is None:
+        state.consuming_since = now
+    head = f"[{now - started:6.1f}s] produced {state.produced:>7}"
+    if state.consuming_since is None:
+        return f"{head}  waiting for the consumer group to form (a few seconds)..."
+    return (f"{head}  consumed and committed {state.committed:>7}  events stored "
+            f"{stored:>7}  runs queued {runs:>7}  {state.rate(now):7.0f} msgs/s")
 
 
 async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
@@ -352,11 +364,11 @@ async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
         counts = store.counts()
         runs = Counter(run.dag_id for run in store.list_runs(limit=10_000_000))
     per_dag = ", ".join(f"{dag} {runs.get(dag, 0)}" for dag in ("ship", "reconcile", "notify"))
-    rate = state.committed / elapsed if elapsed > 0 else 0.0
+    rate = state.rate(started + elapsed)
     print(("interrupted: " if interrupted else "done: ")
           + f"{state.committed} messages, {counts['trigger_events']} trigger events stored, "
           f"{counts['asset_events']} asset events, DAG runs: {per_dag}, "
-          f"{dead} dead-lettered, {elapsed:.2f}s, {rate:.0f} msgs/s")
+          f"{dead} dead-lettered, {elapsed:.2f}s, {rate:.0f} msgs/s once consuming")
     _say_where(workdir, keep=keep)
     return 130 if interrupted and code == 0 else code
 
