@@ -46,7 +46,14 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
-from sharedstream.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
+from sharedstream.producer import (
+    AdvanceItem,
+    DeadLetter,
+    SharedStreamProducer,
+    Verdict,
+    verdict_detail,
+    verdict_triggers,
+)
 from sharedstream.producers._coalesced_commits import CoalescedCommitter
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
@@ -437,8 +444,8 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         the DLQ refuses it and there is no fallback.
         """
         name = self.raw_event_name(payload)
-        triggers = ",".join(dict.fromkeys(str(v.trigger_id) for v in verdicts))
-        detail = "; ".join(dict.fromkeys(v.reason for v in verdicts))
+        triggers = ",".join(verdict_triggers(verdicts))
+        detail = verdict_detail(verdicts)
         topic = self.settings.dead_letter_topic
         message = payload.message
         if message is None and (topic is not None or self.dead_letter_fallback is not None):

@@ -58,7 +58,14 @@ from typing import Any
 from opentelemetry import metrics
 
 from sharedstream import __version__
-from sharedstream.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
+from sharedstream.producer import (
+    AdvanceItem,
+    DeadLetter,
+    SharedStreamProducer,
+    Verdict,
+    verdict_detail,
+    verdict_triggers,
+)
 from sharedstream.producers._sqs_types import (
     BATCH,
     DLQ_ATTRIBUTE_DETAIL,
@@ -138,8 +145,8 @@ _Disposal = tuple[SqsPayload, str, Sequence[Verdict]]
 
 
 def _detail(verdicts: Sequence[Verdict], prefix: str) -> str:
-    """What the verdicts say, ``; ``-separated, after ``prefix`` (empty when none)."""
-    said = "; ".join(dict.fromkeys(v.reason for v in verdicts))
+    """What the verdicts say after ``prefix`` (empty when they say nothing)."""
+    said = verdict_detail(verdicts)
     return f"{prefix}{said}" if said else ""
 
 
@@ -622,7 +629,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                     stream=f"sqs {queue_name(self._url)}",
                     source=payload.message_id,
                     reason=f"{reason}; {cause}{_detail(verdicts, ': ')}",
-                    triggers=tuple(dict.fromkeys(str(v.trigger_id) for v in verdicts)),
+                    triggers=verdict_triggers(verdicts),
                     payload=message.body.encode("utf-8", "surrogatepass"),
                     headers=tuple((name, str(value).encode()) for name, value in
                                   message.raw_attributes.items()),
@@ -647,7 +654,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                                           "StringValue": str(message.receive_count)},
         }
         if verdicts:
-            triggers = ",".join(dict.fromkeys(str(v.trigger_id) for v in verdicts))
+            triggers = ",".join(verdict_triggers(verdicts))
             ours[DLQ_ATTRIBUTE_TRIGGERS] = {"DataType": "String", "StringValue": triggers}
             ours[DLQ_ATTRIBUTE_DETAIL] = {"DataType": "String",
                                           "StringValue": _detail(verdicts, "")[:1024]}

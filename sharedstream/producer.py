@@ -34,6 +34,8 @@ __all__ = [
     "Verdict",
     "annotated_outcome",
     "outcome_with_unseen",
+    "verdict_detail",
+    "verdict_triggers",
 ]
 
 
@@ -103,6 +105,16 @@ class Verdict(NamedTuple):
 
     reason: str
     """Why, in one line (``"RuntimeError: boom"``, ``"undecodable json value: ..."``)."""
+
+
+def verdict_triggers(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
+    """The trigger ids the verdicts name, as text, each once, in order (for dead letters)."""
+    return tuple(dict.fromkeys(str(v.trigger_id) for v in verdicts))
+
+
+def verdict_detail(verdicts: Sequence[Verdict]) -> str:
+    """What the verdicts say, each reason once, ``; ``-separated (empty when none)."""
+    return "; ".join(dict.fromkeys(v.reason for v in verdicts))
 
 
 class _Annotated(AdvanceOutcome):
