@@ -19,18 +19,24 @@ it (``raw_event_name``): ``topic/partition/offset`` for Kafka, the message id
 for SQS. The store's idempotency key is ``<trigger id>/<source>#<index>``.
 
 Also here: :class:`PeakRss`, which samples a process's peak resident set
-size (``VmHWM``) so a suite can bound the memory a case cost.
+size (``VmHWM``) so a suite can bound the memory a case cost, and the store
+faults every broker's suite applies the same way: :class:`StoreLock` (a
+``BEGIN EXCLUSIVE`` held by another process) and a full filesystem
+(:func:`mount_tmpfs`, :func:`fill_filesystem`, :func:`truncate_wal`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,14 +51,19 @@ __all__ = [
     "ExpectedDeadLetter",
     "PeakRss",
     "Reality",
+    "StoreLock",
     "StoredEvent",
     "assert_exact",
     "compare",
     "count_stored_events",
+    "fill_filesystem",
+    "mount_tmpfs",
     "parse_idem_key",
     "read_dead_letter_table",
     "read_stored_events",
     "trigger_ids",
+    "truncate_wal",
+    "unmount",
 ]
 
 IN_BROKER = "broker"
@@ -167,14 +178,21 @@ def _triggers(value: Any) -> frozenset[int] | None:
 
 
 def _dead_letter_rows(rows: Iterable[Mapping[str, Any]]) -> list[DeadLetterRecord]:
+    # The table has no detail of its own: its reason carries what the triggers said
+    # ("max_redeliveries; <why the broker did not take it>: <what they said>").
     return [
         DeadLetterRecord(
             source=str(row["source"]), reason=row.get("reason"), where=IN_STORE,
-            triggers=_triggers(row.get("triggers")), detail=row.get("detail"),
+            triggers=_triggers(row.get("triggers")),
+            detail=row.get("detail", row.get("reason")),
             payload_size=None if row.get("payload_size") is None else int(row["payload_size"]),
         )
         for row in rows
     ]
+
+
+DEAD_LETTER_LIST_LIMIT = 1_000_000
+"""Rows asked of ``deadletters list`` (its default, 100, would hide the rest)."""
 
 
 def read_dead_letter_table(
@@ -187,7 +205,7 @@ def read_dead_letter_table(
     """
     result = subprocess.run(
         [sys.executable, "-m", "sharedstream", "--config", str(config), "deadletters", "list",
-         "--json"],
+         "--json", "--limit", str(DEAD_LETTER_LIST_LIMIT)],
         cwd=config.parent, env=dict(env), capture_output=True, text=True, timeout=60,
         check=False,
     )
@@ -342,3 +360,105 @@ class PeakRss:
             task.cancel()
             await asyncio.wait([task])  # the sampler's own cancellation; ours still propagates
             self.sample()
+
+
+# -- store faults ---------------------------------------------------------------------------
+
+_LOCKER = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)
+connection.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.read()  # held until the test closes our stdin
+connection.execute("COMMIT")
+"""
+
+
+class StoreLock:
+    """Locks a SQLite store from another process (``BEGIN EXCLUSIVE``), as often as asked.
+
+    :meth:`acquire` returns once the lock is held (every write of the store
+    then fails with ``database is locked`` after its busy timeout);
+    :meth:`release` commits and waits for the locker to exit. :meth:`close`
+    kills any locker still running (for a test's ``finally``).
+    """
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self._lockers: list[asyncio.subprocess.Process] = []  # the holding one is last
+
+    async def acquire(self, within: float = 30.0) -> None:
+        locker = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _LOCKER, str(self.db),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        self._lockers.append(locker)
+        assert locker.stdout is not None
+        line = await asyncio.wait_for(locker.stdout.readline(), within)
+        assert line.strip() == b"locked", line
+
+    async def release(self, within: float = 30.0) -> None:
+        locker = self._lockers[-1]
+        assert locker.stdin is not None
+        locker.stdin.close()
+        assert await asyncio.wait_for(locker.wait(), within) == 0
+
+    async def close(self) -> None:
+        for locker in self._lockers:
+            if locker.returncode is None:
+                locker.kill()
+                await locker.wait()
+
+
+def mount_tmpfs(mountpoint: Path, size: str = "64m") -> str | None:
+    """Mount a tmpfs of ``size`` at ``mountpoint`` (created); ``None``, or why it could not.
+
+    Needs root (``CAP_SYS_ADMIN``), as in CI; a suite skips the case otherwise.
+    """
+    mount = shutil.which("mount")
+    if mount is None or shutil.which("umount") is None:
+        return "mount(8) and umount(8) are not installed"
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mountpoint)],
+        capture_output=True, text=True, timeout=30, check=False)
+    return None if mounted.returncode == 0 else f"mount failed: {mounted.stderr.strip()}"
+
+
+def unmount(mountpoint: Path) -> None:
+    """Unmount what :func:`mount_tmpfs` mounted (lazily: open files do not keep it)."""
+    umount = shutil.which("umount")
+    if umount is not None:
+        subprocess.run([umount, "-l", str(mountpoint)], capture_output=True, timeout=30,
+                       check=False)
+
+
+def fill_filesystem(ballast: Path) -> int:
+    """Write ``ballast`` until its filesystem is full; returns the bytes written."""
+    chunk = b"\0" * 2**20
+    written = 0
+    with ballast.open("wb", buffering=0) as handle:
+        while True:
+            try:
+                written += handle.write(chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+    return written
+
+
+def truncate_wal(db: Path) -> None:
+    """Checkpoint the store's WAL and truncate it, so that its next write needs new space.
+
+    Without this, SQLite would go on writing into WAL space allocated
+    before the disk filled up, and a full-disk fault would come late or never.
+    """
+    connection = sqlite3.connect(db, timeout=10, isolation_level=None)
+    try:
+        for _ in range(50):
+            busy, _log, _done = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                return
+            time.sleep(0.05)
+    finally:
+        connection.close()

@@ -1,0 +1,94 @@
+"""Definitions for ``tests/sqs/test_no_loss``: two watchers of one SQS queue, one receiver.
+
+Both are SQS triggers with the same consumer settings (``body_format="json"``,
+the test's quick receive settings, the same dead-letter queue), so they
+share one receiver and every message goes to both; neither has a ``match``,
+so each fires one event per message that decodes. ``plain`` is the stock
+:class:`SqsSharedStreamTrigger`; ``custom`` is :class:`ChaosWatcher`, a
+subclass that can be made slow (``delay`` seconds per message) or poisoned
+(it raises on the message whose JSON ``id`` is ``raise_on_id``), and
+otherwise behaves like the stock trigger.
+
+Configured by environment: ``NOLOSS_ENDPOINT`` (moto's URL), ``NOLOSS_QUEUE``
+(a queue URL), ``NOLOSS_DLQ`` (a queue URL; empty or unset: no
+dead-letter queue), ``NOLOSS_DELAY`` (seconds, default 0),
+``NOLOSS_RAISE_ON_ID`` (an integer, default none), ``NOLOSS_MAX_REDELIVERIES``
+and ``NOLOSS_MAX_IN_FLIGHT`` (defaults 5 and 500, the trigger's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sharedstream import TriggerEvent
+from sharedstream.definitions import Asset, AssetWatcher
+from sharedstream.producers.sqs import SqsMessage
+from sharedstream.triggers.sqs import SqsSharedStreamTrigger
+
+POISON_TEXT = "poison record"
+"""The text of the error :class:`ChaosWatcher` raises (the tests look for it in dead letters)."""
+
+COMMON: dict[str, Any] = {
+    "queue": os.environ["NOLOSS_QUEUE"],
+    "endpoint_url": os.environ["NOLOSS_ENDPOINT"],
+    "region_name": "us-east-1",
+    "credentials": {"aws_access_key_id": "test", "aws_secret_access_key": "test"},
+    "dead_letter_queue": os.environ.get("NOLOSS_DLQ") or None,
+    "body_format": "json",
+    "max_redeliveries": int(os.environ.get("NOLOSS_MAX_REDELIVERIES", "5")),
+    "max_in_flight": int(os.environ.get("NOLOSS_MAX_IN_FLIGHT", "500")),
+    # tests.sqs.conftest.FAST (not imported: that module needs pytest): short long-polls,
+    # a short visibility, and one receive at a time (moto can hand one message to two
+    # concurrent receives, which the exact dead-letter accounting would see as a duplicate).
+    "wait_time_seconds": 1,
+    "visibility_timeout": 5,
+    "receive_concurrency": 1,
+}
+
+
+class ChaosWatcher(SqsSharedStreamTrigger):
+    """The stock SQS trigger, made slow (``delay``) or poisoned (``raise_on_id``)."""
+
+    def __init__(self, *, delay: float = 0.0, raise_on_id: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
+        self.raise_on_id = raise_on_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "delay": self.delay, "raise_on_id": self.raise_on_id}
+
+    async def filter_shared_stream(
+        self, shared_stream: AsyncIterator[Any]
+    ) -> AsyncIterator[TriggerEvent]:
+        # The stock filter (decoding, rejecting, matching) over a slowed or poisoned stream.
+        async for event in super().filter_shared_stream(self._chaos(shared_stream)):
+            yield event
+
+    async def _chaos(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for message in shared_stream:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if self.raise_on_id is not None and self._message_id(message) == self.raise_on_id:
+                raise RuntimeError(f"{POISON_TEXT}: id {self.raise_on_id}")
+            yield message
+
+    def _message_id(self, message: SqsMessage) -> object:
+        try:
+            value = self.decode(message)
+        except ValueError:
+            return None  # undecodable: the stock filter rejects it
+        return value.get("id") if isinstance(value, dict) else None
+
+
+_DELAY = float(os.environ.get("NOLOSS_DELAY", "0"))
+_RAISE_ON = os.environ.get("NOLOSS_RAISE_ON_ID")
+
+plain = Asset("plain", watchers=[AssetWatcher("all", trigger=SqsSharedStreamTrigger(**COMMON))])
+custom = Asset("custom", watchers=[AssetWatcher("all", trigger=ChaosWatcher(
+    **COMMON, delay=_DELAY, raise_on_id=int(_RAISE_ON) if _RAISE_ON else None,
+))])
