@@ -61,9 +61,19 @@ class SqsConfigError(SqsProducerError, ValueError):
 
 
 class SqsRequestError(SqsProducerError):
-    """An SQS call failed after botocore's retries and ours; the poll ends and restarts."""
+    """An SQS call failed after botocore's retries and ours; the poll ends and restarts.
+
+    ``code`` is SQS's error code (empty when the call never got an answer)
+    and ``sender_fault`` whether SQS blamed the request itself (too big, an
+    invalid parameter): sending the same request again fails the same way.
+    """
 
     retryable = True
+
+    def __init__(self, message: str, *, code: str = "", sender_fault: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.sender_fault = sender_fault
 
 
 class SqsDeadLetterError(SqsProducerError):

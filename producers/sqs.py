@@ -140,6 +140,20 @@ def _handles(payloads: Sequence[SqsPayload]) -> list[tuple[str, str]]:
     return [(p.receipt_handle, p.message_id) for p in payloads]
 
 
+_OUR_ATTRIBUTES = frozenset({
+    DLQ_ATTRIBUTE_QUEUE, DLQ_ATTRIBUTE_MESSAGE_ID, DLQ_ATTRIBUTE_REASON,
+    DLQ_ATTRIBUTE_RECEIVE_COUNT, DLQ_ATTRIBUTE_TRIGGERS, DLQ_ATTRIBUTE_DETAIL,
+})
+
+
+def _attribute_bytes(value: dict[str, Any]) -> bytes:
+    """A message attribute's value as bytes (String and Number as UTF-8, Binary as is)."""
+    data = value.get("BinaryValue")
+    if isinstance(data, bytes):
+        return data
+    return str(value.get("StringValue", "")).encode("utf-8", "surrogatepass")
+
+
 _Disposal = tuple[SqsPayload, str, Sequence[Verdict]]
 """A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
 
@@ -152,6 +166,38 @@ def _detail(verdicts: Sequence[Verdict], prefix: str) -> str:
 
 def _chunks(items: Sequence[Any], size: int = BATCH) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+MAX_BATCH_BYTES = 1024 * 1024
+"""SendMessageBatch's limit on the sum of its entries' bodies and attributes."""
+
+
+def _entry_bytes(entry: dict[str, Any]) -> int:
+    """What one SendMessageBatch entry counts toward ``MAX_BATCH_BYTES``."""
+    size = len(entry["MessageBody"].encode("utf-8", "surrogatepass"))
+    for name, value in entry.get("MessageAttributes", {}).items():
+        data = value.get("StringValue") or value.get("BinaryValue") or ""
+        size += len(name) + len(value["DataType"]) + (
+            len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass")))
+    return size
+
+
+_Entry = tuple[Any, dict[str, Any]]
+"""Something to send, and its SendMessageBatch entry."""
+
+
+def _sized_chunks(pairs: list[_Entry]) -> list[list[_Entry]]:
+    """``(item, entry)`` pairs in batches of at most ``BATCH`` entries and ``MAX_BATCH_BYTES``."""
+    chunks: list[list[_Entry]] = []
+    size = 0
+    for pair in pairs:
+        grow = _entry_bytes(pair[1])
+        if not chunks or len(chunks[-1]) >= BATCH or size + grow > MAX_BATCH_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(pair)
+        size += grow
+    return chunks
 
 
 _consumed: dict[tuple[str, str | None, str], str] = {}
@@ -223,7 +269,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             code = error.get("Code", "")
             if "NonExistentQueue" in code or code == "QueueDoesNotExist":
                 raise SqsConfigError(f"{operation}: queue does not exist ({exc})") from exc
-            raise SqsRequestError(f"{operation} failed: {exc}") from exc
+            raise SqsRequestError(f"{operation} failed: {exc}", code=code,
+                                  sender_fault=error.get("Type") == "Sender") from exc
         except exceptions.BotoCoreError as exc:
             raise SqsRequestError(f"{operation} failed: {exc}") from exc
 
@@ -570,44 +617,57 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     async def _dispose(self, items: list[_Disposal]) -> None:
         """Dead-letter ``items``, deleting each once its copy is stored somewhere.
 
-        A copy goes to ``dead_letter_queue``; when there is none, or SQS
-        refuses the copy for good (a sender fault: too big, say), to the
-        engine's ``dead_letter_fallback``; with neither, the message is
-        discarded with a warning. A transient failure leaves the message
-        where it is: it comes again.
+        A copy goes to ``dead_letter_queue``, in batches that keep within
+        SendMessageBatch's limits; when there is none, or SQS refuses the
+        copy for good (a sender fault: too big, say), to the engine's
+        ``dead_letter_fallback``; with neither, the message is discarded with
+        a warning. A transient failure leaves the message where it is: it
+        comes again.
         """
         if self._dlq_url is None:
             await self._dispose_elsewhere(items, "no dead_letter_queue configured")
             return
-        for chunk in _chunks(items):
-            entries = [self._dead_letter_entry(str(i), payload, reason, verdicts)
-                       for i, (payload, reason, verdicts) in enumerate(chunk)]
-            try:
-                response = await self._call("SendMessageBatch", QueueUrl=self._dlq_url,
-                                            Entries=entries)
-            except SqsRequestError as exc:
+        pairs = [(item, self._dead_letter_entry(str(i), *item)) for i, item in enumerate(items)]
+        for chunk in _sized_chunks(pairs):
+            await self._send_dead_letters(chunk)
+
+    async def _send_dead_letters(self, chunk: list[tuple[_Disposal, dict[str, Any]]]) -> None:
+        """One SendMessageBatch; a batch SQS refuses as a whole is tried again entry by entry."""
+        try:
+            response = await self._call("SendMessageBatch", QueueUrl=self._dlq_url,
+                                        Entries=[entry for _, entry in chunk])
+        except SqsRequestError as exc:
+            if exc.sender_fault and len(chunk) > 1:  # maybe one entry's fault: find it
+                for pair in chunk:
+                    await self._send_dead_letters([pair])
+            elif exc.sender_fault:
+                item = chunk[0][0]
+                self._refusals[item[0].message_id] = exc.code or "refused"
+                await self._dispose_elsewhere([item], "the dead_letter_queue refused it")
+            else:
                 log.error("dead-lettering %s failed (%s); they stay in %s and come again",  # noqa: TRY400 - the cause is in the message
-                          [p.message_id for p, _, _ in chunk], exc, queue_name(self._url))
-                continue
-            failed = {f["Id"]: f for f in response.get("Failed") or []}
-            stored, refused = [], []
-            for i, item in enumerate(chunk):
-                payload, reason, verdicts = item
-                failure = failed.get(str(i))
-                if failure is None:
-                    self.dead_lettered += 1
-                    log.warning("dead-lettered %s from %s (%s%s)", payload.message_id,
-                                queue_name(self._url), reason, _detail(verdicts, ": "))
-                    stored.append(payload)
-                elif failure.get("SenderFault"):
-                    refused.append(item)
-                    self._refusals[payload.message_id] = str(failure.get("Code"))
-                else:
-                    log.error("dead-lettering %s failed (%s); it stays and comes again",
-                              payload.message_id, failure.get("Code"))
-            await self._queue_deletes(stored)
-            if refused:
-                await self._dispose_elsewhere(refused, "the dead_letter_queue refused it")
+                          [item[0].message_id for item, _ in chunk], exc,
+                          queue_name(self._url))
+            return
+        failed = {f["Id"]: f for f in response.get("Failed") or []}
+        stored, refused = [], []
+        for item, entry in chunk:
+            payload, reason, verdicts = item
+            failure = failed.get(entry["Id"])
+            if failure is None:
+                self.dead_lettered += 1
+                log.warning("dead-lettered %s from %s (%s%s)", payload.message_id,
+                            queue_name(self._url), reason, _detail(verdicts, ": "))
+                stored.append(payload)
+            elif failure.get("SenderFault"):
+                refused.append(item)
+                self._refusals[payload.message_id] = str(failure.get("Code"))
+            else:
+                log.error("dead-lettering %s failed (%s); it stays and comes again",
+                          payload.message_id, failure.get("Code"))
+        await self._queue_deletes(stored)
+        if refused:
+            await self._dispose_elsewhere(refused, "the dead_letter_queue refused it")
 
     async def _dispose_elsewhere(self, items: list[_Disposal], why: str) -> None:
         """Keep ``items`` through the fallback (or discard them), then delete them."""
@@ -631,7 +691,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                     reason=f"{reason}; {cause}{_detail(verdicts, ': ')}",
                     triggers=verdict_triggers(verdicts),
                     payload=message.body.encode("utf-8", "surrogatepass"),
-                    headers=tuple((name, str(value).encode()) for name, value in
+                    headers=tuple((name, _attribute_bytes(value)) for name, value in
                                   message.raw_attributes.items()),
                 ))
             except Exception as exc:  # noqa: BLE001 - not kept: the message stays and comes again
@@ -658,7 +718,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             ours[DLQ_ATTRIBUTE_TRIGGERS] = {"DataType": "String", "StringValue": triggers}
             ours[DLQ_ATTRIBUTE_DETAIL] = {"DataType": "String",
                                           "StringValue": _detail(verdicts, "")[:1024]}
-        originals = [(k, v) for k, v in message.raw_attributes.items() if k not in ours]
+        # Ours, even when the sender set them, never travel from the original.
+        originals = [(k, v) for k, v in message.raw_attributes.items()
+                     if k not in _OUR_ATTRIBUTES]
         room = _SQS_MAX_ATTRIBUTES - len(ours)
         if len(originals) > room:
             log.warning("dead-lettering %s: keeping %d of its %d attributes (SQS allows %d)",

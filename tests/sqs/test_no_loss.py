@@ -38,8 +38,8 @@ watchers), a clean exit on SIGTERM and the triggerer's peak RSS.
   queue whose ``DelaySeconds`` is over 900, which moto lets one create and
   real SQS does not (a copy over the queue's ``MaximumMessageSize`` fails
   the whole ``SendMessageBatch`` call in moto, not the entry as in SQS).
-  Two big dead letters received together (1.2 MB, over the batch limit)
-  are a known failure (``xfail``, strict): they come back forever.
+  Two big dead letters received together (1.2 MB, over SendMessageBatch's
+  1 MiB limit) are sent in batches that keep within it.
 
 moto spends time on every call in proportion to the messages in its queue,
 so the cases send at a pace that keeps the queue to hundreds of messages
@@ -788,11 +788,6 @@ async def test_e_dead_letters_no_queue_takes_go_to_the_store(
         await run.finish(expected, f"E (dead-letter queue: {dead_letter_queue})", stall=stall)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: the producer sends a lane's dead letters in one SendMessageBatch; two "
-    "copies of 600 KB are over its 1 MiB limit (BatchRequestTooLong, in moto and SQS alike), "
-    "the whole call fails, is taken for a passing failure, and the same two messages come "
-    "back together, forever"))
 async def test_e_big_dead_letters_received_together(sqs_endpoint: str, tmp_path: Path) -> None:
     bodies = ["~" + letter * 600_000 for letter in "ab"]  # undecodable, 1.2 MB together
     async with deployment(sqs_endpoint, tmp_path) as run:

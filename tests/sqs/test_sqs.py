@@ -359,3 +359,21 @@ def test_unseen_failures_do_not_count_toward_max_redeliveries() -> None:
     # Its own failure: dead-lettered. Collateral: this receive is not counted, shown again.
     assert sort(AdvanceOutcome(1, 1, 0)) == ([], [], [], [(payload, "max_redeliveries", ())])
     assert sort(outcome_with_unseen(1, 1, 0, unseen=1)) == ([], [payload], [], [])
+
+
+def test_dead_letter_batches_keep_within_send_message_batch_limits() -> None:
+    """Ten entries and 1 MiB at most per call; a big entry alone still gets its own call."""
+    from sharedstream.producers.sqs import MAX_BATCH_BYTES, _sized_chunks  # noqa: PLC0415
+
+    def entry(size: int) -> dict[str, Any]:
+        return {"Id": "x", "MessageBody": "b" * size, "MessageAttributes": {
+            "sharedstream.reason": {"DataType": "String", "StringValue": "rejected"}}}
+
+    pairs = [(n, entry(600_000)) for n in range(3)] + [(n, entry(10)) for n in range(3, 25)]
+    chunks = _sized_chunks(pairs)
+    assert [item for chunk in chunks for item, _ in chunk] == list(range(25))  # order kept
+    assert all(len(chunk) <= 10 for chunk in chunks)
+    assert [len(chunk) for chunk in chunks][:2] == [1, 1]  # two 600 KB copies never share
+    sizes = [sum(len(e["MessageBody"]) for _, e in chunk) for chunk in chunks]
+    assert all(size <= MAX_BATCH_BYTES for size in sizes)
+    assert _sized_chunks([(0, entry(2_000_000))]) == [[(0, entry(2_000_000))]]
