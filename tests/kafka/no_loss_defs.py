@@ -4,9 +4,10 @@ Both are Kafka triggers with the same settings (``value_format="json"``, a
 dead-letter topic), so they share one consumer and every record goes to
 both; neither has a ``match``, so each fires one event per record that
 decodes. ``plain`` is the stock :class:`KafkaSharedStreamTrigger`;
-``custom`` is :class:`ChaosWatcher`, a subclass that can be made slow
-(``delay`` seconds per record) or poisoned (it raises on the record whose
-``id`` is ``raise_on_id``), and otherwise behaves like the stock trigger.
+``custom`` is :class:`ChaosWatcher`, the stock trigger with
+:class:`tests.no_loss_kit.ChaosMixin`: it can be made slow (``delay``
+seconds per record) or poisoned (it raises on the record whose ``id`` is
+``raise_on_id``), and otherwise behaves like the stock trigger.
 
 Configured by environment: ``NOLOSS_BOOTSTRAP``, ``NOLOSS_TOPIC``,
 ``NOLOSS_GROUP``, ``NOLOSS_DELAY`` (seconds, default 0) and
@@ -15,18 +16,12 @@ Configured by environment: ``NOLOSS_BOOTSTRAP``, ``NOLOSS_TOPIC``,
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
-from sharedstream import TriggerEvent
 from sharedstream.definitions import Asset, AssetWatcher
-from sharedstream.producers.kafka import KafkaMessage
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
-
-POISON_TEXT = "poison record"
-"""The text of the error :class:`ChaosWatcher` raises (the tests look for it in the DLQ)."""
+from tests.no_loss_kit import ChaosMixin
 
 _TOPIC = os.environ["NOLOSS_TOPIC"]
 COMMON: dict[str, Any] = {
@@ -39,40 +34,8 @@ COMMON: dict[str, Any] = {
 }
 
 
-class ChaosWatcher(KafkaSharedStreamTrigger):
+class ChaosWatcher(ChaosMixin, KafkaSharedStreamTrigger):
     """The stock Kafka trigger, made slow (``delay``) or poisoned (``raise_on_id``)."""
-
-    def __init__(self, *, delay: float = 0.0, raise_on_id: int | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.delay = delay
-        self.raise_on_id = raise_on_id
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "delay": self.delay, "raise_on_id": self.raise_on_id}
-
-    async def filter_shared_stream(
-        self, shared_stream: AsyncIterator[Any]
-    ) -> AsyncIterator[TriggerEvent]:
-        # The stock filter (decoding, rejecting, matching) over a slowed or poisoned stream.
-        async for event in super().filter_shared_stream(self._chaos(shared_stream)):
-            yield event
-
-    async def _chaos(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for message in shared_stream:
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            if self.raise_on_id is not None and self._record_id(message) == self.raise_on_id:
-                raise RuntimeError(f"{POISON_TEXT}: id {self.raise_on_id}")
-            yield message
-
-    def _record_id(self, message: KafkaMessage) -> object:
-        try:
-            value = self.decode(message)
-        except (ValueError, RecursionError):
-            return None  # undecodable: the stock filter rejects it
-        return value.get("id") if isinstance(value, dict) else None
 
 
 _DELAY = float(os.environ.get("NOLOSS_DELAY", "0"))

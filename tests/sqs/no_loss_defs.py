@@ -4,10 +4,11 @@ Both are SQS triggers with the same consumer settings (``body_format="json"``,
 the test's quick receive settings, the same dead-letter queue), so they
 share one receiver and every message goes to both; neither has a ``match``,
 so each fires one event per message that decodes. ``plain`` is the stock
-:class:`SqsSharedStreamTrigger`; ``custom`` is :class:`ChaosWatcher`, a
-subclass that can be made slow (``delay`` seconds per message) or poisoned
-(it raises on the message whose JSON ``id`` is ``raise_on_id``), and
-otherwise behaves like the stock trigger.
+:class:`SqsSharedStreamTrigger`; ``custom`` is :class:`ChaosWatcher`, the
+stock trigger with :class:`tests.no_loss_kit.ChaosMixin`: it can be made
+slow (``delay`` seconds per message) or poisoned (it raises on the message
+whose JSON ``id`` is ``raise_on_id``), and otherwise behaves like the stock
+trigger.
 
 Configured by environment: ``NOLOSS_ENDPOINT`` (moto's URL), ``NOLOSS_QUEUE``
 (a queue URL), ``NOLOSS_DLQ`` (a queue URL; empty or unset: no
@@ -18,18 +19,12 @@ and ``NOLOSS_MAX_IN_FLIGHT`` (defaults 5 and 500, the trigger's own).
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
-from sharedstream import TriggerEvent
 from sharedstream.definitions import Asset, AssetWatcher
-from sharedstream.producers.sqs import SqsMessage
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
-
-POISON_TEXT = "poison record"
-"""The text of the error :class:`ChaosWatcher` raises (the tests look for it in dead letters)."""
+from tests.no_loss_kit import ChaosMixin
 
 COMMON: dict[str, Any] = {
     "queue": os.environ["NOLOSS_QUEUE"],
@@ -49,40 +44,8 @@ COMMON: dict[str, Any] = {
 }
 
 
-class ChaosWatcher(SqsSharedStreamTrigger):
+class ChaosWatcher(ChaosMixin, SqsSharedStreamTrigger):
     """The stock SQS trigger, made slow (``delay``) or poisoned (``raise_on_id``)."""
-
-    def __init__(self, *, delay: float = 0.0, raise_on_id: int | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.delay = delay
-        self.raise_on_id = raise_on_id
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "delay": self.delay, "raise_on_id": self.raise_on_id}
-
-    async def filter_shared_stream(
-        self, shared_stream: AsyncIterator[Any]
-    ) -> AsyncIterator[TriggerEvent]:
-        # The stock filter (decoding, rejecting, matching) over a slowed or poisoned stream.
-        async for event in super().filter_shared_stream(self._chaos(shared_stream)):
-            yield event
-
-    async def _chaos(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for message in shared_stream:
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            if self.raise_on_id is not None and self._message_id(message) == self.raise_on_id:
-                raise RuntimeError(f"{POISON_TEXT}: id {self.raise_on_id}")
-            yield message
-
-    def _message_id(self, message: SqsMessage) -> object:
-        try:
-            value = self.decode(message)
-        except ValueError:
-            return None  # undecodable: the stock filter rejects it
-        return value.get("id") if isinstance(value, dict) else None
 
 
 _DELAY = float(os.environ.get("NOLOSS_DELAY", "0"))

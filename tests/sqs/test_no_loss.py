@@ -11,6 +11,8 @@ accounts exactly (``tests.chaos_accounting``): per watcher and per message
 id, the events in the store against the messages it must store; per
 message id, the dead letters in the dead-letter queue and in the store's
 ``dead_letters`` table against the messages meant to be dead-lettered.
+What is not SQS (the triggerer, the verdict, the store faults, the
+``custom`` watcher) is ``tests.no_loss_kit``, shared with the Kafka suite.
 
 Every case also asserts that the source queue ends empty (nothing visible,
 in flight or delayed), that at no sample were more messages in flight than
@@ -50,72 +52,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
-import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.chaos_accounting import (
-    IN_BROKER,
-    IN_STORE,
-    DeadLetterRecord,
-    Expected,
-    ExpectedDeadLetter,
-    PeakRss,
-    Reality,
-    StoreLock,
-    compare,
-    count_stored_events,
-    fill_filesystem,
-    mount_tmpfs,
-    read_dead_letter_table,
-    read_stored_events,
-    trigger_ids,
-    truncate_wal,
-    unmount,
+from tests.chaos_accounting import IN_STORE, DeadLetterRecord, ExpectedDeadLetter
+from tests.no_loss_kit import (
+    REJECTED,
+    NoLossRun,
+    broker_dead_letter,
+    store_full_case,
+    store_locked_case,
 )
-from tests.cli import ROOT
 from tests.sqs.conftest import SqsHarness
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 DEFS = Path(__file__).with_name("no_loss_defs.py")
-PLAIN = "sharedstream.triggers.sqs.SqsSharedStreamTrigger"
-CUSTOM = "sharedstream_definitions.no_loss_defs.ChaosWatcher"
 # The dead-letter contract (issue 11), spelled out rather than imported from the code under test.
 ATTR_QUEUE = "sharedstream.source-queue"
 ATTR_MESSAGE_ID = "sharedstream.source-message-id"
 ATTR_REASON = "sharedstream.reason"
 ATTR_TRIGGERS = "sharedstream.triggers"
-ATTR_DETAIL = "sharedstream.detail"
-REJECTED, MAX_REDELIVERIES = "rejected", "max_redeliveries"
-POISON_TEXT = "poison record"
-"""``no_loss_defs.POISON_TEXT`` (not imported: that module needs its environment)."""
 
-STALL = 15.0
-"""Seconds without any message deleted that count as a stall."""
-WITHIN = 45.0
-"""Seconds a case may take to delete everything after its last message is sent."""
-RSS_BOUND = 256 * 2**20
-"""Peak resident set size the triggerer may reach in any case (bytes)."""
 MAX_IN_FLIGHT = 500
 """The trigger's ``max_in_flight`` unless a case sets ``NOLOSS_MAX_IN_FLIGHT``."""
 IN_FLIGHT_SLACK = 80 + 10
 """Messages that may be in flight beyond ``max_in_flight``: the deletes the producer may
 have queued (two rounds of its four senders) and one receive."""
-RATE = 50
-"""Messages per second sent while a store fault lasts (cases C)."""
 SEND_BATCH_CHARS = 800_000
 """Body characters per ``SendMessageBatch`` call at most (the batch limit is 1 MiB)."""
 
@@ -165,36 +138,33 @@ def _send_batches(messages: Sequence[Message]) -> list[list[Message]]:
     return batches
 
 
-class NoLossRun:
-    """One case's deployment: a queue and its DLQ, a config and store, the triggerer CLI."""
+class SqsRun(NoLossRun[Message]):
+    """One case on SQS: a standard queue and its DLQ, settled when deleted.
+
+    While the triggerer runs, a watching task samples the queue's counts
+    (the peak in flight) and the peak RSS; :meth:`stop` and :meth:`close`
+    end it (and raise its own error, a moto call that failed).
+    """
+
+    PLAIN = "sharedstream.triggers.sqs.SqsSharedStreamTrigger"
+    NOUN = "messages"
+    SETTLED = "deleted"
+    WITHIN = 45.0
+    RSS_BOUND = 256 * 2**20
+    POLL = 0.25
+    RATE = 50
+    WARM_UP = 200
+    BURST = 200
 
     def __init__(self, harness: SqsHarness, workdir: Path, *, db_url: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None) -> None:
         self.harness = harness
         self.name = f"noloss-{uuid.uuid4().hex[:10]}"
         self.url = ""
         self.dlq_url: str | None = None
-        self.dir = workdir
-        self.config = workdir / "sharedstream.toml"
-        self.db_url = db_url or f"sqlite:///{workdir / 'sharedstream.db'}"
-        self.db = Path(self.db_url.removeprefix("sqlite:///"))
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "NOLOSS_ENDPOINT": harness.endpoint,
-            "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
-            "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.05",
-            "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_MAX": "0.5",
-            "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "10",
-            **(env or {}),
-        }
-        self.produced: dict[str, Message] = {}
-        """Message id -> the message sent with it."""
-        self.next_id = 0
+        super().__init__(workdir, DEFS, db_url=db_url, env=env,
+                         broker_env={"NOLOSS_ENDPOINT": harness.endpoint})
         self.peak_in_flight = 0
-        self.process: subprocess.Popen[bytes] | None = None
-        self.rss: PeakRss | None = None
-        self.exit_code: int | None = None
         self._watching: asyncio.Task[None] | None = None
 
     # -- set-up and the triggerer --------------------------------------------------------
@@ -207,29 +177,11 @@ class NoLossRun:
             self.dlq_url = await self.harness.create_queue(
                 f"{self.name}-dlq", **dict(dead_letter_attributes or {}))
         self.env |= {"NOLOSS_QUEUE": self.url, "NOLOSS_DLQ": self.dlq_url or ""}
-        await asyncio.to_thread(self.cli, "init", "--path", str(self.config), "--db", self.db_url)
-
-    def cli(self, *args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "sharedstream", "--config", str(self.config), *args],
-            cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=60, check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "triggerer.log"
+        await self.init_store()
 
     def start(self) -> None:
-        """Start ``sharedstream triggerer`` (INFO logs to ``triggerer.log``), and watch it."""
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "sharedstream", "--config", str(self.config),
-                 "triggerer", "--definitions", str(DEFS)],
-                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
-            )
-        self.rss = PeakRss(self.process.pid)
+        """Start the triggerer, and watch it."""
+        super().start()
         self._watching = asyncio.get_running_loop().create_task(self._watch(), name="watch")
 
     async def _watch(self) -> None:
@@ -249,44 +201,22 @@ class NoLossRun:
                 watching.result()  # the watcher's own error (a moto call that failed)
 
     async def stop(self) -> None:
-        """SIGTERM the triggerer and wait for it (killed after 30 s)."""
         await self._stop_watching()
-        process = self.process
-        if process is None or process.poll() is not None:
-            self.exit_code = None if process is None else process.returncode
-            return
-        assert self.rss is not None
-        self.rss.sample()
-        process.send_signal(signal.SIGTERM)
-        try:
-            self.exit_code = await asyncio.to_thread(process.wait, 30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            await asyncio.to_thread(process.wait, 10)
-            self.exit_code = None
+        await super().stop()
 
     async def close(self) -> None:
-        """Stop watching and kill the triggerer if it still runs (a case's ``finally``)."""
         await self._stop_watching()
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            await asyncio.to_thread(self.process.wait, 10)
-
-    def stop_summary(self) -> str:
-        """The triggerer's last ``stopped: ...`` log line (else its last line)."""
-        lines = [line for line in self.log.read_text(errors="replace").splitlines() if line]
-        summaries = [line for line in lines if "stopped:" in line]
-        return (summaries or lines or ["(no log)"])[-1]
+        await super().close()
 
     # -- messages ------------------------------------------------------------------------
 
-    async def send(self, messages: Sequence[Message], *, rate: float | None = None) -> None:
-        """Send ``messages``; remember each one's message id.
+    async def send(self, items: Sequence[Message], *, rate: float | None = None) -> None:
+        """Send ``items``; remember each one's message id.
 
         At ``rate`` messages per second (one batch call at a time), or as
         fast as moto takes them (8 batch calls at once).
         """
-        batches = _send_batches(messages)
+        batches = _send_batches(items)
         if rate is None:
             for start in range(0, len(batches), 8):
                 await asyncio.gather(*(self._send_batch(b) for b in batches[start:start + 8]))
@@ -304,18 +234,8 @@ class NoLossRun:
         for ok in response["Successful"]:
             self.produced[ok["MessageId"]] = batch[int(ok["Id"])]
 
-    def fresh(self, count: int) -> list[Message]:
-        """``count`` ``{"id": n}`` messages, their ids new in this run."""
-        messages = plain_messages(self.next_id, count)
-        self.next_id += count
-        return messages
-
-    async def send_steadily(self, stop: asyncio.Event) -> None:
-        """Send fresh messages at ``RATE`` per second until ``stop`` is set."""
-        while not stop.is_set():
-            await self.send(self.fresh(RATE // 10))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.1)
+    def plain(self, start: int, count: int) -> list[Message]:
+        return plain_messages(start, count)
 
     async def glance(self) -> tuple[int, int, int]:
         """The queue's (visible, in flight, delayed) messages, read once; tracks the peak in flight.
@@ -337,83 +257,24 @@ class NoLossRun:
         self.peak_in_flight = max(self.peak_in_flight, counts[1])
         return counts
 
-    async def deleted(self) -> int:
+    async def settled(self) -> int:
         """How many of the messages sent are deleted from the queue (read once)."""
         return len(self.produced) - sum(await self.glance())
 
-    async def wait_deleted(self, target: int, *, within: float = WITHIN) -> str | None:
-        """Wait until ``target`` messages are deleted; a stall or a dead triggerer is returned.
-
-        A stall is ``STALL`` seconds without a message deleted, or ``within``
-        seconds in all.
-        """
-        assert self.process is not None
-        assert self.rss is not None
-        started = last_move = time.monotonic()
-        last = -1
-        while True:
-            deleted = await self.deleted()
-            self.rss.sample()
-            now = time.monotonic()
-            if deleted >= target:
-                return None
-            if deleted != last:
-                last, last_move = deleted, now
-            if self.process.poll() is not None:
-                return (f"the triggerer exited ({self.process.returncode}) with "
-                        f"{deleted} of {target} deleted")
-            if now - last_move > STALL or now - started > within:
-                return (f"STALLED: deleted {deleted} of {target} "
-                        f"({now - last_move:.0f} s without progress, {now - started:.0f} s in all)")
-            await asyncio.sleep(0.25)
-
-    async def wait_stored(self, at_least: int, within: float = 5.0) -> None:
-        """Give the store ``within`` seconds to hold ``at_least`` events (no assertion)."""
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if await asyncio.to_thread(count_stored_events, self.db) >= at_least:
-                return
-            await asyncio.sleep(0.1)
-
     # -- accounting ----------------------------------------------------------------------
 
-    def roles(self) -> tuple[int, int]:
-        """The trigger ids of the ``plain`` and the ``custom`` watcher."""
-        ids = trigger_ids(self.db)
-        assert len(ids.get(PLAIN, [])) == 1, ids
-        assert len(ids.get(CUSTOM, [])) == 1, ids
-        return ids[PLAIN][0], ids[CUSTOM][0]
+    def rejected_letter(self, item: Message, where: str, roles: tuple[int, int],
+                        ) -> ExpectedDeadLetter:
+        """Rejected by both watchers: its dead letter names both."""
+        return ExpectedDeadLetter(REJECTED, where=where, triggers=frozenset(roles),
+                                  payload_size=len(item.body.encode()))
 
-    def expected(self, *, skip: Callable[[int, Message], bool] | None = None,
-                 where: str = IN_BROKER) -> Expected:
-        """Both watchers store every message not rejected; rejected ones are dead-lettered.
-
-        A rejected message is rejected by both watchers, and its dead letter
-        names both.
-        """
-        plain, custom = self.roles()
-        expected = Expected(events={plain: set(), custom: set()})
-        for message_id, message in self.produced.items():
-            if message.rejected:
-                expected.dead_letters[message_id] = ExpectedDeadLetter(
-                    REJECTED, where=where, triggers=frozenset({plain, custom}),
-                    payload_size=len(message.body.encode()))
-                continue
-            expected.events[plain].add(message_id)
-            if skip is None or not skip(custom, message):
-                expected.events[custom].add(message_id)
-        return expected
-
-    def source_of(self, body: str) -> str:
-        """The message id of the one message sent with ``body``."""
-        (message_id,) = [i for i, m in self.produced.items() if m.body == body]
-        return message_id
-
-    async def dead_letters_in_queue(self) -> tuple[list[DeadLetterRecord], list[str]]:
+    async def dead_letters_in_broker(self) -> tuple[list[DeadLetterRecord], list[str]]:
         """Every copy in the DLQ (taken off it), and what is wrong with any of them."""
         if self.dlq_url is None:
             return [], []
-        letters, problems = [], []
+        letters: list[DeadLetterRecord] = []
+        problems: list[str] = []
         for message in await self.harness.drain(self.dlq_url):
             attributes = {name: value.get("StringValue")
                           for name, value in (message.get("MessageAttributes") or {}).items()}
@@ -424,14 +285,8 @@ class NoLossRun:
             sent = self.produced.get(source)
             if sent is not None and message["Body"] != sent.body:
                 problems.append(f"{source}: the dead letter's body is not the message's")
-            triggers = attributes.get(ATTR_TRIGGERS)
-            letters.append(DeadLetterRecord(
-                source=source, reason=attributes.get(ATTR_REASON), where=IN_BROKER,
-                triggers=None if triggers is None else frozenset(
-                    int(t) for t in triggers.split(",") if t.strip().isdigit()),
-                detail=attributes.get(ATTR_DETAIL),
-                payload_size=len(message["Body"].encode()),
-            ))
+            letters.append(broker_dead_letter(source, attributes, ATTR_REASON,
+                                              payload_size=len(message["Body"].encode())))
         left = await self.harness.counts(self.dlq_url)
         if sum(left):
             problems.append(f"the dead-letter queue still holds (visible, in flight, delayed) "
@@ -445,14 +300,9 @@ class NoLossRun:
         events: list[dict[str, Any]] = json.loads(listed)
         return events
 
-    async def finish(self, expected: Expected, context: str, *,
-                     stall: str | None = None, extra: Sequence[str] = ()) -> None:
-        """Stop the triggerer and assert everything: accounting, queue, exit, memory."""
-        await self.wait_stored(sum(len(sources) for sources in expected.events.values()),
-                               within=0.0 if stall else 5.0)
-        await self.stop()
-        problems = [stall] if stall else []
-        problems += extra
+    async def broker_problems(self) -> list[str]:
+        """The source queue must end empty, and receiving must have paused behind the watchers."""
+        problems = []
         left = await self.harness.counts(self.url)
         if sum(left):
             problems.append(f"the source queue is not empty: {left[0]} visible, {left[1]} in "
@@ -461,43 +311,20 @@ class NoLossRun:
         if self.peak_in_flight > bound:
             problems.append(f"{self.peak_in_flight} messages in flight at once, more than "
                             f"{bound}: receiving did not pause behind the watchers")
-        events = await asyncio.to_thread(read_stored_events, self.db)
-        in_queue, letter_problems = await self.dead_letters_in_queue()
-        in_store = await asyncio.to_thread(read_dead_letter_table, self.config, self.db, self.env)
-        problems += letter_problems
-        reality = Reality(events=events, dead_letters=[*in_queue, *in_store])
-        problems += compare(expected, reality)
-        # The stop summary's count, read loosely (its wording is not a contract).
-        said = re.search(r"\bstopped\b.*?(\d+) events stored", self.stop_summary())
-        if said and int(said[1]) != len(reality.events):
-            problems.append(f"the stop summary says {said[1]} events stored, the store holds "
-                            f"{len(reality.events)}")
-        if self.exit_code != 0:
-            problems.append(f"the triggerer did not stop cleanly on SIGTERM "
-                            f"(exit {self.exit_code})")
-        assert self.rss is not None
-        if self.rss.peak > RSS_BOUND:
-            problems.append(f"peak RSS {self.rss.peak / 2**20:.0f} MB > "
-                            f"{RSS_BOUND / 2**20:.0f} MB")
-        assert not problems, (
-            f"{context}: {len(self.produced)} messages\n  " + "\n  ".join(problems)
-            + f"\n  stop summary: {self.stop_summary()[:400]}"
-            + f"\n  peak RSS {self.rss.peak / 2**20:.0f} MB, peak in flight "
-            f"{self.peak_in_flight}; log: {self.log}"
-        )
+        return problems
+
+    def notes(self) -> str:
+        return f", peak in flight {self.peak_in_flight}"
 
 
 @contextlib.asynccontextmanager
 async def deployment(sqs_endpoint: str, workdir: Path, **kwargs: Any,
-                     ) -> AsyncIterator[NoLossRun]:
+                     ) -> AsyncIterator[SqsRun]:
     harness = SqsHarness(sqs_endpoint, fifo=False)
     await harness.start()
     try:
-        run = NoLossRun(harness, workdir, **kwargs)
-        try:
+        async with SqsRun(harness, workdir, **kwargs) as run:
             yield run
-        finally:
-            await run.close()
     finally:
         await harness.close()
 
@@ -524,7 +351,7 @@ async def test_a_slow_watcher_is_back_pressure_not_loss(
         # 70 a second on two cores, to a watcher taking 50. It falls behind by hundreds.
         await run.send(plain_messages(0, 1000), rate=100)
         visible_at_end = (await run.glance())[0]
-        stall = await run.wait_deleted(1000)
+        stall = await run.wait_settled(1000)
         extra = []
         # Slowness is not failure: no message was shown again, let alone dead-lettered.
         again = [f"{e['payload']['message_id']} x{e['payload']['receive_count']}"
@@ -552,110 +379,21 @@ async def test_b_poison_message_is_dead_lettered_alone(
         await run.setup()
         run.start()
         await run.send(plain_messages(0, total), rate=80)
-        stall = await run.wait_deleted(total)
-        _, custom = run.roles()
+        stall = await run.wait_settled(total)
         poison = json.dumps({"id": 50})
-        expected = run.expected(skip=lambda trigger, message: message.body == poison)
-        expected.dead_letters[run.source_of(poison)] = ExpectedDeadLetter(
-            MAX_REDELIVERIES, triggers=frozenset({custom}), detail=POISON_TEXT)
+        expected = run.expected_poisoned(lambda message: message.body == poison)
         await run.finish(expected, f"B (watcher raising on id 50, N={total})", stall=stall)
 
 
 # -- C: the store stalls longer than the ack timeout ----------------------------------------
 
-ACK_TIMEOUT = 3.0
-FAULT_SECONDS = 6.0
-"""How long the store is unusable: twice the ack timeout (and over SQLite's 5 s busy timeout)."""
-FAULTS = 2
-"""Faults per case, one after the other."""
-RECOVERY_SECONDS = 3.0
-"""How long messages keep flowing after each recovery."""
-BURST = 200
-"""Messages sent as each fault starts."""
-
-
-async def _send_through_faults(run: NoLossRun, fault: Callable[[], Awaitable[None]],
-                               recover: Callable[[], Awaitable[None]], context: str) -> None:
-    """200 messages, then ``FAULTS`` times: the fault, recovery and ``RECOVERY_SECONDS``.
-
-    A burst of ``BURST`` messages comes as each fault starts, and a steady
-    flow (``RATE``) runs from the first fault to the end of the last recovery.
-    """
-    await run.setup()
-    run.start()
-    await run.send(run.fresh(200))
-    stall = await run.wait_deleted(200)
-    assert stall is None, f"{context}: before the fault: {stall}"
-    stop = asyncio.Event()
-    flowing: asyncio.Task[None] | None = None
-    try:
-        for cycle in range(1, FAULTS + 1):
-            await fault()
-            fault_started = time.monotonic()
-            stored_then = await asyncio.to_thread(count_stored_events, run.db)
-            await run.send(run.fresh(BURST))
-            if flowing is None:
-                flowing = asyncio.create_task(run.send_steadily(stop), name="steady-flow")
-            await asyncio.sleep(max(0.0, FAULT_SECONDS - (time.monotonic() - fault_started)))
-            stored_now = await asyncio.to_thread(count_stored_events, run.db)
-            await recover()
-            # The test's own check: a fault that let the store write tests nothing.
-            assert stored_now == stored_then, (f"{context}: fault {cycle} did not stop the "
-                                               f"store ({stored_then} -> {stored_now} events)")
-            await asyncio.sleep(RECOVERY_SECONDS)  # messages keep coming meanwhile
-    finally:
-        stop.set()
-        if flowing is not None:
-            await flowing
-    stall = await run.wait_deleted(len(run.produced))
-    await run.finish(run.expected(), context, stall=stall)
-
 
 async def test_c1_store_locked_by_another_process(sqs_endpoint: str, tmp_path: Path) -> None:
-    env = {"SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": str(ACK_TIMEOUT)}
-    async with deployment(sqs_endpoint, tmp_path, env=env) as run:
-        lock = StoreLock(run.db)
-        try:
-            await _send_through_faults(
-                run, lock.acquire, lock.release,
-                f"C1 (store locked by another process {FAULTS} times for "
-                f"{FAULT_SECONDS:.0f} s, ack timeout {ACK_TIMEOUT:.0f} s)")
-        finally:
-            await lock.close()
+    await store_locked_case(functools.partial(deployment, sqs_endpoint, tmp_path))
 
 
-@pytest.fixture
-def small_filesystem(tmp_path: Path) -> Iterator[Path]:
-    """A 64 MB tmpfs mounted for the test (needs root, as in CI); skips where it cannot."""
-    mountpoint = tmp_path / "small-fs"
-    why = mount_tmpfs(mountpoint, "64m")
-    if why is not None:
-        pytest.skip(f"C2 simulates a full disk with a small tmpfs, which needs root: {why}")
-    try:
-        yield mountpoint
-    finally:
-        unmount(mountpoint)
-
-
-async def test_c2_store_on_a_full_filesystem(
-    sqs_endpoint: str, tmp_path: Path, small_filesystem: Path,
-) -> None:
-    env = {"SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": str(ACK_TIMEOUT)}
-    db_url = f"sqlite:///{small_filesystem / 'sharedstream.db'}"
-    ballast = small_filesystem / "ballast"
-    async with deployment(sqs_endpoint, tmp_path, db_url=db_url, env=env) as run:
-
-        async def fill() -> None:
-            await asyncio.to_thread(truncate_wal, run.db)
-            assert await asyncio.to_thread(fill_filesystem, ballast) > 0
-
-        async def free() -> None:
-            ballast.unlink()
-
-        await _send_through_faults(
-            run, fill, free,
-            f"C2 (store's filesystem full {FAULTS} times for {FAULT_SECONDS:.0f} s, "
-            f"ack timeout {ACK_TIMEOUT:.0f} s)")
+async def test_c2_store_on_a_full_filesystem(sqs_endpoint: str, tmp_path: Path) -> None:
+    await store_full_case(functools.partial(deployment, sqs_endpoint, tmp_path), tmp_path)
 
 
 # -- D: fuzzed bodies -----------------------------------------------------------------------
@@ -752,7 +490,7 @@ async def test_d_fuzzed_bodies_are_stored_or_rejected_once(
         run.start()
         await run.send(messages[: len(messages) // 2])
         await run.send(messages[len(messages) // 2:])
-        stall = await run.wait_deleted(len(messages))
+        stall = await run.wait_settled(len(messages))
         labels = {i: m.label for i, m in run.produced.items() if m.label != "valid"}
         context = (f"D (fuzzed bodies, seed {seed}: SHAREDSTREAM_NOLOSS_SEED={seed} replays it); "
                    f"labels: {labels}")
@@ -778,13 +516,9 @@ async def test_e_dead_letters_no_queue_takes_go_to_the_store(
                         dead_letter_attributes=REFUSING_DLQ)
         run.start()
         await run.send(messages)
-        stall = await run.wait_deleted(len(messages))
-        _, custom = run.roles()
+        stall = await run.wait_settled(len(messages))
         poison = json.dumps({"id": 150})
-        expected = run.expected(skip=lambda trigger, message: message.body == poison,
-                                where=IN_STORE)
-        expected.dead_letters[run.source_of(poison)] = ExpectedDeadLetter(
-            MAX_REDELIVERIES, where=IN_STORE, triggers=frozenset({custom}), detail=POISON_TEXT)
+        expected = run.expected_poisoned(lambda message: message.body == poison, where=IN_STORE)
         await run.finish(expected, f"E (dead-letter queue: {dead_letter_queue})", stall=stall)
 
 
@@ -796,7 +530,7 @@ async def test_e_big_dead_letters_received_together(sqs_endpoint: str, tmp_path:
             await run.send([Message(body, "600 KB undecodable", rejected=True)])
         await run.send(plain_messages(0, 10))
         run.start()  # the two wait together: received in one call, rejected, advanced together
-        stall = await run.wait_deleted(len(run.produced))
+        stall = await run.wait_settled(len(run.produced))
         await run.finish(run.expected(), "E (two 600 KB dead letters received together)",
                          stall=stall)
 
