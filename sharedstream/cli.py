@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import base64
 import json
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -26,6 +25,7 @@ from sharedstream import __version__
 from sharedstream.config import Config, load_config, write_default_config
 from sharedstream.crypto import generate_key
 from sharedstream.errors import SharedStreamError
+from sharedstream.logs import configure_logging
 from sharedstream.serde import unpack_kwargs
 from sharedstream.store.sqlite import SqliteStore
 from sharedstream.store.sqlite_files import require_database
@@ -220,10 +220,7 @@ def _triggerer(args: argparse.Namespace, config: Config) -> int:
     from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.triggerer import Triggerer  # noqa: PLC0415 - only this command needs it
 
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level)
     definitions = load_definitions(args.definitions)
 
     async def run() -> int:

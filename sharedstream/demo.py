@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import importlib
 import json
-import logging
 import os
 import shutil
 import signal
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sharedstream.config import Config, load_config, write_default_config
 from sharedstream.crypto import generate_key
 from sharedstream.errors import SharedStreamError
+from sharedstream.logs import configure_logging
 from sharedstream.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
@@ -150,21 +150,25 @@ def free_port() -> int:
         return port
 
 
-def start_tansu(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Start Tansu with in-memory storage on a free loopback port; wait until it listens.
+def start_tansu(
+    binary: str, workdir: Path, *, storage: str = "memory://tansu/", port: int | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start Tansu on a loopback port (a free one unless given); wait until it listens.
 
-    Returns the process and its ``host:port``; its log goes to
+    ``storage`` is its ``--storage-engine`` (in memory by default; an
+    ``s3://`` bucket survives a restart) and ``env`` its environment.
+    Returns the process and its ``host:port``; its log is appended to
     ``workdir/tansu.log``. Stop it with :func:`stop_tansu`.
     """
-    port = free_port()
+    port = free_port() if port is None else port
     address = f"127.0.0.1:{port}"
     log_path = workdir / "tansu.log"
-    with log_path.open("wb") as log_file:
+    with log_path.open("ab") as log_file:
         process = subprocess.Popen(  # noqa: S603 - the broker binary we resolved
             [binary, "broker", "--listener-url", f"tcp://{address}",
-             "--advertised-listener-url", f"tcp://{address}",
-             "--storage-engine", "memory://tansu/"],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+             "--advertised-listener-url", f"tcp://{address}", "--storage-engine", storage],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # Ctrl-C reaches the demo only; it stops the broker itself
         )
     deadline = time.monotonic() + 10
@@ -391,8 +395,7 @@ def run_demo(args: argparse.Namespace) -> int:
     except ImportError:
         raise SharedStreamError(f"the demo needs Kafka support: {INSTALL_HINT}") from None
     binary = tansu_binary()
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     if args.keep is not None:
         workdir = Path(args.keep).resolve()
         if (workdir / "sharedstream.toml").exists():

@@ -176,8 +176,13 @@ class KafkaHarness:
             await reader.stop()
         return int(offset) if offset is not None and offset >= 0 else 0
 
-    async def read_all(self, topic: str, *, within: float = 1.0) -> list[Any]:
-        """Every record of partition 0 of ``topic`` (no group), waiting ``within`` s at most."""
+    async def read_all(self, topic: str, *, within: float = 10.0) -> list[Any]:
+        """Every record of partition 0 of ``topic`` (no group), up to its end offset now.
+
+        Reads until it reaches the end offset the broker reports at the start
+        (an empty fetch on the way is not the end: a slow broker has those),
+        waiting ``within`` seconds at most.
+        """
         reader = aiokafka.AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
             enable_auto_commit=False,
@@ -186,13 +191,12 @@ class KafkaHarness:
         try:
             tp = aiokafka.TopicPartition(topic, 0)
             reader.assign([tp])
+            end = (await reader.end_offsets([tp]))[tp]
             await reader.seek_to_beginning(tp)
             records: list[Any] = []
             deadline = time.monotonic() + within
-            while time.monotonic() < deadline:
+            while await reader.position(tp) < end and time.monotonic() < deadline:
                 chunk = await reader.getmany(tp, timeout_ms=100)
-                if not chunk and records:
-                    break
                 records.extend(chunk.get(tp, []))
         finally:
             await reader.stop()
