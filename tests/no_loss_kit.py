@@ -14,9 +14,11 @@ store, runs the real ``sharedstream triggerer`` over its
 * :func:`through_store_faults`, :func:`store_locked_case`,
   :func:`store_full_case` and :func:`small_tmpfs` - cases C, the store
   unusable for longer than the ack timeout, the same for every broker.
-* :class:`ChaosMixin` - the ``custom`` watcher's slowness and poison, mixed
-  into a broker's stock trigger by its definitions file (which the
-  triggerer imports by path, the repository root on ``PYTHONPATH``).
+* :func:`fuzzed_case` - case D, a broker's fuzzed records sent and accounted.
+* :class:`ChaosMixin` and :func:`chaos_assets` - the ``custom`` watcher's
+  slowness and poison, mixed into a broker's stock trigger by its
+  definitions file (which the triggerer imports by path, the repository
+  root on ``PYTHONPATH``), and the two watched assets.
 
 Invariants:
 
@@ -34,6 +36,7 @@ import abc
 import asyncio
 import contextlib
 import os
+import random
 import re
 import signal
 import subprocess
@@ -48,6 +51,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVa
 import pytest
 
 from sharedstream import BaseEventTrigger, TriggerEvent
+from sharedstream.definitions import Asset, AssetWatcher
 from tests.chaos_accounting import (
     IN_BROKER,
     DeadLetterRecord,
@@ -66,7 +70,7 @@ from tests.chaos_accounting import (
     truncate_wal,
     unmount,
 )
-from tests.cli import ROOT
+from tests.cli import ROOT, TriggererCli
 
 __all__ = [
     "ACK_TIMEOUT",
@@ -82,6 +86,9 @@ __all__ = [
     "NoLossRun",
     "Sent",
     "broker_dead_letter",
+    "chaos_assets",
+    "fuzzed_case",
+    "nested_json",
     "small_tmpfs",
     "store_full_case",
     "store_locked_case",
@@ -224,12 +231,7 @@ class NoLossRun(abc.ABC, Generic[SentT]):
 
     def cli(self, *args: str) -> str:
         """Run ``sharedstream <args>`` to completion (asserting success); its stdout."""
-        result = subprocess.run(
-            [sys.executable, "-m", "sharedstream", "--config", str(self.config), *args],
-            cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=60, check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        return TriggererCli(self.dir, self.env, self.definitions).run(*args)
 
     async def init_store(self) -> None:
         """``sharedstream init``: the config file and the store."""
@@ -522,6 +524,34 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         unmount(mountpoint)
 
 
+# -- D: fuzzed input ------------------------------------------------------------------------
+
+
+def nested_json(depth: int) -> str:
+    """``depth`` JSON arrays, one in another (``[[...]]``)."""
+    return "[" * depth + "]" * depth
+
+
+async def fuzzed_case(run: NoLossRun[SentT], fuzzed: Callable[[int], Sequence[SentT]],
+                      what: str) -> None:
+    """Case D: ``fuzzed(seed)`` sent in two halves, each stored or rejected once.
+
+    The seed is ``SHAREDSTREAM_NOLOSS_SEED`` if set (to replay a run), else
+    random; a failure names it, and the label of every record not valid.
+    """
+    seed = int(os.environ.get("SHAREDSTREAM_NOLOSS_SEED", random.randrange(1 << 30)))
+    items = fuzzed(seed)
+    await run.setup()
+    run.start()
+    await run.send(items[: len(items) // 2])
+    await run.send(items[len(items) // 2:])
+    stall = await run.wait_settled(len(items))
+    labels = {s: item.label for s, item in run.produced.items() if item.label != "valid"}
+    context = (f"D ({what}, seed {seed}: SHAREDSTREAM_NOLOSS_SEED={seed} replays it); "
+               f"labels: {labels}")
+    await run.finish(run.expected(), context, stall=stall)
+
+
 # -- the custom watcher ---------------------------------------------------------------------
 
 
@@ -570,3 +600,19 @@ class ChaosMixin(BaseEventTrigger):
         except (ValueError, RecursionError):
             return None  # undecodable: the stock filter rejects it
         return value.get("id") if isinstance(value, dict) else None
+
+
+def chaos_assets(stock: type[BaseEventTrigger], chaos: type[ChaosMixin],
+                 settings: Mapping[str, Any]) -> tuple[Asset, Asset]:
+    """A definitions file's ``plain`` and ``custom`` assets, each one watcher of ``settings``.
+
+    ``plain`` watches with the ``stock`` trigger; ``custom`` with ``chaos``,
+    made slow by ``NOLOSS_DELAY`` (seconds, default 0) and poisoned by
+    ``NOLOSS_RAISE_ON_ID`` (an integer, default none). Called while the
+    triggerer imports the file, which keeps every asset built meanwhile.
+    """
+    raise_on = os.environ.get("NOLOSS_RAISE_ON_ID")
+    custom = chaos(**settings, delay=float(os.environ.get("NOLOSS_DELAY", "0")),
+                   raise_on_id=int(raise_on) if raise_on else None)
+    return (Asset("plain", watchers=[AssetWatcher("all", trigger=stock(**settings))]),
+            Asset("custom", watchers=[AssetWatcher("all", trigger=custom)]))

@@ -19,9 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sharedstream.definitions import Asset, AssetWatcher
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
-from tests.no_loss_kit import ChaosMixin
+from tests.no_loss_kit import ChaosMixin, chaos_assets
 
 _TOPIC = os.environ["NOLOSS_TOPIC"]
 COMMON: dict[str, Any] = {
@@ -38,10 +37,4 @@ class ChaosWatcher(ChaosMixin, KafkaSharedStreamTrigger):
     """The stock Kafka trigger, made slow (``delay``) or poisoned (``raise_on_id``)."""
 
 
-_DELAY = float(os.environ.get("NOLOSS_DELAY", "0"))
-_RAISE_ON = os.environ.get("NOLOSS_RAISE_ON_ID")
-
-plain = Asset("plain", watchers=[AssetWatcher("all", trigger=KafkaSharedStreamTrigger(**COMMON))])
-custom = Asset("custom", watchers=[AssetWatcher("all", trigger=ChaosWatcher(
-    **COMMON, delay=_DELAY, raise_on_id=int(_RAISE_ON) if _RAISE_ON else None,
-))])
+plain, custom = chaos_assets(KafkaSharedStreamTrigger, ChaosWatcher, COMMON)

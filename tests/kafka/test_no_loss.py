@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
 import uuid
 from collections.abc import Mapping, Sequence
@@ -55,6 +54,8 @@ from tests.no_loss_kit import (
     REJECTED,
     NoLossRun,
     broker_dead_letter,
+    fuzzed_case,
+    nested_json,
     store_full_case,
     store_locked_case,
 )
@@ -219,10 +220,6 @@ async def test_c2_store_on_a_full_filesystem(harness: KafkaHarness, tmp_path: Pa
 # -- D: fuzzed input ------------------------------------------------------------------------
 
 
-def _nested(depth: int) -> str:
-    return "[" * depth + "]" * depth
-
-
 def fuzzed_records(seed: int) -> list[Record]:
     """Valid records mixed, in a seeded order, with every kind of hostile input."""
     rng = random.Random(seed)
@@ -240,12 +237,12 @@ def fuzzed_records(seed: int) -> list[Record]:
         Record(b'{"id": 2, "s": "caf\xe9"}', "latin-1 text", rejected=True),
         Record(b'{"id": 3,', "truncated JSON", rejected=True),
         Record(b"", "empty value", rejected=True),
-        Record(_nested(1500).encode(), "JSON nested 1,500 deep", rejected=True),
+        Record(nested_json(1500).encode(), "JSON nested 1,500 deep", rejected=True),
         Record(json.dumps({"id": 4, "deep": {"a": [[{"b": [[0]]}]]}}).encode()[:-1]
                + b"x", "JSON with trailing garbage", rejected=True),
         Record(b'{"id": 5, "s": "\\ud800"}', "lone surrogate", rejected=True),
         Record(b'{"id": 6, "s": "\\udfff tail"}', "lone low surrogate", rejected=True),
-        Record(f'{{"id": 7, "n": {_nested(150)}}}'.encode(), "JSON nested 150 deep",
+        Record(f'{{"id": 7, "n": {nested_json(150)}}}'.encode(), "JSON nested 150 deep",
                rejected=True),
         Record(doc(**{f"k{j}": j for j in range(50_000)}), "wide JSON (50,000 keys)"),
         Record(doc(blob="x" * 2_000_000), "2 MB JSON"),
@@ -261,7 +258,7 @@ def fuzzed_records(seed: int) -> list[Record]:
         Record(b"[]", "an empty JSON array"),
         Record(b"null", "JSON null"),
         Record(doc(s="h\u00e9llo \U0001f600 \u0000 nul"), "unicode and NUL"),
-        Record(f'{{"id": 8, "n": {_nested(40)}}}'.encode(), "JSON nested 40 deep (storable)"),
+        Record(f'{{"id": 8, "n": {nested_json(40)}}}'.encode(), "JSON nested 40 deep (storable)"),
     ]
     valid = [Record(doc()) for _ in range(300)]
     records = hostile + valid
@@ -272,18 +269,8 @@ def fuzzed_records(seed: int) -> list[Record]:
 async def test_d_fuzzed_input_is_stored_or_rejected_once(
     harness: KafkaHarness, tmp_path: Path,
 ) -> None:
-    seed = int(os.environ.get("SHAREDSTREAM_NOLOSS_SEED", random.randrange(1 << 30)))
-    records = fuzzed_records(seed)
     async with KafkaRun(harness, tmp_path) as run:
-        await run.setup()
-        run.start()
-        await run.send(records[: len(records) // 2])
-        await run.send(records[len(records) // 2:])
-        stall = await run.wait_settled(len(records))
-        labels = {s: r.label for s, r in run.produced.items() if r.label != "valid"}
-        context = (f"D (fuzzed input, seed {seed}: SHAREDSTREAM_NOLOSS_SEED={seed} replays it); "
-                   f"labels: {labels}")
-        await run.finish(run.expected(), context, stall=stall)
+        await fuzzed_case(run, fuzzed_records, "fuzzed input")
 
 
 # -- E: a dead letter the broker refuses ----------------------------------------------------

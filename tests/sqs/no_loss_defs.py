@@ -22,9 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sharedstream.definitions import Asset, AssetWatcher
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
-from tests.no_loss_kit import ChaosMixin
+from tests.no_loss_kit import ChaosMixin, chaos_assets
 
 COMMON: dict[str, Any] = {
     "queue": os.environ["NOLOSS_QUEUE"],
@@ -48,10 +47,4 @@ class ChaosWatcher(ChaosMixin, SqsSharedStreamTrigger):
     """The stock SQS trigger, made slow (``delay``) or poisoned (``raise_on_id``)."""
 
 
-_DELAY = float(os.environ.get("NOLOSS_DELAY", "0"))
-_RAISE_ON = os.environ.get("NOLOSS_RAISE_ON_ID")
-
-plain = Asset("plain", watchers=[AssetWatcher("all", trigger=SqsSharedStreamTrigger(**COMMON))])
-custom = Asset("custom", watchers=[AssetWatcher("all", trigger=ChaosWatcher(
-    **COMMON, delay=_DELAY, raise_on_id=int(_RAISE_ON) if _RAISE_ON else None,
-))])
+plain, custom = chaos_assets(SqsSharedStreamTrigger, ChaosWatcher, COMMON)

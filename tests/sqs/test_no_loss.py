@@ -54,7 +54,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import random
 import time
 import uuid
@@ -70,6 +69,8 @@ from tests.no_loss_kit import (
     REJECTED,
     NoLossRun,
     broker_dead_letter,
+    fuzzed_case,
+    nested_json,
     store_full_case,
     store_locked_case,
 )
@@ -411,10 +412,6 @@ def _xml_text(rng: random.Random, size: int) -> str:
     return "".join(chars)
 
 
-def _nested(depth: int) -> str:
-    return "[" * depth + "]" * depth
-
-
 SPOOFED = (
     (ATTR_MESSAGE_ID, "String", "forged-id"), (ATTR_REASON, "String", "forged"),
     (ATTR_QUEUE, "String", "forged-queue"), (ATTR_TRIGGERS, "String", "999"),
@@ -424,7 +421,7 @@ ODD_ATTRIBUTES = (
     ("bin", "Binary", bytes(range(256))), ("num", "Number", "-1.5E+10"),
     ("custom.type", "String.json", '{"a": 1}'), ("Odd-Name_1.x", "String", "ü \U0001f600"),
     ("big-int", "Number.int", "123456789012345678901234567890"), ("space", "String", " "),
-    ("b64", "Binary", b"\x00"), ("json", "String", _nested(5)), ("a", "String", "a"),
+    ("b64", "Binary", b"\x00"), ("json", "String", nested_json(5)), ("a", "String", "a"),
     ("tab", "String", "\t\n"),
 )
 """Ten attributes (SQS's maximum) of every type, with odd (allowed) names and values."""
@@ -446,11 +443,11 @@ def fuzzed_messages(seed: int) -> list[Message]:
         Message(" \t\n ", "whitespace only", rejected=True),
         Message("{'id': 1}", "Python, not JSON", rejected=True),
         Message("~" + "x" * 300_000, "300 KB not JSON", rejected=True),
-        Message(_nested(1500), "JSON nested 1,500 deep", rejected=True),
-        Message(_nested(100_000), "JSON nested 100,000 deep (200 KB)", rejected=True),
+        Message(nested_json(1500), "JSON nested 1,500 deep", rejected=True),
+        Message(nested_json(100_000), "JSON nested 100,000 deep (200 KB)", rejected=True),
         Message('{"id": 5, "s": "\\ud800"}', "lone surrogate (escaped)", rejected=True),
         Message('{"id": 6, "s": "\\udfff tail"}', "lone low surrogate (escaped)", rejected=True),
-        Message(f'{{"id": 7, "n": {_nested(150)}}}', "JSON nested 150 deep", rejected=True),
+        Message(f'{{"id": 7, "n": {nested_json(150)}}}', "JSON nested 150 deep", rejected=True),
         Message("~spoofed", "undecodable, spoofing sharedstream.* attributes", rejected=True,
                 attributes=SPOOFED),
         Message("~ten attributes", "undecodable, ten attributes", rejected=True,
@@ -472,7 +469,7 @@ def fuzzed_messages(seed: int) -> list[Message]:
         Message(json.dumps({"id": 12, "s": "h\u00e9llo \U0001f600 \ue000 \ufffd \U0010ffff"},
                            ensure_ascii=False), "raw non-ASCII from every plane"),
         Message('\n\t{\r\n"id":\t13 }\n', "JSON in tabs and newlines"),
-        Message(f'{{"id": 14, "n": {_nested(40)}}}', "JSON nested 40 deep (storable)"),
+        Message(f'{{"id": 14, "n": {nested_json(40)}}}', "JSON nested 40 deep (storable)"),
     ]
     valid = [Message(doc()) for _ in range(300)]
     messages = hostile + valid
@@ -483,18 +480,8 @@ def fuzzed_messages(seed: int) -> list[Message]:
 async def test_d_fuzzed_bodies_are_stored_or_rejected_once(
     sqs_endpoint: str, tmp_path: Path,
 ) -> None:
-    seed = int(os.environ.get("SHAREDSTREAM_NOLOSS_SEED", random.randrange(1 << 30)))
-    messages = fuzzed_messages(seed)
     async with deployment(sqs_endpoint, tmp_path) as run:
-        await run.setup()
-        run.start()
-        await run.send(messages[: len(messages) // 2])
-        await run.send(messages[len(messages) // 2:])
-        stall = await run.wait_settled(len(messages))
-        labels = {i: m.label for i, m in run.produced.items() if m.label != "valid"}
-        context = (f"D (fuzzed bodies, seed {seed}: SHAREDSTREAM_NOLOSS_SEED={seed} replays it); "
-                   f"labels: {labels}")
-        await run.finish(run.expected(), context, stall=stall)
+        await fuzzed_case(run, fuzzed_messages, "fuzzed bodies")
 
 
 # -- E: a dead letter no dead-letter queue takes --------------------------------------------
