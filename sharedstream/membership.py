@@ -84,9 +84,9 @@ class Membership:
         if self.left:
             raise StreamStopped(f"trigger {self.trigger_id!r} left shared stream {self.key!r}")
         group = self._manager.live_group(self.key, self.trigger)
-        if self._group is not group:  # pragma: no cover - a new group attaches its roster
-            self.attach(group)
-        assert self._sub is not None  # noqa: S101 - attach set it
+        # Every group of the key attaches the whole roster when it is made (or at join).
+        assert self._group is group  # noqa: S101
+        assert self._sub is not None  # noqa: S101
         return group.attempt(self._sub)
 
     def fail(self, error: BaseException) -> None:

@@ -551,16 +551,10 @@ class ResolutionBook:
         reaches ``sub`` because it is still in the snapshot.
         """
         if record is sub.current:
-            sub.current = None
-            if sub.window_seqs:
-                self._forget_seqs(sub, record)
-                sub.window_seqs = 0
-            self._fence(sub, record)
-            self._resolve_failed(record, verdict=_failure(sub, error))
-            sub.interrupt = error
+            self.fail_attempt(sub, error)
+            sub.interrupt = error  # its filter is not in our iterator: it hangs elsewhere
             if sub.on_interrupt is not None:
                 sub.on_interrupt(error)
-            sub.wake()
             return
         if record in sub.ledger:  # it saw the record: a redelivery repeats it, in order
             self._forget_seqs(sub, record)
