@@ -239,12 +239,12 @@ def _triggers_list(args: argparse.Namespace, config: Config) -> int:
     with _open_store(config) as store:
         rows = store.list_triggers()
     records = [
-        {"id": r.id, "classpath": r.classpath, "state": r.state, "events": r.events_stored,
-         "errors": r.error_count, "last_error": r.last_error, "last_error_at": r.last_error_at,
-         "last_traceback": r.last_traceback}
+        {"id": r.id, "watchers": list(r.watchers), "classpath": r.classpath, "state": r.state,
+         "events": r.events_stored, "errors": r.error_count, "last_error": r.last_error,
+         "last_error_at": r.last_error_at, "last_traceback": r.last_traceback}
         for r in rows
     ]
-    columns = ("id", "state", "events", "errors", "classpath", "last_error")
+    columns = ("id", "state", "events", "errors", "watchers", "classpath", "last_error")
     return _emit(args, records, columns)
 
 
@@ -301,11 +301,17 @@ def _config_show(args: argparse.Namespace, config: Config) -> int:
 
 
 def _plain(value: Any) -> Any:
+    """JSON for what ``json`` cannot write: times as ISO 8601, bytes as base64."""
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, bytes):
-        return value.hex()
+        return _base64(value)
     return str(value)
+
+
+def _readable(value: Any) -> Any:
+    """Like :func:`_plain`, for a table cell: bytes as text (see :func:`_preview`)."""
+    return _preview(value) if isinstance(value, bytes) else _plain(value)
 
 
 def _emit(args: argparse.Namespace, records: list[dict[str, Any]], columns: Sequence[str]) -> int:
@@ -345,7 +351,7 @@ def _cell(value: Any, limit: int = 60) -> str:
     if isinstance(value, datetime):
         text = value.strftime("%Y-%m-%d %H:%M:%S")
     elif isinstance(value, (list, dict)):
-        text = json.dumps(value, default=_plain)
+        text = json.dumps(value, default=_readable)
     else:
         text = str(value)
     text = text.replace("\n", " ")

@@ -419,7 +419,7 @@ class Triggerer:
             kwargs = unpack_kwargs(self.cipher.decrypt(row.kwargs_blob))
             trigger = self.registry.rehydrate(row.classpath, kwargs)
         except (SharedStreamError, TypeError, ValueError) as exc:
-            raise _Unrunnable(f"trigger {row.id} ({row.classpath}): {exc}") from exc
+            raise _Unrunnable(str(exc)) from exc
         trigger.trigger_id = row.id
         return trigger
 
@@ -433,7 +433,8 @@ class Triggerer:
             try:
                 trigger = self._rehydrate(row)
             except _Unrunnable as exc:
-                log.error("not running %s", exc)  # noqa: TRY400 - the reason is the message
+                log.error("not running trigger %d (%s): %s",  # noqa: TRY400 - the reason is it
+                          row.id, row.classpath, exc)
                 await self._release(attempt)
                 await self._note("record_trigger_error", row.id, str(exc), "")
                 await self._note("set_trigger_state", row.id, "failed")

@@ -154,6 +154,9 @@ class TriggerRow:
     last_error_at: datetime | None
     created_at: datetime
     events_stored: int
+    watchers: tuple[str, ...] = ()
+    """``asset/watcher`` names of the watchers using it, sorted; filled by
+    :meth:`MetadataStore.list_triggers` only (empty elsewhere)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +375,7 @@ class MetadataStore(Protocol):
         ...
 
     def list_triggers(self) -> list[TriggerRow]:
-        """Every trigger, by id."""
+        """Every trigger, by id, with the watchers that use it."""
         ...
 
     def list_events(

@@ -127,7 +127,7 @@ def _parse(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-def _trigger_row(row: Sequence[Any]) -> TriggerRow:
+def _trigger_row(row: Sequence[Any], watchers: tuple[str, ...] = ()) -> TriggerRow:
     return TriggerRow(
         id=int(row[0]),
         fingerprint=str(row[1]),
@@ -140,6 +140,7 @@ def _trigger_row(row: Sequence[Any]) -> TriggerRow:
         last_error_at=None if row[8] is None else _parse(row[8]),
         created_at=_parse(row[9]),
         events_stored=int(row[10]),
+        watchers=watchers,
     )
 
 
@@ -318,18 +319,33 @@ class SqliteStore:
         )
         now = _now()
         with self._write("sync_definitions") as conn:
+            # Update the known triggers and insert only the new ones: an upsert that
+            # takes its UPDATE branch still burns an AUTOINCREMENT id in SQLite, and
+            # ids would skip numbers at every restart.
+            known = {
+                str(fingerprint): int(trigger_id)
+                for trigger_id, fingerprint in conn.execute(
+                    "SELECT id, fingerprint FROM triggers"
+                    " WHERE fingerprint IN (SELECT value FROM json_each(?))",
+                    (json.dumps(sorted(specs)),),
+                )
+            }
             ids: dict[str, int] = {}
             for spec in specs.values():
                 state = "active" if spec.fingerprint in referenced else "orphaned"
+                if spec.fingerprint in known:
+                    conn.execute(
+                        "UPDATE triggers SET classpath = ?, kwargs_blob = ?,"
+                        " state = CASE WHEN ? = 'active' AND state = 'finished'"
+                        "  THEN 'finished' ELSE ? END"
+                        " WHERE id = ?",
+                        (spec.classpath, spec.kwargs_blob, state, state, known[spec.fingerprint]),
+                    )
+                    ids[spec.fingerprint] = known[spec.fingerprint]
+                    continue
                 (trigger_id,) = conn.execute(
                     "INSERT INTO triggers (fingerprint, classpath, kwargs_blob, state, created_at)"
-                    " VALUES (?, ?, ?, ?, ?)"
-                    " ON CONFLICT (fingerprint) DO UPDATE SET"
-                    "  classpath = excluded.classpath,"
-                    "  kwargs_blob = excluded.kwargs_blob,"
-                    "  state = CASE WHEN excluded.state = 'active' AND triggers.state = 'finished'"
-                    "          THEN 'finished' ELSE excluded.state END"
-                    " RETURNING id",
+                    " VALUES (?, ?, ?, ?, ?) RETURNING id",
                     (spec.fingerprint, spec.classpath, spec.kwargs_blob, state, now),
                 ).fetchone()
                 ids[spec.fingerprint] = int(trigger_id)
@@ -338,9 +354,16 @@ class SqliteStore:
                 " AND fingerprint NOT IN (SELECT value FROM json_each(?))",
                 (json.dumps(sorted(referenced)),),
             )
-            conn.executemany(
-                "INSERT INTO assets (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
-                [(name, now) for name in sorted(asset_names)],
+            known_assets = {
+                str(name)
+                for (name,) in conn.execute(
+                    "SELECT name FROM assets WHERE name IN (SELECT value FROM json_each(?))",
+                    (json.dumps(sorted(asset_names)),),
+                )
+            }
+            conn.executemany(  # only the new names, so no id is burned (see above)
+                "INSERT INTO assets (name, created_at) VALUES (?, ?)",
+                [(name, now) for name in sorted(asset_names - known_assets)],
             )
             asset_ids = {
                 str(name): int(asset_id)
@@ -412,9 +435,15 @@ class SqliteStore:
         return _trigger_row(rows[0]) if rows else None
 
     def list_triggers(self) -> list[TriggerRow]:
-        """Every trigger, by id."""
+        """Every trigger, by id, with the ``asset/watcher`` names that use it."""
         rows = self._read(f"SELECT {_TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
-        return [_trigger_row(row) for row in rows]
+        watchers: dict[int, list[str]] = {}
+        for trigger_id, asset, name in self._read(
+            "SELECT w.trigger_id, a.name, w.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
+            " ORDER BY a.name, w.name"
+        ):
+            watchers.setdefault(int(trigger_id), []).append(f"{asset}/{name}")
+        return [_trigger_row(row, tuple(watchers.get(int(row[0]), ()))) for row in rows]
 
     def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
         """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""

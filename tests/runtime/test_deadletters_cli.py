@@ -1,11 +1,12 @@
-"""``sharedstream deadletters list`` through the real CLI, on letters kept by the real store."""
+"""``deadletters list`` (and bytes in ``events list``) through the real CLI on the real store."""
 
 from __future__ import annotations
 
 import base64
 
 from sharedstream.producer import DeadLetter
-from sharedstream.store import SqliteStore
+from sharedstream.serde import pack_event_payload
+from sharedstream.store import PendingEvent, SqliteStore, TriggerSpec, WatcherSpec
 from sharedstream.store.base import DEAD_LETTER_PAYLOAD_LIMIT
 from tests.runtime.conftest import Deployment
 
@@ -81,3 +82,21 @@ def test_json_has_whole_records_with_base64_bytes(deployment: Deployment) -> Non
 
     only = d.json("deadletters", "list", "--stream", "sqs refunds")
     assert [r["source"] for r in only] == ["5f0c-11"]
+
+
+def test_bytes_in_an_event_payload_are_base64_in_json_and_text_in_the_table(
+    deployment: Deployment,
+) -> None:
+    # A Kafka record's key and header values are bytes in the stored payload.
+    d = deployment
+    payload = {"value": {"id": 7}, "key": b"order-7", "headers": [("trace", b"\x00\xfe")]}
+    with SqliteStore(d.db) as store:
+        store.migrate()
+        (trigger_id,) = store.sync_definitions(
+            [TriggerSpec("fp", "pkg.Trigger", b"kw")], [WatcherSpec("orders", "all", "fp")], []
+        ).values()
+        store.write_events([PendingEvent(trigger_id, "k", pack_event_payload(payload))])
+    (event,) = d.json("events", "list")
+    assert event["payload"]["key"] == base64.b64encode(b"order-7").decode()
+    assert event["payload"]["headers"] == [["trace", base64.b64encode(b"\x00\xfe").decode()]]
+    assert '"key": "order-7"' in d.cli("events", "list").stdout

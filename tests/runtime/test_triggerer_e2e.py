@@ -55,6 +55,8 @@ def test_events_become_asset_events_and_queued_runs(deployment: Deployment) -> N
     assert Path(f"{d.log}.dlq").read_text() == "this is not json\n"
     triggers = d.json("triggers", "list")
     assert len(triggers) == 3  # the two identical refund watchers are one trigger
+    assert sorted(t["watchers"] for t in triggers) == [
+        ["orders/all_orders"], ["orders/big_orders"], ["refunds/refunds", "refunds/refunds_again"]]
     assert all(t["state"] == "active" for t in triggers)
     assert "stopped: 4 events stored" in d.stderr()
     assert "8 DAG runs queued" in d.stderr()

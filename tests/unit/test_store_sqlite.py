@@ -159,6 +159,31 @@ def test_sync_upserts_triggers_by_fingerprint(store: SqliteStore) -> None:
     assert store.counts()["triggers"] == 1
 
 
+def test_repeated_syncs_do_not_skip_ids(store: SqliteStore, db_path: Path) -> None:
+    # Every start syncs the same definitions again; a new trigger or asset added
+    # later must still get the next id (an upsert's UPDATE branch burns one).
+    first = define(store, {"a": ["x"], "b": ["y"]}, {})
+    for _ in range(3):
+        assert define(store, {"a": ["x"], "b": ["y"]}, {}) == first
+    grown = define(store, {"a": ["x"], "b": ["y"], "c": ["z"]}, {})
+    assert grown["c"] == max(first.values()) + 1
+    with sqlite3.connect(db_path) as conn:
+        asset_ids = dict(conn.execute("SELECT name, id FROM assets").fetchall())
+    assert asset_ids == {"x": 1, "y": 2, "z": 3}
+
+
+def test_list_triggers_names_the_watchers_of_each_trigger(store: SqliteStore) -> None:
+    ids = store.sync_definitions(
+        [trig("a"), trig("b"), trig("c")],
+        [WatcherSpec("orders", "big", "fp-a"), WatcherSpec("refunds", "all", "fp-a"),
+         WatcherSpec("orders", "all", "fp-b")],
+        [],
+    )
+    watchers = {t.id: t.watchers for t in store.list_triggers()}
+    assert watchers == {ids["fp-a"]: ("orders/big", "refunds/all"),
+                        ids["fp-b"]: ("orders/all",), ids["fp-c"]: ()}
+
+
 def test_unreferenced_triggers_are_orphaned_and_come_back_with_their_history(
     store: SqliteStore,
 ) -> None:
