@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sharedstream.config import Config, load_config, write_default_config
-from sharedstream.crypto import generate_key
+from sharedstream.runtime.config import Config, load_config, write_default_config
+from sharedstream.runtime.crypto import generate_key
 from sharedstream.store.sqlite import SqliteStore
 
 

@@ -68,7 +68,7 @@ from typing import Any
 from _docker import docker_unavailable
 from _triggerer_config import make_config
 
-from sharedstream.codecs import DECODERS
+from sharedstream.brokerkit.codecs import DECODERS
 from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
 from sharedstream.store.sqlite import SqliteStore
 
@@ -382,8 +382,8 @@ def write_definitions(path: Path, bootstrap: str, topic: str, group: str, k: int
 
 async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages: int, *,
                      k: int, workdir: Path, limit: float) -> CaseResult:
-    from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
-    from sharedstream.triggerer import Triggerer  # noqa: PLC0415
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415
 
     casedir = workdir / topic  # one per run of a case
     casedir.mkdir()

@@ -40,9 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sharedstream.config import StoreConfig
-from sharedstream.persist import PersistGate
-from sharedstream.serde import pack_kwargs
+from sharedstream.runtime.config import StoreConfig
+from sharedstream.runtime.persist import PersistGate
+from sharedstream.runtime.serde import pack_kwargs
 from sharedstream.store.base import DagSpec, PendingEvent, TriggerSpec, WatcherSpec, WriteResult
 from sharedstream.store.sqlite import SqliteStore
 

@@ -454,8 +454,8 @@ def write_definitions(path: Path, common: dict[str, Any], k: int) -> None:
 async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: int, *, k: int,
                      concurrency: int, casedir: Path,
                      limit: float) -> CaseResult:
-    from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
-    from sharedstream.triggerer import Triggerer  # noqa: PLC0415
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415
 
     definitions = casedir / "bench_definitions.py"
     write_definitions(definitions, {

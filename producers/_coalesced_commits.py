@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sharedstream.errors import SharedStreamError
+from sharedstream.engine.errors import SharedStreamError
 
 __all__ = ["CoalescedCommitter", "Commit"]
 
@@ -50,7 +50,7 @@ Commit = Callable[[dict[K, int]], Awaitable[bool]]
 """Commit ``{lane: offset}`` in one broker call; ``False`` if a rebalance refused it.
 
 Retries transient errors itself (bounded) and raises a
-:class:`~sharedstream.errors.SharedStreamError` when it gives up.
+:class:`~sharedstream.engine.errors.SharedStreamError` when it gives up.
 """
 
 

@@ -12,8 +12,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from sharedstream.codecs import DecodeCache
-from sharedstream.errors import SharedStreamError
+from sharedstream.brokerkit.codecs import DecodeCache
+from sharedstream.engine.errors import SharedStreamError
 
 __all__ = [
     "BATCH",

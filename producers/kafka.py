@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
-from sharedstream.producer import (
+from sharedstream.engine.producer import (
     AdvanceItem,
     DeadLetter,
     SharedStreamProducer,

@@ -58,7 +58,7 @@ from typing import Any
 from opentelemetry import metrics
 
 from sharedstream import __version__
-from sharedstream.producer import (
+from sharedstream.engine.producer import (
     AdvanceItem,
     DeadLetter,
     SharedStreamProducer,

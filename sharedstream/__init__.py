@@ -4,7 +4,7 @@ Public API (names match Apache Airflow 3.3's trigger API, so trigger code
 ports by changing imports only).
 """
 
-from sharedstream.errors import (
+from sharedstream.engine.errors import (
     AckTimeout,
     DuplicateSubscription,
     InvalidStreamKey,
@@ -15,11 +15,11 @@ from sharedstream.errors import (
     SubscriberFailure,
     SubscriberOverflow,
 )
-from sharedstream.events import TriggerEvent
-from sharedstream.manager import SharedStreamManager
-from sharedstream.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
-from sharedstream.stream import reject_shared_stream_event
-from sharedstream.trigger import BaseEventTrigger, BaseTrigger
+from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.manager import SharedStreamManager
+from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from sharedstream.engine.stream import reject_shared_stream_event
+from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
 
 __all__ = [
     "AckTimeout",

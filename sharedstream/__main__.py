@@ -2,6 +2,6 @@
 
 import sys
 
-from sharedstream.cli import main
+from sharedstream.runtime.cli import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sharedstream.fanout import FanOut, Subscriber
+from sharedstream.engine.fanout import FanOut, Subscriber
 
 
 def assert_prefilters_agree(triggers: Sequence[Any], make_raw: Callable[[], Any],

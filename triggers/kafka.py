@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
-from sharedstream.codecs import (
+from sharedstream.brokerkit.codecs import (
     DECODERS,
     MISSING,
     as_text,
@@ -53,8 +53,10 @@ from sharedstream.codecs import (
     match_prefilter,
     shared_prefilter,
 )
-from sharedstream.events import TriggerEvent
-from sharedstream.producer import SharedStreamProducer
+from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.producer import SharedStreamProducer
+from sharedstream.engine.stream import reject_shared_stream_event
+from sharedstream.engine.trigger import BaseEventTrigger
 from sharedstream.producers.kafka import (
     KafkaConfigError,
     KafkaMessage,
@@ -62,9 +64,7 @@ from sharedstream.producers.kafka import (
     KafkaSharedStreamProducer,
     security_fingerprint,
 )
-from sharedstream.serde import MAX_DEPTH
-from sharedstream.stream import reject_shared_stream_event
-from sharedstream.trigger import BaseEventTrigger
+from sharedstream.runtime.serde import MAX_DEPTH
 
 __all__ = ["VALUE_FORMATS", "KafkaSharedStreamTrigger", "normalize_bootstrap"]
 
@@ -284,7 +284,7 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         """Skip, at fan-out, each record that decodes but does not match.
 
         An undecodable record still reaches the filter, which rejects it; see
-        :func:`~sharedstream.codecs.match_prefilter` for when there is no
+        :func:`~sharedstream.brokerkit.codecs.match_prefilter` for when there is no
         test. ``decode`` and ``matches`` then also run in the poll's task:
         keep them free of side effects.
         """

@@ -32,7 +32,7 @@ import binascii
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
-from sharedstream.codecs import (
+from sharedstream.brokerkit.codecs import (
     DECODERS,
     MISSING,
     as_text,
@@ -40,8 +40,10 @@ from sharedstream.codecs import (
     match_prefilter,
     shared_prefilter,
 )
-from sharedstream.events import TriggerEvent
-from sharedstream.producer import SharedStreamProducer
+from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.producer import SharedStreamProducer
+from sharedstream.engine.stream import reject_shared_stream_event
+from sharedstream.engine.trigger import BaseEventTrigger
 from sharedstream.producers.sqs import (
     SqsConfigError,
     SqsMessage,
@@ -49,8 +51,6 @@ from sharedstream.producers.sqs import (
     SqsSharedStreamProducer,
     queue_name,
 )
-from sharedstream.stream import reject_shared_stream_event
-from sharedstream.trigger import BaseEventTrigger
 
 __all__ = ["BODY_FORMATS", "SqsSharedStreamTrigger"]
 
@@ -238,7 +238,7 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         """Skip, at fan-out, each message that decodes but does not match.
 
         An undecodable message still reaches the filter, which rejects it; see
-        :func:`~sharedstream.codecs.match_prefilter` for when there is no
+        :func:`~sharedstream.brokerkit.codecs.match_prefilter` for when there is no
         test. ``decode`` and ``matches`` then also run in the poll's task:
         keep them free of side effects.
         """

@@ -36,8 +36,8 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-from sharedstream.events import TriggerEvent
-from sharedstream.trigger import BaseEventTrigger
+from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.trigger import BaseEventTrigger
 
 __all__ = ["DateTimeTrigger", "TimeDeltaTrigger"]
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sharedstream.producer import DeadLetter
+from sharedstream.engine.producer import DeadLetter
 from sharedstream.store.base import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetterRow
 
 __all__ = ["dead_letter_row", "dead_letters_query", "insert_dead_letter"]

@@ -31,7 +31,7 @@ Contracts every backend keeps:
    largest asset event id the run consumed; ``(dag_id, run_id)`` is unique.
 4. All datetimes are timezone-aware UTC.
 5. A *dead letter* (a raw event the broker's own dead-letter destination
-   refused for good, see :class:`~sharedstream.producer.DeadLetter`) is kept
+   refused for good, see :class:`~sharedstream.engine.producer.DeadLetter`) is kept
    once per ``(stream, source, reason)``, with at most
    :data:`DEAD_LETTER_PAYLOAD_LIMIT` bytes of its payload and the payload's
    original size.
@@ -45,8 +45,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
-from sharedstream.errors import SharedStreamError
-from sharedstream.producer import DeadLetter
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.producer import DeadLetter
 
 __all__ = [
     "DEAD_LETTER_PAYLOAD_LIMIT",
@@ -224,7 +224,7 @@ class TriggererRow:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetterRow:
-    """A :class:`~sharedstream.producer.DeadLetter` as the store keeps it.
+    """A :class:`~sharedstream.engine.producer.DeadLetter` as the store keeps it.
 
     ``payload`` is the stored prefix of the body (at most
     :data:`DEAD_LETTER_PAYLOAD_LIMIT` bytes) and ``payload_size`` the size of

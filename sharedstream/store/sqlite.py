@@ -75,7 +75,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sharedstream.producer import DeadLetter
+from sharedstream.engine.producer import DeadLetter
 from sharedstream.store._sqlite_dead_letters import (
     dead_letter_row,
     dead_letters_query,

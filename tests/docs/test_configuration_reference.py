@@ -1,4 +1,4 @@
-"""The option tables of ``docs/configuration.md`` match ``sharedstream.config``.
+"""The option tables of ``docs/configuration.md`` match ``sharedstream.runtime.config``.
 
 Every option of every section is listed once, under its section, with the
 default the code uses; an option added, renamed or re-defaulted in the code
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sharedstream.config import Config, StoreConfig, TriggererConfig
+from sharedstream.runtime.config import Config, StoreConfig, TriggererConfig
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 SECTIONS: dict[str, type[TriggererConfig | StoreConfig]] = {

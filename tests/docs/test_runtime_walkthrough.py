@@ -56,7 +56,7 @@ _MARKER = re.compile(r"^<!-- walkthrough: (?P<kind>\w+)(?: (?P<arg>[^>]*?))? -->
 _FENCE_OPEN = re.compile(r"^```(?P<info>\S*)\s*$")
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:[+-]\d\d:\d\d)?")
 _KEYGEN = re.compile(
-    r'`python -c "(?P<code>from sharedstream\.crypto import generate_key;[^"`]*)"`'
+    r'`python -c "(?P<code>from sharedstream\.runtime\.crypto import generate_key;[^"`]*)"`'
 )
 
 
@@ -304,7 +304,7 @@ def test_every_shell_block_is_replayed() -> None:
 
 def test_the_key_generation_command_prints_a_usable_key(tmp_path: Path) -> None:
     """The one-liner the key rotation section gives prints a valid Fernet key."""
-    from sharedstream.crypto import KwargsCipher  # noqa: PLC0415 - only this test needs it
+    from sharedstream.runtime.crypto import KwargsCipher  # noqa: PLC0415 - only this test needs it
 
     match = _KEYGEN.search(PAGE.read_text(encoding="utf-8"))
     assert match is not None, "the key generation command is gone from the page"
@@ -317,9 +317,9 @@ def test_the_key_generation_command_prints_a_usable_key(tmp_path: Path) -> None:
 
 def test_the_metrics_table_lists_every_instrument() -> None:
     """The page's metrics table names exactly the instruments ``telemetry.py`` creates."""
-    source = (ROOT / "sharedstream" / "telemetry.py").read_text(encoding="utf-8")
+    source = (ROOT / "sharedstream" / "engine" / "telemetry.py").read_text(encoding="utf-8")
     created = set(re.findall(r'"(sharedstream\.[a-z_.]+)"', source))
     section = PAGE.read_text(encoding="utf-8").partition("\n## Metrics\n")[2]
     listed = set(re.findall(r"^\| `(sharedstream\.[a-z_.]+)` \|", section, re.MULTILINE))
-    assert created, "no instrument names found in sharedstream/telemetry.py"
+    assert created, "no instrument names found in sharedstream/engine/telemetry.py"
     assert listed == created

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from sharedstream import AckTimeout, AdvanceOutcome, SharedStreamManager
-from sharedstream.errors import DuplicateSubscription
+from sharedstream.engine.errors import DuplicateSubscription
 from tests.engine.conftest import FakeClock
 from tests.engine.harness import Feed, FeedTrigger, MemberRunner, eventually, settle
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sharedstream import AdvanceOutcome, SharedStreamManager
-from sharedstream.fanout import PASS_ALL, KeyedPrefilter
+from sharedstream.engine.fanout import PASS_ALL, KeyedPrefilter
 from tests.engine.harness import (
     FastFeedTrigger,
     Feed,

@@ -57,10 +57,10 @@ async def test_outstanding_events_and_head_of_line_age_are_observed(
     held = Runner(manager, FeedTrigger("f", "held"), 1, auto_confirm=False).start()
     feed.push(0, 1, 2)
     await eventually(lambda: len(held.unconfirmed) == 3)
-    outstanding = points(reader, "sharedstream.events.outstanding")
+    outstanding = points(reader, "sharedstream.engine.events.outstanding")
     assert outstanding[""] == 3  # nothing advanced while the store has not confirmed
-    assert points(reader, "sharedstream.events.head_of_line_age")[""] >= 0
+    assert points(reader, "sharedstream.engine.events.head_of_line_age")[""] >= 0
     held.confirm_all()
     await eventually(lambda: len(feed.advanced()) == 3)
-    assert points(reader, "sharedstream.events.outstanding")[""] == 0
+    assert points(reader, "sharedstream.engine.events.outstanding")[""] == 0
     await manager.stop_all()

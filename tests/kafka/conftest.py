@@ -18,8 +18,8 @@ import pytest
 
 from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
 from sharedstream.demo import DEFINITIONS, start_tansu, stop_tansu, tansu_binary
-from sharedstream.errors import SharedStreamError
-from sharedstream.producer import SharedStreamProducer
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
     DLQ_HEADER_OFFSET,
     DLQ_HEADER_PARTITION,

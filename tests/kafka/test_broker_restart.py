@@ -33,7 +33,7 @@ from sharedstream.demo import (
     stop_tansu,
     tansu_binary,
 )
-from sharedstream.errors import SharedStreamError
+from sharedstream.engine.errors import SharedStreamError
 from tests.conformance.harness import DeadLetter, Stream
 from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 from tests.kafka.demo_accounting import check_demo_outcome

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager, TriggerEvent
-from sharedstream.producer import outcome_with_unseen
+from sharedstream.engine.producer import outcome_with_unseen
 from sharedstream.producers.kafka import (
     KafkaCommitError,
     KafkaConfigError,
@@ -26,7 +26,7 @@ from sharedstream.producers.kafka import (
     KafkaSettings,
     KafkaSharedStreamProducer,
 )
-from sharedstream.serde import pack_event_payload, pack_kwargs, unpack_kwargs
+from sharedstream.runtime.serde import pack_event_payload, pack_kwargs, unpack_kwargs
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.conformance.harness import (
     Stream,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharedstream import SharedStreamManager, TriggerEvent
-from sharedstream.producer import SharedStreamProducer
+from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.kafka import KafkaSharedStreamProducer
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.conformance.harness import Stream, SupervisedRunner, eventually

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 
-from sharedstream.producer import DeadLetter
-from sharedstream.serde import pack_event_payload
+from sharedstream.engine.producer import DeadLetter
+from sharedstream.runtime.serde import pack_event_payload
 from sharedstream.store import PendingEvent, SqliteStore, TriggerSpec, WatcherSpec
 from sharedstream.store.base import DEAD_LETTER_PAYLOAD_LIMIT
 from tests.runtime.conftest import Deployment

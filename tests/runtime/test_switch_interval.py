@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sharedstream.config import load_config, write_default_config
-from sharedstream.crypto import generate_key
-from sharedstream.definitions import load_definitions
+from sharedstream.runtime.config import load_config, write_default_config
+from sharedstream.runtime.crypto import generate_key
+from sharedstream.runtime.definitions import load_definitions
+from sharedstream.runtime.triggerer import Triggerer
 from sharedstream.store.sqlite import SqliteStore
-from sharedstream.triggerer import Triggerer
 from tests.engine.harness import eventually
 
 DEFINITIONS = """

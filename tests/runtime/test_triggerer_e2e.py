@@ -228,7 +228,7 @@ def test_bad_configuration_is_one_line_naming_the_option(deployment: Deployment)
 
 
 STANDALONE = DEFS.with_name("standalone_defs.py")
-DEMO_DEFINITIONS = DEFS.parents[2] / "sharedstream" / "demo_definitions.py"
+DEMO_DEFINITIONS = DEFS.parents[2] / "sharedstream" / "demo" / "definitions.py"
 
 
 def test_standalone_triggers_fire_finish_and_fail_loudly(deployment: Deployment) -> None:

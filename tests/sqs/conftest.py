@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
-from sharedstream.producer import SharedStreamProducer
+from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.sqs import (
     DLQ_ATTRIBUTE_MESSAGE_ID,
     DLQ_ATTRIBUTE_REASON,

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharedstream import AdvanceItem, AdvanceOutcome, TriggerEvent
-from sharedstream.producer import outcome_with_unseen
+from sharedstream.engine.producer import outcome_with_unseen
 from sharedstream.producers.sqs import (
     SqsConfigError,
     SqsMessage,

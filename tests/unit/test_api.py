@@ -22,7 +22,7 @@ from sharedstream import (
     SubscriberOverflow,
     TriggerEvent,
 )
-from sharedstream.trigger import uses_ack_mode
+from sharedstream.engine.trigger import uses_ack_mode
 
 
 def test_trigger_event_is_slotted_with_value_equality_and_repr() -> None:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sharedstream.errors import SharedStreamError
+from sharedstream.engine.errors import SharedStreamError
 from sharedstream.producers._coalesced_commits import CoalescedCommitter
 
 

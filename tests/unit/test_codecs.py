@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sharedstream.codecs import DECODERS
+from sharedstream.brokerkit.codecs import DECODERS
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -82,7 +82,7 @@ def test_json_decoder_reads_numbers_as_json_loads_does(number: str) -> None:
 
 def test_a_document_nested_too_deep_to_decode_is_a_decode_error() -> None:
     """json.loads recurses; a record nested thousands deep must be rejected, not crash."""
-    from sharedstream.codecs import DecodeCache  # noqa: PLC0415 - local to this test
+    from sharedstream.brokerkit.codecs import DecodeCache  # noqa: PLC0415 - local to this test
 
     class Raw(DecodeCache):
         __slots__ = ("raw",)

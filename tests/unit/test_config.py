@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet, MultiFernet
 
-from sharedstream.config import (
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.config import (
     Config,
     ConfigError,
     StoreConfig,
@@ -19,7 +20,6 @@ from sharedstream.config import (
     load_config,
     write_default_config,
 )
-from sharedstream.errors import SharedStreamError
 
 KEY = Fernet.generate_key().decode()
 OTHER_KEY = Fernet.generate_key().decode()

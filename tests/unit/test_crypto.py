@@ -6,9 +6,9 @@ import base64
 
 import pytest
 
-from sharedstream.crypto import DecryptionError, InvalidKeyError, KwargsCipher, generate_key
-from sharedstream.errors import SharedStreamError
-from sharedstream.serde import pack_kwargs, unpack_kwargs
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.crypto import DecryptionError, InvalidKeyError, KwargsCipher, generate_key
+from sharedstream.runtime.serde import pack_kwargs, unpack_kwargs
 
 SECRET = "hunter2-very-secret-password"  # noqa: S105 - a fake secret to look for
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sharedstream.definitions import (
+from sharedstream.runtime.definitions import (
     Asset,
     AssetAll,
     AssetAny,
@@ -16,7 +16,7 @@ from sharedstream.definitions import (
     DefinitionsError,
     load_definitions,
 )
-from sharedstream.registry import TriggerRegistry, UnregisteredTriggerClass
+from sharedstream.runtime.registry import TriggerRegistry, UnregisteredTriggerClass
 
 HEADER = '''
 from sharedstream import BaseEventTrigger, TriggerEvent

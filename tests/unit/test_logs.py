@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from sharedstream.logs import QuietRepeats
+from sharedstream.runtime.logs import QuietRepeats
 
 
 def record(name: str, msg: str, level: int = logging.ERROR) -> logging.LogRecord:

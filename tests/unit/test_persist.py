@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from sharedstream.persist import PersistGate
+from sharedstream.runtime.persist import PersistGate
 from sharedstream.store.base import PendingEvent, WriteResult
 
 

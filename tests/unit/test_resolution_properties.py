@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sharedstream import AdvanceItem, AdvanceOutcome
-from sharedstream.fanout import PASS_ALL, FanOut, KeyedPrefilter
-from sharedstream.resolution import AckSubscriber, EventRecord, ResolutionBook
-from sharedstream.stream import ack_stream
+from sharedstream.engine.fanout import PASS_ALL, FanOut, KeyedPrefilter
+from sharedstream.engine.resolution import AckSubscriber, EventRecord, ResolutionBook
+from sharedstream.engine.stream import ack_stream
 
 CAPACITY = 3
 ACK_TIMEOUT = 5.0

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharedstream import serde
-from sharedstream.errors import SharedStreamError
-from sharedstream.serde import (
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime import serde
+from sharedstream.runtime.serde import (
     MAX_DEPTH,
     SerializationError,
     kwargs_fingerprint,
@@ -371,7 +371,7 @@ def test_set_order_does_not_depend_on_insertion_order() -> None:
 
 
 _SEED_SCRIPT = """
-from sharedstream.serde import kwargs_fingerprint, pack_kwargs
+from sharedstream.runtime.serde import kwargs_fingerprint, pack_kwargs
 kwargs = {
     "words": {"alpha", "beta", "gamma", "delta", "epsilon"},
     "nested": frozenset({frozenset({"a", "b"}), frozenset({"c"}), ("x", frozenset({"y", "z"}))}),

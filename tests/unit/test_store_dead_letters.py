@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharedstream.producer import DeadLetter
+from sharedstream.engine.producer import DeadLetter
 from sharedstream.store import (
     PendingEvent,
     SqliteStore,

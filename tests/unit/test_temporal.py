@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sharedstream import BaseEventTrigger, BaseTrigger, TriggerEvent
-from sharedstream.serde import pack_kwargs, unpack_kwargs
+from sharedstream.runtime.serde import pack_kwargs, unpack_kwargs
 from sharedstream.triggers import temporal
 
 DateTimeTrigger = temporal.DateTimeTrigger

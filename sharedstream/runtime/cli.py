@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from sharedstream import __version__
-from sharedstream.config import Config, load_config, write_default_config
-from sharedstream.crypto import generate_key
-from sharedstream.errors import SharedStreamError
-from sharedstream.logs import configure_logging
-from sharedstream.serde import unpack_kwargs
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.config import Config, load_config, write_default_config
+from sharedstream.runtime.crypto import generate_key
+from sharedstream.runtime.logs import configure_logging
+from sharedstream.runtime.serde import unpack_kwargs
 from sharedstream.store.sqlite import SqliteStore
 from sharedstream.store.sqlite_files import require_database
 
@@ -217,8 +217,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _triggerer(args: argparse.Namespace, config: Config) -> int:
-    from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
-    from sharedstream.triggerer import Triggerer  # noqa: PLC0415 - only this command needs it
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415 - only this command needs it
 
     configure_logging(args.log_level)
     definitions = load_definitions(args.definitions)

@@ -14,8 +14,8 @@ import logging
 from importlib.metadata import entry_points
 from typing import Any
 
-from sharedstream.errors import SharedStreamError
-from sharedstream.trigger import BaseTrigger
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.trigger import BaseTrigger
 
 __all__ = ["ENTRY_POINT_GROUP", "TriggerRegistry", "UnregisteredTriggerClass"]
 

@@ -13,7 +13,7 @@ broker. Invariants:
   with backoff (doubling up to ``MAX_RETRY_DELAY``) until the store takes
   it. A store that cannot take an event for good is not something to find
   out here - payloads are checked where their trigger yields them (see
-  :func:`~sharedstream.serde.pack_event_payload`) - and telling a broken
+  :func:`~sharedstream.runtime.serde.pack_event_payload`) - and telling a broken
   store from a bad event by guessing would risk turning an outage into
   dead-lettered data. Gated events whose raw events time out meanwhile are
   redelivered, and the store's idempotency keys absorb the second copy;
@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from sharedstream.engine.telemetry import instruments
 from sharedstream.store.base import PendingEvent, WriteResult
-from sharedstream.telemetry import instruments
 
 __all__ = ["PersistGate"]
 

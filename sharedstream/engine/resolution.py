@@ -45,9 +45,9 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from sharedstream.errors import AckTimeout, SubscriberOverflow
-from sharedstream.fanout import Accept, FanOut, Subscriber
-from sharedstream.producer import AdvanceItem, AdvanceOutcome, Verdict, annotated_outcome
+from sharedstream.engine.errors import AckTimeout, SubscriberOverflow
+from sharedstream.engine.fanout import Accept, FanOut, Subscriber
+from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, Verdict, annotated_outcome
 
 __all__ = [
     "SLOT_SHIFT", "AckSubscriber", "EventRecord", "ResolutionBook", "SeqRouter", "overflow_error",
@@ -329,7 +329,7 @@ class ResolutionBook:
         Returns ``None`` when its inbox is empty (the window is closed
         anyway: pulling is what moves a subscriber past an event).
         """
-        # sharedstream.stream.ack_stream inlines this transition on the hot
+        # sharedstream.engine.stream.ack_stream inlines this transition on the hot
         # path; the property test drives both interchangeably.
         current = sub.current
         if current is not None:

@@ -49,22 +49,27 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from sharedstream.config import Config
-from sharedstream.crypto import KwargsCipher
-from sharedstream.definitions import Definitions
-from sharedstream.errors import SharedStreamError
-from sharedstream.events import TriggerEvent
-from sharedstream.manager import SharedStreamManager
-from sharedstream.membership import Membership
-from sharedstream.persist import PersistGate
-from sharedstream.producer import DeadLetter
-from sharedstream.registry import TriggerRegistry
-from sharedstream.serde import SerializationError, pack_event_payload, pack_kwargs, unpack_kwargs
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.manager import SharedStreamManager
+from sharedstream.engine.membership import Membership
+from sharedstream.engine.producer import DeadLetter
+from sharedstream.engine.telemetry import instruments
+from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
+from sharedstream.runtime.config import Config
+from sharedstream.runtime.crypto import KwargsCipher
+from sharedstream.runtime.definitions import Definitions
+from sharedstream.runtime.persist import PersistGate
+from sharedstream.runtime.registry import TriggerRegistry
+from sharedstream.runtime.serde import (
+    SerializationError,
+    pack_event_payload,
+    pack_kwargs,
+    unpack_kwargs,
+)
 from sharedstream.store.base import DagSpec, PendingEvent, TriggerRow, TriggerSpec, WatcherSpec
 from sharedstream.store.sqlite import SqliteStore
 from sharedstream.store.sqlite_files import TriggererLock, require_database
-from sharedstream.telemetry import instruments
-from sharedstream.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
 
 __all__ = ["TriggerEnded", "Triggerer"]
 

@@ -4,11 +4,11 @@ The manager maps each shared-stream key to one live :class:`StreamGroup`
 and routes the runner's calls to it. It is single-event-loop and not
 thread-safe; the trigger runner is its only owner. Group membership changes
 are synchronous, so a key is in the map only while its poll is alive (see
-:mod:`sharedstream.group`).
+:mod:`sharedstream.engine.group`).
 
 Besides plain subscriptions, the manager keeps a *roster* of durable
 members per key (:meth:`SharedStreamManager.join`, see
-:mod:`sharedstream.membership`): every group it creates for a key starts
+:mod:`sharedstream.engine.membership`): every group it creates for a key starts
 with the key's whole roster subscribed.
 """
 
@@ -19,14 +19,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from typing import Any, cast
 
-from sharedstream.errors import DuplicateSubscription, InvalidStreamKey
-from sharedstream.fanout import Accept
-from sharedstream.group import IntakeValve, StreamGroup
-from sharedstream.membership import Membership
-from sharedstream.producer import DeadLetterFallback
-from sharedstream.pump import StreamTotals
-from sharedstream.resolution import SeqRouter
-from sharedstream.trigger import BaseEventTrigger
+from sharedstream.engine.errors import DuplicateSubscription, InvalidStreamKey
+from sharedstream.engine.fanout import Accept
+from sharedstream.engine.group import IntakeValve, StreamGroup
+from sharedstream.engine.membership import Membership
+from sharedstream.engine.producer import DeadLetterFallback
+from sharedstream.engine.pump import StreamTotals
+from sharedstream.engine.resolution import SeqRouter
+from sharedstream.engine.trigger import BaseEventTrigger
 
 __all__ = ["SharedStreamManager"]
 
@@ -110,7 +110,7 @@ class SharedStreamManager:
         Synchronous. Unlike :meth:`subscribe`, the member stays in the
         snapshot of every raw event of ``key`` - across failed attempts of
         its filter and across groups - until :meth:`Membership.leave`; see
-        :mod:`sharedstream.membership`. Consume with
+        :mod:`sharedstream.engine.membership`. Consume with
         :meth:`Membership.stream` (the group starts then, if it is not
         running). Raises like :meth:`subscribe` for a bad key or a trigger
         id already subscribed or joined.

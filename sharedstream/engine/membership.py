@@ -19,7 +19,7 @@ A :class:`Membership` closes it inside the engine. Invariants:
    is away; the ack timeout still bounds every event, and an event that
    times out fails (it is redelivered, and the redelivery reaches it).
 3. A member is never overflowed: its full inbox pauses the poll
-   (back-pressure; see :mod:`sharedstream.group`).
+   (back-pressure; see :mod:`sharedstream.engine.group`).
 4. Only :meth:`Membership.leave` takes it off the roster, with the plain
    ``unsubscribe`` semantics (what it had not pulled fails).
 """
@@ -29,14 +29,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from sharedstream.errors import StreamStopped
-from sharedstream.fanout import Accept, Subscriber
-from sharedstream.resolution import AckSubscriber
-from sharedstream.trigger import BaseEventTrigger
+from sharedstream.engine.errors import StreamStopped
+from sharedstream.engine.fanout import Accept, Subscriber
+from sharedstream.engine.resolution import AckSubscriber
+from sharedstream.engine.trigger import BaseEventTrigger
 
 if TYPE_CHECKING:
-    from sharedstream.group import StreamGroup
-    from sharedstream.manager import SharedStreamManager
+    from sharedstream.engine.group import StreamGroup
+    from sharedstream.engine.manager import SharedStreamManager
 
 __all__ = ["Membership"]
 

@@ -23,10 +23,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from sharedstream.events import TriggerEvent
+from sharedstream.engine.events import TriggerEvent
 
 if TYPE_CHECKING:
-    from sharedstream.producer import SharedStreamProducer
+    from sharedstream.engine.producer import SharedStreamProducer
 
 __all__ = ["BaseEventTrigger", "BaseTrigger", "uses_ack_mode"]
 
@@ -158,7 +158,7 @@ class BaseEventTrigger(BaseTrigger):
         holds only ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
         and ``list`` and ``str``-keyed ``dict`` of them (exact types),
         nested fewer than ``MAX_DEPTH - 2`` containers deep (see
-        :mod:`sharedstream.serde`): the runtime then packs it directly, without
+        :mod:`sharedstream.runtime.serde`): the runtime then packs it directly, without
         walking it first. A value msgpack cannot pack as is (a tuple, a set,
         a ``datetime``, a subclass, an ``int`` past 64 bits) is still caught
         and packed the checked way; ``bytearray`` and ``memoryview`` are not

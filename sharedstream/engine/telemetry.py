@@ -26,7 +26,7 @@ from opentelemetry.metrics import (
 )
 
 if TYPE_CHECKING:
-    from sharedstream.resolution import ResolutionBook
+    from sharedstream.engine.resolution import ResolutionBook
 
 __all__ = ["Instruments", "instruments", "unwatch_book", "watch_book"]
 
@@ -121,22 +121,22 @@ def instruments() -> Instruments:
             description="Subscribers force-failed (overflow or ack timeout)",
         ),
         persist_batch_size=meter.create_histogram(
-            "sharedstream.persist.batch_size",
+            "sharedstream.runtime.persist.batch_size",
             unit="{event}",
             description="Trigger events written per group commit",
         ),
         persist_latency=meter.create_histogram(
-            "sharedstream.persist.duration",
+            "sharedstream.runtime.persist.duration",
             unit="s",
             description="From taking a batch to confirming its seqs (commit included)",
         ),
         events_stored=meter.create_counter(
-            "sharedstream.events.stored",
+            "sharedstream.engine.events.stored",
             unit="{event}",
             description="Trigger events stored (duplicates excluded)",
         ),
         events_refused=meter.create_counter(
-            "sharedstream.events.refused",
+            "sharedstream.engine.events.refused",
             unit="{event}",
             description="Trigger events whose payload could not be stored (raw event rejected)",
         ),
@@ -146,19 +146,19 @@ def instruments() -> Instruments:
             description="Triggers currently running in this process",
         ),
         outstanding=meter.create_observable_gauge(
-            "sharedstream.events.outstanding",
+            "sharedstream.engine.events.outstanding",
             callbacks=[_outstanding],
             unit="{event}",
             description="Raw events fanned out and not yet advanced, per stream",
         ),
         head_of_line_age=meter.create_observable_gauge(
-            "sharedstream.events.head_of_line_age",
+            "sharedstream.engine.events.head_of_line_age",
             callbacks=[_head_of_line_age],
             unit="s",
             description="Age of the oldest unresolved raw event, per stream (0 if none)",
         ),
         pauses=meter.create_counter(
-            "sharedstream.stream.pauses",
+            "sharedstream.engine.stream.pauses",
             unit="{pause}",
             description="Times a poll paused: a durable subscriber's queue was full",
         ),

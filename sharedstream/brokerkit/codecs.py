@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import msgspec
 
-from sharedstream.fanout import PASS_ALL, KeyedPrefilter
+from sharedstream.engine.fanout import PASS_ALL, KeyedPrefilter
 
 __all__ = [
     "DECODERS",
@@ -163,7 +163,7 @@ def shared_prefilter(
     ``ValueError`` when the raw event does not decode; ``shape`` names
     everything ``select`` depends on. The test accepts when the selection
     equals ``wanted``, or when the raw event does not decode (the filter
-    rejects it). It is a :class:`~sharedstream.fanout.KeyedPrefilter`: the
+    rejects it). It is a :class:`~sharedstream.engine.fanout.KeyedPrefilter`: the
     fan-out selects once per raw event for all the triggers of one shape
     and looks the accepting ones up by ``wanted`` (decoding itself is
     cached in the raw event, so asking the tests one by one decodes once too).

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from sharedstream.errors import SharedStreamError
+from sharedstream.engine.errors import SharedStreamError
 
 __all__ = [
     "CONFIG_ENV_VAR",

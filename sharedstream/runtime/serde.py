@@ -71,7 +71,7 @@ from typing import Any, Final
 
 import msgpack
 
-from sharedstream.errors import SharedStreamError
+from sharedstream.engine.errors import SharedStreamError
 
 __all__ = [
     "MAX_DEPTH",

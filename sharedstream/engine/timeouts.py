@@ -17,8 +17,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from sharedstream.resolution import ResolutionBook
-from sharedstream.telemetry import instruments
+from sharedstream.engine.resolution import ResolutionBook
+from sharedstream.engine.telemetry import instruments
 
 __all__ = ["run_ack_watchdog", "watchdog_cadence"]
 

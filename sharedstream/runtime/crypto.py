@@ -19,7 +19,7 @@ import base64
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from sharedstream.errors import SharedStreamError
+from sharedstream.engine.errors import SharedStreamError
 
 __all__ = ["DecryptionError", "InvalidKeyError", "KwargsCipher", "generate_key"]
 

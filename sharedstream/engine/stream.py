@@ -4,7 +4,7 @@ Both modes hand the filter the same shape: an async iterator of raw events
 that raises the subscriber's terminal error (overflow, ack timeout, the
 poll's failure) once one is set. In ack mode, pulling the next raw event is
 what moves the subscriber past the previous one (see
-:mod:`sharedstream.resolution`).
+:mod:`sharedstream.engine.resolution`).
 
 :func:`reject_shared_stream_event` finds the subscriber through a context
 variable that the ack iterator sets in the task consuming it, so a reject
@@ -19,8 +19,8 @@ from collections.abc import AsyncGenerator
 from contextvars import ContextVar
 from typing import Any
 
-from sharedstream.fanout import FanOut, Subscriber
-from sharedstream.resolution import AckSubscriber, ResolutionBook
+from sharedstream.engine.fanout import FanOut, Subscriber
+from sharedstream.engine.resolution import AckSubscriber, ResolutionBook
 
 __all__ = ["ack_stream", "fast_stream", "reject_shared_stream_event"]
 

@@ -24,7 +24,7 @@ Invariants:
   on its stream, not a failure.
 
 This module holds no resolution bookkeeping and never awaits; the async
-iterators in :mod:`sharedstream.stream` read from it.
+iterators in :mod:`sharedstream.engine.stream` read from it.
 """
 
 from __future__ import annotations

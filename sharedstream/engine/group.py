@@ -33,20 +33,20 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import AsyncExitStack
 from typing import Any, cast
 
-from sharedstream.errors import (
+from sharedstream.engine.errors import (
     DuplicateSubscription,
     PollTerminated,
     ProducerContractError,
     StreamStopped,
 )
-from sharedstream.fanout import Accept, FanOut, Subscriber
-from sharedstream.producer import DeadLetterFallback, SharedStreamProducer
-from sharedstream.pump import AdvancePump, StreamTotals
-from sharedstream.resolution import AckSubscriber, ResolutionBook, SeqRouter, overflow_error
-from sharedstream.stream import ack_stream, fast_stream
-from sharedstream.telemetry import instruments, unwatch_book, watch_book
-from sharedstream.timeouts import run_ack_watchdog
-from sharedstream.trigger import BaseEventTrigger, uses_ack_mode
+from sharedstream.engine.fanout import Accept, FanOut, Subscriber
+from sharedstream.engine.producer import DeadLetterFallback, SharedStreamProducer
+from sharedstream.engine.pump import AdvancePump, StreamTotals
+from sharedstream.engine.resolution import AckSubscriber, ResolutionBook, SeqRouter, overflow_error
+from sharedstream.engine.stream import ack_stream, fast_stream
+from sharedstream.engine.telemetry import instruments, unwatch_book, watch_book
+from sharedstream.engine.timeouts import run_ack_watchdog
+from sharedstream.engine.trigger import BaseEventTrigger, uses_ack_mode
 
 __all__ = ["IntakeValve", "StreamGroup"]
 
@@ -105,7 +105,7 @@ class IntakeValve:
 class StreamGroup:
     """The subscribers of one shared-stream key and the single poll feeding them.
 
-    Built and owned by :class:`~sharedstream.manager.SharedStreamManager`;
+    Built and owned by :class:`~sharedstream.engine.manager.SharedStreamManager`;
     the poll starts with :meth:`start`. ``on_terminate`` is called
     synchronously when the group ends by itself, so the manager can evict it.
     """
@@ -165,7 +165,7 @@ class StreamGroup:
     def subscribe(self, trigger_id: Hashable, accept: Accept | None = None) -> AsyncIterator[Any]:
         """Add a subscriber; it is in the snapshot of every event broadcast from now on.
 
-        ``accept`` is its prefilter (see :class:`~sharedstream.fanout.FanOut`).
+        ``accept`` is its prefilter (see :class:`~sharedstream.engine.fanout.FanOut`).
         """
         return self.attempt(self.add_subscriber(trigger_id, accept))
 

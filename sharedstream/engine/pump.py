@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import Counter
 
-from sharedstream.producer import AdvanceItem, SharedStreamProducer
-from sharedstream.resolution import ResolutionBook
-from sharedstream.telemetry import instruments
+from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer
+from sharedstream.engine.resolution import ResolutionBook
+from sharedstream.engine.telemetry import instruments
 
 __all__ = ["AdvancePump", "StreamTotals"]
 
