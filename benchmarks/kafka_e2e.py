@@ -368,7 +368,7 @@ class Watcher(KafkaSharedStreamTrigger):
 
 def write_definitions(path: Path, bootstrap: str, topic: str, group: str, k: int) -> None:
     common = {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
-              "value_format": "json", "consumer_overrides": OVERRIDES}
+              "payload_format": "json", "consumer_overrides": OVERRIDES}
     path.write_text(
         "from sharedstream.definitions import Asset, AssetWatcher\n"
         "from sharedstream.triggers.kafka import KafkaSharedStreamTrigger\n\n"

@@ -461,7 +461,7 @@ async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: i
     write_definitions(definitions, {
         "queue": queue_url, "region_name": REGION, "endpoint_url": backend.endpoint_url,
         "credentials": dict(CREDENTIALS), "wait_time_seconds": WAIT_TIME_SECONDS,
-        "max_messages": 10, "receive_concurrency": concurrency, "body_format": "json",
+        "max_messages": 10, "receive_concurrency": concurrency, "payload_format": "json",
     }, k)
     config = make_config(casedir)
     triggerer = Triggerer(config, load_definitions(definitions))

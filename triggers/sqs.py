@@ -6,12 +6,12 @@ of a queue with the same consumer settings shares one receiver, and a
 message is deleted only once every trigger is done with it and the events
 it fired are stored.
 
-A trigger decodes each message body (``body_format``), applies its
+A trigger decodes each message body (``payload_format``), applies its
 declarative ``match`` and fires one event per matching message::
 
     SqsSharedStreamTrigger(
         queue="https://sqs.eu-west-1.amazonaws.com/123456789012/orders",
-        region_name="eu-west-1", body_format="json", dead_letter_queue="orders-dlq",
+        region_name="eu-west-1", payload_format="json", dead_letter_queue="orders-dlq",
         match={"attributes": {"source": "web"}, "json": {"order.country": "NL"}},
     )
 
@@ -23,27 +23,23 @@ For logic a dict cannot express, subclass and override :meth:`matches`
 :class:`~sharedstream.producers.sqs.SqsMessage`) or
 :meth:`filter_shared_stream`; the subclass keeps the shared-stream key, so
 it shares the receiver with plain watchers of the queue.
+
+Decoding, matching, the prefilter, the filter and vouching for payloads come
+from :class:`~sharedstream.brokerkit.trigger.BrokerTrigger`; this module says
+where an SQS message keeps its body and attributes, what an event's payload
+is, and which settings make the shared receiver.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping
-from typing import Any
+from collections.abc import Hashable, Mapping
+from typing import Any, ClassVar
 
-from sharedstream.brokerkit.codecs import (
-    DECODERS,
-    MISSING,
-    as_text,
-    lookup,
-    match_prefilter,
-    shared_prefilter,
-)
-from sharedstream.engine.events import TriggerEvent
+from sharedstream.brokerkit.codecs import AS_HELD, BYTES, DECODERS, JSON, PayloadFormat
+from sharedstream.brokerkit.trigger import BrokerTrigger
 from sharedstream.engine.producer import SharedStreamProducer
-from sharedstream.engine.stream import reject_shared_stream_event
-from sharedstream.engine.trigger import BaseEventTrigger
 from sharedstream.producers.sqs import (
     SqsConfigError,
     SqsMessage,
@@ -52,29 +48,32 @@ from sharedstream.producers.sqs import (
     queue_name,
 )
 
-__all__ = ["BODY_FORMATS", "SqsSharedStreamTrigger"]
+__all__ = ["PAYLOAD_FORMATS", "SqsSharedStreamTrigger"]
 
-BODY_FORMATS = ("text", "bytes", "json", "msgpack")
-_MATCH_FIELDS = frozenset({"attributes", "json"})
 _CONSUMER_SETTINGS = ("region_name", "endpoint_url", "wait_time_seconds", "max_messages",
                       "receive_concurrency", "visibility_timeout", "failure_visibility",
                       "dead_letter_queue", "max_redeliveries", "max_in_flight")
 
 
-def _from_base64(body: bytes) -> bytes:
+def _unpack_base64_msgpack(body: bytes) -> Any:
     try:
-        return base64.b64decode(body, validate=True)
+        packed = base64.b64decode(body, validate=True)
     except binascii.Error as exc:
         raise ValueError(f"not base64: {exc}") from exc
+    return DECODERS["msgpack"](packed)
 
 
-_BODY_DECODERS: dict[str, Callable[[bytes], Any]] = {
-    "json": DECODERS["json"],
-    "msgpack": lambda body: DECODERS["msgpack"](_from_base64(body)),
+PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
+    "text": AS_HELD,
+    "bytes": BYTES,
+    "json": JSON,
+    # Not native: msgpack values may hold ext types.
+    "msgpack": PayloadFormat(_unpack_base64_msgpack, native=False, document=True),
 }
+"""``payload_format`` -> how a message body is decoded (``text``: as is)."""
 
 
-class SqsSharedStreamTrigger(BaseEventTrigger):
+class SqsSharedStreamTrigger(BrokerTrigger):
     """Fire for each message of ``queue`` whose decoded body matches ``match``.
 
     :param queue: the queue URL, or its name (looked up with ``GetQueueUrl``).
@@ -97,7 +96,7 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         before it is dead-lettered.
     :param max_in_flight: messages received and not yet advanced before
         receiving pauses.
-    :param body_format: ``text`` (as is), ``bytes`` (UTF-8 encoded),
+    :param payload_format: ``text`` (as is), ``bytes`` (UTF-8 encoded),
         ``json``, or ``msgpack`` (base64 text, as SQS bodies are text).
     :param match: ``{"attributes": {name: value}, "json": {"a.b": value}}``;
         every given condition must hold. ``json`` paths need ``json`` or
@@ -107,6 +106,9 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
     ``message_id``, ``attributes`` (message attributes), ``receive_count``,
     ``group_id`` (FIFO queues, else ``None``) and ``sent_timestamp`` (ms).
     """
+
+    payload_formats: ClassVar[Mapping[str, PayloadFormat]] = PAYLOAD_FORMATS
+    match_named_field = "attributes"
 
     def __init__(
         self,
@@ -123,18 +125,10 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         dead_letter_queue: str | None = None,
         max_redeliveries: int = 5,
         max_in_flight: int = 500,
-        body_format: str = "text",
+        payload_format: str = "text",
         match: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        if body_format not in BODY_FORMATS:
-            raise ValueError(f"body_format must be one of {BODY_FORMATS}, got {body_format!r}")
-        match = dict(match or {})
-        unknown = set(match) - _MATCH_FIELDS
-        if unknown:
-            raise ValueError(f"unknown match fields {sorted(unknown)}; use {sorted(_MATCH_FIELDS)}")
-        if "json" in match and body_format not in ("json", "msgpack"):
-            raise ValueError("match['json'] needs body_format 'json' or 'msgpack'")
+        super().__init__(payload_format=payload_format, match=match)
         self.queue = queue
         self.credentials = dict(credentials or {})
         self.region_name = region_name
@@ -147,26 +141,17 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         self.dead_letter_queue = dead_letter_queue
         self.max_redeliveries = max_redeliveries
         self.max_in_flight = max_in_flight
-        self.body_format = body_format
-        self.match = match
-        self._json_paths = tuple((tuple(path.split(".")), wanted)
-                                 for path, wanted in match.get("json", {}).items())
         self.settings()  # refuse unusable settings where the trigger is declared
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """``(classpath, kwargs)``; rebuilt as ``cls(**kwargs)`` by the triggerer."""
-        kwargs = {**self._consumer_kwargs(), "body_format": self.body_format,
-                  "match": self.match}
-        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
-
-    def _consumer_kwargs(self) -> dict[str, Any]:
+    def consumer_kwargs(self) -> dict[str, Any]:
+        """The receiver's constructor kwargs (all but ``payload_format`` and ``match``)."""
         kwargs: dict[str, Any] = {"queue": self.queue, "credentials": self.credentials}
         kwargs.update({name: getattr(self, name) for name in _CONSUMER_SETTINGS})
         return kwargs
 
     def settings(self) -> SqsSettings:
         """The shared receiver's settings (validated)."""
-        return self._settings_from(self._consumer_kwargs())
+        return self._settings_from(self.consumer_kwargs())
 
     @staticmethod
     def _settings_from(kwargs: Mapping[str, Any]) -> SqsSettings:
@@ -180,11 +165,6 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         )
         settings.validate()
         return settings
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Not used: this trigger always runs on its shared stream."""
-        raise NotImplementedError("SqsSharedStreamTrigger runs on the shared stream only")
-        yield  # type: ignore[unreachable]
 
     def shared_stream_key(self) -> Hashable:
         """The queue and every consumer setting; not the per-trigger decoding or matching.
@@ -203,25 +183,23 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         """The group's producer, from the first subscriber's kwargs (no connection yet)."""
         return SqsSharedStreamProducer(cls._settings_from(kwargs))
 
-    # -- filtering -----------------------------------------------------------------------
+    # -- what a message holds --------------------------------------------------------------
 
-    def decode(self, message: SqsMessage) -> Any:
-        """Decode the body per ``body_format``; raise ``ValueError`` if it cannot."""
-        if self.body_format == "text":
-            return message.body
-        if self.body_format == "bytes":
-            return message.body.encode()
-        return message.decoded(self.body_format, _BODY_DECODERS[self.body_format])
+    def message_body(self, message: SqsMessage) -> str:
+        """The message's body text."""
+        return message.body
 
-    def matches(self, value: Any, message: SqsMessage) -> bool:
-        """Whether the message passes ``match``; override for custom filters."""
-        match = self.match
-        if "attributes" in match:
-            attributes = message.attributes
-            for name, wanted in match["attributes"].items():
-                if name not in attributes or as_text(attributes[name]) != as_text(wanted):
-                    return False
-        return all(lookup(value, parts) == wanted for parts, wanted in self._json_paths)
+    def message_named_values(self, message: SqsMessage) -> Mapping[str, str | bytes]:
+        """The message attributes by name (``String``/``Number`` as text, ``Binary`` as bytes)."""
+        return message.attributes
+
+    def message_fields_native(self, message: SqsMessage) -> bool:
+        """Always: ids, counts and attributes are text, bytes and ints."""
+        return True
+
+    def describe_message(self, message: SqsMessage) -> str:
+        """``message-id from queue-name``."""
+        return f"{message.message_id} from {queue_name(message.queue)}"
 
     def to_payload(self, value: Any, message: SqsMessage) -> dict[str, Any]:
         """The event payload for a matching message."""
@@ -233,50 +211,3 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
             "group_id": message.group_id,
             "sent_timestamp": message.sent_timestamp,
         }
-
-    def shared_stream_prefilter(self) -> Callable[[Any], bool] | None:
-        """Skip, at fan-out, each message that decodes but does not match.
-
-        An undecodable message still reaches the filter, which rejects it; see
-        :func:`~sharedstream.brokerkit.codecs.match_prefilter` for when there is no
-        test. ``decode`` and ``matches`` then also run in the poll's task:
-        keep them free of side effects.
-        """
-        return match_prefilter(self, SqsSharedStreamTrigger, declared=bool(self.match),
-                               shared=self._shared_prefilter)
-
-    def _shared_prefilter(self) -> Callable[[Any], bool]:
-        # The declarative match alone: one selection per message for every trigger
-        # whose match has the same shape (typically: the same JSON path).
-        wanted_attributes = self.match.get("attributes", {})
-        names = tuple(wanted_attributes)
-        parts = tuple(path for path, _ in self._json_paths)
-        decode = self.decode
-
-        def select(message: SqsMessage) -> tuple[Any, ...]:
-            value = decode(message)
-            attributes = message.attributes
-            selected = [as_text(attributes[name]) if name in attributes else MISSING
-                        for name in names]
-            selected.extend(lookup(value, path) for path in parts)
-            return tuple(selected)
-
-        wanted = (*(as_text(wanted_attributes[name]) for name in names),
-                  *(w for _, w in self._json_paths))
-        shape = ("sqs", self.body_format, names, parts)
-        return shared_prefilter(shape, select, wanted)
-
-    async def filter_shared_stream(
-        self, shared_stream: AsyncIterator[Any]
-    ) -> AsyncIterator[TriggerEvent]:
-        """Decode, reject what does not decode, fire for what matches."""
-        async for message in shared_stream:
-            try:
-                value = self.decode(message)
-            except ValueError as exc:
-                self.log.warning("rejecting %s from %s: %s", message.message_id,
-                                 queue_name(message.queue), exc)
-                reject_shared_stream_event(str(exc))
-                continue
-            if self.matches(value, message):
-                yield TriggerEvent(self.to_payload(value, message))

@@ -1,9 +1,15 @@
-"""Value decoding and declarative matching shared by the broker trigger modules.
+"""Payload decoding and declarative matching shared by the broker trigger modules.
 
 A raw event is shared by every filter of a stream, so a broker's message
 class inherits :class:`DecodeCache`: each format is decoded once per
 message, not once per subscriber, and a decoding failure is remembered and
 raised again for every filter that asks (each then rejects the message).
+
+A broker trigger names its payload formats with :class:`PayloadFormat`
+(the kit's :data:`AS_HELD`, :data:`BYTES`, :data:`UTF8`, :data:`JSON` and
+:data:`MSGPACK`, or its own) and its declarative ``match`` is checked and
+compiled once by :func:`compile_match`; :mod:`sharedstream.brokerkit.trigger`
+applies both.
 
 Nothing here imports a broker SDK.
 """
@@ -12,7 +18,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import msgpack
 import msgspec
@@ -20,13 +27,20 @@ import msgspec
 from sharedstream.engine.fanout import PASS_ALL, KeyedPrefilter
 
 __all__ = [
+    "AS_HELD",
+    "BYTES",
     "DECODERS",
+    "JSON",
     "MISSING",
+    "MSGPACK",
+    "UTF8",
+    "CompiledMatch",
     "DecodeCache",
+    "PayloadFormat",
     "as_text",
+    "compile_match",
     "decoding_prefilter",
     "lookup",
-    "match_prefilter",
     "shared_prefilter",
 ]
 
@@ -71,6 +85,100 @@ DECODERS: dict[str, Callable[[bytes], Any]] = {
 """Format name -> decoder of raw bytes; each raises ``ValueError`` on bad input."""
 
 
+@dataclass(frozen=True)
+class PayloadFormat:
+    """How a broker trigger turns a message body into the value it matches and fires.
+
+    ``decode`` takes the message's raw bytes (``DecodeCache.raw_bytes``) and
+    raises ``ValueError`` on bad input; ``None`` means no decoding at all: the
+    value is the body as the message holds it (``bytes``, ``str`` or
+    ``None``). ``native``: every value ``decode`` returns is made only of
+    ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, ``list`` and
+    ``str``-keyed ``dict`` (exact types), so a trigger may vouch for the
+    payloads it builds from it. ``document``: values are JSON-like
+    documents, so ``match["json"]`` paths can be looked up in them (and a
+    native document is vouched for only when it is shallow enough).
+    """
+
+    decode: Callable[[bytes], Any] | None
+    native: bool
+    document: bool = False
+
+
+def _identity(raw: bytes) -> bytes:
+    return raw
+
+
+AS_HELD = PayloadFormat(None, native=True)
+"""The body exactly as the message holds it (``bytes``, ``str`` or ``None``), not decoded."""
+BYTES = PayloadFormat(_identity, native=True)
+"""The message's raw bytes (``DecodeCache.raw_bytes``), e.g. a text body UTF-8 encoded."""
+UTF8 = PayloadFormat(bytes.decode, native=True)
+"""Raw bytes decoded as UTF-8 text."""
+JSON = PayloadFormat(_load_json, native=True, document=True)
+"""Raw bytes parsed as JSON (exactly as ``json.loads`` does)."""
+MSGPACK = PayloadFormat(_unpack_msgpack, native=False, document=True)
+"""Raw bytes unpacked as msgpack; not native: msgpack values may hold ext types."""
+
+
+class CompiledMatch(NamedTuple):
+    """A declarative ``match``, checked and compiled once when the trigger is built.
+
+    ``key`` is the wanted message key as text (:data:`MISSING`: no key
+    condition); ``named`` the wanted ``(name, text)`` pairs of the broker's
+    named values (Kafka headers, SQS message attributes); ``paths`` the
+    wanted ``(path parts, value)`` pairs looked up in the decoded document.
+    Text is compared after :func:`as_text` on both sides.
+    """
+
+    key: Any
+    named: tuple[tuple[str, str | None], ...]
+    paths: tuple[tuple[tuple[str, ...], Any], ...]
+
+    def __bool__(self) -> bool:
+        """Whether the match has any condition (an empty match fires for everything)."""
+        return self.key is not MISSING or bool(self.named) or bool(self.paths)
+
+
+def compile_match(
+    match: Any, *, key_field: str | None, named_field: str | None, document: bool,
+    payload_format: str, document_formats: tuple[str, ...],
+) -> CompiledMatch:
+    """Check ``match`` and compile it; raise ``ValueError`` (one line naming the option) if bad.
+
+    The fields a broker takes are ``key_field`` (a wanted key, text or
+    bytes), ``named_field`` (a dict of name -> wanted text or bytes) and
+    ``"json"`` (a dict of dotted path -> wanted value), which needs a
+    ``document`` payload format (one of ``document_formats``).
+    """
+    if match is None:
+        match = {}
+    if not isinstance(match, Mapping):
+        # ValueError, as for every other bad trigger setting: callers catch one type.
+        raise ValueError(f"match must be a dict, got {type(match).__name__}")  # noqa: TRY004
+    fields = {name for name in (key_field, named_field, "json") if name is not None}
+    unknown = set(match) - fields
+    if unknown:
+        raise ValueError(f"unknown match fields {sorted(map(str, unknown))}; use {sorted(fields)}")
+    if "json" in match and not document:
+        raise ValueError(f"match['json'] needs payload_format "
+                         f"{' or '.join(map(repr, document_formats))}, got {payload_format!r}")
+    for field in sorted(fields - {key_field}):
+        wanted = match.get(field, {})
+        if not isinstance(wanted, Mapping):
+            raise ValueError(  # noqa: TRY004 - see above
+                f"match[{field!r}] must be a dict, got {type(wanted).__name__}")
+        for name in wanted:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"match[{field!r}] keys must be non-empty str, got {name!r}")
+    key = as_text(match[key_field]) if key_field is not None and key_field in match else MISSING
+    named = tuple((name, as_text(wanted))
+                  for name, wanted in match.get(named_field, {}).items()) if named_field else ()
+    paths = tuple((tuple(path.split(".")), wanted)
+                  for path, wanted in match.get("json", {}).items())
+    return CompiledMatch(key, named, paths)
+
+
 def as_text(value: bytes | str | None) -> str | None:
     """``value`` as text; bytes that are not UTF-8 become ``None`` (they match nothing)."""
     if isinstance(value, bytes):
@@ -109,7 +217,7 @@ class DecodeCache:
         """The bytes to decode (``None``: nothing to decode, decodes to ``None``)."""
         raise NotImplementedError
 
-    def decoded(self, value_format: str, decode: Callable[[bytes], Any]) -> Any:
+    def decoded(self, payload_format: str, decode: Callable[[bytes], Any]) -> Any:
         """``decode(self.raw_bytes())``, computed once per format and shared by every filter.
 
         A failure (``ValueError``, ``TypeError`` or ``RecursionError`` from
@@ -117,16 +225,16 @@ class DecodeCache:
         every call.
         """
         cache = self._decoded
-        if value_format not in cache:
+        if payload_format not in cache:
             raw = self.raw_bytes()
             try:
-                cache[value_format] = decode(raw) if raw is not None else None
+                cache[payload_format] = decode(raw) if raw is not None else None
             except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors too
-                cache[value_format] = ValueError(f"undecodable {value_format} value: {exc}")
+                cache[payload_format] = ValueError(f"undecodable {payload_format} value: {exc}")
             except RecursionError:  # json.loads on a document nested thousands deep
-                cache[value_format] = ValueError(
-                    f"undecodable {value_format} value: nested too deep to decode")
-        result = cache[value_format]
+                cache[payload_format] = ValueError(
+                    f"undecodable {payload_format} value: nested too deep to decode")
+        result = cache[payload_format]
         if isinstance(result, ValueError):
             raise result
         return result
@@ -177,28 +285,3 @@ def shared_prefilter(
 
     return KeyedPrefilter(("sharedstream.codecs", shape), select_or_pass, wanted)
 
-
-def match_prefilter(
-    trigger: Any,
-    base: type[Any],
-    *,
-    declared: bool,
-    shared: Callable[[], Callable[[Any], bool]],
-) -> Callable[[Any], bool] | None:
-    """The ``shared_stream_prefilter`` of a broker trigger whose filter decodes, then matches.
-
-    ``base`` is the broker's trigger class, whose ``filter_shared_stream``
-    rejects what ``decode`` cannot decode and fires for what ``matches``.
-    ``None`` when a subclass overrides that filter (its logic is unknown)
-    or when nothing is filtered out (no declarative match, ``declared``
-    false, and neither ``decode`` nor ``matches`` overridden). A subclass
-    that overrides ``decode`` or ``matches`` gets :func:`decoding_prefilter`
-    over them; the base class's declarative match gets ``shared()`` (a
-    :func:`shared_prefilter`).
-    """
-    cls = type(trigger)
-    if cls.filter_shared_stream is not base.filter_shared_stream:
-        return None
-    if cls.matches is not base.matches or cls.decode is not base.decode:
-        return decoding_prefilter(trigger.decode, trigger.matches)
-    return shared() if declared else None

@@ -33,7 +33,7 @@ COMMON: dict[str, Any] = {
     "topics": [_TOPIC],
     "group_id": os.environ.get("SHAREDSTREAM_DEMO_GROUP", "sharedstream-demo"),
     "dead_letter_topic": f"{_TOPIC}.dlq",
-    "value_format": "json",
+    "payload_format": "json",
     "consumer_overrides": {
         "session_timeout_ms": _SESSION_MS,
         "heartbeat_interval_ms": max(100, _SESSION_MS // 5),

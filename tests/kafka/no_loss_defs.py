@@ -1,6 +1,6 @@
 """Definitions for ``test_no_loss``: two watchers of one topic through one shared consumer.
 
-Both are Kafka triggers with the same settings (``value_format="json"``, a
+Both are Kafka triggers with the same settings (``payload_format="json"``, a
 dead-letter topic), so they share one consumer and every record goes to
 both; neither has a ``match``, so each fires one event per record that
 decodes. ``plain`` is the stock :class:`KafkaSharedStreamTrigger`;
@@ -28,7 +28,7 @@ COMMON: dict[str, Any] = {
     "topics": [_TOPIC],
     "group_id": os.environ["NOLOSS_GROUP"],
     "dead_letter_topic": f"{_TOPIC}.dlq",
-    "value_format": "json",
+    "payload_format": "json",
     "consumer_overrides": {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400},
 }
 

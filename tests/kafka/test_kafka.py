@@ -52,7 +52,7 @@ BASE: dict[str, Any] = {"bootstrap_servers": "b:9092,a:9092", "topics": ["orders
 def test_key_holds_consumer_settings_not_filter_settings() -> None:
     plain = KafkaSharedStreamTrigger(**BASE)
     filtered = KafkaSharedStreamTrigger(**{**BASE, "bootstrap_servers": ["a:9092", "b:9092"]},
-                                        value_format="json", match={"json": {"kind": "x"}})
+                                        payload_format="json", match={"json": {"kind": "x"}})
     assert plain.shared_stream_key() == filtered.shared_stream_key()
     for change in ({"group_id": "h"}, {"topics": ["refunds"]}, {"dead_letter_topic": "d"},
                    {"max_redeliveries": 1}, {"client_id": "c"},
@@ -68,7 +68,7 @@ def test_key_does_not_leak_secrets() -> None:
 
 
 def test_serialize_round_trips() -> None:
-    trigger = KafkaSharedStreamTrigger(**BASE, value_format="msgpack", dead_letter_topic="d",
+    trigger = KafkaSharedStreamTrigger(**BASE, payload_format="msgpack", dead_letter_topic="d",
                                        match={"key": "k"})
     classpath, kwargs = trigger.serialize()
     assert classpath == "sharedstream.triggers.kafka.KafkaSharedStreamTrigger"
@@ -84,8 +84,8 @@ def test_lossy_or_conflicting_overrides_are_refused_up_front(overrides: dict[str
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="value_format"):
-        KafkaSharedStreamTrigger(**BASE, value_format="xml")
+    with pytest.raises(ValueError, match="payload_format"):
+        KafkaSharedStreamTrigger(**BASE, payload_format="xml")
     with pytest.raises(ValueError, match="match"):
         KafkaSharedStreamTrigger(**BASE, match={"value": 1})
     with pytest.raises(ValueError, match="json"):
@@ -102,7 +102,7 @@ def message(value: bytes | None, key: bytes | None = None,
 
 def test_decode_and_match() -> None:
     trigger = KafkaSharedStreamTrigger(
-        **BASE, value_format="json",
+        **BASE, payload_format="json",
         match={"key": "eu", "headers": {"src": "web"}, "json": {"order.amount": 5}},
     )
     good = message(b'{"order": {"amount": 5}}', b"eu", (("src", b"web"),))
@@ -114,11 +114,11 @@ def test_decode_and_match() -> None:
         assert not trigger.matches(trigger.decode(bad), bad)
     with pytest.raises(ValueError, match="undecodable"):
         trigger.decode(message(b"{nope"))
-    packed = KafkaSharedStreamTrigger(**BASE, value_format="msgpack")
+    packed = KafkaSharedStreamTrigger(**BASE, payload_format="msgpack")
     assert packed.decode(message(msgpack.packb({"a": 1}))) == {"a": 1}
     with pytest.raises(ValueError, match="undecodable"):
         packed.decode(message(b"\xc1"))
-    text = KafkaSharedStreamTrigger(**BASE, value_format="utf-8")
+    text = KafkaSharedStreamTrigger(**BASE, payload_format="utf-8")
     with pytest.raises(ValueError, match="undecodable"):
         text.decode(message(b"\xff"))
 
@@ -253,7 +253,7 @@ async def test_a_fatal_commit_error_is_raised_by_the_next_advance() -> None:
 async def test_trigger_decodes_matches_and_rejects(harness: KafkaHarness) -> None:
     stream: Stream = await harness.create_stream()
     manager = SharedStreamManager(ack_timeout=30.0)
-    kwargs = harness.trigger_kwargs(stream, value_format="json")
+    kwargs = harness.trigger_kwargs(stream, payload_format="json")
     big = KafkaSharedStreamTrigger(**kwargs, match={"json": {"kind": "order"},
                                                    "headers": {"src": "web"}})
     everything = KafkaSharedStreamTrigger(**kwargs)
@@ -389,7 +389,7 @@ def test_a_record_is_decoded_once_for_all_its_filters() -> None:
 
 def test_prefilter_declines_exactly_what_the_filter_ignores() -> None:
     trigger = KafkaSharedStreamTrigger(
-        **BASE, value_format="json",
+        **BASE, payload_format="json",
         match={"key": "eu", "headers": {"src": "web"}, "json": {"order.amount": 5}},
     )
     accept = trigger.shared_stream_prefilter()
@@ -442,7 +442,7 @@ def test_shared_prefilters_agree_with_decode_and_match(
     matches: list[dict[str, Any]], records: list[tuple[Any, Any, Any]]
 ) -> None:
     """Watchers of one stream share selections; each still decides exactly as its filter."""
-    triggers = [KafkaSharedStreamTrigger(**BASE, value_format="json", match=m) for m in matches]
+    triggers = [KafkaSharedStreamTrigger(**BASE, payload_format="json", match=m) for m in matches]
     for key, headers, value in records:
         record = partial(KafkaMessage, "orders", 0, 7, key, value, tuple(headers), 1)
         assert_prefilters_agree(triggers, record, (key, headers, value))
@@ -460,13 +460,13 @@ _VOUCHED = [
 ]
 
 
-@pytest.mark.parametrize(("value_format", "value", "headers", "vouched"), _VOUCHED)
+@pytest.mark.parametrize(("payload_format", "value", "headers", "vouched"), _VOUCHED)
 async def test_the_trigger_vouches_only_for_payloads_it_knows_are_native(
-    value_format: str, value: bytes | None, headers: tuple[tuple[str, bytes], ...],
+    payload_format: str, value: bytes | None, headers: tuple[tuple[str, bytes], ...],
     vouched: bool,
 ) -> None:
     """A vouched payload packs to the same bytes as the checked way, and round-trips."""
-    trigger = KafkaSharedStreamTrigger(**BASE, value_format=value_format)
+    trigger = KafkaSharedStreamTrigger(**BASE, payload_format=payload_format)
 
     async def records() -> AsyncIterator[KafkaMessage]:
         yield message(value, b"k", headers)
@@ -490,7 +490,7 @@ async def test_subclasses_that_build_their_own_payloads_are_not_vouched_for() ->
         def decode(self, message: KafkaMessage) -> Any:
             return bytearray(message.value or b"")
 
-    for trigger in (OwnPayload(**BASE, value_format="json"), OwnDecode(**BASE)):
+    for trigger in (OwnPayload(**BASE, payload_format="json"), OwnDecode(**BASE)):
         async def records() -> AsyncIterator[KafkaMessage]:
             yield message(b"{}")
 

@@ -1,6 +1,6 @@
 """Definitions for ``tests/sqs/test_no_loss``: two watchers of one SQS queue, one receiver.
 
-Both are SQS triggers with the same consumer settings (``body_format="json"``,
+Both are SQS triggers with the same consumer settings (``payload_format="json"``,
 the test's quick receive settings, the same dead-letter queue), so they
 share one receiver and every message goes to both; neither has a ``match``,
 so each fires one event per message that decodes. ``plain`` is the stock
@@ -31,7 +31,7 @@ COMMON: dict[str, Any] = {
     "region_name": "us-east-1",
     "credentials": {"aws_access_key_id": "test", "aws_secret_access_key": "test"},
     "dead_letter_queue": os.environ.get("NOLOSS_DLQ") or None,
-    "body_format": "json",
+    "payload_format": "json",
     "max_redeliveries": int(os.environ.get("NOLOSS_MAX_REDELIVERIES", "5")),
     "max_in_flight": int(os.environ.get("NOLOSS_MAX_IN_FLIGHT", "500")),
     # tests.sqs.conftest.FAST (not imported: that module needs pytest): short long-polls,

@@ -21,7 +21,7 @@ COMMON: dict[str, Any] = {
     "credentials": {"aws_access_key_id": "test", "aws_secret_access_key": "test"},
     "wait_time_seconds": 1,
     "visibility_timeout": 6,
-    "body_format": "json",
+    "payload_format": "json",
 }
 
 orders = Asset("orders", watchers=[AssetWatcher("all", trigger=SqsSharedStreamTrigger(

@@ -197,7 +197,7 @@ BASE: dict[str, Any] = {"queue": "https://sqs.eu-west-1.amazonaws.com/1234/order
 
 def test_key_holds_consumer_settings_not_filter_settings() -> None:
     plain = SqsSharedStreamTrigger(**BASE)
-    by_name = SqsSharedStreamTrigger(**{**BASE, "queue": "orders"}, body_format="json",
+    by_name = SqsSharedStreamTrigger(**{**BASE, "queue": "orders"}, payload_format="json",
                                      match={"json": {"kind": "x"}})
     assert plain.shared_stream_key() == by_name.shared_stream_key()
     for change in ({"queue": "refunds"}, {"region_name": "us-east-1"},
@@ -215,9 +215,9 @@ def test_key_does_not_leak_secrets() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "problem"), [
-    ({"body_format": "xml"}, "body_format must be one of"),
+    ({"payload_format": "xml"}, "payload_format must be one of"),
     ({"match": {"key": "x"}}, "unknown match fields"),
-    ({"match": {"json": {"a": 1}}}, "needs body_format 'json' or 'msgpack'"),
+    ({"match": {"json": {"a": 1}}}, "needs payload_format 'json' or 'msgpack'"),
     ({"visibility_timeout": 0}, "visibility_timeout must be within"),
     ({"max_messages": 11}, "max_messages must be within 1..10"),
     ({"wait_time_seconds": 21}, "wait_time_seconds must be within 0..20"),
@@ -235,7 +235,7 @@ def test_bad_settings_are_refused_with_the_reason(kwargs: dict[str, Any], proble
 
 
 def test_serialize_round_trips() -> None:
-    trigger = SqsSharedStreamTrigger(**BASE, body_format="json", match={"json": {"a": 1}},
+    trigger = SqsSharedStreamTrigger(**BASE, payload_format="json", match={"json": {"a": 1}},
                                      dead_letter_queue="dlq", visibility_timeout=45)
     classpath, kwargs = trigger.serialize()
     assert classpath == "sharedstream.triggers.sqs.SqsSharedStreamTrigger"
@@ -268,13 +268,13 @@ async def filtered(trigger: SqsSharedStreamTrigger, messages: list[SqsMessage]) 
         def count_reject(_reason: str | None = None) -> None:
             nonlocal rejected
             rejected += 1
-        patch.setattr("sharedstream.triggers.sqs.reject_shared_stream_event", count_reject)
+        patch.setattr("sharedstream.brokerkit.trigger.reject_shared_stream_event", count_reject)
         events = [event async for event in trigger.filter_shared_stream(stream())]
     return events, rejected
 
 
 async def test_filter_decodes_matches_and_rejects() -> None:
-    trigger = SqsSharedStreamTrigger(**BASE, body_format="json", match={
+    trigger = SqsSharedStreamTrigger(**BASE, payload_format="json", match={
         "attributes": {"region": "eu"}, "json": {"order.kind": "big"}})
     messages = [
         sqs_message('{"order": {"kind": "big"}}', region="eu"),
@@ -294,8 +294,8 @@ async def test_filter_decodes_matches_and_rejects() -> None:
 async def test_msgpack_bodies_are_base64_and_decoded_once_for_all_filters() -> None:
     body = base64.b64encode(msgpack.packb({"n": 1})).decode()
     message = sqs_message(body)
-    first = SqsSharedStreamTrigger(**BASE, body_format="msgpack")
-    second = SqsSharedStreamTrigger(**BASE, body_format="msgpack", match={"json": {"n": 1}})
+    first = SqsSharedStreamTrigger(**BASE, payload_format="msgpack")
+    second = SqsSharedStreamTrigger(**BASE, payload_format="msgpack", match={"json": {"n": 1}})
     assert first.decode(message) == {"n": 1}
     assert second.decode(message) is first.decode(message)  # one decode, shared
     events, rejected = await filtered(second, [message, sqs_message("%%%")])
@@ -303,7 +303,7 @@ async def test_msgpack_bodies_are_base64_and_decoded_once_for_all_filters() -> N
 
 
 async def test_prefilter_declines_exactly_what_the_filter_ignores() -> None:
-    trigger = SqsSharedStreamTrigger(**BASE, body_format="json", match={
+    trigger = SqsSharedStreamTrigger(**BASE, payload_format="json", match={
         "attributes": {"region": "eu"}, "json": {"order.kind": "big"}})
     accept = trigger.shared_stream_prefilter()
     assert accept is not None
@@ -334,7 +334,7 @@ def test_shared_prefilters_agree_with_decode_and_match(
     matches: list[dict[str, Any]], bodies: list[tuple[str, dict[str, Any]]]
 ) -> None:
     """Watchers of one queue share a selection; each still decides exactly as its filter."""
-    triggers = [SqsSharedStreamTrigger(**BASE, body_format="json", match=m) for m in matches]
+    triggers = [SqsSharedStreamTrigger(**BASE, payload_format="json", match=m) for m in matches]
     for body, attributes in bodies:
         assert_prefilters_agree(triggers, partial(_attributed, body, attributes),
                                 (body, attributes))

@@ -98,3 +98,20 @@ def test_a_document_nested_too_deep_to_decode_is_a_decode_error() -> None:
     for _ in range(2):  # remembered: every filter gets the same error
         with pytest.raises(ValueError, match="nested too deep"):
             deep.decoded("json", DECODERS["json"])
+
+
+def test_a_match_is_compiled_to_text_and_split_paths() -> None:
+    from sharedstream.brokerkit.codecs import MISSING, compile_match  # noqa: PLC0415
+
+    options: dict[str, Any] = {"key_field": "key", "named_field": "headers", "document": True,
+                               "payload_format": "json", "document_formats": ("json",)}
+    compiled = compile_match({"key": b"eu", "headers": {"src": b"web", "bad": b"\xff"},
+                              "json": {"order.amount": 5}}, **options)
+    assert compiled.key == "eu"
+    assert compiled.named == (("src", "web"), ("bad", None))  # not UTF-8: matches no text
+    assert compiled.paths == ((("order", "amount"), 5),)
+    assert compiled
+    empty = compile_match(None, **options)
+    assert empty.key is MISSING
+    assert not empty  # no condition: everything matches
+    assert not compile_match({"headers": {}}, **options)
