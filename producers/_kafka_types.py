@@ -6,14 +6,20 @@ import it from there. Nothing here imports aiokafka.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sharedstream.brokerkit.codecs import DecodeCache
-from sharedstream.engine.errors import SharedStreamError
+from sharedstream.brokerkit.errors import (
+    BrokerConfigError,
+    BrokerConnectError,
+    BrokerDeadLetterError,
+    BrokerError,
+    BrokerRequestError,
+)
+from sharedstream.brokerkit.fingerprints import secret_digest
+from sharedstream.brokerkit.retry import RetryPolicy
 
 __all__ = [
     "KafkaCommitError",
@@ -34,36 +40,28 @@ _OWNED_CONSUMER_SETTINGS = frozenset(
 )
 
 
-class KafkaProducerError(SharedStreamError):
+class KafkaProducerError(BrokerError):
     """Base class of the errors the Kafka producer raises."""
 
 
-class KafkaConfigError(KafkaProducerError, ValueError):
+class KafkaConfigError(KafkaProducerError, BrokerConfigError):
     """The settings are unusable (a lossy setting, a missing topic list, ...); fix the config."""
 
 
-class KafkaConnectError(KafkaProducerError):
+class KafkaConnectError(KafkaProducerError, BrokerConnectError):
     """The consumer or dead-letter producer could not connect to the brokers."""
 
-    retryable = True
 
-
-class KafkaConsumeError(KafkaProducerError):
+class KafkaConsumeError(KafkaProducerError, BrokerRequestError):
     """Fetching records failed with an error that retrying in place did not fix."""
 
-    retryable = True
 
-
-class KafkaCommitError(KafkaProducerError):
+class KafkaCommitError(KafkaProducerError, BrokerRequestError):
     """Committing offsets failed after bounded retries; the group ends, nothing is skipped."""
 
-    retryable = True
 
-
-class KafkaDeadLetterError(KafkaProducerError):
+class KafkaDeadLetterError(KafkaProducerError, BrokerDeadLetterError):
     """Publishing to the dead-letter topic failed; the record was not committed past."""
-
-    retryable = True
 
 
 class KafkaMessage(DecodeCache):
@@ -126,10 +124,7 @@ class KafkaPayload(NamedTuple):
 
 def security_fingerprint(security: Mapping[str, Any] | None) -> str:
     """A short stable digest of security settings, safe to log and to put in a key."""
-    if not security:
-        return ""
-    canonical = json.dumps(dict(security), sort_keys=True, default=repr).encode()
-    return hashlib.sha256(canonical).hexdigest()[:16]
+    return secret_digest(security)
 
 
 @dataclass(frozen=True)
@@ -151,10 +146,15 @@ class KafkaSettings:
     max_in_flight: int = 4000
     """Records yielded but not yet advanced before the poll waits (bounded prefetch)."""
     retries: int = 5
+    """Retries of a failed broker call after its first attempt."""
     retry_backoff: float = 0.1
     """First retry delay in seconds; doubles each attempt, capped at 2 s."""
     commit_timeout: float = 30.0
     """Seconds one commit attempt, a revocation's commit or the final commit may take."""
+
+    def retry_policy(self) -> RetryPolicy:
+        """``retries`` and ``retry_backoff`` as the kit's policy."""
+        return RetryPolicy(self.retries, self.retry_backoff)
 
     def validate(self) -> None:
         """Raise :class:`KafkaConfigError` for settings that cannot work or would lose data."""
@@ -180,5 +180,7 @@ class KafkaSettings:
             raise KafkaConfigError("dead_letter_topic must not be one of the consumed topics")
         if self.max_in_flight < 1 or self.max_records < 1:
             raise KafkaConfigError("max_in_flight and max_records must be >= 1")
+        if self.retries < 0 or self.retry_backoff < 0:
+            raise KafkaConfigError("retries and retry_backoff must be >= 0")
         if self.commit_timeout <= 0:
             raise KafkaConfigError(f"commit_timeout must be > 0, got {self.commit_timeout}")

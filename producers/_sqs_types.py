@@ -1,19 +1,37 @@
-"""The SQS module's types: its errors, settings, the message filters receive, the payload.
+"""The SQS module's types: errors, settings, the message filters receive, dead-letter entries.
 
-Everything here is re-exported by :mod:`sharedstream.producers.sqs`; import
-it from there. Nothing here imports aiobotocore.
+A dead-lettered copy is encoded here as a ``SendMessageBatch`` entry, and
+entries are grouped into batches within the call's limits.
+
+Everything public here is re-exported by :mod:`sharedstream.producers.sqs`;
+import it from there. Nothing here imports aiobotocore.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Hashable, Mapping
+import logging
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from sharedstream.brokerkit.codecs import DecodeCache
-from sharedstream.engine.errors import SharedStreamError
+from sharedstream.brokerkit.deadletters import (
+    ANNOTATION_DETAIL,
+    ANNOTATION_REASON,
+    ANNOTATION_TRIGGERS,
+    REASON_MAX_REDELIVERIES,
+    REASON_REJECTED,
+    dead_letter_annotations,
+)
+from sharedstream.brokerkit.errors import (
+    BrokerConfigError,
+    BrokerDeadLetterError,
+    BrokerError,
+    BrokerRequestError,
+)
+from sharedstream.brokerkit.fingerprints import fingerprint, secret_digest
+from sharedstream.brokerkit.retry import RetryPolicy
+from sharedstream.engine.producer import Verdict
 
 __all__ = [
     "BATCH",
@@ -23,6 +41,7 @@ __all__ = [
     "DLQ_ATTRIBUTE_REASON",
     "DLQ_ATTRIBUTE_RECEIVE_COUNT",
     "DLQ_ATTRIBUTE_TRIGGERS",
+    "MAX_BATCH_BYTES",
     "REASON_MAX_REDELIVERIES",
     "REASON_REJECTED",
     "SqsConfigError",
@@ -32,35 +51,36 @@ __all__ = [
     "SqsProducerError",
     "SqsRequestError",
     "SqsSettings",
+    "dead_letter_entry",
     "queue_name",
+    "sized_chunks",
 ]
+
+log = logging.getLogger("sharedstream.producers.sqs")
 
 DLQ_ATTRIBUTE_QUEUE = "sharedstream.source-queue"
 DLQ_ATTRIBUTE_MESSAGE_ID = "sharedstream.source-message-id"
-DLQ_ATTRIBUTE_REASON = "sharedstream.reason"
+DLQ_ATTRIBUTE_REASON = ANNOTATION_REASON
 DLQ_ATTRIBUTE_RECEIVE_COUNT = "sharedstream.receive-count"
-DLQ_ATTRIBUTE_TRIGGERS = "sharedstream.triggers"
-DLQ_ATTRIBUTE_DETAIL = "sharedstream.detail"
+DLQ_ATTRIBUTE_TRIGGERS = ANNOTATION_TRIGGERS
+DLQ_ATTRIBUTE_DETAIL = ANNOTATION_DETAIL
 """Message attributes added to a dead-lettered copy (String, Number for the count):
 the source, the reason, the ids of the triggers that rejected it or kept failing
 on it (comma-separated) and what they said."""
-
-REASON_REJECTED = "rejected"
-REASON_MAX_REDELIVERIES = "max_redeliveries"
 
 BATCH = 10
 """Entries per SQS batch call (the service's limit)."""
 
 
-class SqsProducerError(SharedStreamError):
+class SqsProducerError(BrokerError):
     """Base class of the errors the SQS producer raises."""
 
 
-class SqsConfigError(SqsProducerError, ValueError):
+class SqsConfigError(SqsProducerError, BrokerConfigError):
     """The settings are unusable (no such queue, a bad timeout, no credentials...)."""
 
 
-class SqsRequestError(SqsProducerError):
+class SqsRequestError(SqsProducerError, BrokerRequestError):
     """An SQS call failed after botocore's retries and ours; the poll ends and restarts.
 
     ``code`` is SQS's error code (empty when the call never got an answer)
@@ -68,28 +88,19 @@ class SqsRequestError(SqsProducerError):
     invalid parameter): sending the same request again fails the same way.
     """
 
-    retryable = True
-
     def __init__(self, message: str, *, code: str = "", sender_fault: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.sender_fault = sender_fault
 
 
-class SqsDeadLetterError(SqsProducerError):
+class SqsDeadLetterError(SqsProducerError, BrokerDeadLetterError):
     """A copy could not be sent to the dead-letter queue; the message was kept."""
-
-    retryable = True
 
 
 def queue_name(queue: str) -> str:
     """The queue's name, from a name or a queue URL (its last path segment)."""
     return queue.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _fingerprint(values: Mapping[str, Any]) -> str:
-    canonical = json.dumps(dict(values), sort_keys=True, default=repr).encode()
-    return hashlib.sha256(canonical).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -114,8 +125,11 @@ class SqsSettings:
     """Messages received but not yet advanced before receiving pauses (below the
     subscriber queue size, so prefetch alone never overflows a subscriber)."""
     delete_concurrency: int = 4
-    retries: int = 4
-    """Attempts per call, by botocore (standard mode), then rounds of ours."""
+    retries: int = 3
+    """Retries of a failed call after its first attempt, by botocore (standard mode),
+    then as many rounds of ours (a delete some entries of which failed)."""
+    retry_backoff: float = 0.2
+    """Seconds before our first retry round; doubles each round, capped at 2 s."""
 
     def validate(self) -> None:
         """Raise :class:`SqsConfigError` for settings that cannot work.
@@ -146,9 +160,12 @@ class SqsSettings:
             (self.max_redeliveries >= 0, "max_redeliveries must be >= 0"),
             (self.max_in_flight >= self.max_messages,
              "max_in_flight must be at least max_messages"),
-            (self.delete_concurrency >= 1 and self.retries >= 1,
-             "delete_concurrency and retries must be >= 1"),
+            (self.delete_concurrency >= 1, "delete_concurrency must be >= 1"),
+            (self.retries >= 0 and self.retry_backoff >= 0,
+             "retries and retry_backoff must be >= 0"),
         ]
+        if type(self.retry_backoff) not in (int, float):
+            checks.append((False, "retry_backoff must be a number of seconds"))
         for ok, problem in checks:
             if not ok:
                 raise SqsConfigError(f"{problem} (queue {self.queue!r})")
@@ -167,11 +184,15 @@ class SqsSettings:
 
     def credentials_digest(self) -> str:
         """A short digest of the credentials, safe to log and to put in a key."""
-        return _fingerprint(self.credentials) if self.credentials else ""
+        return secret_digest(self.credentials)
 
     def fingerprint(self) -> str:
         """A digest of every setting (secrets included, never shown)."""
-        return _fingerprint(asdict(self))
+        return fingerprint(asdict(self))
+
+    def retry_policy(self) -> RetryPolicy:
+        """``retries`` and ``retry_backoff`` as the kit's policy."""
+        return RetryPolicy(self.retries, self.retry_backoff)
 
 
 _INT_FIELDS = ("wait_time_seconds", "max_messages", "receive_concurrency", "visibility_timeout",
@@ -229,3 +250,86 @@ class SqsPayload(NamedTuple):
     receipt_handle: str
     lane: Hashable
     message: SqsMessage
+
+
+# -- dead-lettered copies ------------------------------------------------------------------
+
+_SQS_MAX_ATTRIBUTES = 10
+_OUR_ATTRIBUTES = frozenset({
+    DLQ_ATTRIBUTE_QUEUE, DLQ_ATTRIBUTE_MESSAGE_ID, DLQ_ATTRIBUTE_REASON,
+    DLQ_ATTRIBUTE_RECEIVE_COUNT, DLQ_ATTRIBUTE_TRIGGERS, DLQ_ATTRIBUTE_DETAIL,
+})
+
+MAX_BATCH_BYTES = 1024 * 1024
+"""SendMessageBatch's limit on the sum of its entries' bodies and attributes."""
+
+
+def attribute_bytes(value: Mapping[str, Any]) -> bytes:
+    """A message attribute's value as bytes (String and Number as UTF-8, Binary as is)."""
+    data = value.get("BinaryValue")
+    if isinstance(data, bytes):
+        return data
+    return str(value.get("StringValue", "")).encode("utf-8", "surrogatepass")
+
+
+def dead_letter_entry(  # noqa: PLR0917 - one entry's parts
+    entry_id: str, payload: SqsPayload, reason: str, verdicts: Sequence[Verdict],
+    queue: str, fifo: bool,
+) -> dict[str, Any]:
+    """The SendMessageBatch entry of ``payload``'s copy for the dead-letter queue.
+
+    The original body and attributes, plus the ``sharedstream.*`` attributes
+    (source ``queue``, message id, reason, receive count, triggers, detail);
+    originals are dropped, with a warning, past SQS's 10 attributes. ``fifo``:
+    the dead-letter queue is FIFO (a group id and a deduplication id are set).
+    """
+    message = payload.message
+    ours = {
+        DLQ_ATTRIBUTE_QUEUE: {"DataType": "String", "StringValue": queue},
+        DLQ_ATTRIBUTE_MESSAGE_ID: {"DataType": "String", "StringValue": message.message_id},
+        DLQ_ATTRIBUTE_RECEIVE_COUNT: {"DataType": "Number",
+                                      "StringValue": str(message.receive_count)},
+    }
+    for name, text in dead_letter_annotations(reason, verdicts).items():
+        limited = text[:1024] if name == DLQ_ATTRIBUTE_DETAIL else text
+        ours[name] = {"DataType": "String", "StringValue": limited}
+    # Ours, even when the sender set them, never travel from the original.
+    originals = [(k, v) for k, v in message.raw_attributes.items() if k not in _OUR_ATTRIBUTES]
+    room = _SQS_MAX_ATTRIBUTES - len(ours)
+    if len(originals) > room:
+        log.warning("dead-lettering %s: keeping %d of its %d attributes (SQS allows %d)",
+                    message.message_id, room, len(originals), _SQS_MAX_ATTRIBUTES)
+    entry: dict[str, Any] = {"Id": entry_id, "MessageBody": message.body,
+                             "MessageAttributes": {**dict(originals[:room]), **ours}}
+    if fifo:
+        entry["MessageGroupId"] = message.group_id or "sharedstream-dead-letters"
+        entry["MessageDeduplicationId"] = f"{message.message_id}-{reason}"[:128]
+    return entry
+
+
+def _entry_bytes(entry: Mapping[str, Any]) -> int:
+    """What one SendMessageBatch entry counts toward ``MAX_BATCH_BYTES``."""
+    size = len(entry["MessageBody"].encode("utf-8", "surrogatepass"))
+    for name, value in entry.get("MessageAttributes", {}).items():
+        data = value.get("StringValue") or value.get("BinaryValue") or ""
+        size += len(name) + len(value["DataType"]) + (
+            len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass")))
+    return size
+
+
+_Entry = tuple[Any, dict[str, Any]]
+"""Something to send, and its SendMessageBatch entry."""
+
+
+def sized_chunks(pairs: list[_Entry]) -> list[list[_Entry]]:
+    """``(item, entry)`` pairs in batches of at most ``BATCH`` entries and ``MAX_BATCH_BYTES``."""
+    chunks: list[list[_Entry]] = []
+    size = 0
+    for pair in pairs:
+        grow = _entry_bytes(pair[1])
+        if not chunks or len(chunks[-1]) >= BATCH or size + grow > MAX_BATCH_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(pair)
+        size += grow
+    return chunks

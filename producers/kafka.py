@@ -21,7 +21,7 @@ broker action, per ``(topic, partition)`` lane:
   dead-lettered (or discarded) instead, so one poison record cannot hold
   its partition forever.
 
-Commits are coalesced and asynchronous (:mod:`._coalesced_commits`):
+Commits are coalesced and asynchronous (:mod:`sharedstream.brokerkit.coalesced_commits`):
 ``advance`` decides the partition's new commit target and returns without
 waiting for the broker; one commit task sends the latest targets of all
 partitions in a single ``commit`` call, one call in flight at a time. A
@@ -34,27 +34,37 @@ Auto-commit is refused: it would commit records nobody finished. SDK errors
 leave this module wrapped in :class:`KafkaProducerError` subclasses
 (``raise ... from exc``). aiokafka is imported lazily, so importing this
 module (and the trigger) works without the extra installed.
+
+The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`): the lazy
+SDK import, retries, the in-flight limit, the dead-letter desk and its
+fallback, the redelivery rule and the coalesced committer. What is here is
+Kafka's: the consumer and its rebalances, seeking back to a held offset,
+the commit call and the dead-letter topic.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, TypeVar
 
-from sharedstream.engine.producer import (
-    AdvanceItem,
-    DeadLetter,
-    SharedStreamProducer,
-    Verdict,
-    verdict_detail,
-    verdict_triggers,
+from sharedstream.brokerkit.coalesced_commits import CoalescedCommitter
+from sharedstream.brokerkit.deadletters import (
+    ANNOTATION_DETAIL,
+    ANNOTATION_REASON,
+    ANNOTATION_TRIGGERS,
+    REASON_MAX_REDELIVERIES,
+    REASON_REJECTED,
+    DeadLetterDesk,
+    dead_letter_annotations,
 )
-from sharedstream.producers._coalesced_commits import CoalescedCommitter
+from sharedstream.brokerkit.inflight import InFlightLimit
+from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.retry import retrying
+from sharedstream.brokerkit.sdk import OptionalSdk
+from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
     KafkaConfigError,
@@ -93,16 +103,14 @@ log = logging.getLogger(__name__)
 DLQ_HEADER_TOPIC = "sharedstream.source.topic"
 DLQ_HEADER_PARTITION = "sharedstream.source.partition"
 DLQ_HEADER_OFFSET = "sharedstream.source.offset"
-DLQ_HEADER_REASON = "sharedstream.reason"
-DLQ_HEADER_TRIGGERS = "sharedstream.triggers"
-DLQ_HEADER_DETAIL = "sharedstream.detail"
+DLQ_HEADER_REASON = ANNOTATION_REASON
+DLQ_HEADER_TRIGGERS = ANNOTATION_TRIGGERS
+DLQ_HEADER_DETAIL = ANNOTATION_DETAIL
 """Headers added to a dead-lettered record (values are UTF-8 text): the source
 coordinates, the reason (``rejected`` or ``max_redeliveries``), the ids of the
 triggers that rejected it or kept failing on it (comma-separated) and what they
 said (``; ``-separated)."""
 
-REASON_REJECTED = "rejected"
-REASON_MAX_REDELIVERIES = "max_redeliveries"
 
 @dataclass
 class _Lane:
@@ -111,17 +119,10 @@ class _Lane:
     epoch: int
     resolved_to: int = 0  # offset after the last resolved record (0: none yet)
     floor: int | None = None  # lowest offset held for redelivery
-    failures: dict[int, int] = field(default_factory=dict)  # offset -> failed deliveries
+    failures: DeliveryTally[int] = field(default_factory=DeliveryTally)  # offset -> failures
 
 
-def _sdk(name: str = "aiokafka") -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise KafkaConfigError(
-            "the Kafka producer needs aiokafka: pip install 'sharedstream[kafka]'"
-        ) from exc
-
+_sdk = OptionalSdk(broker="Kafka", package="aiokafka", extra="kafka", error=KafkaConfigError)
 
 _T = TypeVar("_T")
 
@@ -146,16 +147,21 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         self._epoch = 0
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._rewinds: dict[tuple[str, int], int] = {}  # seeks per partition (stale-chunk guard)
-        self._in_flight = 0
-        self._capacity = asyncio.Event()
-        self._capacity.set()
+        self._in_flight = InFlightLimit(settings.max_in_flight)
+        self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
+        self._letters = DeadLetterDesk(
+            self, stream=f"kafka {','.join(settings.topics)} (group {settings.group_id})",
+            setting="dead_letter_topic", logger=log)
         self._idle_until = 0.0
         self._committer: CoalescedCommitter[tuple[str, int]] = CoalescedCommitter(
             self._commit_offsets, name=f"sharedstream-kafka-commit[{settings.group_id}]",
             on_fatal=self._on_commit_failed, close_timeout=settings.commit_timeout,
         )
-        self.dead_lettered = 0
-        self.discarded = 0
+
+    @property
+    def discarded(self) -> int:
+        """Records dropped: no dead-letter topic and no fallback."""
+        return self._letters.discarded
 
     # -- configuration -------------------------------------------------------------------
 
@@ -194,22 +200,13 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         wrap: type[KafkaProducerError],
     ) -> _T:
         errors = _sdk("aiokafka.errors")
-        delay = self.settings.retry_backoff
-        attempt = 0
-        while True:
-            try:
-                return await call()
-            except errors.KafkaError as exc:
-                attempt += 1
-                transient = bool(getattr(exc, "retriable", False)) or isinstance(
-                    exc, errors.KafkaConnectionError | errors.KafkaTimeoutError
-                )
-                if not transient or attempt > self.settings.retries:
-                    raise wrap(f"{what} failed: {exc}") from exc
-                log.warning("%s failed (%s); retry %d/%d in %.2fs", what, exc, attempt,
-                            self.settings.retries, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+
+        def transient(exc: Exception) -> bool:
+            return bool(getattr(exc, "retriable", False)) or isinstance(
+                exc, errors.KafkaConnectionError | errors.KafkaTimeoutError)
+
+        return await retrying(what, call, policy=self.settings.retry_policy(),
+                              catch=errors.KafkaError, transient=transient, wrap=wrap)
 
     # -- the poll ------------------------------------------------------------------------
 
@@ -238,8 +235,9 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         except errors.KafkaError as exc:
             raise KafkaConfigError(f"cannot subscribe to {self.settings.topics}: {exc}") from exc
         loop = asyncio.get_running_loop()
+        in_flight = self._in_flight
         while True:
-            await self._capacity.wait()
+            await in_flight.room()
             self._raise_if_commits_failed()
             wait = self._idle_until - loop.time()
             if wait > 0:  # records went to nobody: give subscribers a moment to come back
@@ -257,7 +255,6 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             # moved the position back, so they come again).
             tags = dict(self._rewinds)
             lanes, rewinds = self._lanes, self._rewinds
-            max_in_flight = self.settings.max_in_flight
             for tp, records in chunks.items():
                 tp_key = (tp.topic, tp.partition)
                 lane = lanes.get(tp_key)
@@ -278,9 +275,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                         record.topic, record.partition, record.offset, epoch,
                         message,
                     )
-                    self._in_flight += 1
-                    if self._in_flight >= max_in_flight:
-                        self._capacity.clear()
+                    in_flight.take()
                     yield message, payload
 
     def _on_revoked_callback(self) -> Callable[..., Awaitable[None]]:
@@ -323,11 +318,6 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         """``topic/partition/offset``: the same for every redelivery of a record."""
         return f"{broker_payload.topic}/{broker_payload.partition}/{broker_payload.offset}"
 
-    def _release(self, count: int) -> None:
-        self._in_flight = max(0, self._in_flight - count)
-        if self._in_flight < self.settings.max_in_flight:
-            self._capacity.set()
-
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Dead-letter or hold records of one partition's resolved prefix; set its commit target.
 
@@ -337,7 +327,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         Raises :class:`KafkaCommitError` once committing failed for good, and
         :class:`KafkaDeadLetterError` when dead-lettering did.
         """
-        self._release(len(batch))
+        self._in_flight.release(len(batch))
         self._raise_if_commits_failed()
         first: KafkaPayload = batch[0].broker_payload
         tp_key = (first.topic, first.partition)
@@ -353,9 +343,9 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                 # only have been in the inbox of a subscriber that died on the held record.
                 continue
             if outcome.failed or not (outcome.acked or outcome.rejected):
-                if outcome.failed > outcome.unseen:  # some filter failed on this very record
-                    failures = lane.failures[offset] = lane.failures.get(offset, 0) + 1
-                    if failures > self.settings.max_redeliveries:
+                if self._redelivery.counts(outcome):  # a filter failed on this very record
+                    failures = lane.failures.add(offset)
+                    if self._redelivery.exhausted(failures):
                         await self._dead_letter(payload, REASON_MAX_REDELIVERIES, failures,
                                                 outcome.verdicts)
                         self._resolve(lane, offset)
@@ -371,14 +361,14 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                 self._hold(lane, tp_key, offset)
                 continue
             if outcome.rejected:
-                await self._dead_letter(payload, REASON_REJECTED, lane.failures.get(offset, 0),
+                await self._dead_letter(payload, REASON_REJECTED, lane.failures.get(offset),
                                         outcome.verdicts)
             self._resolve(lane, offset)
         self._committer.want(tp_key, lane.epoch, lane.resolved_to)
 
     def _resolve(self, lane: _Lane, offset: int) -> None:
         lane.resolved_to = offset + 1
-        lane.failures.pop(offset, None)
+        lane.failures.forget(offset)
         if lane.floor is not None and lane.floor <= offset:
             lane.floor = None
 
@@ -393,7 +383,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             log.info("%s was revoked before it could be rewound to %d", tp, offset)
         else:
             log.info("holding %s/%d at %d for redelivery (failed deliveries: %d)",
-                     tp_key[0], tp_key[1], offset, lane.failures.get(offset, 0))
+                     tp_key[0], tp_key[1], offset, lane.failures.get(offset))
 
     async def _commit_offsets(self, targets: dict[tuple[str, int], int]) -> bool:
         """One ``consumer.commit`` of ``targets`` (the commit task's only broker call).
@@ -426,7 +416,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         return True
 
     def _on_commit_failed(self, _error: BaseException) -> None:
-        self._capacity.set()  # wake a poll waiting for capacity: it raises the error
+        self._in_flight.interrupt()  # wake a poll waiting for capacity: it raises the error
 
     def _raise_if_commits_failed(self) -> None:
         error = self._committer.error
@@ -441,39 +431,34 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         Returns only once the record is durable somewhere (or discarded, with
         a warning, when there is neither a DLQ topic nor a fallback), so the
         caller may commit past it. Raises :class:`KafkaDeadLetterError` when
-        the DLQ refuses it and there is no fallback.
+        the DLQ refuses it and there is no fallback, and what the fallback
+        raises when it fails.
         """
-        name = self.raw_event_name(payload)
-        triggers = ",".join(verdict_triggers(verdicts))
-        detail = verdict_detail(verdicts)
+        name = f"{payload.topic}/{payload.partition}/{payload.offset}"
         topic = self.settings.dead_letter_topic
         message = payload.message
         if message is None and (topic is not None or self.dead_letter_fallback is not None):
             raise KafkaDeadLetterError(f"{name}: the record was not kept for dead-lettering")
+        cause = self._letters.unconfigured()
         if topic is not None and message is not None:
             try:
-                await self._publish_dead_letter(topic, message, reason, triggers, detail)
+                await self._publish_dead_letter(topic, message, reason, verdicts)
             except KafkaProducerError as exc:
                 if self.dead_letter_fallback is None:
                     raise
-                refusal = f"{reason}; the dead-letter topic {topic} refused it: {exc}"
-                await self._keep_dead_letter(message, refusal, triggers, detail)
+                cause = f"the dead-letter topic {topic} refused it: {exc}"
+            else:
+                self._letters.sent(name, topic, reason, verdicts)
                 return
-            self.dead_lettered += 1
-            log.warning("dead-lettered %s to %s (%s%s)", name, topic, reason,
-                        f": {detail}" if detail else "")
-            return
-        if self.dead_letter_fallback is not None and message is not None:
-            await self._keep_dead_letter(message, f"{reason}; no dead_letter_topic configured",
-                                         triggers, detail)
-            return
-        self.discarded += 1
-        log.warning("discarding %s (%s after %d failed deliveries%s): no dead_letter_topic "
-                    "configured, committing past it", name, reason, failures,
-                    f"; {detail}" if detail else "")
+        await self._letters.keep(
+            source=name, reason=reason, cause=cause, verdicts=verdicts,
+            payload=(message and message.value) or b"",
+            headers=message.headers if message is not None else (),
+            history=f"after {failures} failed deliveries",
+        )
 
     async def _publish_dead_letter(
-        self, topic: str, message: KafkaMessage, reason: str, triggers: str, detail: str
+        self, topic: str, message: KafkaMessage, reason: str, verdicts: Sequence[Verdict]
     ) -> None:
         if self._dlq is None:
             aiokafka = _sdk()
@@ -489,12 +474,9 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             (DLQ_HEADER_TOPIC, message.topic.encode()),
             (DLQ_HEADER_PARTITION, str(message.partition).encode()),
             (DLQ_HEADER_OFFSET, str(message.offset).encode()),
-            (DLQ_HEADER_REASON, reason.encode()),
+            *((name, text.encode("utf-8", "replace"))
+              for name, text in dead_letter_annotations(reason, verdicts).items()),
         ]
-        if triggers:
-            headers.append((DLQ_HEADER_TRIGGERS, triggers.encode()))
-        if detail:
-            headers.append((DLQ_HEADER_DETAIL, detail.encode("utf-8", "replace")))
         dlq = self._dlq
         name = f"{message.topic}/{message.partition}/{message.offset}"
 
@@ -502,23 +484,6 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             await dlq.send_and_wait(topic, value=message.value, key=message.key, headers=headers)
 
         await self._retrying(f"dead-lettering {name} to {topic}", send, KafkaDeadLetterError)
-
-    async def _keep_dead_letter(
-        self, message: KafkaMessage, reason: str, triggers: str, detail: str
-    ) -> None:
-        keep = self.dead_letter_fallback
-        assert keep is not None  # noqa: S101 - callers check
-        name = f"{message.topic}/{message.partition}/{message.offset}"
-        await keep(DeadLetter(
-            stream=f"kafka {','.join(self.settings.topics)} (group {self.settings.group_id})",
-            source=name,
-            reason=f"{reason}: {detail}" if detail else reason,
-            triggers=tuple(t for t in triggers.split(",") if t),
-            payload=message.value or b"",
-            headers=tuple(message.headers),
-        ))
-        self.dead_lettered += 1
-        log.debug("handed %s to the dead-letter fallback (%s)", name, reason)
 
     async def aclose(self) -> None:
         """Commit the final targets (best-effort), then stop the consumer and the DLQ, once.

@@ -41,31 +41,39 @@ Two triggers with different consumer settings on one queue would be two
 competing consumers, each message reaching only one of them: a second
 producer for a queue already consumed in this process with other settings
 is refused (:class:`SqsConfigError`).
+
+The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`): the lazy
+SDK import, the retry policy, the in-flight limit, the dead-letter desk and
+its fallback, the redelivery rule, the lease keeper (visibility renewal),
+batching and settings claims. What is here is SQS's: the client and its
+calls, receiving, deleting, re-showing, and the dead-letter queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import itertools
 import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
-from types import ModuleType
 from typing import Any
 
 from opentelemetry import metrics
 
 from sharedstream import __version__
-from sharedstream.engine.producer import (
-    AdvanceItem,
-    DeadLetter,
-    SharedStreamProducer,
-    Verdict,
-    verdict_detail,
-    verdict_triggers,
+from sharedstream.brokerkit.batches import in_batches
+from sharedstream.brokerkit.deadletters import (
+    REASON_MAX_REDELIVERIES,
+    REASON_REJECTED,
+    DeadLetterDesk,
 )
+from sharedstream.brokerkit.fingerprints import SourceClaims
+from sharedstream.brokerkit.inflight import InFlightLimit
+from sharedstream.brokerkit.lease import LeaseKeeper
+from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.sdk import OptionalSdk
+from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._sqs_types import (
     BATCH,
     DLQ_ATTRIBUTE_DETAIL,
@@ -74,8 +82,7 @@ from sharedstream.producers._sqs_types import (
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_RECEIVE_COUNT,
     DLQ_ATTRIBUTE_TRIGGERS,
-    REASON_MAX_REDELIVERIES,
-    REASON_REJECTED,
+    MAX_BATCH_BYTES,
     SqsConfigError,
     SqsDeadLetterError,
     SqsMessage,
@@ -83,7 +90,10 @@ from sharedstream.producers._sqs_types import (
     SqsProducerError,
     SqsRequestError,
     SqsSettings,
+    attribute_bytes,
+    dead_letter_entry,
     queue_name,
+    sized_chunks,
 )
 
 __all__ = [
@@ -93,6 +103,7 @@ __all__ = [
     "DLQ_ATTRIBUTE_REASON",
     "DLQ_ATTRIBUTE_RECEIVE_COUNT",
     "DLQ_ATTRIBUTE_TRIGGERS",
+    "MAX_BATCH_BYTES",
     "SqsConfigError",
     "SqsDeadLetterError",
     "SqsMessage",
@@ -106,7 +117,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_SQS_MAX_ATTRIBUTES = 10
 _MAX_HOLDS = 4096
 _SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
 """The system attributes read (all of them cost parsing time on every receive)."""
@@ -117,91 +127,23 @@ _requests = metrics.get_meter("sharedstream.sqs").create_counter(
     description="Broker API calls made by producers, by broker and operation",
 )
 
+_sdk = OptionalSdk(broker="SQS", package="aiobotocore", extra="sqs", error=SqsConfigError)
 
-class _Held:
-    """Visibility bookkeeping of one outstanding message."""
+_sized_chunks = sized_chunks  # its name before it moved to the types module
 
-    __slots__ = ("deadline", "message_id")
-
-    def __init__(self, deadline: float, message_id: str) -> None:
-        self.deadline, self.message_id = deadline, message_id
+_Lease = tuple[str, str]
+"""A receipt handle and the message id it belongs to."""
 
 
-def _sdk(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise SqsConfigError(
-            "the SQS producer needs aiobotocore: pip install 'sharedstream[sqs]'"
-        ) from exc
-
-
-def _handles(payloads: Sequence[SqsPayload]) -> list[tuple[str, str]]:
+def _handles(payloads: Sequence[SqsPayload]) -> list[_Lease]:
     return [(p.receipt_handle, p.message_id) for p in payloads]
-
-
-_OUR_ATTRIBUTES = frozenset({
-    DLQ_ATTRIBUTE_QUEUE, DLQ_ATTRIBUTE_MESSAGE_ID, DLQ_ATTRIBUTE_REASON,
-    DLQ_ATTRIBUTE_RECEIVE_COUNT, DLQ_ATTRIBUTE_TRIGGERS, DLQ_ATTRIBUTE_DETAIL,
-})
-
-
-def _attribute_bytes(value: dict[str, Any]) -> bytes:
-    """A message attribute's value as bytes (String and Number as UTF-8, Binary as is)."""
-    data = value.get("BinaryValue")
-    if isinstance(data, bytes):
-        return data
-    return str(value.get("StringValue", "")).encode("utf-8", "surrogatepass")
 
 
 _Disposal = tuple[SqsPayload, str, Sequence[Verdict]]
 """A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
 
-
-def _detail(verdicts: Sequence[Verdict], prefix: str) -> str:
-    """What the verdicts say after ``prefix`` (empty when they say nothing)."""
-    said = verdict_detail(verdicts)
-    return f"{prefix}{said}" if said else ""
-
-
-def _chunks(items: Sequence[Any], size: int = BATCH) -> list[Sequence[Any]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-MAX_BATCH_BYTES = 1024 * 1024
-"""SendMessageBatch's limit on the sum of its entries' bodies and attributes."""
-
-
-def _entry_bytes(entry: dict[str, Any]) -> int:
-    """What one SendMessageBatch entry counts toward ``MAX_BATCH_BYTES``."""
-    size = len(entry["MessageBody"].encode("utf-8", "surrogatepass"))
-    for name, value in entry.get("MessageAttributes", {}).items():
-        data = value.get("StringValue") or value.get("BinaryValue") or ""
-        size += len(name) + len(value["DataType"]) + (
-            len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass")))
-    return size
-
-
-_Entry = tuple[Any, dict[str, Any]]
-"""Something to send, and its SendMessageBatch entry."""
-
-
-def _sized_chunks(pairs: list[_Entry]) -> list[list[_Entry]]:
-    """``(item, entry)`` pairs in batches of at most ``BATCH`` entries and ``MAX_BATCH_BYTES``."""
-    chunks: list[list[_Entry]] = []
-    size = 0
-    for pair in pairs:
-        grow = _entry_bytes(pair[1])
-        if not chunks or len(chunks[-1]) >= BATCH or size + grow > MAX_BATCH_BYTES:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(pair)
-        size += grow
-    return chunks
-
-
-_consumed: dict[tuple[str, str | None, str], str] = {}
-"""Queues consumed in this process -> the settings fingerprint consuming them."""
+_consumed = SourceClaims()
+"""Queues consumed in this process, and the settings fingerprint consuming each."""
 
 
 class SqsSharedStreamProducer(SharedStreamProducer):
@@ -219,8 +161,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         _sdk("aiobotocore.session")  # a missing extra is a clear error here, not at connect
         self.settings = settings
         self.calls: Counter[str] = Counter()
-        self.dead_lettered = 0
-        self.discarded = 0
+        self._letters = DeadLetterDesk(self, stream=f"sqs {queue_name(settings.queue)}",
+                                       setting="dead_letter_queue", logger=log)
         self._refusals: dict[str, str] = {}  # message id -> why the DLQ refused it
         self._client: Any = None
         self._exit = contextlib.AsyncExitStack()
@@ -232,11 +174,13 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # One entry per receive call (not per message), or the error that ends the poll.
         self._inbox: asyncio.Queue[list[SqsPayload] | BaseException] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._held: dict[str, _Held] = {}  # receipt handle -> visibility
-        self._in_flight = 0  # received (or being received) and not yet advanced
-        self._capacity = asyncio.Event()
-        self._capacity.set()
         self._visibility = asyncio.Lock()  # renewals and re-shows never race each other
+        self._leases: LeaseKeeper[_Lease] = LeaseKeeper(
+            self._renew, lease=settings.visibility_timeout, batch_size=BATCH,
+            concurrency=_CONCURRENT_BATCHES, guard=self._visibility)
+        # Received (or being received) and not yet advanced.
+        self._in_flight = InFlightLimit(settings.max_in_flight)
+        self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
         self._deletes: deque[SqsPayload] = deque()
         self._deletes_waiting = asyncio.Event()
         self._deletes_drained = asyncio.Event()
@@ -245,8 +189,14 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._delete_backlog = settings.delete_concurrency * BATCH * 2
         self._broken: BaseException | None = None
         self._floors: dict[Hashable, str] = {}  # lane -> message id holding it
-        self._bounced: dict[str, int] = {}  # message id -> receives that were not failures
+        # Message id -> receives that were not failures of its own.
+        self._bounced: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
         self._receive_ids = itertools.count()
+
+    @property
+    def discarded(self) -> int:
+        """Messages dropped: no dead-letter queue and no fallback."""
+        return self._letters.discarded
 
     # -- connection ----------------------------------------------------------------------
 
@@ -280,14 +230,14 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         config = _sdk("aiobotocore.config").AioConfig(
             connect_timeout=5,
             read_timeout=s.wait_time_seconds + 10,
-            retries={"mode": "standard", "max_attempts": s.retries},
+            retries={"mode": "standard", "max_attempts": s.retries + 1},
             max_pool_connections=s.receive_concurrency + s.delete_concurrency + 4,
             # Two per-request costs the SDK pays in Python on every call, about a
             # fifth of its CPU per call together: checking the request against
             # the model (ours are built here from validated settings) and
             # rebuilding the User-Agent header twice (a fixed one instead).
             parameter_validation=False,
-            user_agent=f"sharedstream/{__version__} aiobotocore/{_sdk('aiobotocore').__version__}",
+            user_agent=f"sharedstream/{__version__} aiobotocore/{_sdk().__version__}",
         )
         self._client = await self._exit.enter_async_context(session.create_client(
             "sqs", region_name=s.region_name, endpoint_url=s.endpoint_url, config=config,
@@ -304,15 +254,13 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         return str((await self._call("GetQueueUrl", QueueName=queue))["QueueUrl"])
 
     def _claim(self) -> None:
-        identity, mine = self.settings.identity(), self.settings.fingerprint()
-        theirs = _consumed.get(identity)
-        if theirs is not None and theirs != mine:
+        identity = self.settings.identity()
+        if not _consumed.claim(identity, self.settings.fingerprint()):
             raise SqsConfigError(
                 f"queue {identity[2]!r} is already consumed in this process with other "
                 "settings; every trigger of one queue must use the same receive, visibility, "
                 "dead-letter and credential settings (two consumers would split its messages)"
             )
-        _consumed[identity] = mine
         self._claimed = True
 
     # -- the poll ------------------------------------------------------------------------
@@ -326,7 +274,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
               for i in range(self.settings.receive_concurrency)),
             *((f"delete-{i}", self._delete_loop)
               for i in range(self.settings.delete_concurrency)),
-            ("renew", self._renew_loop),
+            ("renew", self._leases.run),
         ]
         for name, work in workers:
             self._tasks.append(asyncio.get_running_loop().create_task(
@@ -351,13 +299,11 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     async def _receive_loop(self) -> None:
         s = self.settings
-        loop = asyncio.get_running_loop()
+        in_flight = self._in_flight
         while True:
-            while self._in_flight + s.max_messages > s.max_in_flight:
-                self._capacity.clear()
-                await self._capacity.wait()
-            self._in_flight += s.max_messages  # reserve room for a full receive
-            started = loop.time()
+            await in_flight.room(s.max_messages)
+            in_flight.take(s.max_messages)  # reserve room for a full receive
+            started = self._leases.now()
             try:
                 response = await self._call(
                     "ReceiveMessage", QueueUrl=self._url, MaxNumberOfMessages=s.max_messages,
@@ -367,9 +313,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                     MessageAttributeNames=["All"],
                 )
             finally:
-                self._release(s.max_messages)
+                in_flight.release(s.max_messages)
             received = response.get("Messages") or []
-            self._in_flight += len(received)
+            in_flight.take(len(received))
             await self._take(received, started + s.visibility_timeout)
 
     async def _take(self, received: list[dict[str, Any]], deadline: float) -> None:
@@ -380,23 +326,18 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             message = SqsMessage(self._url, raw)
             lane: Hashable = ("group", message.group_id) if self._fifo else batch_lane
             payload = SqsPayload(message.message_id, raw["ReceiptHandle"], lane, message)
-            deliveries = message.receive_count - self._bounced.get(message.message_id, 0)
-            if deliveries > self.settings.max_redeliveries + 1:
+            deliveries = message.receive_count - self._bounced.get(message.message_id)
+            if self._redelivery.poisoned_on_arrival(deliveries):
                 # Delivered that often without resolving (crashes, lapses): never fan it out.
-                self._release(1)
+                self._in_flight.release()
                 poison.append((payload, REASON_MAX_REDELIVERIES, ()))
                 continue
-            self._held[payload.receipt_handle] = _Held(deadline, message.message_id)
+            self._leases.hold((payload.receipt_handle, message.message_id), deadline)
             taken.append(payload)
         if taken:
             self._inbox.put_nowait(taken)
         if poison:
             await self._dispose(poison)
-
-    def _release(self, count: int) -> None:
-        self._in_flight = max(0, self._in_flight - count)
-        if self._in_flight + self.settings.max_messages <= self.settings.max_in_flight:
-            self._capacity.set()
 
     # -- the engine's calls --------------------------------------------------------------
 
@@ -417,11 +358,11 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         """
         if self._broken is not None:
             raise SqsRequestError(f"the SQS client is broken: {self._broken}")
-        self._release(len(batch))
+        self._in_flight.release(len(batch))
         deletes, failed, bounced, dispose = self._sort(batch)
         if bounced:
             for payload in bounced:
-                self._uncount(payload.message_id)
+                self._bounced.add(payload.message_id)
             log.debug("showing %s again behind a held message", [p.message_id for p in bounced])
             await self._set_visibility(_handles(bounced), 0)
         if failed:
@@ -444,13 +385,13 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         ``max_redeliveries``. Synchronous, so renewal of every item stops
         before anything is awaited.
         """
-        held, floors, fifo = self._held, self._floors, self._fifo
+        leases, floors, fifo = self._leases, self._floors, self._fifo
         deletes: list[SqsPayload] = []
         failed: list[SqsPayload] = []
         bounced: list[SqsPayload] = []
         dispose: list[_Disposal] = []
         for payload, outcome in batch:
-            held.pop(payload.receipt_handle, None)  # renewal stops here
+            leases.settle((payload.receipt_handle, payload.message_id))  # renewal stops here
             message_id, lane = payload.message_id, payload.lane
             floor = floors.get(lane)
             if floor == message_id:
@@ -459,12 +400,12 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 bounced.append(payload)
                 continue
             if outcome.failed:
-                if outcome.unseen == outcome.failed:
+                if not self._redelivery.counts(outcome):
                     # Only subscribers that never had it in their filter failed (they
                     # died on another message): shown again, but not held against it.
-                    self._uncount(message_id)
-                failures = payload.message.receive_count - self._bounced.get(message_id, 0)
-                if failures > self.settings.max_redeliveries:
+                    self._bounced.add(message_id)
+                failures = payload.message.receive_count - self._bounced.get(message_id)
+                if self._redelivery.exhausted(failures):
                     dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
                     continue
                 failed.append(payload)
@@ -479,18 +420,11 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             # else: fanned out to nobody; its visibility lapses and it is received again
         return deletes, failed, bounced, dispose
 
-    def _uncount(self, message_id: str) -> None:
-        """Discount one receive of the message: that delivery did not fail on its account."""
-        counts = self._bounced
-        counts[message_id] = counts.get(message_id, 0) + 1
-        while len(counts) > _MAX_HOLDS:  # a message another consumer took never resolves here
-            del counts[next(iter(counts))]
-
     async def _show_failed(self, failed: list[SqsPayload]) -> None:
         base = self.settings.failure_visibility
         by_delay: dict[int, list[SqsPayload]] = {}
         for payload in failed:
-            earlier = payload.message.receive_count - self._bounced.get(payload.message_id, 0) - 1
+            earlier = payload.message.receive_count - self._bounced.get(payload.message_id) - 1
             delay = min(base * 2 ** max(earlier, 0), 43_200) if base else 0
             by_delay.setdefault(delay, []).append(payload)
         for delay, payloads in by_delay.items():
@@ -500,63 +434,49 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     # -- visibility ----------------------------------------------------------------------
 
-    async def _set_visibility(self, handles: Sequence[tuple[str, str]], seconds: int) -> list[str]:
+    async def _set_visibility(self, handles: Sequence[_Lease], seconds: int) -> list[_Lease]:
         """Set the visibility of ``(receipt handle, message id)`` pairs, in batches of 10.
 
-        Up to :data:`_CONCURRENT_BATCHES` calls are in flight at once.
-        Returns the receipt handles that succeeded. Failures are logged: the
-        message's current visibility then lapses on its own.
+        Up to :data:`_CONCURRENT_BATCHES` calls are in flight at once, under
+        the visibility lock (never racing a renewal round). Returns the pairs
+        that succeeded. Failures are logged: the message's current visibility
+        then lapses on its own.
         """
-        done: list[str] = []
-
-        async def change(chunk: Sequence[tuple[str, str]]) -> None:
-            entries = [{"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
-                       for i, (handle, _) in enumerate(chunk)]
-            try:
-                response = await self._call("ChangeMessageVisibilityBatch",
-                                            QueueUrl=self._url, Entries=entries)
-            except SqsRequestError as exc:
-                log.warning("changing visibility of %s failed (%s); it lapses on its own",
-                            [message_id for _, message_id in chunk], exc)
-                return
-            refused = {f["Id"]: f.get("Code") for f in response.get("Failed") or []}
-            for i, (handle, message_id) in enumerate(chunk):
-                if str(i) in refused:
-                    log.info("visibility of %s not changed: %s", message_id, refused[str(i)])
-                else:
-                    done.append(handle)
-
         async with self._visibility:
-            chunks = _chunks(handles)
-            for start in range(0, len(chunks), _CONCURRENT_BATCHES):
-                await asyncio.gather(*(change(chunk) for chunk in
-                                       chunks[start:start + _CONCURRENT_BATCHES]))
-        return done
+            done = await in_batches(handles, lambda chunk: self._change_visibility(chunk, seconds),
+                                    size=BATCH, concurrency=_CONCURRENT_BATCHES)
+        return [lease for chunk in done for lease in chunk]
 
-    async def _renew_loop(self) -> None:
-        timeout = self.settings.visibility_timeout
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(max(0.2, timeout / 4))
-            threshold = loop.time() + timeout / 2
-            due = [handle for handle, held in self._held.items() if held.deadline < threshold]
-            if not due:
-                continue
-            started = loop.time()
-            renewed = await self._set_visibility(
-                [(handle, self._held[handle].message_id) for handle in due], timeout)
-            for handle in renewed:
-                held = self._held.get(handle)
-                if held is not None:  # not advanced meanwhile
-                    held.deadline = started + timeout
-            log.debug("renewed visibility of %d message(s)", len(renewed))
+    async def _renew(self, chunk: Sequence[_Lease]) -> list[_Lease]:
+        """The lease keeper's renewal (it holds the visibility lock): one batch of 10 at most."""
+        return await self._change_visibility(chunk, self.settings.visibility_timeout)
+
+    async def _change_visibility(self, chunk: Sequence[_Lease], seconds: int) -> list[_Lease]:
+        """One ``ChangeMessageVisibilityBatch``; returns the pairs SQS changed."""
+        entries = [{"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
+                   for i, (handle, _) in enumerate(chunk)]
+        try:
+            response = await self._call("ChangeMessageVisibilityBatch",
+                                        QueueUrl=self._url, Entries=entries)
+        except SqsRequestError as exc:
+            log.warning("changing visibility of %s failed (%s); it lapses on its own",
+                        [message_id for _, message_id in chunk], exc)
+            return []
+        refused = {f["Id"]: f.get("Code") for f in response.get("Failed") or []}
+        done = []
+        for i, lease in enumerate(chunk):
+            if str(i) in refused:
+                log.info("visibility of %s not changed: %s", lease[1], refused[str(i)])
+            else:
+                done.append(lease)
+        return done
 
     # -- deletes -------------------------------------------------------------------------
 
     async def _queue_deletes(self, payloads: list[SqsPayload]) -> None:
         floors = self._floors
         for payload in payloads:  # resolved for good: forget its bounces and any hold
-            self._bounced.pop(payload.message_id, None)
+            self._bounced.forget(payload.message_id)
             if floors.get(payload.lane) == payload.message_id:
                 del floors[payload.lane]
         self._deletes.extend(payloads)
@@ -587,30 +507,32 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     async def _delete(self, chunk: list[SqsPayload]) -> None:
         """Delete one chunk; retry what the service failed, log what it refused."""
         pending = list(chunk)
-        for attempt in range(1, self.settings.retries + 1):
+        delays = self.settings.retry_policy().delays()
+        while True:
             entries = [{"Id": str(i), "ReceiptHandle": p.receipt_handle}
                        for i, p in enumerate(pending)]
             try:
                 response = await self._call("DeleteMessageBatch", QueueUrl=self._url,
                                             Entries=entries)
             except SqsRequestError:
-                if attempt == self.settings.retries:
+                delay = next(delays, None)
+                if delay is None:
                     raise  # the client is broken: the poll ends; undeleted messages come back
-                await asyncio.sleep(0.1 * 2 ** attempt)
+                await asyncio.sleep(delay)
                 continue
-            retry: list[SqsPayload] = []
-            for failure in response.get("Failed") or []:
-                payload = pending[int(failure["Id"])]
-                if failure.get("SenderFault") or attempt == self.settings.retries:
+            failures = response.get("Failed") or []
+            retry = [pending[int(f["Id"])] for f in failures if not f.get("SenderFault")]
+            delay = next(delays, None) if retry else None
+            for failure in failures:
+                if failure.get("SenderFault") or delay is None:
                     log.warning("delete of %s refused (%s: %s); it will be redelivered and "
-                                "its events skipped as duplicates", payload.message_id,
-                                failure.get("Code"), failure.get("Message"))
-                else:
-                    retry.append(payload)
-            if not retry:
+                                "its events skipped as duplicates",
+                                pending[int(failure["Id"])].message_id, failure.get("Code"),
+                                failure.get("Message"))
+            if delay is None:
                 return
             pending = retry
-            await asyncio.sleep(0.1 * 2 ** attempt)
+            await asyncio.sleep(delay)
 
     # -- dead letters --------------------------------------------------------------------
 
@@ -625,10 +547,12 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         comes again.
         """
         if self._dlq_url is None:
-            await self._dispose_elsewhere(items, "no dead_letter_queue configured")
+            await self._dispose_elsewhere(items, self._letters.unconfigured())
             return
-        pairs = [(item, self._dead_letter_entry(str(i), *item)) for i, item in enumerate(items)]
-        for chunk in _sized_chunks(pairs):
+        fifo, queue = self._dlq_url.endswith(".fifo"), queue_name(self._url)
+        pairs = [(item, dead_letter_entry(str(i), *item, queue=queue, fifo=fifo))
+                 for i, item in enumerate(items)]
+        for chunk in sized_chunks(pairs):
             await self._send_dead_letters(chunk)
 
     async def _send_dead_letters(self, chunk: list[tuple[_Disposal, dict[str, Any]]]) -> None:
@@ -655,9 +579,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             payload, reason, verdicts = item
             failure = failed.get(entry["Id"])
             if failure is None:
-                self.dead_lettered += 1
-                log.warning("dead-lettered %s from %s (%s%s)", payload.message_id,
-                            queue_name(self._url), reason, _detail(verdicts, ": "))
+                self._letters.sent(payload.message_id, queue_name(self._dlq_url or ""), reason,
+                                   verdicts)
                 stored.append(payload)
             elif failure.get("SenderFault"):
                 refused.append(item)
@@ -671,67 +594,25 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     async def _dispose_elsewhere(self, items: list[_Disposal], why: str) -> None:
         """Keep ``items`` through the fallback (or discard them), then delete them."""
-        keep = self.dead_letter_fallback
         kept = []
         for payload, reason, verdicts in items:
             message = payload.message
             refusal = self._refusals.pop(payload.message_id, None)
-            cause = f"{why} ({refusal})" if refusal else why
-            if keep is None:
-                self.discarded += 1
-                log.warning("discarding %s from %s (%s, received %d times%s): %s",
-                            payload.message_id, queue_name(self._url), reason,
-                            message.receive_count, _detail(verdicts, "; "), cause)
-                kept.append(payload)
-                continue
             try:
-                await keep(DeadLetter(
-                    stream=f"sqs {queue_name(self._url)}",
-                    source=payload.message_id,
-                    reason=f"{reason}; {cause}{_detail(verdicts, ': ')}",
-                    triggers=verdict_triggers(verdicts),
+                await self._letters.keep(
+                    source=payload.message_id, reason=reason,
+                    cause=f"{why} ({refusal})" if refusal else why, verdicts=verdicts,
                     payload=message.body.encode("utf-8", "surrogatepass"),
-                    headers=tuple((name, _attribute_bytes(value)) for name, value in
+                    headers=tuple((name, attribute_bytes(value)) for name, value in
                                   message.raw_attributes.items()),
-                ))
+                    history=f"received {message.receive_count} times",
+                )
             except Exception as exc:  # noqa: BLE001 - not kept: the message stays and comes again
                 log.error("keeping %s in the dead-letter fallback failed (%s); it stays in %s "  # noqa: TRY400 - the cause is in the message
                           "and comes again", payload.message_id, exc, queue_name(self._url))
                 continue
-            self.dead_lettered += 1
             kept.append(payload)
         await self._queue_deletes(kept)
-
-    def _dead_letter_entry(
-        self, entry_id: str, payload: SqsPayload, reason: str, verdicts: Sequence[Verdict]
-    ) -> dict[str, Any]:
-        message = payload.message
-        ours = {
-            DLQ_ATTRIBUTE_QUEUE: {"DataType": "String", "StringValue": queue_name(self._url)},
-            DLQ_ATTRIBUTE_MESSAGE_ID: {"DataType": "String", "StringValue": message.message_id},
-            DLQ_ATTRIBUTE_REASON: {"DataType": "String", "StringValue": reason},
-            DLQ_ATTRIBUTE_RECEIVE_COUNT: {"DataType": "Number",
-                                          "StringValue": str(message.receive_count)},
-        }
-        if verdicts:
-            triggers = ",".join(verdict_triggers(verdicts))
-            ours[DLQ_ATTRIBUTE_TRIGGERS] = {"DataType": "String", "StringValue": triggers}
-            ours[DLQ_ATTRIBUTE_DETAIL] = {"DataType": "String",
-                                          "StringValue": _detail(verdicts, "")[:1024]}
-        # Ours, even when the sender set them, never travel from the original.
-        originals = [(k, v) for k, v in message.raw_attributes.items()
-                     if k not in _OUR_ATTRIBUTES]
-        room = _SQS_MAX_ATTRIBUTES - len(ours)
-        if len(originals) > room:
-            log.warning("dead-lettering %s: keeping %d of its %d attributes (SQS allows %d)",
-                        message.message_id, room, len(originals), _SQS_MAX_ATTRIBUTES)
-        attributes = {**dict(originals[:room]), **ours}
-        entry: dict[str, Any] = {"Id": entry_id, "MessageBody": message.body,
-                                 "MessageAttributes": attributes}
-        if self._dlq_url is not None and self._dlq_url.endswith(".fifo"):
-            entry["MessageGroupId"] = message.group_id or "sharedstream-dead-letters"
-            entry["MessageDeduplicationId"] = f"{message.message_id}-{reason}"[:128]
-        return entry
 
     # -- closing -------------------------------------------------------------------------
 
@@ -753,10 +634,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             if self._deletes:
                 log.warning("%d delete(s) not sent before closing; those messages come again "
                             "and their events are skipped as duplicates", len(self._deletes))
-            if self._claimed and _consumed.get(self.settings.identity()) == (
-                self.settings.fingerprint()
-            ):
-                del _consumed[self.settings.identity()]
+            if self._claimed:
+                _consumed.release(self.settings.identity(), self.settings.fingerprint())
             await self._exit.aclose()
 
 

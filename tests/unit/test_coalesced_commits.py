@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sharedstream.brokerkit.coalesced_commits import CoalescedCommitter
 from sharedstream.engine.errors import SharedStreamError
-from sharedstream.producers._coalesced_commits import CoalescedCommitter
 
 
 class Broker:

@@ -1,5 +1,8 @@
 """Coalesced offset commits: every lane's latest target in one broker call, one call at a time.
 
+Broker-neutral: any broker whose acknowledgement is a cumulative offset per lane
+(Kafka partitions, Kinesis shards, Event Hubs partitions) can use it.
+
 :class:`CoalescedCommitter` separates *deciding* what may be committed from
 *telling the broker*. The producer's ``advance`` records a lane's new target
 with :meth:`CoalescedCommitter.want` (synchronous: it never waits for the
@@ -42,7 +45,7 @@ from sharedstream.engine.errors import SharedStreamError
 
 __all__ = ["CoalescedCommitter", "Commit"]
 
-log = logging.getLogger("sharedstream.producers.kafka")
+log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
