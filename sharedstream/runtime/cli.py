@@ -153,6 +153,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="work in DIR (new or empty) and keep it, instead of a temp directory")
     demo.add_argument("--log-level", type=_log_level, default="ERROR", metavar="LEVEL",
                       help=f"logging level: {', '.join(LOG_LEVELS)} (default: error)")
+    demo.add_argument("--broker", default="kafka", metavar="NAME",
+                      help="the broker to run on (default: kafka, the only one for now)")
     demo.set_defaults(handler=_demo)
 
     triggerer = commands.add_parser("triggerer", help="run the watchers of a definitions file")

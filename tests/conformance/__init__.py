@@ -1,8 +1,6 @@
-"""A reusable conformance suite for ``SharedStreamProducer`` broker modules.
+"""Moved: the conformance suite is now :mod:`sharedstream.testing` (importable by broker packages).
 
-A broker module's tests provide a ``harness`` fixture (an object satisfying
-:class:`~tests.conformance.harness.BrokerHarness`) and subclass
-:class:`~tests.conformance.suite.ProducerConformance`; every test in the
-suite then runs against the real broker, skipping what the broker's
-:class:`~tests.conformance.harness.Features` say it does not do.
+These modules only re-export the kit's names for the test modules that still
+import them from here; new code imports from ``sharedstream.testing``. Delete
+this package once nothing imports it.
 """

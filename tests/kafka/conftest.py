@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
-from sharedstream.demo import DEFINITIONS, start_tansu, stop_tansu, tansu_binary
-from sharedstream.engine.errors import SharedStreamError
+from sharedstream.demo import DEFINITIONS
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
     DLQ_HEADER_OFFSET,
@@ -27,16 +26,12 @@ from sharedstream.producers.kafka import (
     DLQ_HEADER_TOPIC,
     DLQ_HEADER_TRIGGERS,
 )
+from sharedstream.testing.brokers import tansu_broker
+from sharedstream.testing.fixtures import running_or_skip
+from sharedstream.testing.harness import DeadLetter, Features, Stream
+from sharedstream.testing.scripts import ScriptedFailure, act, pace
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.cli import TriggererCli
-from tests.conformance.harness import (
-    DeadLetter,
-    Features,
-    ScriptedFailure,
-    Stream,
-    act,
-    pace,
-)
 
 aiokafka: Any = pytest.importorskip("aiokafka")
 aiokafka_admin: Any = importlib.import_module("aiokafka.admin")
@@ -47,20 +42,13 @@ GROUP_SETTINGS = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start Tansu (in memory) on a free port; yield ``host:port``; stop it at the end."""
-    try:
-        binary = tansu_binary()
-    except SharedStreamError as exc:
-        pytest.skip(str(exc))
-    process, address = start_tansu(binary, Path(tmp_path_factory.mktemp("tansu")))
-    try:
+    """Tansu (in memory) on a free port for the session, from the testing kit; ``host:port``."""
+    with running_or_skip(tansu_broker(tmp_path_factory.mktemp("tansu"))) as address:
         yield address
-    finally:
-        stop_tansu(process)
 
 
 class ConformanceKafkaTrigger(KafkaSharedStreamTrigger):
-    """The Kafka trigger with a scripted filter (see ``tests.conformance.harness.act``)."""
+    """The Kafka trigger with a scripted filter (see ``sharedstream.testing.scripts.act``)."""
 
     producers: dict[str, int] = {}  # noqa: RUF012 - a test-wide counter, per group id
 

@@ -27,14 +27,10 @@ from sharedstream.producers.kafka import (
     KafkaSharedStreamProducer,
 )
 from sharedstream.runtime.serde import pack_event_payload, pack_kwargs, unpack_kwargs
+from sharedstream.testing.conformance import ProducerConformance
+from sharedstream.testing.harness import Stream
+from sharedstream.testing.runner import SupervisedRunner, eventually, eventually_async
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
-from tests.conformance.harness import (
-    Stream,
-    SupervisedRunner,
-    eventually,
-    eventually_async,
-)
-from tests.conformance.suite import ProducerConformance
 from tests.kafka.conftest import GROUP_SETTINGS, KafkaHarness
 from tests.prefilters import assert_prefilters_agree
 

@@ -9,16 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,15 +23,11 @@ from sharedstream.producers.sqs import (
     DLQ_ATTRIBUTE_TRIGGERS,
     SqsSharedStreamProducer,
 )
+from sharedstream.testing.brokers import moto_server
+from sharedstream.testing.fixtures import running_or_skip
+from sharedstream.testing.harness import DeadLetter, Features, Stream
+from sharedstream.testing.scripts import ScriptedFailure, act, pace
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
-from tests.conformance.harness import (
-    DeadLetter,
-    Features,
-    ScriptedFailure,
-    Stream,
-    act,
-    pace,
-)
 
 aiobotocore_session: Any = pytest.importorskip("aiobotocore.session")
 
@@ -55,58 +43,15 @@ duplicate. The end-to-end test runs the default concurrency (the store
 de-duplicates)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def moto_server_command() -> list[str]:
-    """How to start moto's server with the running interpreter's environment."""
-    script = Path(sys.executable).with_name("moto_server")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("moto_server")
-    if found is None:
-        pytest.skip("moto_server not installed: pip install 'moto[server]'")
-    return [found]
-
-
 @pytest.fixture(scope="session")
 def sqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start moto's server on a free loopback port; yield its URL; stop it at the end."""
-    port = _free_port()
-    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("wb")
-    env = {**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"}
-    process = subprocess.Popen(
-        [*moto_server_command(), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):  # noqa: S310
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start (see {log.name})") from None
-                time.sleep(0.1)
+    """moto's server on a free loopback port for the session, from the testing kit; its URL."""
+    with running_or_skip(moto_server(tmp_path_factory.mktemp("moto"))) as endpoint:
         yield endpoint
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 class ConformanceSqsTrigger(SqsSharedStreamTrigger):
-    """The SQS trigger with a scripted filter (see ``tests.conformance.harness.act``)."""
+    """The SQS trigger with a scripted filter (see ``sharedstream.testing.scripts.act``)."""
 
     producers: dict[str, int] = {}  # noqa: RUF012 - a test-wide counter, per queue
     last: dict[str, SqsSharedStreamProducer] = {}  # noqa: RUF012 - the newest, per queue

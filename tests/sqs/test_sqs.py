@@ -22,15 +22,12 @@ from sharedstream.producers.sqs import (
     SqsSettings,
     SqsSharedStreamProducer,
 )
+from sharedstream.testing.conformance import ProducerConformance, Session, values
+from sharedstream.testing.conformance import unique_ids as _ids
+from sharedstream.testing.harness import Stream
+from sharedstream.testing.runner import SupervisedRunner, eventually, eventually_async
+from sharedstream.testing.scripts import Script
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
-from tests.conformance.harness import (
-    Script,
-    Stream,
-    SupervisedRunner,
-    eventually,
-    eventually_async,
-)
-from tests.conformance.suite import ProducerConformance, Session, _ids, values
 from tests.prefilters import assert_prefilters_agree
 from tests.sqs.conftest import ConformanceSqsTrigger, SqsHarness
 

@@ -1,0 +1,105 @@
+"""Real local brokers as pytest fixtures: an opt-in plugin, never loaded on its own.
+
+Enable it in your top-level ``conftest.py`` (or with ``-p``)::
+
+    pytest_plugins = ["sharedstream.testing.fixtures"]
+
+Each fixture is session-scoped: the broker starts once, on a free loopback
+port, on first use, and is stopped when the session ends (also on an error
+or Ctrl-C). A broker that is not installed here skips the tests that need
+it, saying what to install; one that is installed but does not start fails
+them.
+
+========================  =====================================================
+fixture                   value
+========================  =====================================================
+``tansu_bootstrap``       Tansu's Kafka bootstrap, ``"127.0.0.1:<port>"``
+``moto_endpoint``         moto's SQS/S3 endpoint, ``"http://127.0.0.1:<port>"``
+``fauxqs_endpoint``       fauxqs's SQS endpoint (installed from npm on first use)
+``kafka_container``       a Kafka container's bootstrap (Docker only)
+``localstack_endpoint``   LocalStack's SQS endpoint in a container (Docker only)
+========================  =====================================================
+
+:func:`running_or_skip` is the same skip rule for a ``conftest.py`` that
+starts a broker its own way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import NoReturn
+
+import pytest
+
+from sharedstream.testing.brokers import (
+    BrokerNotInstalled,
+    containers,
+    fauxqs_server,
+    moto_server,
+    tansu_broker,
+)
+
+__all__ = [
+    "fauxqs_endpoint",
+    "kafka_container",
+    "localstack_endpoint",
+    "moto_endpoint",
+    "running_or_skip",
+    "tansu_bootstrap",
+]
+
+
+def _skip(exc: BrokerNotInstalled) -> NoReturn:
+    pytest.skip(str(exc))
+
+
+@contextlib.contextmanager
+def running_or_skip(broker: contextlib.AbstractContextManager[str]) -> Iterator[str]:
+    """Enter ``broker`` and yield its address; skip the test if it is not installed.
+
+    Only the start is guarded: an exception raised by the test itself, inside
+    the block, passes through untouched.
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            address = stack.enter_context(broker)
+        except BrokerNotInstalled as exc:
+            _skip(exc)
+        yield address
+
+
+@pytest.fixture(scope="session")
+def tansu_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Tansu in memory for the session; its bootstrap ``host:port``."""
+    with running_or_skip(tansu_broker(tmp_path_factory.mktemp("tansu"))) as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The moto server for the session; its endpoint URL (any region and keys)."""
+    with running_or_skip(moto_server(tmp_path_factory.mktemp("moto"))) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def fauxqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The fauxqs emulator for the session; its endpoint URL (any region and keys)."""
+    workdir = tmp_path_factory.mktemp("fauxqs")
+    with running_or_skip(fauxqs_server(workdir=workdir)) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def kafka_container() -> Iterator[str]:
+    """A Kafka container for the session (skipped without Docker); its bootstrap."""
+    with running_or_skip(containers.kafka_container()) as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def localstack_endpoint() -> Iterator[str]:
+    """LocalStack's SQS in a container for the session (skipped without Docker)."""
+    with running_or_skip(containers.localstack_container()) as endpoint:
+        yield endpoint
