@@ -28,6 +28,7 @@ PAGES = (
     "configuration.md",
     "runtime.md",
     "sqs.md",
+    "testing.md",
 )
 """The pages whose examples this suite owns."""
 
