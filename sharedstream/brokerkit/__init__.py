@@ -1,7 +1,21 @@
 """The broker kit: what every broker's producer and trigger modules build on.
 
-:mod:`.codecs` decodes payloads and compiles declarative matches into
-prefilters. A broker module under ``sharedstream.producers`` /
-``sharedstream.triggers`` should hold only what is specific to its broker.
-The kit imports no broker SDK.
+A broker module under ``sharedstream.producers`` / ``sharedstream.triggers``
+holds only what is specific to its broker; everything else is here, each
+piece with its contract in its module docstring:
+
+* triggers: :mod:`.trigger` (``BrokerTrigger``: payload formats, the
+  declarative match compiled once, decode / reject / payload, the prefilter,
+  vouched payloads) and :mod:`.codecs` (decoders, match compilation);
+* producers: :mod:`.sdk` (the SDK imported on first use, one-line hint when
+  missing), :mod:`.errors` (the error hierarchy), :mod:`.retry` (retries with
+  backoff), :mod:`.inflight` (the in-flight limit), :mod:`.deadletters`
+  (reasons, annotations, dead letter or store fallback or discard, counts),
+  :mod:`.redelivery` (poison and ``unseen`` accounting), :mod:`.lease`
+  (renewing leases: SQS visibility, Pub/Sub ack deadlines, Service Bus
+  locks), :mod:`.batches`, :mod:`.fingerprints` (settings fingerprints, one
+  consumer per source) and :mod:`.coalesced_commits` (cumulative commits).
+
+The kit imports only the engine and itself, never a broker SDK (checked by
+``tests/test_import_contracts.py``).
 """
