@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = [
     "AckTimeout",
     "DuplicateSubscription",
+    "FilterEnded",
     "InvalidStreamKey",
     "PollTerminated",
     "ProducerContractError",
@@ -58,6 +59,16 @@ class SubscriberOverflow(SubscriberFailure):
     The filter fell behind the shared poll; rather than block the other
     subscribers or drop events silently, this subscriber alone is failed.
     """
+
+
+class FilterEnded(SharedStreamError):
+    """A durable member's filter returned; a watcher's filter must run until cancelled.
+
+    Raised by ``Membership.run_attempt`` after failing the raw event the
+    filter was on (it may not have finished it), so restarting is safe.
+    """
+
+    retryable = True
 
 
 class PollTerminated(SharedStreamError):

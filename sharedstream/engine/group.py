@@ -145,8 +145,19 @@ class StreamGroup:
                 fanout=self.fanout,
                 ack_timeout=ack_timeout,
                 router=router,
+                clock=clock,
             )
             watch_book(self.book)
+        self.bind: Callable[[Hashable], int | None] = (
+            self.book.bind_for if self.book is not None else _no_bind
+        )
+        """``bind(trigger_id)``: bind the trigger event that subscriber just emitted.
+
+        Returns the seq to confirm, or ``None`` when nothing waits on it (fast
+        path, unknown subscriber, no open window). The book's
+        :meth:`~ResolutionBook.bind_for` itself in ack mode: no extra call on
+        the hot path.
+        """
         self._fast_subscribers: dict[Hashable, Subscriber] = {}
         self._task: asyncio.Task[None] | None = None
         self._terminated = False
@@ -430,6 +441,10 @@ class StreamGroup:
             # Best-effort by contract: the poll is over either way, and what
             # was not advanced will be redelivered.
             log.exception("producer.aclose() of shared stream %r failed", self.key)
+
+
+def _no_bind(_trigger_id: Hashable) -> None:
+    """``StreamGroup.bind`` on the fast path: nothing waits on persistence."""
 
 
 async def _cancel_and_wait(task: asyncio.Task[None]) -> None:

@@ -75,6 +75,11 @@ class SharedStreamManager:
         self.totals = StreamTotals()
         """Raw events advanced by every group of this manager, by outcome."""
 
+    @property
+    def ack_timeout(self) -> float:
+        """Seconds every subscriber has to resolve an event (ack mode)."""
+        return self._ack_timeout
+
     def subscribe(
         self, *, trigger_id: Hashable, trigger: BaseEventTrigger, key: Hashable
     ) -> AsyncIterator[Any]:
@@ -180,15 +185,7 @@ class SharedStreamManager:
         (fast path, group gone, no open window). O(1).
         """
         group = self._groups.get(key)
-        if group is None:
-            return None
-        book = group.book
-        if book is None:
-            return None
-        sub = book.subscribers.get(trigger_id)
-        if sub is None:
-            return None
-        return book.bind(sub)
+        return None if group is None else group.bind(trigger_id)
 
     def raw_event_key(self, *, trigger_id: Hashable, key: Hashable) -> str | None:
         """Identify the trigger event just bound, stably across redeliveries.
@@ -210,13 +207,11 @@ class SharedStreamManager:
         """Record that the trigger events behind ``seqs`` are durably stored.
 
         Unknown seqs (already confirmed, or whose subscriber failed or whose
-        group ended) are ignored. O(len(seqs)).
+        group ended) are ignored. O(len(seqs)). Seqs are unique per manager
+        and carry their subscriber, so the manager's :class:`SeqRouter`
+        takes each straight to the book that bound it (no group lookup).
         """
-        route = self._router.route
-        for seq in seqs:
-            sub = route(seq)
-            if sub is not None:
-                sub.book.confirm(sub, seq)
+        self._router.confirm(seqs)
 
     def refuse_persisted(self, seq: int, reason: str) -> None:
         """The store refused, for good, the trigger event behind ``seq``.
@@ -225,9 +220,7 @@ class SharedStreamManager:
         it (redelivering it would fail the same way), with ``reason`` in the
         outcome's verdicts. Unknown seqs are ignored.
         """
-        sub = self._router.route(seq)
-        if sub is not None:
-            sub.book.refuse(sub, seq, reason)
+        self._router.refuse(seq, reason)
 
     def lag(self) -> list[tuple[Hashable, Hashable, int]]:
         """``(key, trigger_id, queued)`` for every subscriber with raw events queued."""

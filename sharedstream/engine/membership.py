@@ -22,14 +22,21 @@ A :class:`Membership` closes it inside the engine. Invariants:
    (back-pressure; see :mod:`sharedstream.engine.group`).
 4. Only :meth:`Membership.leave` takes it off the roster, with the plain
    ``unsubscribe`` semantics (what it had not pulled fails).
+
+A runner restarts a failed member with :meth:`Membership.run_attempt`, one
+call per attempt: it holds the restart backoff, hands the filter a stream
+that starts where the previous attempt stopped, and fails exactly the raw
+event a failed, hung or ended attempt was on. Runners loop on it; they do
+not compose the steps themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Hashable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from sharedstream.engine.errors import StreamStopped
+from sharedstream.engine.errors import FilterEnded, StreamStopped
 from sharedstream.engine.fanout import Accept, Subscriber
 from sharedstream.engine.resolution import AckSubscriber
 from sharedstream.engine.trigger import BaseEventTrigger
@@ -45,10 +52,7 @@ class Membership:
     """One trigger's durable place in the stream of ``key`` (see the module docstring).
 
     Made by :meth:`SharedStreamManager.join`; single-event-loop, like the
-    manager. ``on_interrupt`` (settable) is called synchronously when the
-    ack watchdog gives up on the event the member's filter is on: the
-    runtime should cancel that attempt (the error is also raised at the
-    attempt's next pull).
+    manager. Run its filter with :meth:`run_attempt`, once per attempt.
     """
 
     def __init__(
@@ -67,7 +71,7 @@ class Membership:
         self._manager = manager
         self._group: StreamGroup | None = None
         self._sub: Subscriber | None = None
-        self._on_interrupt: Callable[[BaseException], None] | None = None
+        self._attempting = False
         self.left = False
 
     # -- attempts -------------------------------------------------------------
@@ -88,6 +92,93 @@ class Membership:
         assert self._group is group  # noqa: S101
         assert self._sub is not None  # noqa: S101
         return group.attempt(self._sub)
+
+    async def run_attempt(
+        self,
+        consume: Callable[[AsyncIterator[Any]], Awaitable[None]],
+        *,
+        delay: float = 0.0,
+    ) -> None:
+        """Run one attempt of the member's filter: its first start, or its gap-free restart.
+
+        The runner calls this once per attempt, in a loop, from one task at a
+        time (a second concurrent call raises ``RuntimeError``). In order:
+
+        1. It waits ``delay`` seconds (the runner's restart backoff), capped
+           at half the ack timeout. The member stays in the snapshot while
+           it waits: raw events fanned out meanwhile queue for it (a full
+           queue pauses the poll) and none resolves without it.
+        2. It calls ``consume(stream)`` with a new raw-event iterator
+           (:meth:`stream`) that starts with the first raw event no earlier
+           attempt pulled. ``consume`` runs the filter over it and binds
+           every trigger event (:meth:`bind`) before its next ``await``.
+        3. ``consume`` raises an exception: only the raw event the filter
+           was on fails, with the exception named in its verdict
+           (:meth:`fail`); the broker redelivers it and the redelivery
+           reaches the member. The exception propagates unchanged.
+        4. The ack timeout passes on the raw event the filter is on (it
+           hangs): that event fails, ``consume`` is cancelled at once and
+           the watchdog's :class:`AckTimeout` is raised.
+        5. ``consume`` returns (the filter ended, which a watcher's filter
+           must not): the raw event it was on fails and
+           :class:`FilterEnded` is raised.
+
+        Events the filter moved past resolve as their trigger events are
+        confirmed stored, whatever happens to the attempt. Cancelling the
+        call cancels the attempt and fails nothing; the member stays until
+        :meth:`leave`. If the key's group ended (its poll failed, say), the
+        next attempt starts a new one with the whole roster in it. Raises
+        :class:`StreamStopped` without waiting after :meth:`leave` or the
+        manager's ``stop_all``.
+        """
+        if self._attempting:
+            raise RuntimeError(f"trigger {self.trigger_id!r} is already running an attempt")
+        self._attempting = True
+        try:
+            if delay > 0:
+                await asyncio.sleep(min(delay, self._manager.ack_timeout / 2))
+            await self._attempt(consume, self.stream())
+        finally:
+            self._attempting = False
+
+    async def _attempt(
+        self, consume: Callable[[AsyncIterator[Any]], Awaitable[None]], stream: AsyncIterator[Any]
+    ) -> None:
+        """Steps 2 to 5 of :meth:`run_attempt`."""
+        scope = asyncio.timeout(None)
+        interrupts: list[BaseException] = []
+
+        def interrupt(error: BaseException) -> None:
+            # The filter hangs outside our iterator and would never pull again to
+            # see the error: cancel the attempt now (the scope turns it into a
+            # TimeoutError below, telling it from a cancellation from outside).
+            interrupts.append(error)
+            if not scope.expired():
+                scope.reschedule(-1)
+
+        try:
+            async with scope:
+                self._set_interrupt_handler(interrupt)
+                try:
+                    await consume(stream)
+                finally:
+                    self._set_interrupt_handler(None)
+        except TimeoutError as exc:
+            if not (scope.expired() and interrupts):
+                self.fail(exc)  # the filter's own timeout: an ordinary failure
+                raise
+            self.fail(interrupts[-1])  # already failed by the watchdog; clears the interrupt
+            raise interrupts[-1] from exc
+        except Exception as exc:
+            # Any failure of the filter's code or of the stream: the raw event the
+            # filter was on is redelivered (at-least-once); the runner restarts it.
+            self.fail(exc)
+            raise
+        ended = FilterEnded(
+            f"the filter of trigger {self.trigger_id!r} on shared stream {self.key!r} returned"
+        )
+        self.fail(ended)
+        raise ended
 
     def fail(self, error: BaseException) -> None:
         """The current attempt failed with ``error``: fail the event its filter was on.
@@ -130,18 +221,12 @@ class Membership:
         self.left = True
         await self._manager.release(self)
 
+    def _set_interrupt_handler(self, handler: Callable[[BaseException], None] | None) -> None:
+        sub, group = self._sub, self._group
+        if isinstance(sub, AckSubscriber) and group is not None and group.book is not None:
+            group.book.set_interrupt_handler(sub, handler)
+
     # -- state ----------------------------------------------------------------
-
-    @property
-    def on_interrupt(self) -> Callable[[BaseException], None] | None:
-        """Called when the ack watchdog interrupts the current attempt."""
-        return self._on_interrupt
-
-    @on_interrupt.setter
-    def on_interrupt(self, callback: Callable[[BaseException], None] | None) -> None:
-        self._on_interrupt = callback
-        if isinstance(self._sub, AckSubscriber):
-            self._sub.on_interrupt = callback
 
     @property
     def queued(self) -> int:
@@ -152,9 +237,7 @@ class Membership:
     def attach(self, group: StreamGroup) -> None:
         """Subscribe to ``group`` (the manager calls this when it creates a group)."""
         self._group = group
-        self._sub = sub = group.add_subscriber(self.trigger_id, self.accept, durable=True)
-        if isinstance(sub, AckSubscriber):
-            sub.on_interrupt = self._on_interrupt
+        self._sub = group.add_subscriber(self.trigger_id, self.accept, durable=True)
 
     def __repr__(self) -> str:
         return f"Membership(trigger_id={self.trigger_id!r}, key={self.key!r})"

@@ -28,6 +28,20 @@ Invariants (checked by ``tests/unit/test_resolution_properties.py``):
 4. A failed or departed subscriber owes nothing: its inbox is empty and
    its seqs are forgotten, so late confirmations are ignored.
 
+Ownership: this module is the only one that changes resolution state (the
+records, the books and the :class:`AckSubscriber` fields). The iterators in
+:mod:`sharedstream.engine.stream` step :meth:`ResolutionBook.pulls`, the
+manager binds through :meth:`ResolutionBook.bind_for` and confirms through
+:meth:`SeqRouter.confirm`; nothing else writes here.
+
+Threads: everything that changes state runs on the event loop. The
+readers :meth:`ResolutionBook.outstanding`, ``lanes_snapshot``,
+``queued_snapshot`` and ``oldest_unresolved_at`` change nothing and copy
+each container they walk with one C-level call (``tuple(...)``, which runs
+no Python code and so holds the GIL throughout: it cannot see the container
+change size), so they are safe from another thread (the OpenTelemetry
+gauges, see :mod:`sharedstream.engine.telemetry`).
+
 Cost model: a subscriber pulling a record is O(1); failing or removing a
 subscriber is O(what it still owes); the ack watchdog looks only at the
 oldest unresolved record (the fan-out timeline is in creation order).
@@ -41,8 +55,9 @@ per-seq state is the subscriber's own ``seqs`` entry.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Generator, Hashable, Iterable
 from typing import Any
 
 from sharedstream.engine.errors import AckTimeout, SubscriberOverflow
@@ -197,6 +212,26 @@ class SeqRouter:
         """The enrolled subscriber that bound ``seq``, if any."""
         return self._slots.get(seq >> SLOT_SHIFT)
 
+    def confirm(self, seqs: Iterable[int]) -> None:
+        """The trigger events behind ``seqs`` are stored: confirm each in its subscriber's book.
+
+        Seqs are unique per manager, so a confirmation goes straight to the
+        book of the subscriber that bound it (one lookup by slot), whatever
+        group that is. Unknown seqs (already confirmed, or whose subscriber
+        failed, left for good or whose group ended) are ignored.
+        """
+        slots = self._slots
+        for seq in seqs:
+            sub = slots.get(seq >> SLOT_SHIFT)
+            if sub is not None:
+                sub.book.confirm(sub, seq)
+
+    def refuse(self, seq: int, reason: str) -> None:
+        """The store refused the event behind ``seq`` for good: :meth:`ResolutionBook.refuse`."""
+        sub = self._slots.get(seq >> SLOT_SHIFT)
+        if sub is not None:
+            sub.book.refuse(sub, seq, reason)
+
     def unconfirmed(self) -> set[int]:
         """Every seq still awaiting confirmation (for tests and diagnostics)."""
         return {
@@ -212,6 +247,9 @@ class ResolutionBook:
 
     ``router`` is the manager's :class:`SeqRouter`, shared by its groups.
     ``on_ready`` is called (synchronously) whenever some lane becomes ready.
+    ``clock`` is the monotonic clock that stamps the ``now`` given to
+    :meth:`broadcast` (the group's, injectable in tests); readers such as the
+    head-of-line gauge measure ages with it.
     """
 
     def __init__(
@@ -222,10 +260,12 @@ class ResolutionBook:
         ack_timeout: float,
         router: SeqRouter | None = None,
         on_ready: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.key = key
         self.fanout = fanout
         self.ack_timeout = ack_timeout
+        self.clock = clock
         self.router = router if router is not None else SeqRouter()
         self.on_ready: Callable[[], None] = on_ready or _nothing
         self.subscribers: dict[Hashable, AckSubscriber] = {}
@@ -329,8 +369,8 @@ class ResolutionBook:
         Returns ``None`` when its inbox is empty (the window is closed
         anyway: pulling is what moves a subscriber past an event).
         """
-        # sharedstream.engine.stream.ack_stream inlines this transition on the hot
-        # path; the property test drives both interchangeably.
+        # pulls() inlines this transition for the hot path; the property test
+        # drives both interchangeably.
         current = sub.current
         if current is not None:
             sub.current = None
@@ -347,12 +387,54 @@ class ResolutionBook:
             return record
         return None
 
-    def bind(self, sub: AckSubscriber) -> int | None:
-        """Bind one trigger event the subscriber just emitted to its open window.
+    def pulls(self, sub: AckSubscriber) -> Generator[EventRecord | None, None, None]:
+        """The subscriber's pulls, one per ``next()``: the fast path of its iterator.
+
+        Each step is :meth:`next_record`: it closes the open window, then
+        yields the record whose window it opened, or ``None`` when the inbox
+        is empty (the caller waits for the fan-out and steps again). A
+        durable subscriber's pending interrupt (see :meth:`_expire_durable`)
+        is raised by the first step that finds no window open, and ends the
+        generator. :func:`sharedstream.engine.stream.ack_stream` iterates it,
+        one generator per attempt; steps may interleave with any other
+        method of the book, since each step reads the state afresh.
+        """
+        # An inlined copy of next_record: resuming a generator is cheaper than a
+        # method call, and this runs once per (raw event, subscriber) pair.
+        inbox = sub.inbox
+        record_resolved = self.record_resolved
+        while True:
+            current = sub.current
+            if current is not None:
+                sub.current = None
+                if sub.window_seqs:
+                    self.owe(sub, current)
+                else:
+                    current.acked += 1
+                    current.pending -= 1
+                    if not current.pending:
+                        record_resolved(current)
+            elif sub.interrupt is not None:
+                error, sub.interrupt = sub.interrupt, None
+                raise error
+            if inbox:
+                record = sub.current = inbox.popleft()
+                yield record
+            else:
+                yield None
+
+    def bind_for(self, trigger_id: Hashable) -> int | None:
+        """Bind one trigger event subscriber ``trigger_id`` just emitted to its open window.
 
         Returns the seq to confirm once the event is stored, or ``None`` when
-        there is no open window (nothing to gate).
+        nothing is to gate (no such subscriber, or no open window). What
+        ``SharedStreamManager.bind_pending_event`` calls through its group:
+        one lookup, then the bind, in one call (it runs once per trigger
+        event).
         """
+        sub = self.subscribers.get(trigger_id)
+        if sub is None:
+            return None
         record = sub.current
         if record is None:
             return None
@@ -366,6 +448,12 @@ class ResolutionBook:
         sub.window_seqs += 1
         sub.ledger.append(record)
         return seq
+
+    def bind(self, sub: AckSubscriber) -> int | None:
+        """:meth:`bind_for` through a subscriber handle; ``None`` once it is not subscribed."""
+        if self.subscribers.get(sub.trigger_id) is not sub:
+            return None
+        return self.bind_for(sub.trigger_id)
 
     def confirm(self, sub: AckSubscriber, seq: int) -> None:
         """Record that ``sub``'s event bound under ``seq`` is stored. Unknown seqs are ignored."""
@@ -435,6 +523,17 @@ class ResolutionBook:
             self._departed.discard(sub)
             self.router.withdraw(sub)
 
+    def set_interrupt_handler(
+        self, sub: AckSubscriber, handler: Callable[[BaseException], None] | None
+    ) -> None:
+        """Who to tell, synchronously, when the ack timeout interrupts durable ``sub``'s attempt.
+
+        Called from :meth:`_expire_durable` (in the watchdog's task) with the
+        :class:`AckTimeout`; ``None`` tells nobody (the error is still raised
+        at the attempt's next pull).
+        """
+        sub.on_interrupt = handler
+
     def fail_attempt(self, sub: AckSubscriber, error: BaseException) -> None:
         """A durable subscriber's filter failed: only the record it was on fails.
 
@@ -497,11 +596,15 @@ class ResolutionBook:
             return None
         return timeline[0].created_at + self.ack_timeout
 
-    def peek_deadline(self) -> float | None:
-        """:meth:`next_deadline` without trimming anything (safe from another thread)."""
-        for record in list(self._timeline):
+    def oldest_unresolved_at(self) -> float | None:
+        """When the oldest record still pending was fanned out, or ``None``.
+
+        A read: trims nothing (unlike :meth:`next_deadline`); safe from
+        another thread (see the module docstring).
+        """
+        for record in tuple(self._timeline):
             if record.pending:
-                return record.created_at + self.ack_timeout
+                return record.created_at
         return None
 
     def expire(self, now: float) -> list[tuple[AckSubscriber, EventRecord]]:
@@ -594,8 +697,19 @@ class ResolutionBook:
         return batch
 
     def outstanding(self) -> int:
-        """How many records were fanned out and not yet taken for advancing."""
-        return sum(len(q) for q in self.lanes.values())
+        """How many records were fanned out and not yet taken for advancing.
+
+        A read, safe from another thread (see the module docstring).
+        """
+        return sum(map(len, tuple(self.lanes.values())))
+
+    def lanes_snapshot(self) -> list[tuple[Hashable, int]]:
+        """``(lane, records not yet advanced)`` per lane. A read, safe from another thread."""
+        return [(lane, len(records)) for lane, records in tuple(self.lanes.items())]
+
+    def queued_snapshot(self) -> list[tuple[Hashable, int]]:
+        """``(trigger_id, records queued, not pulled)`` per subscriber. A read, thread-safe."""
+        return [(sub.trigger_id, len(sub.inbox)) for sub in tuple(self.subscribers.values())]
 
     # -- whole-group teardown --------------------------------------------------
 

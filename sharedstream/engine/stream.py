@@ -85,42 +85,24 @@ async def fast_stream(sub: Subscriber, fanout: FanOut) -> AsyncGenerator[Any, No
             await _park(sub, fanout)
 
 
-async def ack_stream(  # noqa: PLR0912 - one inlined state machine on the hot path
-    book: ResolutionBook, sub: AckSubscriber
-) -> AsyncGenerator[Any, None]:
+async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncGenerator[Any, None]:
     """Raw events of an ack-mode subscriber; each pull resolves the previous event.
 
     While a raw event is out with the filter, its binding window is open:
     trigger events the runner binds now belong to it, and
     :func:`reject_shared_stream_event` called from this task rejects it.
+    The transitions themselves are the book's (:meth:`ResolutionBook.pulls`);
+    this iterator only waits for the fan-out and sets the window's owner.
 
     A durable subscriber may consume through several of these in turn (one
     per attempt of its filter); an attempt interrupted by the ack watchdog
     raises the interrupt at its next pull.
     """
     owner = (book, sub)
-    inbox = sub.inbox
     fanout = book.fanout
-    record_resolved = book.record_resolved
     try:
-        while True:
-            # An inlined copy of ResolutionBook.next_record (one call less per
-            # event and subscriber); the property test exercises both paths.
-            current = sub.current
-            if current is not None:
-                sub.current = None
-                if sub.window_seqs:
-                    book.owe(sub, current)
-                else:
-                    current.acked += 1
-                    current.pending -= 1
-                    if not current.pending:
-                        record_resolved(current)
-            elif sub.interrupt is not None:
-                error, sub.interrupt = sub.interrupt, None
-                raise error
-            if inbox:
-                record = sub.current = inbox.popleft()
+        for record in book.pulls(sub):
+            if record is not None:
                 if fanout.blocked_on is sub:
                     fanout.relieve(sub)
                 if _window_owner.get() is not owner:
@@ -129,7 +111,7 @@ async def ack_stream(  # noqa: PLR0912 - one inlined state machine on the hot pa
             elif sub.error is not None:
                 raise sub.error
             else:
-                await _park(sub, book.fanout)
+                await _park(sub, fanout)
     finally:
         if _window_owner.get() is owner:
             _window_owner.set(None)

@@ -4,11 +4,20 @@ Only ``opentelemetry-api`` is a dependency; an application that installs
 and configures the SDK gets the measurements, everyone else pays a no-op
 call. Instruments are recorded per batch or per exceptional event, never
 per (event, subscriber) pair.
+
+Observable-gauge callbacks run on whatever thread collects: an SDK
+reader's own thread (``PeriodicExportingMetricReader``) while the event
+loop keeps fanning out and resolving. So every callback here is a pure
+read: it changes no state (nothing is trimmed, popped or cached), walks
+only copies made by the books' thread-safe readers (see
+:mod:`sharedstream.engine.resolution`), takes the watched books from a
+registry guarded by a lock, and measures age with each book's own
+(injected) clock.
 """
 
 from __future__ import annotations
 
-import time
+import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,49 +39,62 @@ if TYPE_CHECKING:
 
 __all__ = ["Instruments", "instruments", "unwatch_book", "watch_book"]
 
+# WeakSet iterates in Python code, so a copy taken while the loop adds a book
+# could fail with "Set changed size during iteration": the lock serializes them.
 _books: weakref.WeakSet[ResolutionBook] = weakref.WeakSet()
+_books_lock = threading.Lock()
 
 
 def watch_book(book: ResolutionBook) -> None:
     """Report ``book``'s outstanding events and head-of-line age while it lives.
 
     Read by observable gauges only when an SDK collects, so it costs nothing
-    on the hot path.
+    on the hot path. Called on the event loop when a group starts.
     """
     instruments()  # make sure the gauges exist
-    _books.add(book)
+    with _books_lock:
+        _books.add(book)
 
 
 def unwatch_book(book: ResolutionBook) -> None:
     """Stop reporting ``book`` (its group ended). Idempotent."""
-    _books.discard(book)
+    with _books_lock:
+        _books.discard(book)
+
+
+def _watched() -> list[ResolutionBook]:
+    """The books to report, copied under the lock (any thread)."""
+    with _books_lock:
+        return list(_books)
 
 
 def _outstanding(_options: CallbackOptions) -> Iterable[Observation]:
-    for book in list(_books):
-        yield Observation(book.outstanding(), {"stream": repr(book.key)})
+    return [Observation(book.outstanding(), {"stream": repr(book.key)}) for book in _watched()]
 
 
 def _subscriber_lag(_options: CallbackOptions) -> Iterable[Observation]:
-    # Reads only (copies first): this may run on an exporter thread.
-    for book in list(_books):
-        for sub in list(book.subscribers.values()):
-            yield Observation(len(sub.inbox), {"stream": repr(book.key),
-                                               "trigger": str(sub.trigger_id)})
+    return [
+        Observation(queued, {"stream": repr(book.key), "trigger": str(trigger_id)})
+        for book in _watched()
+        for trigger_id, queued in book.queued_snapshot()
+    ]
 
 
 def _lane_outstanding(_options: CallbackOptions) -> Iterable[Observation]:
-    for book in list(_books):
-        for lane, records in list(book.lanes.items()):
-            yield Observation(len(records), {"stream": repr(book.key), "lane": repr(lane)})
+    return [
+        Observation(records, {"stream": repr(book.key), "lane": repr(lane)})
+        for book in _watched()
+        for lane, records in book.lanes_snapshot()
+    ]
 
 
 def _head_of_line_age(_options: CallbackOptions) -> Iterable[Observation]:
-    now = time.monotonic()
-    for book in list(_books):
-        deadline = book.peek_deadline()
-        age = 0.0 if deadline is None else max(0.0, now - (deadline - book.ack_timeout))
-        yield Observation(age, {"stream": repr(book.key)})
+    observations = []
+    for book in _watched():
+        since = book.oldest_unresolved_at()
+        age = 0.0 if since is None else max(0.0, book.clock() - since)
+        observations.append(Observation(age, {"stream": repr(book.key)}))
+    return observations
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,16 @@ cannot be decrypted, is marked failed and not restarted. ``cleanup()``
 always runs.
 
 A shared-stream trigger is a durable member of its stream
-(:meth:`SharedStreamManager.join`): when its filter raises, only the raw
-event it was on fails (the broker redelivers it, and the redelivery reaches
-the restarted filter); everything fanned out meanwhile waits in its queue,
-and a full queue pauses the stream instead of failing the trigger. The
-backoff is spent before the next attempt starts consuming (capped at half
-the ack timeout). A filter still on one raw event when the ack timeout
-passes is cancelled and restarted the same way. An event whose payload
-cannot be stored is refused at the trigger: its raw event is rejected
-(dead-lettered by the producer) with the reason.
+(:meth:`SharedStreamManager.join`) and each attempt of its filter is one
+:meth:`Membership.run_attempt`: when its filter raises, hangs past the ack
+timeout or returns, only the raw event it was on fails (the broker
+redelivers it, and the redelivery reaches the restarted filter); everything
+fanned out meanwhile waits in its queue, and a full queue pauses the stream
+instead of failing the trigger. The backoff is spent inside the next
+attempt, before it starts consuming (capped there at half the ack
+timeout). An event whose payload cannot be stored is refused at the
+trigger: its raw event is rejected (dead-lettered by the producer) with the
+reason.
 
 Shutdown (SIGINT/SIGTERM): close every stream's intake first (no new raw
 event is fanned out, whatever the backlog), give the watchers up to half of
@@ -476,8 +477,6 @@ class Triggerer:
                 backoff = tconf.restart_backoff_initial
             self.progress.restarts += 1
             delay = backoff
-            if attempt.member is not None:  # its queue waits; keep clear of the ack timeout
-                delay = min(delay, tconf.shared_stream_ack_timeout / 2)
             backoff = min(backoff * 2, tconf.restart_backoff_max)
 
     async def _note(self, method: str, *args: Any) -> None:
@@ -524,50 +523,33 @@ class Triggerer:
     async def _run_shared(
         self, attempt: _Attempt, trigger: BaseEventTrigger, key: Hashable, delay: float
     ) -> None:
-        """One attempt of a shared-stream trigger's filter, as a durable member of ``key``."""
-        trigger_id = attempt.trigger_id
+        """One attempt of a shared-stream trigger's filter, as a durable member of ``key``.
+
+        ``Membership.run_attempt`` waits ``delay`` (events queue for the member
+        meanwhile), fails the raw event a failed, hung or ended filter was on,
+        and raises what ended the attempt; the supervisor records it and
+        restarts. Cancelled (shutdown): the trigger leaves its stream.
+        """
         member = attempt.member
         if member is None or member.left:
             member = attempt.member = self.manager.join(
-                trigger_id=trigger_id, trigger=trigger, key=key
+                trigger_id=attempt.trigger_id, trigger=trigger, key=key
             )
-        scope = asyncio.timeout(None)
         try:
-            if delay:
-                await asyncio.sleep(delay)  # events queue for it meanwhile
-            async with scope:
-                # The ack watchdog gave up on the event the filter is on: cancel it now
-                # (a hung filter would never pull again to see the error).
-                member.on_interrupt = lambda _error: scope.reschedule(-1)
-                try:
-                    await self._consume(member, trigger, trigger.filter_shared_stream(
-                        member.stream()))
-                finally:
-                    member.on_interrupt = None
-            raise TriggerEnded(  # noqa: TRY301 - handled below like any filter failure
-                f"trigger {trigger_id}: filter_shared_stream returned"
-            )
+            await member.run_attempt(partial(self._consume, member, trigger), delay=delay)
         except asyncio.CancelledError:
             await self._release(attempt)
             raise
-        except Exception as exc:
-            if isinstance(exc, TimeoutError) and scope.expired():
-                hung = TriggerEnded(f"trigger {trigger_id}: cancelled by the ack timeout, its "
-                                    "filter still on one raw event")
-                member.fail(hung)  # the watchdog failed that event already: a no-op
-                raise hung from exc
-            member.fail(exc)  # the raw event it was on fails; the rest waits for it
-            raise
 
     async def _consume(
-        self, member: Membership, trigger: BaseEventTrigger, events: AsyncIterator[Any]
+        self, member: Membership, trigger: BaseEventTrigger, stream: AsyncIterator[Any]
     ) -> None:
-        """Queue every event the filter yields for storing, bound to its raw event."""
+        """Run the filter over ``stream``; queue every event it yields for storing, bound."""
         trigger_id = member.trigger_id
         assert isinstance(trigger_id, int)  # noqa: S101 - the runtime's ids are row ids
         native = trigger.payload_is_native
         offer = self.gate.offer
-        async for event in events:
+        async for event in trigger.filter_shared_stream(stream):
             seq = member.bind()
             try:
                 pending = self._pending_event(trigger_id, event, member.raw_event_key(), native)

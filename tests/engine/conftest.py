@@ -3,6 +3,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from tests.engine.harness import FEEDS, Feed
 
@@ -30,3 +33,11 @@ def feed() -> Iterator[Feed]:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def metric_reader() -> InMemoryMetricReader:
+    """The real OpenTelemetry SDK, installed once per session (a provider cannot be replaced)."""
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader

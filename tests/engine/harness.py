@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharedstream import (
+    AckTimeout,
     AdvanceItem,
     AdvanceOutcome,
     BaseEventTrigger,
@@ -244,13 +245,14 @@ async def eventually(predicate: Callable[[], bool], within: float = 3.0) -> None
 
 
 class MemberRunner:
-    """Drives a durable member the way the triggerer does: attempts, failures, restarts.
+    """Drives a durable member the way the triggerer does: one ``run_attempt`` per attempt.
 
-    ``start()`` begins an attempt; when the filter raises, the member's
-    ``fail`` is called (as the triggerer does) and the attempt ends -
-    ``restart()`` begins the next. ``hang_on`` makes the filter hang on that
-    raw event until cancelled (by the ack watchdog's interrupt); ``raise_on``
-    makes it raise on that raw event (every time, or ``raise_times`` times).
+    ``start()`` begins an attempt; when it ends with an error (the filter
+    raised, or the ack watchdog interrupted it) the error is recorded and
+    the attempt is over - ``restart()`` begins the next. ``hang_on`` makes
+    the filter hang on that raw event until cancelled (by the ack watchdog's
+    interrupt); ``raise_on`` makes it raise on that raw event (every time,
+    or ``raise_times`` times).
     """
 
     def __init__(
@@ -272,8 +274,8 @@ class MemberRunner:
         self.task: asyncio.Task[None] | None = None
         self.interrupted: list[BaseException] = []
 
-    def start(self) -> MemberRunner:
-        self.task = asyncio.get_running_loop().create_task(self._attempt())
+    def start(self, delay: float = 0.0) -> MemberRunner:
+        self.task = asyncio.get_running_loop().create_task(self._attempt(delay))
         return self
 
     restart = start
@@ -290,34 +292,24 @@ class MemberRunner:
                 raise RuntimeError(f"boom on {raw!r}")
             yield TriggerEvent({"raw": raw, "by": self.trigger.name, "n": 0})
 
-    async def _attempt(self) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    async def _consume(self, stream: AsyncIterator[Any]) -> None:
+        async for event in self._filter(stream):
+            seq = self.member.bind()
+            self.events.append(event)
+            if seq is not None:
+                if self.auto_confirm:
+                    self.manager.confirm_persisted([seq])
+                else:
+                    self.unconfirmed.append(seq)
 
-        def interrupt(error: BaseException) -> None:
-            self.interrupted.append(error)
-            task.cancel()
-
-        self.member.on_interrupt = interrupt
+    async def _attempt(self, delay: float) -> None:
         try:
-            async for event in self._filter(self.member.stream()):
-                seq = self.member.bind()
-                self.events.append(event)
-                if seq is not None:
-                    if self.auto_confirm:
-                        self.manager.confirm_persisted([seq])
-                    else:
-                        self.unconfirmed.append(seq)
-        except asyncio.CancelledError:
-            if not self.interrupted:
-                raise
-            self.member.fail(self.interrupted[-1])
-            self.errors.append(self.interrupted[-1])
-        except Exception as exc:  # noqa: BLE001 - recorded for the test to assert on
-            self.member.fail(exc)
+            await self.member.run_attempt(self._consume, delay=delay)
+        except AckTimeout as exc:  # the watchdog interrupted the hung filter
+            self.interrupted.append(exc)
             self.errors.append(exc)
-        finally:
-            self.member.on_interrupt = None
+        except Exception as exc:  # noqa: BLE001 - recorded for the test to assert on
+            self.errors.append(exc)
 
     def confirm_all(self) -> None:
         seqs, self.unconfirmed = self.unconfirmed, []

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from opentelemetry import metrics
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
 from sharedstream import SharedStreamManager
 from tests.engine.harness import Feed, FeedTrigger, Runner, eventually
 
 
-@pytest.fixture(scope="module")
-def reader() -> InMemoryMetricReader:
-    reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    return reader
+@pytest.fixture
+def reader(metric_reader: InMemoryMetricReader) -> InMemoryMetricReader:
+    return metric_reader
 
 
 def points(reader: InMemoryMetricReader, name: str) -> dict[str, float]:
