@@ -13,8 +13,8 @@ from collections import Counter
 from typing import Any
 
 from sharedstream.demo import demo_message, matching_assets
+from sharedstream.testing.harness import DeadLetter
 from tests.cli import TriggererCli
-from tests.conformance.harness import DeadLetter
 
 
 def check_demo_outcome(

@@ -34,7 +34,7 @@ from sharedstream.demo import (
     tansu_binary,
 )
 from sharedstream.engine.errors import SharedStreamError
-from tests.conformance.harness import DeadLetter, Stream
+from sharedstream.testing.harness import DeadLetter, Stream
 from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 from tests.kafka.demo_accounting import check_demo_outcome
 from tests.sqs.conftest import sqs_endpoint  # noqa: F401 - moto's server serves S3 too

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from sharedstream.demo import demo_message
-from tests.conformance.harness import Stream
+from sharedstream.testing.harness import Stream
 from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 from tests.kafka.demo_accounting import check_demo_outcome
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sharedstream.demo import demo_message, expected_counts, matching_assets
-from tests.conformance.harness import Stream
+from sharedstream.testing.harness import Stream
 from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 
 ROOT = Path(__file__).resolve().parents[2]

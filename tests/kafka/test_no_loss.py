@@ -47,8 +47,8 @@ from sharedstream.producers.kafka import (
     DLQ_HEADER_REASON,
     DLQ_HEADER_TOPIC,
 )
+from sharedstream.testing.harness import Stream
 from tests.chaos_accounting import IN_STORE, DeadLetterRecord, ExpectedDeadLetter
-from tests.conformance.harness import Stream
 from tests.kafka.conftest import KafkaHarness, aiokafka, aiokafka_admin
 from tests.no_loss_kit import (
     REJECTED,

@@ -21,8 +21,9 @@ from typing import Any
 from sharedstream import SharedStreamManager, TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.kafka import KafkaSharedStreamProducer
+from sharedstream.testing.harness import Stream
+from sharedstream.testing.runner import SupervisedRunner, eventually
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
-from tests.conformance.harness import Stream, SupervisedRunner, eventually
 from tests.kafka.conftest import KafkaHarness, aiokafka
 
 PER_PHASE = 40

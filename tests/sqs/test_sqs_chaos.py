@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.harness import Stream
+from sharedstream.testing.harness import Stream
 from tests.sqs.conftest import SqsHarness
 from tests.sqs.test_sqs_e2e import assets_for, message, send, sqs_cli
 

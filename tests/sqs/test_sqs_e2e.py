@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from sharedstream.testing.harness import Stream
 from tests.cli import ROOT, TriggererCli
-from tests.conformance.harness import Stream
 from tests.sqs.conftest import SqsHarness
 
 TOTAL = 400
