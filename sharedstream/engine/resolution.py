@@ -471,8 +471,12 @@ class ResolutionBook:
         if record is sub.current:
             sub.window_seqs -= 1
             return
-        # Where the confirmed slot sits now (-1 when trimmed off the front).
-        if _still_owed(ledger, seq - sub.ledger_base, record):
+        # Where the confirmed slot sits now (negative when trimmed off the front).
+        at = seq - sub.ledger_base
+        if at < 0:  # the usual in-order confirmation: _still_owed's forward scan, inlined
+            if ledger and ledger[0] is record:
+                return
+        elif _still_owed(ledger, at, record):
             return
         record.acked += 1
         record.pending -= 1
