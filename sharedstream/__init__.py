@@ -7,6 +7,7 @@ ports by changing imports only).
 from sharedstream.engine.errors import (
     AckTimeout,
     DuplicateSubscription,
+    FilterEnded,
     InvalidStreamKey,
     PollTerminated,
     ProducerContractError,
@@ -28,6 +29,7 @@ __all__ = [
     "BaseEventTrigger",
     "BaseTrigger",
     "DuplicateSubscription",
+    "FilterEnded",
     "InvalidStreamKey",
     "PollTerminated",
     "ProducerContractError",

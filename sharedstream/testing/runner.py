@@ -10,9 +10,10 @@ fails with a message saying what it waited for instead of hanging.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any
 
+from sharedstream.engine.errors import FilterEnded
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.manager import SharedStreamManager
 from sharedstream.engine.trigger import BaseEventTrigger
@@ -24,11 +25,14 @@ __all__ = ["SupervisedRunner", "eventually", "eventually_async"]
 class SupervisedRunner:
     """Runs one trigger the way the triggerer does: a durable member, restarted when it raises.
 
-    Events are stored at once (confirmed as soon as taken). On a
-    :class:`ScriptedFailure` the member's attempt is failed (only the message
-    it was on fails) and, after ``backoff`` seconds away, a new attempt picks
-    up where it stopped; messages fanned out meanwhile wait for it. Any other
-    exception ends the runner, and :meth:`stop` raises it.
+    Each attempt is one :meth:`~sharedstream.engine.membership.Membership.run_attempt`
+    (the triggerer's restart, gap-free). Events are stored at once (confirmed
+    as soon as taken). On a :class:`ScriptedFailure` only the message the
+    filter was on fails and, after ``backoff`` seconds away (capped at half the
+    ack timeout), a new attempt picks up where it stopped; messages fanned out
+    meanwhile wait for it. A filter that returns ends the runner; any other
+    exception (an ``AckTimeout`` of a hung filter included) ends it too, and
+    :meth:`stop` raises it.
 
     The runner owns one task (started by :meth:`start`, named after the
     trigger id); :meth:`stop` cancels and awaits it, then leaves the stream.
@@ -57,22 +61,25 @@ class SupervisedRunner:
         return self
 
     async def _run(self) -> None:
-        member = self.member
+        delay = 0.0
         while True:
             try:
-                async for event in self.trigger.filter_shared_stream(member.stream()):
-                    seq = member.bind()
-                    self.names.append(member.raw_event_key())
-                    self.events.append(event)
-                    if seq is not None:
-                        self.manager.confirm_persisted([seq])
+                await self.member.run_attempt(self._consume, delay=delay)
             except ScriptedFailure as exc:
-                self.errors.append(exc)
-                member.fail(exc)
-                if self.backoff:
-                    await asyncio.sleep(self.backoff)
-            else:
-                return
+                self.errors.append(exc)  # run_attempt failed only the message it was on
+                delay = self.backoff
+            except FilterEnded:
+                return  # the filter returned: the runner is done
+
+    async def _consume(self, stream: AsyncIterator[Any]) -> None:
+        """One attempt: the filter, with each event stored (confirmed) as it is taken."""
+        member = self.member
+        async for event in self.trigger.filter_shared_stream(stream):
+            seq = member.bind()
+            self.names.append(member.raw_event_key())
+            self.events.append(event)
+            if seq is not None:
+                self.manager.confirm_persisted([seq])
 
     def values(self) -> list[Any]:
         """``payload["value"]`` of every event, in order (redeliveries included)."""
