@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import AsyncExitStack
 from typing import Any, cast
 
+from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import (
     DuplicateSubscription,
     PollTerminated,
@@ -42,7 +43,8 @@ from sharedstream.engine.errors import (
 from sharedstream.engine.fanout import Accept, FanOut, Subscriber
 from sharedstream.engine.producer import DeadLetterFallback, SharedStreamProducer
 from sharedstream.engine.pump import AdvancePump, StreamTotals
-from sharedstream.engine.resolution import AckSubscriber, ResolutionBook, SeqRouter, overflow_error
+from sharedstream.engine.resolution import ResolutionBook, overflow_error
+from sharedstream.engine.seqs import SeqRouter
 from sharedstream.engine.stream import ack_stream, fast_stream
 from sharedstream.engine.telemetry import instruments, unwatch_book, watch_book
 from sharedstream.engine.timeouts import run_ack_watchdog

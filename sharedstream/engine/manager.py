@@ -25,7 +25,7 @@ from sharedstream.engine.group import IntakeValve, StreamGroup
 from sharedstream.engine.membership import Membership
 from sharedstream.engine.producer import DeadLetterFallback
 from sharedstream.engine.pump import StreamTotals
-from sharedstream.engine.resolution import SeqRouter
+from sharedstream.engine.seqs import SeqRouter
 from sharedstream.engine.trigger import BaseEventTrigger
 
 __all__ = ["SharedStreamManager"]

@@ -36,9 +36,9 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
+from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import FilterEnded, StreamStopped
 from sharedstream.engine.fanout import Accept, Subscriber
-from sharedstream.engine.resolution import AckSubscriber
 from sharedstream.engine.trigger import BaseEventTrigger
 
 if TYPE_CHECKING:

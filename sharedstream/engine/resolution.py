@@ -28,11 +28,27 @@ Invariants (checked by ``tests/unit/test_resolution_properties.py``):
 4. A failed or departed subscriber owes nothing: its inbox is empty and
    its seqs are forgotten, so late confirmations are ignored.
 
-Ownership: this module is the only one that changes resolution state (the
-records, the books and the :class:`AckSubscriber` fields). The iterators in
-:mod:`sharedstream.engine.stream` step :meth:`ResolutionBook.pulls`, the
-manager binds through :meth:`ResolutionBook.bind_for` and confirms through
-:meth:`SeqRouter.confirm`; nothing else writes here.
+Ownership: the resolution modules are the only ones that change resolution
+state (the records, the books, the :class:`AckSubscriber` fields and the seq
+router), each with one job:
+
+* :mod:`sharedstream.engine.resolution` (this one) - :class:`ResolutionBook`,
+  the book of one group: membership, fan-out, pulls, binds, confirmations,
+  rejects and refusals, the timeline of deadlines and advancing;
+* :mod:`sharedstream.engine.records` - :class:`EventRecord`, its counts and
+  verdicts;
+* :mod:`sharedstream.engine.ack_subscriber` - :class:`AckSubscriber`, one
+  subscriber's binding window and seq ledger;
+* :mod:`sharedstream.engine.seqs` - :class:`SeqRouter`, which routes a seq
+  to the subscriber that bound it;
+* :mod:`sharedstream.engine.failures` - :class:`Failures`, the failure
+  paths: force-failing a subscriber, the ack timeout, the failed attempts
+  of durable members and their lane fences.
+
+The iterators in :mod:`sharedstream.engine.stream` step
+:meth:`ResolutionBook.pulls`, the manager binds through
+:meth:`ResolutionBook.bind_for` and confirms through
+:meth:`SeqRouter.confirm`; nothing else writes resolution state.
 
 Threads: everything that changes state runs on the event loop. The
 readers :meth:`ResolutionBook.outstanding`, ``lanes_snapshot``,
@@ -46,10 +62,9 @@ Cost model: a subscriber pulling a record is O(1); failing or removing a
 subscriber is O(what it still owes); the ack watchdog looks only at the
 oldest unresolved record (the fan-out timeline is in creation order).
 
-Seqs carry their subscriber: each subscriber is enrolled in the manager's
-:class:`SeqRouter` under a slot, and its seqs are ``slot << SLOT_SHIFT``
-plus a counter. Routing a confirmation is one lookup by slot, and the only
-per-seq state is the subscriber's own ``seqs`` entry.
+Seqs carry their subscriber (see :mod:`sharedstream.engine.seqs`): routing a
+confirmation is one lookup by slot, and the only per-seq state is the
+subscriber's own ledger slot.
 """
 
 from __future__ import annotations
@@ -57,189 +72,21 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Hashable, Iterable
+from collections.abc import Callable, Generator, Hashable
 from typing import Any
 
-from sharedstream.engine.errors import AckTimeout, SubscriberOverflow
-from sharedstream.engine.fanout import Accept, FanOut, Subscriber
-from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, Verdict, annotated_outcome
+from sharedstream.engine.ack_subscriber import AckSubscriber, still_owed
+from sharedstream.engine.errors import SubscriberOverflow
+from sharedstream.engine.failures import Failures
+from sharedstream.engine.fanout import Accept, FanOut
+from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, Verdict
+from sharedstream.engine.records import EventRecord, add_verdict
+from sharedstream.engine.seqs import SeqRouter
 
-__all__ = [
-    "SLOT_SHIFT", "AckSubscriber", "EventRecord", "ResolutionBook", "SeqRouter", "overflow_error",
-]
+__all__ = ["ResolutionBook", "overflow_error"]
 
 _new_tuple = tuple.__new__
-"""Builds the NamedTuples below without their Python-level ``__new__`` (hot path)."""
-
-SLOT_SHIFT = 48
-"""Bits of a seq that count a subscriber's own binds (2**48: centuries at any rate)."""
-
-
-class EventRecord:
-    """One fanned-out raw event and how far its snapshot got in resolving it."""
-
-    __slots__ = (
-        "acked",
-        "broker_payload",
-        "created_at",
-        "failed",
-        "lane",
-        "lane_queue",
-        "pending",
-        "position",
-        "raw",
-        "rejected",
-        "unseen",
-        "verdicts",
-    )
-
-    def __init__(  # noqa: PLR0917 - built once per raw event on the hot path
-        self,
-        position: int,
-        raw: Any,
-        broker_payload: Any,
-        lane: Hashable,
-        lane_queue: deque[EventRecord],
-        created_at: float,
-    ) -> None:
-        self.position = position
-        self.raw = raw
-        self.broker_payload = broker_payload
-        self.lane = lane
-        self.lane_queue = lane_queue
-        self.created_at = created_at
-        self.pending = 0
-        self.acked = 0
-        self.failed = 0
-        self.rejected = 0
-        self.unseen = 0  # failures of subscribers that never pulled it (part of failed)
-        self.verdicts: list[Verdict] | None = None  # who failed on it or rejected it, and why
-
-    def outcome(self) -> AdvanceOutcome:
-        """The resolution counts handed to the producer."""
-        if self.unseen or self.verdicts:
-            return annotated_outcome(
-                self.acked, self.failed, self.rejected, unseen=self.unseen,
-                verdicts=tuple(self.verdicts or ()),
-            )
-        return _new_tuple(AdvanceOutcome, (self.acked, self.failed, self.rejected))
-
-    def __repr__(self) -> str:
-        return (
-            f"EventRecord(#{self.position}, lane={self.lane!r}, pending={self.pending}, "
-            f"acked={self.acked}, failed={self.failed}, rejected={self.rejected})"
-        )
-
-
-class AckSubscriber(Subscriber):
-    """A subscriber in ack mode: its inbox holds records, plus its window ledger.
-
-    ``current`` is the record whose window is open (``None`` when none is);
-    ``window_seqs`` counts seqs bound to it and not yet confirmed.
-
-    ``ledger`` holds one slot per seq this subscriber bound and has not had
-    confirmed yet, in seq order: ``ledger[i]`` is the record of seq
-    ``ledger_base + i``, or ``None`` once confirmed (a subscriber's seqs are
-    consecutive, and the seqs of one window contiguous). A record it moved
-    past while still in the ledger is *owed*: it resolves as acked when its
-    last slot is confirmed. Leading ``None`` slots are trimmed at once, so
-    ``ledger_base + len(ledger) == next_seq`` always holds.
-    """
-
-    __slots__ = (
-        "bind_index", "book", "bound_record", "current", "departed", "fences", "interrupt",
-        "ledger", "ledger_base", "next_seq", "on_interrupt", "window_seqs",
-    )
-
-    def __init__(
-        self, trigger_id: Hashable, book: ResolutionBook, *, durable: bool = False
-    ) -> None:
-        super().__init__(trigger_id, durable=durable)
-        self.book = book
-        self.inbox: deque[EventRecord]  # narrowed: an ack inbox holds records only
-        self.current: EventRecord | None = None
-        self.window_seqs = 0
-        self.ledger: deque[EventRecord | None] = deque()
-        self.ledger_base = 0
-        self.departed = False
-        self.bound_record: EventRecord | None = None  # the window the last bind went to
-        self.bind_index = 0  # that bind's index among the binds of its window
-        self.next_seq = 0  # set by SeqRouter.enroll: slot << SLOT_SHIFT
-        # Durable members only: an error for the attempt now consuming (its filter hung on
-        # a record past the ack timeout), raised at its next pull, and who to tell at once.
-        self.interrupt: BaseException | None = None
-        self.on_interrupt: Callable[[BaseException], None] | None = None
-        # Durable members only: lane -> the record that failed for it there, until that
-        # record is advanced; the lane's later records fail for it (see _fence).
-        self.fences: dict[Hashable, EventRecord] | None = None
-
-    def owes(self, record: EventRecord) -> bool:
-        """Whether ``record`` is still pending for this subscriber."""
-        if record is self.current or record in self.ledger:
-            return True
-        inbox = self.inbox
-        if not inbox or inbox[0].position > record.position:
-            return False
-        # A prefiltered subscriber's inbox has gaps: look the record up (rare path).
-        return self.accept is None or record in inbox
-
-
-class SeqRouter:
-    """Gives each ack-mode subscriber a slot and routes seqs back to it.
-
-    One router per manager, shared by its groups, so seqs are unique per
-    manager. A subscriber stays enrolled while a confirmation can still
-    matter to it; afterwards its seqs route nowhere and are ignored.
-    """
-
-    def __init__(self) -> None:
-        self._slots: dict[int, AckSubscriber] = {}
-        self._next_slot = itertools.count(1)
-
-    def enroll(self, sub: AckSubscriber) -> None:
-        """Give ``sub`` a fresh slot; its seqs start at ``slot << SLOT_SHIFT``."""
-        slot = next(self._next_slot)
-        sub.next_seq = sub.ledger_base = slot << SLOT_SHIFT
-        self._slots[slot] = sub
-
-    def withdraw(self, sub: AckSubscriber) -> None:
-        """Stop routing ``sub``'s seqs. Idempotent."""
-        slot = sub.next_seq >> SLOT_SHIFT
-        if self._slots.get(slot) is sub:
-            del self._slots[slot]
-
-    def route(self, seq: int) -> AckSubscriber | None:
-        """The enrolled subscriber that bound ``seq``, if any."""
-        return self._slots.get(seq >> SLOT_SHIFT)
-
-    def confirm(self, seqs: Iterable[int]) -> None:
-        """The trigger events behind ``seqs`` are stored: confirm each in its subscriber's book.
-
-        Seqs are unique per manager, so a confirmation goes straight to the
-        book of the subscriber that bound it (one lookup by slot), whatever
-        group that is. Unknown seqs (already confirmed, or whose subscriber
-        failed, left for good or whose group ended) are ignored.
-        """
-        slots = self._slots
-        for seq in seqs:
-            sub = slots.get(seq >> SLOT_SHIFT)
-            if sub is not None:
-                sub.book.confirm(sub, seq)
-
-    def refuse(self, seq: int, reason: str) -> None:
-        """The store refused the event behind ``seq`` for good: :meth:`ResolutionBook.refuse`."""
-        sub = self._slots.get(seq >> SLOT_SHIFT)
-        if sub is not None:
-            sub.book.refuse(sub, seq, reason)
-
-    def unconfirmed(self) -> set[int]:
-        """Every seq still awaiting confirmation (for tests and diagnostics)."""
-        return {
-            sub.ledger_base + i
-            for sub in self._slots.values()
-            for i, record in enumerate(sub.ledger)
-            if record is not None
-        }
+"""Builds :class:`AdvanceItem` without its Python-level ``__new__`` (hot path)."""
 
 
 class ResolutionBook:
@@ -271,9 +118,11 @@ class ResolutionBook:
         self.subscribers: dict[Hashable, AckSubscriber] = {}
         self.lanes: dict[Hashable, deque[EventRecord]] = {}
         self.ready: dict[Hashable, None] = {}  # insertion-ordered set of ready lanes
-        self._timeline: deque[EventRecord] = deque()
-        self._departed: set[AckSubscriber] = set()
-        self._fenced: set[AckSubscriber] = set()
+        self._failures = failures = Failures(self)
+        # The containers the failure paths walk, aliased: the hot path uses them directly.
+        self._timeline = failures.timeline
+        self._departed = failures.departed
+        self._fenced = failures.fenced
         self._positions = itertools.count()
         self._clean_outcomes: dict[int, AdvanceOutcome] = {}
 
@@ -312,7 +161,7 @@ class ResolutionBook:
         sub.departed = True
         if sub.error is None:
             for record in sub.inbox:
-                self._resolve_failed(record, unseen=True)
+                self.resolve_failed(record, unseen=True)
             sub.inbox.clear()
             self.next_record(sub)  # with an empty inbox this only closes the window
         if sub.ledger:
@@ -347,8 +196,8 @@ class ResolutionBook:
         self._timeline.append(record)
         overflowed: list[AckSubscriber] | None = fanout.broadcast(record, raw)  # type: ignore[assignment]
         skipped = fanout.skipped
-        fenced = self._apply_fences(record) if self._fenced else 0
-        if skipped or fenced:  # declined by prefilters, or fenced off (see _fence)
+        fenced = self._failures.apply_fences(record) if self._fenced else 0
+        if skipped or fenced:  # declined by prefilters, or fenced off (see Failures.fence)
             record.acked += skipped
             record.failed += fenced
             record.unseen += fenced
@@ -357,7 +206,7 @@ class ResolutionBook:
                 self.record_resolved(record)
         if overflowed is not None:
             for sub in overflowed:
-                self._resolve_failed(record, unseen=True)
+                self.resolve_failed(record, unseen=True)
                 self.fail(sub, overflow_error(self.key, sub.trigger_id, fanout.capacity))
         return overflowed
 
@@ -393,7 +242,7 @@ class ResolutionBook:
         Each step is :meth:`next_record`: it closes the open window, then
         yields the record whose window it opened, or ``None`` when the inbox
         is empty (the caller waits for the fan-out and steps again). A
-        durable subscriber's pending interrupt (see :meth:`_expire_durable`)
+        durable subscriber's pending interrupt (see :meth:`Failures.expire`)
         is raised by the first step that finds no window open, and ends the
         generator. :func:`sharedstream.engine.stream.ack_stream` iterates it,
         one generator per attempt; steps may interleave with any other
@@ -473,10 +322,10 @@ class ResolutionBook:
             return
         # Where the confirmed slot sits now (negative when trimmed off the front).
         at = seq - sub.ledger_base
-        if at < 0:  # the usual in-order confirmation: _still_owed's forward scan, inlined
+        if at < 0:  # the usual in-order confirmation: still_owed's forward scan, inlined
             if ledger and ledger[0] is record:
                 return
-        elif _still_owed(ledger, at, record):
+        elif still_owed(ledger, at, record):
             return
         record.acked += 1
         record.pending -= 1
@@ -499,7 +348,7 @@ class ResolutionBook:
             return False
         sub.current = None
         if sub.window_seqs:
-            self._forget_seqs(sub, record)
+            sub.forget_seqs(record)
             sub.window_seqs = 0
         self._resolve_rejected(record, sub, reason)
         return True
@@ -521,7 +370,7 @@ class ResolutionBook:
         if record is sub.current:
             self.reject(sub, reason)
             return
-        self._forget_seqs(sub, record)
+        sub.forget_seqs(record)
         self._resolve_rejected(record, sub, reason)
         if sub.departed and not sub.ledger:
             self._departed.discard(sub)
@@ -532,7 +381,7 @@ class ResolutionBook:
     ) -> None:
         """Who to tell, synchronously, when the ack timeout interrupts durable ``sub``'s attempt.
 
-        Called from :meth:`_expire_durable` (in the watchdog's task) with the
+        Called from :meth:`expire` (in the watchdog's task) with the
         :class:`AckTimeout`; ``None`` tells nobody (the error is still raised
         at the attempt's next pull).
         """
@@ -546,21 +395,12 @@ class ResolutionBook:
         dropped. Everything else stays owed by ``sub``: records it moved past
         resolve as their events are confirmed, records in its inbox wait for
         its next attempt, and it stays in the snapshot of later broadcasts -
-        so nothing is resolved as done for it while it is away. No-op for a
-        subscriber that already failed for good or whose group ended.
+        so nothing is resolved as done for it while it is away; the rest of
+        that record's lane is fenced off for it until the record is advanced
+        (see :meth:`Failures.fence`). No-op for a subscriber that
+        already failed for good or whose group ended.
         """
-        if sub.error is not None:
-            return
-        sub.interrupt = None
-        record = sub.current
-        if record is None:
-            return
-        sub.current = None
-        if sub.window_seqs:
-            self._forget_seqs(sub, record)
-            sub.window_seqs = 0
-        self._fence(sub, record)
-        self._resolve_failed(record, verdict=_failure(sub, error))
+        self._failures.fail_attempt(sub, error)
 
     def fail(self, sub: AckSubscriber, error: BaseException) -> None:
         """Force-fail one subscriber: every record it owes resolves as failed.
@@ -568,26 +408,7 @@ class ResolutionBook:
         It leaves the live set (excluded from later snapshots) and ``error``
         becomes the next thing its iterator raises. Idempotent.
         """
-        if sub.error is not None:
-            return
-        self.fanout.drop(sub)
-        self._fenced.discard(sub)
-        for record in sub.inbox:
-            self._resolve_failed(record, unseen=True)
-        current = sub.current
-        if current is not None:
-            sub.current = None
-            sub.window_seqs = 0
-            self._resolve_failed(current)
-        # Records it moved past and still owes, each once (the open window's
-        # record, resolved above, has slots here too).
-        for owed in dict.fromkeys(sub.ledger):
-            if owed is not None and owed is not current:
-                self._resolve_failed(owed)
-        self._forget_seqs(sub, None)
-        self._departed.discard(sub)
-        self.router.withdraw(sub)
-        sub.set_error(error)
+        self._failures.fail(sub, error)
 
     # -- ack timeout -----------------------------------------------------------
 
@@ -616,59 +437,11 @@ class ResolutionBook:
 
         The boundary is inclusive. A plain subscriber is force-failed with
         :class:`AckTimeout` (everything it owes fails). A durable one fails
-        only the overdue record (see :meth:`_expire_durable`) and stays.
+        only the overdue record (see :meth:`Failures.expire`) and stays.
         Returns the ``(subscriber, record)`` pairs that timed out, for
         logging. Looks only at the oldest records.
         """
-        expired: list[tuple[AckSubscriber, EventRecord]] = []
-        timeline = self._timeline
-        while True:
-            deadline = self.next_deadline()
-            if deadline is None or deadline > now:
-                return expired
-            record = timeline[0]
-            candidates = itertools.chain(list(self.subscribers.values()), list(self._departed))
-            for sub in candidates:
-                if sub.error is None and sub.owes(record):
-                    expired.append((sub, record))
-                    error = AckTimeout(
-                        f"shared stream {self.key!r}: trigger {sub.trigger_id!r} did not "
-                        f"resolve event #{record.position} within {self.ack_timeout}s "
-                        "(its filter was still on the event, or trigger events it "
-                        "derived were not confirmed persisted)"
-                    )
-                    if sub.durable and not sub.departed:
-                        self._expire_durable(sub, record, error)
-                    else:
-                        self.fail(sub, error)
-            if record.pending:  # pragma: no cover - would be a bookkeeping bug
-                raise AssertionError(f"{record!r} still pending after its subscribers timed out")
-
-    def _expire_durable(self, sub: AckSubscriber, record: EventRecord, error: AckTimeout) -> None:
-        """``record`` timed out for durable ``sub``: it fails for ``sub``, which stays a member.
-
-        * Its filter is still on it (hung): a failure of its own; the attempt
-          is interrupted (``on_interrupt``, then raised at its next pull).
-        * It moved past it but the events it derived were not confirmed (the
-          store is slow): an unseen failure; those seqs are dropped.
-        * It never pulled it (behind, or away): an unseen failure; the record
-          leaves its inbox.
-
-        Either way the broker redelivers the record, and the redelivery
-        reaches ``sub`` because it is still in the snapshot.
-        """
-        if record is sub.current:
-            self.fail_attempt(sub, error)
-            sub.interrupt = error  # its filter is not in our iterator: it hangs elsewhere
-            if sub.on_interrupt is not None:
-                sub.on_interrupt(error)
-            return
-        if record in sub.ledger:  # it saw the record: a redelivery repeats it, in order
-            self._forget_seqs(sub, record)
-        else:
-            sub.inbox.remove(record)
-            self._fence(sub, record)
-        self._resolve_failed(record, unseen=True)
+        return self._failures.expire(now)
 
     # -- advancing -------------------------------------------------------------
 
@@ -687,7 +460,7 @@ class ResolutionBook:
         while lane_queue and not lane_queue[0].pending:
             record = lane_queue.popleft()
             if fenced:
-                self._unfence(record)
+                self._failures.lift(record)
             if record.failed or record.rejected or not record.acked:
                 outcome = record.outcome()
             else:  # the common case: one shared immutable outcome per snapshot size
@@ -725,7 +498,7 @@ class ResolutionBook:
         not keep them.
         """
         for sub in itertools.chain(self.subscribers.values(), self._departed):
-            self._forget_seqs(sub, None)
+            sub.forget_seqs(None)
             self.router.withdraw(sub)
             sub.current = None
             sub.window_seqs = 0
@@ -735,65 +508,21 @@ class ResolutionBook:
         self._fenced.clear()
         self._timeline.clear()
 
-    # -- lane fences (durable members) ------------------------------------------------
-
-    def _fence(self, sub: AckSubscriber, record: EventRecord) -> None:
-        """``record`` fails for durable ``sub``: keep the rest of its lane from ``sub`` for now.
-
-        The broker redelivers ``record``; the lane's later records must not
-        reach ``sub`` before that, or it would see the lane out of order.
-        So those queued for it fail for it at once (unseen), and so do those
-        broadcast until ``record`` is taken for advancing - the producer
-        then rewinds the lane (or holds it), and what it delivers next comes
-        in order again. Every other member is unaffected.
-        """
-        lane = record.lane
-        inbox = sub.inbox
-        if any(queued.lane == lane for queued in inbox):
-            kept = [queued for queued in inbox if queued.lane != lane]
-            dropped = [queued for queued in inbox if queued.lane == lane]
-            inbox.clear()  # in place: the fan-out holds this very deque
-            inbox.extend(kept)
-            for queued in dropped:
-                self._resolve_failed(queued, unseen=True)
-            self.fanout.relieve(sub)
-        if sub.fences is None:
-            sub.fences = {}
-        sub.fences[lane] = record
-        self._fenced.add(sub)
-
-    def _apply_fences(self, record: EventRecord) -> int:
-        """Take ``record`` back from members whose fence covers its lane; how many."""
-        lane = record.lane
-        fenced = 0
-        for sub in self._fenced:
-            inbox = sub.inbox
-            if sub.fences and lane in sub.fences and inbox and inbox[-1] is record:
-                inbox.pop()
-                fenced += 1
-        return fenced
-
-    def _unfence(self, record: EventRecord) -> None:
-        """``record`` is being advanced: lift the fences it put up."""
-        for sub in list(self._fenced):
-            fences = sub.fences
-            if fences is not None and fences.get(record.lane) is record:
-                del fences[record.lane]
-                if not fences:
-                    sub.fences = None
-                    self._fenced.discard(sub)
-
     # -- internals ---------------------------------------------------------------
 
-    def _resolve_failed(
+    def resolve_failed(
         self, record: EventRecord, *, unseen: bool = False, verdict: Verdict | None = None
     ) -> None:
-        """One subscriber failed on ``record``; ``unseen``: it never pulled it."""
+        """One subscriber failed on ``record``; ``unseen``: it never pulled it.
+
+        ``verdict`` names the failure in the record's outcome. Marks the lane
+        ready when this was the last pending subscriber of its head record.
+        """
         record.failed += 1
         if unseen:
             record.unseen += 1
         if verdict is not None:
-            _add_verdict(record, verdict)
+            add_verdict(record, verdict)
         record.pending -= 1
         if not record.pending:
             self.record_resolved(record)
@@ -802,7 +531,7 @@ class ResolutionBook:
         self, record: EventRecord, sub: AckSubscriber, reason: str | None
     ) -> None:
         record.rejected += 1
-        _add_verdict(record, Verdict(sub.trigger_id, "rejected", reason or "rejected by a filter"))
+        add_verdict(record, Verdict(sub.trigger_id, "rejected", reason or "rejected by a filter"))
         record.pending -= 1
         if not record.pending:
             self.record_resolved(record)
@@ -820,20 +549,6 @@ class ResolutionBook:
             self.ready[record.lane] = None
             self.on_ready()
 
-    def _forget_seqs(self, sub: AckSubscriber, record: EventRecord | None) -> None:
-        """Drop ``sub``'s unconfirmed seqs (only those bound to ``record`` unless ``None``)."""
-        ledger = sub.ledger
-        if record is None:
-            ledger.clear()
-            sub.ledger_base = sub.next_seq
-            return
-        for index, bound in enumerate(ledger):
-            if bound is record:
-                ledger[index] = None
-        while ledger and ledger[0] is None:
-            ledger.popleft()
-            sub.ledger_base += 1
-
 
 def overflow_error(key: Hashable, trigger_id: Hashable, capacity: int) -> SubscriberOverflow:
     """The error a subscriber gets when its inbox was full at fan-out."""
@@ -843,44 +558,5 @@ def overflow_error(key: Hashable, trigger_id: Hashable, capacity: int) -> Subscr
     )
 
 
-def _still_owed(ledger: deque[EventRecord | None], index: int, record: EventRecord) -> bool:
-    """Whether ``record`` has another unconfirmed slot around position ``index``.
-
-    A record's slots are contiguous; confirmed slots (``None``) may sit
-    among them, so the scan crosses ``None`` and stops at another record.
-    ``index`` is negative when the confirmed slot was trimmed off the front
-    together with confirmed slots right after it: the forward scan then
-    starts at the new front.
-    """
-    for step in (-1, 1):
-        at = index - 1 if step < 0 else max(index + 1, 0)
-        while 0 <= at < len(ledger):
-            bound = ledger[at]
-            if bound is record:
-                return True
-            if bound is not None:
-                break
-            at += step
-    return False
-
-
 def _nothing() -> None:
     """Default ``on_ready``: nobody to wake."""
-
-
-def _add_verdict(record: EventRecord, verdict: Verdict) -> None:
-    if record.verdicts is None:
-        record.verdicts = [verdict]
-    else:
-        record.verdicts.append(verdict)
-
-
-def _failure(sub: AckSubscriber, error: BaseException) -> Verdict:
-    """The verdict of ``sub`` failing on a record with ``error``."""
-    return Verdict(sub.trigger_id, "failed", _describe(error))
-
-
-def _describe(error: BaseException) -> str:
-    """``"RuntimeError: boom"`` on one line, at most 500 characters."""
-    text = f"{type(error).__name__}: {error}".replace("\n", " ")
-    return text if len(text) <= 500 else text[:497] + "..."

@@ -19,8 +19,9 @@ from collections.abc import AsyncGenerator
 from contextvars import ContextVar
 from typing import Any
 
+from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.fanout import FanOut, Subscriber
-from sharedstream.engine.resolution import AckSubscriber, ResolutionBook
+from sharedstream.engine.resolution import ResolutionBook
 
 __all__ = ["ack_stream", "fast_stream", "reject_shared_stream_event"]
 

@@ -7,8 +7,9 @@ from collections.abc import Hashable
 import pytest
 
 from sharedstream import AckTimeout, AdvanceOutcome, SubscriberOverflow
+from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.fanout import FanOut
-from sharedstream.engine.resolution import AckSubscriber, ResolutionBook
+from sharedstream.engine.resolution import ResolutionBook
 
 
 def make_book(capacity: int = 8, ack_timeout: float = 10.0) -> ResolutionBook:

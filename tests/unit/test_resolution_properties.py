@@ -31,8 +31,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sharedstream import AdvanceItem, AdvanceOutcome
+from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.fanout import PASS_ALL, FanOut, KeyedPrefilter
-from sharedstream.engine.resolution import AckSubscriber, EventRecord, ResolutionBook
+from sharedstream.engine.records import EventRecord
+from sharedstream.engine.resolution import ResolutionBook
 from sharedstream.engine.stream import ack_stream
 
 CAPACITY = 3

@@ -1,0 +1,207 @@
+"""The failure paths of a resolution book: forced failures, the ack timeout, durable members.
+
+:class:`Failures` is the part of a group's
+:class:`~sharedstream.engine.resolution.ResolutionBook` that resolves records
+as *failed* when something went wrong, rather than as a subscriber's own
+doing:
+
+* a subscriber is **force-failed** (queue overflow, ack timeout): every
+  record it owes fails and it leaves the live set for good;
+* the **ack timeout** walks the book's timeline (records in fan-out order)
+  and times out whoever still owes its oldest records - live subscribers
+  and those that left with seqs unconfirmed (``departed``);
+* a **durable member** (a trigger the runner restarts in place, see
+  :mod:`sharedstream.engine.membership`) stays in the snapshot when an
+  attempt of its filter fails or hangs: only the record the attempt was on
+  fails for it (the broker redelivers it, and the redelivery reaches the
+  member), and a *fence* keeps the rest of that record's lane from the
+  member until the record is taken for advancing, so the member never sees
+  a lane out of order. Every other member is unaffected.
+
+Invariants: a member is in :attr:`Failures.fenced` exactly while its
+``fences`` map is not empty, and a fence is lifted by the advance of the
+record that put it up (:meth:`Failures.lift`) or dropped with the member;
+a subscriber in :attr:`Failures.departed` has left and still has unconfirmed
+seqs; the timeline holds records in creation order, so the ack timeout only
+looks at its front.
+
+Ownership: one of the resolution modules listed in
+:mod:`sharedstream.engine.resolution`, the only modules that change
+resolution state. Only its book calls it, on the event loop; records resolve
+through the book's ``resolve_failed``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import TYPE_CHECKING
+
+from sharedstream.engine.errors import AckTimeout
+from sharedstream.engine.records import failure_verdict
+
+if TYPE_CHECKING:
+    from sharedstream.engine.ack_subscriber import AckSubscriber
+    from sharedstream.engine.records import EventRecord
+    from sharedstream.engine.resolution import ResolutionBook
+
+__all__ = ["Failures"]
+
+
+class Failures:
+    """The failure paths of one book, and the containers only they walk.
+
+    ``timeline`` holds the book's unresolved records in fan-out order (the
+    book appends on broadcast and trims resolved ones off its front);
+    ``departed`` the subscribers that left with seqs unconfirmed; ``fenced``
+    the durable members with a fence up. The book keeps aliases of these
+    three and tests ``fenced`` on every broadcast and advance (an empty set
+    costs one truth test).
+    """
+
+    __slots__ = ("book", "departed", "fenced", "timeline")
+
+    def __init__(self, book: ResolutionBook) -> None:
+        self.book = book
+        self.timeline: deque[EventRecord] = deque()
+        self.departed: set[AckSubscriber] = set()
+        self.fenced: set[AckSubscriber] = set()
+
+    def fail(self, sub: AckSubscriber, error: BaseException) -> None:
+        """The work of :meth:`ResolutionBook.fail` (see its contract)."""
+        if sub.error is not None:
+            return
+        book = self.book
+        book.fanout.drop(sub)
+        self.fenced.discard(sub)
+        for record in sub.inbox:
+            book.resolve_failed(record, unseen=True)
+        current = sub.current
+        if current is not None:
+            sub.current = None
+            sub.window_seqs = 0
+            book.resolve_failed(current)
+        # Records it moved past and still owes, each once (the open window's
+        # record, resolved above, has slots here too).
+        for owed in dict.fromkeys(sub.ledger):
+            if owed is not None and owed is not current:
+                book.resolve_failed(owed)
+        sub.forget_seqs(None)
+        self.departed.discard(sub)
+        book.router.withdraw(sub)
+        sub.set_error(error)
+
+    def expire(self, now: float) -> list[tuple[AckSubscriber, EventRecord]]:
+        """The work of :meth:`ResolutionBook.expire` (see its contract)."""
+        book = self.book
+        expired: list[tuple[AckSubscriber, EventRecord]] = []
+        timeline = self.timeline
+        while True:
+            deadline = book.next_deadline()
+            if deadline is None or deadline > now:
+                return expired
+            record = timeline[0]
+            candidates = itertools.chain(list(book.subscribers.values()), list(self.departed))
+            for sub in candidates:
+                if sub.error is None and sub.owes(record):
+                    expired.append((sub, record))
+                    error = AckTimeout(
+                        f"shared stream {book.key!r}: trigger {sub.trigger_id!r} did not "
+                        f"resolve event #{record.position} within {book.ack_timeout}s "
+                        "(its filter was still on the event, or trigger events it "
+                        "derived were not confirmed persisted)"
+                    )
+                    if sub.durable and not sub.departed:
+                        self._expire_durable(sub, record, error)
+                    else:
+                        self.fail(sub, error)
+            if record.pending:  # pragma: no cover - would be a bookkeeping bug
+                raise AssertionError(f"{record!r} still pending after its subscribers timed out")
+
+    def fail_attempt(self, sub: AckSubscriber, error: BaseException) -> None:
+        """The work of :meth:`ResolutionBook.fail_attempt` (see its contract)."""
+        if sub.error is not None:
+            return
+        sub.interrupt = None
+        record = sub.current
+        if record is None:
+            return
+        sub.current = None
+        if sub.window_seqs:
+            sub.forget_seqs(record)
+            sub.window_seqs = 0
+        self.fence(sub, record)
+        self.book.resolve_failed(record, verdict=failure_verdict(sub.trigger_id, error))
+
+    def _expire_durable(self, sub: AckSubscriber, record: EventRecord, error: AckTimeout) -> None:
+        """``record`` timed out for durable ``sub``: it fails for ``sub``, which stays a member.
+
+        * Its filter is still on it (hung): a failure of its own; the attempt
+          is interrupted (``on_interrupt``, then raised at its next pull).
+        * It moved past it but the events it derived were not confirmed (the
+          store is slow): an unseen failure; those seqs are dropped.
+        * It never pulled it (behind, or away): an unseen failure; the record
+          leaves its inbox.
+
+        Either way the broker redelivers the record, and the redelivery
+        reaches ``sub`` because it is still in the snapshot.
+        """
+        if record is sub.current:
+            self.fail_attempt(sub, error)
+            sub.interrupt = error  # its filter is not in our iterator: it hangs elsewhere
+            if sub.on_interrupt is not None:
+                sub.on_interrupt(error)
+            return
+        if record in sub.ledger:  # it saw the record: a redelivery repeats it, in order
+            sub.forget_seqs(record)
+        else:
+            sub.inbox.remove(record)
+            self.fence(sub, record)
+        self.book.resolve_failed(record, unseen=True)
+
+    def fence(self, sub: AckSubscriber, record: EventRecord) -> None:
+        """``record`` fails for durable ``sub``: keep the rest of its lane from ``sub`` for now.
+
+        The broker redelivers ``record``; the lane's later records must not
+        reach ``sub`` before that, or it would see the lane out of order.
+        So those queued for it fail for it at once (unseen), and so do those
+        broadcast until ``record`` is taken for advancing - the producer
+        then rewinds the lane (or holds it), and what it delivers next comes
+        in order again. Every other member is unaffected.
+        """
+        lane = record.lane
+        inbox = sub.inbox
+        if any(queued.lane == lane for queued in inbox):
+            kept = [queued for queued in inbox if queued.lane != lane]
+            dropped = [queued for queued in inbox if queued.lane == lane]
+            inbox.clear()  # in place: the fan-out holds this very deque
+            inbox.extend(kept)
+            book = self.book
+            for queued in dropped:
+                book.resolve_failed(queued, unseen=True)
+            book.fanout.relieve(sub)
+        if sub.fences is None:
+            sub.fences = {}
+        sub.fences[lane] = record
+        self.fenced.add(sub)
+
+    def apply_fences(self, record: EventRecord) -> int:
+        """Take ``record``, just broadcast, back from members fenced on its lane; how many."""
+        lane = record.lane
+        fenced = 0
+        for sub in self.fenced:
+            inbox = sub.inbox
+            if sub.fences and lane in sub.fences and inbox and inbox[-1] is record:
+                inbox.pop()
+                fenced += 1
+        return fenced
+
+    def lift(self, record: EventRecord) -> None:
+        """``record`` is being advanced: lift the fences it put up."""
+        for sub in list(self.fenced):
+            fences = sub.fences
+            if fences is not None and fences.get(record.lane) is record:
+                del fences[record.lane]
+                if not fences:
+                    sub.fences = None
+                    self.fenced.discard(sub)
