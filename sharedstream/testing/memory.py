@@ -1,11 +1,16 @@
-"""An in-memory broker, and the reference producer and trigger of a broker module built on it.
+"""An in-memory broker, and a broker module for it built on the broker kit: the worked example.
 
 Terms. A :class:`MemoryBroker` holds *streams* (a topic, a queue), each made
 of *lanes* (a partition, a FIFO message group): append-only lists of
 :class:`MemoryRecord`, numbered from offset 0. A stream's dead-letter
 destination is another stream. Brokers are found by name
 (:meth:`MemoryBroker.named`), because a trigger is rebuilt from its kwargs
-and can only carry names.
+and can only carry names. The broker stands in for a real broker's SDK: the
+producer and the trigger below use it the way a broker module uses its
+client, and hold only what is specific to it. Everything else is the kit's
+(:mod:`sharedstream.brokerkit`): the filter, decoding and ``match``
+(``BrokerTrigger``), the error hierarchy, the in-flight limit, the
+redelivery rule, the dead-letter desk, the lease keeper and source claims.
 
 The producer acknowledges in one of two modes, picked per trigger (``acks``):
 
@@ -13,21 +18,28 @@ The producer acknowledges in one of two modes, picked per trigger (``acks``):
   producer commits the contiguous resolved prefix; at a failed record it
   holds the lane's *floor* and rewinds the lane to it, so the record comes
   again in this session; a new producer starts at the committed offsets.
-* ``"per-message"`` (the SQS way): each record is deleted on its own; a
-  failed record becomes visible again at once; records a closing producer
-  still held become visible again. Order is not kept across redeliveries.
+* ``"per-message"`` (the SQS way): a record is received under a *lease*
+  (``lease`` seconds, renewed by the kit's ``LeaseKeeper`` while it is
+  outstanding) and deleted on its own; a failed record is released (visible
+  again at once), a lapsed lease makes it visible again, and a closing
+  producer releases what it still held. Order is not kept across redeliveries.
 
 Invariants:
 
 1. Nothing is committed or deleted before the engine advanced it, clean or
-   rejected; a rejected record is dead-lettered first.
+   rejected; a rejected record is dead-lettered first (to the ``dead_letter``
+   stream, else through the engine's fallback, else discarded and counted).
 2. A record the subscribers' filters failed on (``failed > unseen``) more
    than ``max_redeliveries`` times is dead-lettered with the reason
    ``max_redeliveries``, then settled. Collateral failures (``unseen``) and
    records nobody was subscribed to are redelivered without counting.
 3. Bounded: at most ``max_in_flight`` records are yielded and not yet
    advanced; a failing record is retried after a pause that doubles up to
-   0.2 s; every wait for new records lasts at most ``poll_timeout``.
+   0.2 s; every wait for new records lasts at most ``poll_timeout``; failure
+   counts are kept for at most 4096 records.
+4. One stream of one broker is consumed in a process with one set of
+   settings at a time: a second producer with other settings is refused
+   when it opens (the two would split or skip each other's records).
 
 Everything runs on one event loop; nothing here is thread-safe.
 """
@@ -36,32 +48,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import logging
-from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
+import math
+import time
+from collections.abc import AsyncGenerator, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from sharedstream.engine.errors import SharedStreamError
-from sharedstream.engine.events import TriggerEvent
-from sharedstream.engine.producer import (
-    AdvanceItem,
-    AdvanceOutcome,
-    SharedStreamProducer,
-    Verdict,
-    verdict_detail,
-    verdict_triggers,
+from sharedstream.brokerkit.codecs import AS_HELD, JSON, MSGPACK, UTF8, DecodeCache, PayloadFormat
+from sharedstream.brokerkit.deadletters import (
+    ANNOTATION_DETAIL,
+    ANNOTATION_REASON,
+    ANNOTATION_TRIGGERS,
+    REASON_MAX_REDELIVERIES,
+    REASON_REJECTED,
+    DeadLetterDesk,
+    dead_letter_annotations,
 )
-from sharedstream.engine.producer import DeadLetter as FallbackLetter
-from sharedstream.engine.trigger import BaseEventTrigger
+from sharedstream.brokerkit.errors import BrokerConfigError, BrokerError
+from sharedstream.brokerkit.fingerprints import SourceClaims, fingerprint
+from sharedstream.brokerkit.inflight import InFlightLimit
+from sharedstream.brokerkit.lease import LeaseKeeper
+from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.trigger import BrokerTrigger
+from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer, Verdict
 
 __all__ = [
     "ACK_MODES",
+    "HEADER_DETAIL",
     "HEADER_REASON",
     "HEADER_SOURCE",
     "HEADER_TRIGGERS",
+    "PAYLOAD_FORMATS",
+    "Delivery",
     "MemoryBroker",
     "MemoryConfigError",
+    "MemoryProducerError",
     "MemoryRecord",
     "MemorySettings",
     "MemorySharedStreamProducer",
@@ -72,34 +96,64 @@ log = logging.getLogger(__name__)
 
 ACK_MODES = ("cumulative", "per-message")
 HEADER_SOURCE = "sharedstream.source"
-HEADER_REASON = "sharedstream.reason"
-HEADER_TRIGGERS = "sharedstream.triggers"
-HEADER_DETAIL = "sharedstream.detail"
-REASON_REJECTED = "rejected"
-REASON_MAX_REDELIVERIES = "max_redeliveries"
+"""The dead-letter header naming the record a letter came from (``stream/lane/offset``)."""
+HEADER_REASON, HEADER_TRIGGERS, HEADER_DETAIL = (
+    ANNOTATION_REASON, ANNOTATION_TRIGGERS, ANNOTATION_DETAIL)
+_MAX_TALLIES = 4096
 
 
-class MemoryConfigError(SharedStreamError, ValueError):
-    """A memory trigger's settings are unusable (an unknown mode, a lossy setting)."""
+class MemoryProducerError(BrokerError):
+    """Base class of what the memory producer raises."""
 
 
-# -- the broker -----------------------------------------------------------------------------
+class MemoryConfigError(MemoryProducerError, BrokerConfigError):
+    """A memory trigger's settings are unusable (an unknown mode, a lossy setting, a clash)."""
 
 
-@dataclass(frozen=True)
-class MemoryRecord:
-    """One message: where it is, its value and headers. The raw event the filters receive."""
+# -- the broker (what a real broker module gets from its SDK) ------------------------------
 
-    stream: str
-    lane: str
-    offset: int
-    value: bytes | None
-    headers: Mapping[str, str] = field(default_factory=dict)
+
+class MemoryRecord(DecodeCache):
+    """One message: where it is, its value and headers. The raw event the filters receive.
+
+    A :class:`~sharedstream.brokerkit.codecs.DecodeCache`: each payload
+    format decodes the value once for every trigger of the stream.
+    """
+
+    __slots__ = ("headers", "lane", "offset", "stream", "value")
+
+    def __init__(self, stream: str, lane: str, offset: int, value: bytes | None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.stream, self.lane, self.offset, self.value = stream, lane, offset, value
+        self.headers: dict[str, str] = dict(headers or {})
 
     @property
     def name(self) -> str:
         """``stream/lane/offset``: the same for every delivery of the record."""
         return f"{self.stream}/{self.lane}/{self.offset}"
+
+    def raw_bytes(self) -> bytes | None:
+        """The value, for the payload formats that decode it."""
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"MemoryRecord({self.name}, {self.value!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of a record: the producer's broker payload, and a lease's handle.
+
+    ``receipt`` is the record's receive count at this delivery (per-message
+    mode; 0 in cumulative mode): renewing or releasing with a stale receipt
+    does nothing, as with an SQS receipt handle. ``expires_at`` is when the
+    lease first expires (on the broker's clock; renewals move it on).
+    """
+
+    record: MemoryRecord
+    receipt: int = 0
+    expires_at: float = math.inf
 
 
 @dataclass
@@ -108,22 +162,29 @@ class _StreamState:
     committed: dict[str, int] = field(default_factory=dict)  # cumulative mode
     deleted: set[tuple[str, int]] = field(default_factory=set)  # per-message mode
     visible: list[tuple[int, str]] = field(default_factory=list)  # heap of (offset, lane)
-    hidden: set[tuple[str, int]] = field(default_factory=set)  # received, not yet settled
+    leased: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
+    """Received, not settled: (lane, offset) -> (receipt, expiry)."""
+    expiries: list[tuple[float, str, int, int]] = field(default_factory=list)
+    """Heap of (expiry, lane, offset, receipt); stale entries are skipped."""
+    receives: dict[tuple[str, int], int] = field(default_factory=dict)
     consumers: int = 0
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 class MemoryBroker:
-    """Streams of lanes of records, with committed offsets, deletions and dead letters.
+    """Streams of lanes of records, with committed offsets, leases, deletions and dead letters.
 
-    Every call is synchronous and O(log n) or better, except
-    :meth:`wait_for_records`. Streams come into being on first use.
+    Every call is synchronous and O(log n) amortized, except
+    :meth:`wait_for_records`. Streams come into being on first use. Leases
+    run on ``clock`` (``time.monotonic``, the event loop's clock, by default).
     """
 
     _registry: ClassVar[dict[str, MemoryBroker]] = {}
 
-    def __init__(self, name: str = "default") -> None:
+    def __init__(self, name: str = "default", *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
+        self.clock = clock
         self._streams: dict[str, _StreamState] = {}
 
     @classmethod
@@ -155,7 +216,7 @@ class MemoryBroker:
         state.committed.setdefault(lane, 0)
         added = []
         for value in values:
-            record = MemoryRecord(stream, lane, len(records), value, dict(headers or {}))
+            record = MemoryRecord(stream, lane, len(records), value, headers)
             records.append(record)
             heapq.heappush(state.visible, (record.offset, lane))
             added.append(record)
@@ -170,8 +231,10 @@ class MemoryBroker:
         """The lanes of ``stream``, sorted."""
         return sorted(self._stream(stream).lanes)
 
+    # cumulative reading
+
     def read(self, stream: str, lane: str, offset: int) -> MemoryRecord | None:
-        """The record at ``offset`` of a lane, or ``None`` past its end (cumulative reading)."""
+        """The record at ``offset`` of a lane, or ``None`` past its end."""
         records = self._stream(stream).lanes.get(lane, ())
         return records[offset] if offset < len(records) else None
 
@@ -184,32 +247,63 @@ class MemoryBroker:
         """A lane's committed offset."""
         return self._stream(stream).committed.get(lane, 0)
 
-    def receive(self, stream: str) -> MemoryRecord | None:
-        """Hide and return the lowest visible record, or ``None`` (per-message reading)."""
+    # per-message reading
+
+    def receive(self, stream: str, *, lease: float) -> Delivery | None:
+        """Lease out the lowest visible record for ``lease`` seconds, or return ``None``."""
         state = self._stream(stream)
+        now = self.clock()
+        self._expire(state, now)
         while state.visible:
             offset, lane = heapq.heappop(state.visible)
             key = (lane, offset)
-            if key not in state.deleted and key not in state.hidden:
-                state.hidden.add(key)
-                return state.lanes[lane][offset]
+            if key in state.deleted or key in state.leased:
+                continue
+            receipt = state.receives[key] = state.receives.get(key, 0) + 1
+            expires_at = now + lease
+            state.leased[key] = (receipt, expires_at)
+            heapq.heappush(state.expiries, (expires_at, lane, offset, receipt))
+            return Delivery(state.lanes[lane][offset], receipt, expires_at)
         return None
 
-    def release(self, record: MemoryRecord) -> None:
-        """Make a received record visible again (it is received again, later)."""
-        state = self._stream(record.stream)
-        key = (record.lane, record.offset)
-        if key in state.hidden:
-            state.hidden.discard(key)
+    def renew(self, deliveries: Sequence[Delivery], *, lease: float) -> list[Delivery]:
+        """Extend the leases still held under these receipts by ``lease`` s; return those."""
+        now, renewed = self.clock(), []
+        for delivery in deliveries:
+            record = delivery.record
+            state, key = self._stream(record.stream), (record.lane, record.offset)
+            if state.leased.get(key, (None,))[0] == delivery.receipt:
+                state.leased[key] = (delivery.receipt, now + lease)
+                heapq.heappush(state.expiries,
+                               (now + lease, record.lane, record.offset, delivery.receipt))
+                renewed.append(delivery)
+        return renewed
+
+    def release(self, delivery: Delivery) -> None:
+        """Make a leased record visible again now (ignored with a stale receipt)."""
+        record = delivery.record
+        state, key = self._stream(record.stream), (record.lane, record.offset)
+        if state.leased.get(key, (None,))[0] == delivery.receipt:
+            del state.leased[key]
             heapq.heappush(state.visible, (record.offset, record.lane))
             self._wake(state)
 
-    def delete(self, record: MemoryRecord) -> None:
-        """Settle a received record for good."""
-        state = self._stream(record.stream)
-        key = (record.lane, record.offset)
-        state.hidden.discard(key)
+    def delete(self, delivery: Delivery) -> None:
+        """Settle a received record for good (whatever its lease)."""
+        record = delivery.record
+        state, key = self._stream(record.stream), (record.lane, record.offset)
+        state.leased.pop(key, None)
         state.deleted.add(key)
+
+    def _expire(self, state: _StreamState, now: float) -> None:
+        while state.expiries and state.expiries[0][0] <= now:
+            expires_at, lane, offset, receipt = heapq.heappop(state.expiries)
+            key = (lane, offset)
+            if state.leased.get(key) == (receipt, expires_at):  # not renewed nor settled
+                del state.leased[key]
+                heapq.heappush(state.visible, (offset, lane))
+
+    # what a harness reads
 
     def settled(self, stream: str) -> int:
         """Records of ``stream`` committed past or deleted: never delivered again."""
@@ -230,7 +324,10 @@ class MemoryBroker:
         self._stream(stream).consumers -= 1
 
     async def wait_for_records(self, stream: str) -> None:
-        """Return when records arrive or become visible in ``stream`` (bound it with a timeout)."""
+        """Return when records arrive or are released in ``stream`` (bound it with a timeout).
+
+        A lapsed lease wakes nobody: a reader sees it at its next bounded wait.
+        """
         waiter = asyncio.get_running_loop().create_future()
         waiters = self._stream(stream).waiters
         waiters.append(waiter)
@@ -248,7 +345,7 @@ class MemoryBroker:
                 waiter.set_result(None)
 
 
-# -- the producer ---------------------------------------------------------------------------
+# -- the producer -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -262,6 +359,8 @@ class MemorySettings:
     max_redeliveries: int = 5
     max_in_flight: int = 1000
     poll_timeout: float = 1.0
+    lease: float = 30.0
+    """Per-message mode: seconds a received record stays invisible to other consumers."""
     ack_on_receive: bool = False
     """Lossy: would settle records before any trigger stored them. Always refused."""
 
@@ -272,9 +371,28 @@ class MemorySettings:
         if self.ack_on_receive:
             raise MemoryConfigError("ack_on_receive=True refused: it would settle records "
                                     "before the triggers stored their events")
-        if self.max_redeliveries < 0 or self.max_in_flight < 1 or self.poll_timeout <= 0:
-            raise MemoryConfigError("max_redeliveries must be >= 0, max_in_flight >= 1 "
-                                    "and poll_timeout > 0")
+        if (self.max_redeliveries < 0 or self.max_in_flight < 1 or self.poll_timeout <= 0
+                or self.lease <= 0):
+            raise MemoryConfigError("max_redeliveries must be >= 0, max_in_flight >= 1, "
+                                    "poll_timeout and lease > 0")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> MemorySettings:
+        """The settings among a trigger's kwargs (others are ignored); validated."""
+        if "stream" not in kwargs:
+            raise MemoryConfigError("missing memory trigger setting 'stream'")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in kwargs.items() if name in names})
+
+    def consumer_kwargs(self) -> dict[str, Any]:
+        """The settings as trigger kwargs (``ack_on_receive`` left out: it is always off)."""
+        kwargs = dataclasses.asdict(self)
+        del kwargs["ack_on_receive"]
+        return kwargs
+
+    def fingerprint(self) -> str:
+        """A digest of every setting: equal for triggers that can share one consumer."""
+        return fingerprint(self.consumer_kwargs())
 
 
 @dataclass
@@ -286,57 +404,84 @@ class _Lane:
     floor: int | None = None  # lowest offset held for redelivery
 
 
+_consumed = SourceClaims()
+"""Streams consumed in this process, ``(broker, stream)``, and the settings consuming each."""
+
+
 class MemorySharedStreamProducer(SharedStreamProducer):
     """The reference producer: one consumer of a memory stream shared by all its triggers.
 
     Built by :meth:`MemorySharedStreamTrigger.create_shared_stream_producer`
-    from settings only; :meth:`open_stream` "connects". See the module
-    docstring for the policy of each acknowledgement mode.
+    from settings only; :meth:`open_stream` claims the stream and
+    "connects". See the module docstring for each acknowledgement mode.
     """
 
     def __init__(self, settings: MemorySettings) -> None:
         self.settings = settings
-        self.discarded = 0
-        """Rejected or poison records dropped because there was nowhere to dead-letter them."""
+        self._source = (settings.broker, settings.stream)
+        self._fingerprint = settings.fingerprint()
         self._broker: MemoryBroker | None = None
-        self._lanes: dict[str, _Lane] = {}
-        self._failures: dict[tuple[str, int], int] = {}  # (lane, offset) -> own failures
-        self._held: dict[tuple[str, int], MemoryRecord] = {}  # received, unsettled (per-message)
+        self._in_flight = InFlightLimit(settings.max_in_flight)
+        self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
+        self._failures: DeliveryTally[tuple[str, int]] = DeliveryTally(_MAX_TALLIES)
+        self._letters = DeadLetterDesk(self, stream=f"memory {settings.stream}",
+                                       setting="dead_letter", logger=log)
+        self._lanes: dict[str, _Lane] = {}  # cumulative mode
         self._turn = 0  # round-robin start among lanes
-        self._in_flight = 0
-        self._capacity: asyncio.Event | None = None
+        self._leases: LeaseKeeper[Delivery] | None = None  # per-message mode
+        self._renewing: asyncio.Task[None] | None = None
         self._idle_until = 0.0
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
-        """Yield ``(record, record)`` for every record, waiting for more at the end.
+    @property
+    def discarded(self) -> int:
+        """Records dropped: no dead-letter stream and no fallback."""
+        return self._letters.discarded
 
-        Pauses while ``max_in_flight`` records wait to be advanced, and after
-        a failure (see :meth:`advance`). Never returns.
+    async def open_stream(self) -> AsyncGenerator[tuple[Any, Any], None]:
+        """Yield ``(MemoryRecord, Delivery)`` for every record, waiting for more at the end.
+
+        Raises :class:`MemoryConfigError` when the stream is already consumed
+        in this process with other settings. Pauses while ``max_in_flight``
+        records wait to be advanced, and after a failure (see :meth:`advance`).
+        Never returns.
         """
-        broker = self._broker = MemoryBroker.named(self.settings.broker)
-        stream = self.settings.stream
-        broker.connect(stream)
-        capacity = self._capacity = asyncio.Event()
-        capacity.set()
+        broker = self._connect()
+        stream, in_flight = self.settings.stream, self._in_flight
         loop = asyncio.get_running_loop()
-        read = self._read_next if self.settings.acks == "cumulative" else self._receive_next
+        take = self._read_next if self.settings.acks == "cumulative" else self._receive_next
         while True:
-            await capacity.wait()
+            await in_flight.room()
             pause = self._idle_until - loop.time()
             if pause > 0:  # a record just failed: no hot loop of redeliveries
                 await asyncio.sleep(pause)
-            record = read(broker)
-            if record is None:
+            delivery = take(broker)
+            if delivery is None:
                 with contextlib.suppress(TimeoutError):  # a bounded poll: look again
                     async with asyncio.timeout(self.settings.poll_timeout):
                         await broker.wait_for_records(stream)
                 continue
-            self._in_flight += 1
-            if self._in_flight >= self.settings.max_in_flight:
-                capacity.clear()
-            yield record, record
+            in_flight.take()
+            yield delivery.record, delivery
 
-    def _read_next(self, broker: MemoryBroker) -> MemoryRecord | None:
+    def _connect(self) -> MemoryBroker:
+        if not _consumed.claim(self._source, self._fingerprint):
+            raise MemoryConfigError(
+                f"memory stream {self.settings.stream!r} is already consumed in this process "
+                "with other settings; its triggers must agree on every consumer setting")
+        broker = self._broker = MemoryBroker.named(self.settings.broker)
+        broker.connect(self.settings.stream)
+        if self.settings.acks == "per-message":
+            self._leases = LeaseKeeper(self._renew, lease=self.settings.lease, batch_size=100,
+                                       clock=broker.clock)
+            self._renewing = asyncio.get_running_loop().create_task(
+                self._leases.run(), name=f"memory {self.settings.stream} lease renewal")
+        return broker
+
+    async def _renew(self, batch: Sequence[Delivery]) -> list[Delivery]:
+        """The lease keeper's renewal call: the leases still ours, extended."""
+        return self._require_broker().renew(batch, lease=self.settings.lease)
+
+    def _read_next(self, broker: MemoryBroker) -> Delivery | None:
         stream = self.settings.stream
         names = broker.lanes(stream)
         for i in range(len(names)):
@@ -349,23 +494,23 @@ class MemorySharedStreamProducer(SharedStreamProducer):
             if record is not None:
                 lane.position += 1
                 self._turn += i + 1
-                return record
+                return Delivery(record)
         return None
 
-    def _receive_next(self, broker: MemoryBroker) -> MemoryRecord | None:
-        record = broker.receive(self.settings.stream)
-        if record is not None:
-            self._held[(record.lane, record.offset)] = record
-        return record
+    def _receive_next(self, broker: MemoryBroker) -> Delivery | None:
+        delivery = broker.receive(self.settings.stream, lease=self.settings.lease)
+        if delivery is not None and self._leases is not None:
+            self._leases.hold(delivery, delivery.expires_at)
+        return delivery
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """The record's lane: its order is kept, and acknowledgement is per lane."""
-        lane: str = broker_payload.lane
+        lane: str = broker_payload.record.lane
         return lane
 
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """``stream/lane/offset``, the same for every redelivery."""
-        name: str = broker_payload.name
+        name: str = broker_payload.record.name
         return name
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
@@ -374,100 +519,79 @@ class MemorySharedStreamProducer(SharedStreamProducer):
         Raises only what the dead-letter fallback raises (the record is then
         neither settled nor lost: the group ends and it comes again).
         """
-        self._in_flight = max(0, self._in_flight - len(batch))
-        if self._capacity is not None and self._in_flight < self.settings.max_in_flight:
-            self._capacity.set()
-        if self.settings.acks == "cumulative":
-            await self._advance_lane(batch)
-        else:
-            for record, outcome in batch:
-                await self._advance_one(record, outcome)
-
-    async def _advance_lane(self, batch: Sequence[AdvanceItem]) -> None:
+        self._in_flight.release(len(batch))
         broker = self._require_broker()
-        lane_name: str = batch[0].broker_payload.lane
+        if self.settings.acks == "cumulative":
+            await self._advance_lane(broker, batch)
+            return
+        if self._leases is not None:
+            for item in batch:  # renewal stops before anything is awaited
+                self._leases.settle(item.broker_payload)
+        for delivery, outcome in batch:
+            if await self._settles(delivery.record, outcome):
+                broker.delete(delivery)
+            else:
+                broker.release(delivery)
+
+    async def _advance_lane(self, broker: MemoryBroker, batch: Sequence[AdvanceItem]) -> None:
+        lane_name: str = batch[0].broker_payload.record.lane
         lane = self._lanes[lane_name]
-        for record, outcome in batch:
-            offset = record.offset
+        for delivery, outcome in batch:
+            offset = delivery.record.offset
             if offset < lane.resolved_to:
                 continue  # an earlier delivery of it was resolved already
             if lane.floor is not None and offset > lane.floor:
                 continue  # behind a held record: it comes again after the rewind
-            if self._failed(outcome):
-                if not await self._poison(record, outcome):
-                    lane.floor = lane.position = offset  # hold, and rewind to it
-                    continue
-            elif outcome.rejected:
-                await self._dead_letter(record, REASON_REJECTED, outcome.verdicts)
+            if not await self._settles(delivery.record, outcome):
+                lane.floor = lane.position = offset  # hold, and rewind to it
+                continue
             lane.resolved_to = offset + 1
-            self._failures.pop((lane_name, offset), None)
             if lane.floor is not None and lane.floor <= offset:
                 lane.floor = None
         broker.commit(self.settings.stream, lane_name, lane.resolved_to)
 
-    async def _advance_one(self, record: MemoryRecord, outcome: AdvanceOutcome) -> None:
-        broker = self._require_broker()
-        key = (record.lane, record.offset)
-        if self._failed(outcome):
-            if not await self._poison(record, outcome):
-                self._held.pop(key, None)
-                broker.release(record)
-                return
-        elif outcome.rejected:
-            await self._dead_letter(record, REASON_REJECTED, outcome.verdicts)
-        self._failures.pop(key, None)
-        self._held.pop(key, None)
-        broker.delete(record)
+    async def _settles(self, record: MemoryRecord, outcome: AdvanceOutcome) -> bool:
+        """Whether ``record`` may be settled now (dead-lettered first when it must be).
 
-    def _failed(self, outcome: AdvanceOutcome) -> bool:
-        """Whether the record must come again; sets the pause before it does."""
-        nobody = not (outcome.acked or outcome.failed or outcome.rejected)
-        if not (outcome.failed or nobody):
-            return False
-        loop_time = asyncio.get_running_loop().time()
-        pause = 0.05 if outcome.failed else 0.1  # collateral, or nobody was subscribed
-        self._idle_until = max(self._idle_until, loop_time + pause)
-        return True
-
-    async def _poison(self, record: MemoryRecord, outcome: AdvanceOutcome) -> bool:
-        """Count a failure of the record's own; dead-letter it past ``max_redeliveries``."""
-        if outcome.failed <= outcome.unseen:
-            return False  # not the record's doing: redeliver without counting
+        ``False``: it must come again; the poll pauses before the next read.
+        """
         key = (record.lane, record.offset)
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        if failures <= self.settings.max_redeliveries:
-            loop_time = asyncio.get_running_loop().time()
-            self._idle_until = max(self._idle_until, loop_time + min(0.005 * 2 ** failures, 0.2))
+        if outcome.failed or not (outcome.acked or outcome.rejected):
+            if self._redelivery.counts(outcome):  # a filter failed on this very record
+                failures = self._failures.add(key)
+                if self._redelivery.exhausted(failures):
+                    await self._dead_letter(record, REASON_MAX_REDELIVERIES, outcome.verdicts,
+                                            failures)
+                    self._failures.forget(key)
+                    return True
+                pause = min(0.005 * 2 ** failures, 0.2)
+            else:
+                pause = 0.05 if outcome.failed else 0.1  # collateral, or nobody subscribed
+            self._idle_until = max(self._idle_until, asyncio.get_running_loop().time() + pause)
             return False
-        await self._dead_letter(record, REASON_MAX_REDELIVERIES, outcome.verdicts)
+        if outcome.rejected:
+            await self._dead_letter(record, REASON_REJECTED, outcome.verdicts,
+                                    self._failures.get(key))
+        self._failures.forget(key)
         return True
 
     async def _dead_letter(
-        self, record: MemoryRecord, reason: str, verdicts: Sequence[Verdict],
+        self, record: MemoryRecord, reason: str, verdicts: Sequence[Verdict], failures: int,
     ) -> None:
-        """Append the record to the dead-letter stream, else to the fallback, else drop it."""
-        triggers = ",".join(verdict_triggers(verdicts))
-        detail = verdict_detail(verdicts)
-        if self.settings.dead_letter is not None:
-            headers = {**record.headers, HEADER_SOURCE: record.name, HEADER_REASON: reason}
-            if triggers:
-                headers[HEADER_TRIGGERS] = triggers
-            if detail:
-                headers[HEADER_DETAIL] = detail
-            self._require_broker().produce(self.settings.dead_letter, [record.value],
-                                           headers=headers)
-        elif self.dead_letter_fallback is not None:
-            await self.dead_letter_fallback(FallbackLetter(
-                stream=f"memory {self.settings.stream}", source=record.name,
-                reason=f"{reason}: {detail}" if detail else reason,
-                triggers=verdict_triggers(verdicts), payload=record.value or b"",
-                headers=tuple((k, v.encode()) for k, v in record.headers.items()),
-            ))
-        else:
-            self.discarded += 1
-            log.warning("discarding %s (%s): no dead-letter stream", record.name, reason)
+        """Append the record to the dead-letter stream, else hand it to the desk."""
+        destination = self.settings.dead_letter
+        if destination is not None:
+            headers = {**record.headers, HEADER_SOURCE: record.name,
+                       **dead_letter_annotations(reason, verdicts)}
+            self._require_broker().produce(destination, [record.value], headers=headers)
+            self._letters.sent(record.name, destination, reason, verdicts)
             return
-        self.dead_lettered += 1
+        await self._letters.keep(
+            source=record.name, reason=reason, cause=self._letters.unconfigured(),
+            verdicts=verdicts, payload=record.value or b"",
+            headers=tuple((name, value.encode()) for name, value in record.headers.items()),
+            history=f"after {failures} failed deliveries",
+        )
 
     def _require_broker(self) -> MemoryBroker:
         if self._broker is None:
@@ -475,81 +599,102 @@ class MemorySharedStreamProducer(SharedStreamProducer):
         return self._broker
 
     async def aclose(self) -> None:
-        """Hand back what this consumer still held (per-message mode); count it out. Once."""
+        """Stop renewing, release what is still leased, count out, release the claim. Once."""
         broker, self._broker = self._broker, None
         if broker is None:
             return
-        held, self._held = self._held, {}
-        for record in held.values():  # what a crashed consumer's lease expiry would free
-            broker.release(record)
+        renewing, self._renewing = self._renewing, None
+        if renewing is not None:
+            renewing.cancel()
+            await asyncio.wait([renewing])
+        if self._leases is not None:
+            for delivery in self._leases.held():  # what a crashed consumer's lease would free
+                self._leases.settle(delivery)
+                broker.release(delivery)
         broker.disconnect(self.settings.stream)
+        _consumed.release(self._source, self._fingerprint)
 
 
-# -- the trigger ----------------------------------------------------------------------------
+# -- the trigger ------------------------------------------------------------------------------
+
+PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
+    "bytes": AS_HELD, "utf-8": UTF8, "json": JSON, "msgpack": MSGPACK}
+"""``payload_format`` -> how a record's value is decoded (``bytes``: as is)."""
 
 
-class MemorySharedStreamTrigger(BaseEventTrigger):
-    """Fire for each record of a memory stream that :meth:`matches` (all, by default).
+class MemorySharedStreamTrigger(BrokerTrigger):
+    """Fire for each record of a memory stream whose decoded value matches ``match``.
 
     All triggers of one stream with the same consumer settings share one
-    producer. The event payload is :meth:`to_payload`'s dict (``value``,
-    ``name``, ``lane``, ``offset``, ``headers``). Subclass and override
-    :meth:`matches`, or :meth:`filter_shared_stream` to reject records.
+    producer (``payload_format`` and ``match`` are each trigger's own).
+
+    :param stream: the stream to consume. :param broker: the
+        :meth:`MemoryBroker.named` broker holding it.
+    :param acks: ``"cumulative"`` or ``"per-message"`` (see the module docstring).
+    :param dead_letter: the stream for rejected and poison records; ``None``
+        hands them to the engine's fallback, or discards them.
+    :param max_redeliveries: failed deliveries of one record tolerated.
+    :param max_in_flight: records yielded and not yet advanced before reading pauses.
+    :param poll_timeout: the longest wait for new records before looking again.
+    :param lease: per-message mode: seconds a received record stays leased.
+    :param ack_on_receive: lossy, always refused (what the conformance suite checks).
+    :param payload_format: ``bytes`` (as is), ``utf-8``, ``json`` or ``msgpack``;
+        a value that does not decode is rejected.
+    :param match: ``{"headers": {name: value}, "json": {"a.b": value}}``.
+
+    The payload of each event is a dict: ``value`` (decoded), ``name``,
+    ``lane``, ``offset`` and ``headers``.
     """
+
+    payload_formats: ClassVar[Mapping[str, PayloadFormat]] = PAYLOAD_FORMATS
+    match_named_field = "headers"
 
     def __init__(
         self, *, stream: str, broker: str = "default", acks: str = "cumulative",
         dead_letter: str | None = None, max_redeliveries: int = 5, max_in_flight: int = 1000,
-        poll_timeout: float = 1.0, ack_on_receive: bool = False,
+        poll_timeout: float = 1.0, lease: float = 30.0, ack_on_receive: bool = False,
+        payload_format: str = "bytes", match: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(payload_format=payload_format, match=match)
         self.settings = MemorySettings(  # refuse unusable settings where declared
             stream=stream, broker=broker, acks=acks, dead_letter=dead_letter,
             max_redeliveries=max_redeliveries, max_in_flight=max_in_flight,
-            poll_timeout=poll_timeout, ack_on_receive=ack_on_receive,
+            poll_timeout=poll_timeout, lease=lease, ack_on_receive=ack_on_receive,
         )
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """The classpath and the settings, as constructor kwargs."""
-        s = self.settings
-        return f"{type(self).__module__}.{type(self).__qualname__}", {
-            "stream": s.stream, "broker": s.broker, "acks": s.acks,
-            "dead_letter": s.dead_letter, "max_redeliveries": s.max_redeliveries,
-            "max_in_flight": s.max_in_flight, "poll_timeout": s.poll_timeout,
-        }
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Not used: this trigger runs only on its shared stream."""
-        raise NotImplementedError("MemorySharedStreamTrigger runs on its shared stream only")
-        yield  # type: ignore[unreachable]  # makes this an async generator
+    def consumer_kwargs(self) -> dict[str, Any]:
+        """The shared consumer's settings, as constructor kwargs."""
+        return self.settings.consumer_kwargs()
 
     def shared_stream_key(self) -> Hashable:
-        """Every setting of the shared consumer (none of the filter's)."""
+        """The broker, the stream and a fingerprint of every consumer setting."""
         s = self.settings
-        return ("memory", s.broker, s.stream, s.acks, s.dead_letter, s.max_redeliveries,
-                s.max_in_flight, s.poll_timeout)
+        return ("memory", s.broker, s.stream, s.fingerprint())
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
         """The group's producer, from the first subscriber's kwargs (no connection yet)."""
-        names = ("stream", "broker", "acks", "dead_letter", "max_redeliveries",
-                 "max_in_flight", "poll_timeout")
-        return MemorySharedStreamProducer(
-            MemorySettings(**{name: kwargs[name] for name in names if name in kwargs}))
+        return MemorySharedStreamProducer(MemorySettings.from_kwargs(kwargs))
 
-    def matches(self, record: MemoryRecord) -> bool:
-        """Whether ``record`` fires an event (default: every record)."""
+    # -- what a record holds -------------------------------------------------------------
+
+    def message_body(self, message: MemoryRecord) -> bytes | None:
+        """The record's value."""
+        return message.value
+
+    def message_named_values(self, message: MemoryRecord) -> Mapping[str, str]:
+        """The record's headers."""
+        return message.headers
+
+    def message_fields_native(self, message: MemoryRecord) -> bool:
+        """Always: names, offsets and headers are text and ints."""
         return True
 
-    def to_payload(self, record: MemoryRecord) -> dict[str, Any]:
-        """The event payload for a matching record."""
-        return {"value": record.value, "name": record.name, "lane": record.lane,
-                "offset": record.offset, "headers": dict(record.headers)}
+    def describe_message(self, message: MemoryRecord) -> str:
+        """``stream/lane/offset``."""
+        return message.name
 
-    async def filter_shared_stream(
-        self, shared_stream: AsyncIterator[Any],
-    ) -> AsyncIterator[TriggerEvent]:
-        """One event per matching record."""
-        async for record in shared_stream:
-            if self.matches(record):
-                yield TriggerEvent(self.to_payload(record))
+    def to_payload(self, value: Any, message: MemoryRecord) -> dict[str, Any]:
+        """The event payload for a matching record."""
+        return {"value": value, "name": message.name, "lane": message.lane,
+                "offset": message.offset, "headers": dict(message.headers)}

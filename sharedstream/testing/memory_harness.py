@@ -56,7 +56,7 @@ class ScriptedMemoryTrigger(MemorySharedStreamTrigger):
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any],
     ) -> AsyncIterator[TriggerEvent]:
-        """Emit, skip, reject or raise on each record, as the script says."""
+        """Emit, skip, reject or raise on each record, as the script says (the value as is)."""
         async for record in shared_stream:
             await pace(self.script)
             action = act(self.script, record.value)
@@ -65,7 +65,7 @@ class ScriptedMemoryTrigger(MemorySharedStreamTrigger):
             if action == "reject":
                 reject_shared_stream_event()
             elif action == "emit":
-                yield TriggerEvent(self.to_payload(record))
+                yield TriggerEvent(self.to_payload(record.value, record))
 
 
 class MemoryHarness:
@@ -102,11 +102,11 @@ class MemoryHarness:
                 "dead_letter": stream.dead_letter, "poll_timeout": 0.2, **overrides}
 
     def trigger(
-        self, stream: Stream, *, script: str, max_redeliveries: int = 5,
+        self, stream: Stream, *, script: str, max_redeliveries: int = 5, **overrides: Any,
     ) -> BaseEventTrigger:
-        """A scripted memory trigger on ``stream``."""
-        return ScriptedMemoryTrigger(
-            script=script, **self.trigger_kwargs(stream, max_redeliveries=max_redeliveries))
+        """A scripted memory trigger on ``stream`` (``overrides``: other memory settings)."""
+        return ScriptedMemoryTrigger(script=script, **self.trigger_kwargs(
+            stream, max_redeliveries=max_redeliveries, **overrides))
 
     def lossy_trigger(self, stream: Stream) -> BaseEventTrigger:
         """A trigger that would settle on receipt: refused with ``ValueError``."""
