@@ -158,9 +158,6 @@ def test_tansu_without_its_package_is_not_installed() -> None:
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
-                   reason="gap: tansu_binary() returns $TANSU_BIN unchecked, so Popen's "
-                   "FileNotFoundError escapes instead of BrokerNotInstalled")
 def test_tansu_bin_naming_a_missing_file_is_not_installed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
@@ -251,8 +248,6 @@ def test_a_broker_that_exits_at_start_did_not_start(dying_tansu: Path) -> None:
     assert set(children()) - set(before) == set()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="gap: BrokerDidNotStart names the log file but does not carry its tail")
 def test_did_not_start_carries_the_tail_of_the_log(dying_tansu: Path) -> None:
     """The reason the broker died is in the error itself, not only in a file to go and read."""
     with pytest.raises(BrokerDidNotStart) as caught, tansu_broker(dying_tansu):

