@@ -16,6 +16,9 @@ fixture                   value
 ``tansu_bootstrap``       Tansu's Kafka bootstrap, ``"127.0.0.1:<port>"``
 ``moto_endpoint``         moto's SQS/S3 endpoint, ``"http://127.0.0.1:<port>"``
 ``fauxqs_endpoint``       fauxqs's SQS endpoint (installed from npm on first use)
+``pubsub_emulator_host``  a Pub/Sub server's ``"host:port"``, also set as
+                          ``PUBSUB_EMULATOR_HOST`` for the session (the kit's
+                          test server, or the emulator already named there)
 ``kafka_container``       a Kafka container's bootstrap (Docker only)
 ``localstack_endpoint``   LocalStack's SQS endpoint in a container (Docker only)
 ========================  =====================================================
@@ -27,6 +30,8 @@ starts a broker its own way.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -37,6 +42,7 @@ from sharedstream.testing.brokers import (
     containers,
     fauxqs_server,
     moto_server,
+    pubsub_server,
     tansu_broker,
 )
 
@@ -45,6 +51,7 @@ __all__ = [
     "kafka_container",
     "localstack_endpoint",
     "moto_endpoint",
+    "pubsub_emulator_host",
     "running_or_skip",
     "tansu_bootstrap",
 ]
@@ -89,6 +96,41 @@ def fauxqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("fauxqs")
     with running_or_skip(fauxqs_server(workdir=workdir)) as endpoint:
         yield endpoint
+
+
+def _answers(host: str) -> bool:
+    address, _, port = host.rpartition(":")
+    try:
+        socket.create_connection((address.strip("[]") or "localhost", int(port)),
+                                 timeout=1).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def pubsub_emulator_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Pub/Sub server for the session; its ``host:port``, set as ``PUBSUB_EMULATOR_HOST``.
+
+    When ``PUBSUB_EMULATOR_HOST`` already names a server that answers (Google's
+    emulator from gcloud, a container), that one is used and nothing is
+    started; when it names one that does not answer, the tests fail (unset it
+    to get the kit's server). Otherwise the kit's test server
+    (:mod:`sharedstream.testing.pubsub`) is started and the variable is set
+    for the session, so every client created meanwhile talks to it; the old
+    value comes back at the end.
+    """
+    given = os.environ.get("PUBSUB_EMULATOR_HOST")
+    if given:
+        if not _answers(given):
+            pytest.fail(f"PUBSUB_EMULATOR_HOST={given} does not answer; start that emulator "
+                        "or unset the variable to use the testing kit's Pub/Sub server")
+        yield given
+        return
+    workdir = tmp_path_factory.mktemp("pubsub")
+    with running_or_skip(pubsub_server(workdir)) as host, pytest.MonkeyPatch.context() as env:
+        env.setenv("PUBSUB_EMULATOR_HOST", host)
+        yield host
 
 
 @pytest.fixture(scope="session")

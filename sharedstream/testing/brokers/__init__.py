@@ -8,6 +8,9 @@ however it ends (an error, ``KeyboardInterrupt``):
 * ``moto_server()`` - moto (SQS, S3): the endpoint ``"http://127.0.0.1:<port>"``;
 * ``fauxqs_server()`` - fauxqs (SQS, fast; installed from npm on first use): the
   endpoint URL;
+* ``pubsub_server()`` - the kit's Google Pub/Sub test server
+  (:mod:`sharedstream.testing.pubsub`): the ``"127.0.0.1:<port>"`` to put in
+  ``PUBSUB_EMULATOR_HOST``;
 * ``kafka_container()``, ``localstack_container()`` - Kafka, LocalStack's SQS in
   Docker through testcontainers: the bootstrap, the endpoint URL.
 
@@ -19,7 +22,9 @@ caller that must stop the broker from elsewhere (a signal handler, a
 restart test). For pytest, see :mod:`sharedstream.testing.fixtures`.
 
 Nothing here imports a broker SDK at import time: botocore and
-testcontainers are imported only inside the functions that need them.
+testcontainers are imported only inside the functions that need them, and
+the Pub/Sub test server imports gRPC and the Google client only in its own
+process.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from sharedstream.testing.brokers.process import (
     LocalBrokerError,
     free_port,
 )
+from sharedstream.testing.brokers.pubsub import pubsub_server, start_pubsub, stop_pubsub
 from sharedstream.testing.brokers.tansu import start_tansu, stop_tansu, tansu_binary, tansu_broker
 
 __all__ = [
@@ -61,11 +67,14 @@ __all__ = [
     "kafka_container",
     "localstack_container",
     "moto_server",
+    "pubsub_server",
     "start_fauxqs",
     "start_moto",
+    "start_pubsub",
     "start_tansu",
     "stop_fauxqs",
     "stop_moto",
+    "stop_pubsub",
     "stop_tansu",
     "tansu_binary",
     "tansu_broker",

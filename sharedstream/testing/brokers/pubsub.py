@@ -1,0 +1,84 @@
+"""The kit's Pub/Sub test server as a child process on a free loopback port.
+
+The server is :mod:`sharedstream.testing.pubsub` (a subset of Pub/Sub,
+written for the real ``google-cloud-pubsub`` client; no emulator ships
+outside gcloud). It needs ``google-cloud-pubsub`` (grpcio comes with it):
+``pip install 'sharedstream[pubsub]'``. A client reaches it by setting
+``PUBSUB_EMULATOR_HOST`` to the ``host:port`` yielded here *before* it is
+created.
+
+It runs as its own process, started with the running interpreter, so it
+has a core of its own: the client's threads do not compete with it for
+the test process's GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from sharedstream.testing.brokers.process import (
+    BrokerNotInstalled,
+    free_port,
+    port_answers,
+    start_process,
+    stop_process,
+)
+
+__all__ = ["pubsub_server", "start_pubsub", "stop_pubsub"]
+
+
+def _check_installed() -> None:
+    for module in ("grpc", "google.pubsub_v1"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # the parent package (google) is missing
+            found = False
+        if not found:
+            raise BrokerNotInstalled(f"the Pub/Sub test server needs {module}: "
+                                     "pip install 'sharedstream[pubsub]'")
+
+
+def start_pubsub(workdir: Path, *,
+                 timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the test server on a free loopback port; return it and its ``host:port``.
+
+    Returns once the port accepts connections (the server binds it only
+    after its services are registered). Its log is appended to
+    ``workdir/pubsub.log``. Raises :class:`BrokerNotInstalled` or
+    :class:`~.process.BrokerDidNotStart` (the process already stopped).
+    """
+    _check_installed()
+    port = free_port()
+    process = start_process(
+        "the Pub/Sub test server",
+        [sys.executable, "-m", "sharedstream.testing.pubsub", "--port", str(port)],
+        log_path=workdir / "pubsub.log", ready=lambda: port_answers(port), timeout=timeout,
+    )
+    return process, f"127.0.0.1:{port}"
+
+
+def stop_pubsub(process: subprocess.Popen[bytes]) -> None:
+    """Stop the test server (SIGTERM, then a kill after 5 s). Idempotent."""
+    stop_process(process)
+
+
+@contextlib.contextmanager
+def pubsub_server(workdir: Path | None = None) -> Iterator[str]:
+    """Run the Pub/Sub test server for the ``with`` block; yields its ``"127.0.0.1:<port>"``.
+
+    Set ``PUBSUB_EMULATOR_HOST`` to it before creating a client. The log
+    goes to ``workdir/pubsub.log`` (a temporary directory when not given).
+    Stopped when the block ends, however it ends.
+    """
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pubsub-")))
+        process, host = start_pubsub(workdir)
+        stack.callback(stop_pubsub, process)
+        yield host

@@ -1,0 +1,67 @@
+"""Run the Pub/Sub test server: ``python -m sharedstream.testing.pubsub --port N``.
+
+:func:`serve` runs it in the current event loop until cancelled; :func:`main`
+is the command line, which stops cleanly on SIGTERM or SIGINT. The testing
+kit starts it as a child process (:func:`sharedstream.testing.brokers.pubsub_server`),
+so the server has a core of its own and the client's threads do not compete
+with it for the test process's GIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+import grpc.aio
+
+from sharedstream.testing.pubsub.service import PubSubService
+
+__all__ = ["main", "serve"]
+
+
+async def serve(host: str = "127.0.0.1", port: int = 0, *,
+                ready: Callable[[int], None] | None = None) -> None:
+    """Serve on ``host:port`` (0 = any free port) until cancelled.
+
+    ``ready`` is called with the bound port once the server accepts calls.
+    On cancellation the server stops at once (no grace: in-flight streams
+    end) and the cancellation propagates.
+    """
+    service = PubSubService()
+    server = grpc.aio.server(handlers=service.handlers())
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(service.sweep(), name="pubsub-sweep")
+            if ready is not None:
+                ready(bound)
+            await server.wait_for_termination()
+    finally:
+        await server.stop(grace=None)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line: serve until SIGTERM or SIGINT; print ``listening on host:port``."""
+    parser = argparse.ArgumentParser(prog="python -m sharedstream.testing.pubsub",
+                                     description="A Google Pub/Sub test server (a subset).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    args = parser.parse_args(argv)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        async with asyncio.TaskGroup() as tasks:
+            server = tasks.create_task(serve(args.host, args.port, ready=lambda port: print(
+                f"listening on {args.host}:{port}", file=sys.stderr, flush=True)),
+                name="pubsub-serve")
+            await stop.wait()
+            server.cancel()  # a clean exit: the server stops, the group ends
+
+    asyncio.run(run())

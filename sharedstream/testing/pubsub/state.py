@@ -1,0 +1,441 @@
+"""What the Pub/Sub test server knows: topics, subscriptions and leases - synchronous, no I/O.
+
+This module imports neither gRPC nor the Google client: the service
+(:mod:`.service`) turns requests into calls here and the results into
+protobuf. Everything runs on the server's one event-loop thread; nothing
+here is thread-safe.
+
+Terms:
+
+* a *message* is published once to a topic and never changes;
+* an *entry* is a message's place in one subscription: how many times it
+  was delivered, its current lease, when it may be delivered again;
+* a *lease* is one delivery of an entry: an ack id, a deadline, and the
+  consumer it went to;
+* a *consumer* is one StreamingPull stream with its flow-control limits (a
+  unary Pull has none).
+
+Invariants:
+
+1. An entry is in exactly one place: *ready* (deliverable now), *delayed*
+   (backing off after a nack or an expiry), *leased* (one live lease), or
+   *waiting* behind the head of its ordering key. An entry that is acked or
+   dead-lettered is gone from all of them.
+2. An ack id names one delivery. Once its lease ends (ack, nack, expiry) the
+   id is stale: acks and deadline changes naming it are ignored, and a
+   redelivery carries a new id.
+3. With message ordering on, only the head entry of an ordering key is ever
+   ready, delayed or leased - one outstanding message per key - and the next
+   entry of that key is released when the head is acked or dead-lettered.
+   Entries of other keys, and entries without a key, are not held back.
+4. A consumer's outstanding count and bytes are the sums over its live
+   leases; :meth:`PubSubState.take` never goes past its limits, except to
+   hand out one message larger than the byte limit when nothing else is
+   outstanding (as Pub/Sub does).
+5. Whatever can make an entry deliverable, or free room in a consumer,
+   calls ``on_change`` with the subscription's name before returning.
+
+Time is two injected clocks: ``clock`` (monotonic seconds) for deadlines
+and backoffs, ``wall`` (epoch seconds) for publish times. Deadlines are
+checked by :meth:`PubSubState.expire`, which the service calls when
+:meth:`PubSubState.next_due` says something is due.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DELETED_TOPIC",
+    "Consumer",
+    "Delivery",
+    "Message",
+    "PubSubState",
+    "Refused",
+    "SubscriptionSettings",
+]
+
+DELETED_TOPIC = "_deleted-topic_"
+"""What a subscription names as its topic once the topic is deleted (as Pub/Sub does)."""
+
+_NAME = re.compile(r"^projects/[^/]+/(?P<kind>topics|subscriptions)/[A-Za-z][-\w.~+%]{2,254}$")
+
+
+class Refused(Exception):
+    """The server refuses a request; ``status`` is the gRPC status code's name.
+
+    ``NOT_FOUND``, ``ALREADY_EXISTS``, ``INVALID_ARGUMENT`` or
+    ``UNIMPLEMENTED``; the service aborts the call with it and the message.
+    """
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check_name(name: str, kind: str) -> str:
+    """``name`` if it is a valid ``projects/<p>/<kind>/<id>``; else :class:`Refused`."""
+    match = _NAME.match(name)
+    if match is None or match["kind"] != kind:
+        raise Refused("INVALID_ARGUMENT", f"invalid {kind[:-1]} name: {name!r}")
+    return name
+
+
+def project_of(name: str) -> str:
+    """``projects/<p>`` of a resource name."""
+    return "/".join(name.split("/", 2)[:2])
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One published message, as every subscription of its topic delivers it."""
+
+    message_id: str
+    data: bytes
+    attributes: Mapping[str, str]
+    ordering_key: str
+    publish_time: float
+    """Epoch seconds (the ``wall`` clock) when it was published."""
+    size: int = field(init=False)
+    """What flow control counts: data, attribute keys and values, ordering key."""
+
+    def __post_init__(self) -> None:
+        size = len(self.data) + len(self.ordering_key.encode()) + sum(
+            len(k.encode()) + len(v.encode()) for k, v in self.attributes.items())
+        object.__setattr__(self, "size", size)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSettings:
+    """What the server does for one subscription (validated by the service)."""
+
+    topic: str
+    ack_deadline: float = 10.0
+    """Seconds a unary Pull's delivery stays leased."""
+    max_delivery_attempts: int = 0
+    """With a dead-letter policy, deliveries before forwarding; 0 without one."""
+    dead_letter_topic: str = ""
+    minimum_backoff: float = 0.0
+    """Retry policy: the delay before redelivering after the first failed delivery."""
+    maximum_backoff: float = 0.0
+    """Retry policy: the backoff doubles per failed delivery up to this; 0 = no policy."""
+    ordering: bool = False
+    exactly_once: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Consumer:
+    """One StreamingPull stream's flow control: limits (0 = none) and what is outstanding."""
+
+    max_messages: int = 0
+    max_bytes: int = 0
+    messages: int = 0
+    bytes: int = 0
+
+    def has_room_for(self, size: int) -> bool:
+        """Whether one more message of ``size`` bytes may be handed to this consumer."""
+        if self.max_messages and self.messages >= self.max_messages:
+            return False
+        return not (self.max_bytes and self.messages and self.bytes + size > self.max_bytes)
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    message: Message
+    seq: int
+    attempts: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class Delivery:
+    """One lease: the entry delivered, its ack id, deadline and consumer."""
+
+    ack_id: str
+    entry: _Entry
+    deadline: float
+    consumer: Consumer | None
+
+    @property
+    def message(self) -> Message:
+        """The message delivered."""
+        return self.entry.message
+
+    @property
+    def attempt(self) -> int:
+        """Which delivery of the message this is, from 1."""
+        return self.entry.attempts
+
+
+class _Subscription:
+    """One subscription's entries (see the module's invariants)."""
+
+    def __init__(self, name: str, settings: SubscriptionSettings, spec: object) -> None:
+        self.name, self.settings, self.spec = name, settings, spec
+        self.topic = settings.topic
+        self.ready: deque[_Entry] = deque()
+        self.delayed: list[tuple[float, int, _Entry]] = []  # heap by available time
+        self.keys: dict[str, deque[_Entry]] = {}  # ordering key -> its entries, head first
+        self.leases: dict[str, Delivery] = {}
+        self.deadlines: list[tuple[float, str]] = []  # heap; stale items skipped on pop
+
+    def keyed(self, entry: _Entry) -> str:
+        """The ordering key that holds ``entry`` back, or ``""`` when none does."""
+        return entry.message.ordering_key if self.settings.ordering else ""
+
+
+class PubSubState:
+    """All topics and subscriptions of one server (see the module's invariants)."""
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        on_change: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self.clock, self.wall, self.on_change = clock, wall, on_change
+        self.topics: dict[str, object] = {}  # name -> the spec Get/List echo
+        self._attached: dict[str, set[str]] = {}  # topic -> its subscriptions
+        self._subscriptions: dict[str, _Subscription] = {}
+        self._ids = itertools.count(1)
+
+    # -- topics -------------------------------------------------------------
+
+    def create_topic(self, name: str, spec: object) -> None:
+        """Add a topic; ``ALREADY_EXISTS`` if there is one of that name."""
+        if check_name(name, "topics") in self.topics:
+            raise Refused("ALREADY_EXISTS", f"topic {name} already exists")
+        self.topics[name] = spec
+        self._attached[name] = set()
+
+    def topic(self, name: str) -> object:
+        """The spec of topic ``name``; ``NOT_FOUND`` if there is none."""
+        try:
+            return self.topics[name]
+        except KeyError:
+            raise Refused("NOT_FOUND", f"topic {name} not found") from None
+
+    def delete_topic(self, name: str) -> None:
+        """Remove a topic; its subscriptions stay, naming :data:`DELETED_TOPIC`."""
+        self.topic(name)
+        del self.topics[name]
+        for subscription in self._attached.pop(name):
+            self._subscriptions[subscription].topic = DELETED_TOPIC
+
+    def topic_subscriptions(self, name: str) -> list[str]:
+        """The names of the subscriptions attached to topic ``name``, sorted."""
+        self.topic(name)
+        return sorted(self._attached[name])
+
+    # -- subscriptions ------------------------------------------------------
+
+    def create_subscription(self, name: str, settings: SubscriptionSettings,
+                            spec: object) -> None:
+        """Attach a subscription to its topic; it receives what is published from now on."""
+        if check_name(name, "subscriptions") in self._subscriptions:
+            raise Refused("ALREADY_EXISTS", f"subscription {name} already exists")
+        self.topic(settings.topic)
+        if settings.dead_letter_topic:
+            self.topic(settings.dead_letter_topic)
+        self._subscriptions[name] = _Subscription(name, settings, spec)
+        self._attached[settings.topic].add(name)
+
+    def subscription(self, name: str) -> tuple[SubscriptionSettings, str, object]:
+        """Settings, current topic name and spec of a subscription; ``NOT_FOUND`` if none."""
+        sub = self._get(name)
+        return sub.settings, sub.topic, sub.spec
+
+    def subscriptions(self) -> list[str]:
+        """Every subscription's name, sorted."""
+        return sorted(self._subscriptions)
+
+    def delete_subscription(self, name: str) -> None:
+        """Remove a subscription with its entries; its streams are woken to find it gone."""
+        sub = self._get(name)
+        del self._subscriptions[name]
+        self._attached.get(sub.topic, set()).discard(name)
+        for lease in sub.leases.values():
+            self._release(lease)
+        self.on_change(name)
+
+    def _get(self, name: str) -> _Subscription:
+        try:
+            return self._subscriptions[name]
+        except KeyError:
+            raise Refused("NOT_FOUND", f"subscription {name} not found") from None
+
+    # -- publish ------------------------------------------------------------
+
+    def publish(self, topic: str,
+                messages: Sequence[tuple[bytes, Mapping[str, str], str]]) -> list[str]:
+        """Store ``(data, attributes, ordering key)`` messages; return their ids, in order."""
+        self.topic(topic)
+        now = self.wall()
+        published = [Message(str(next(self._ids)), data, dict(attributes), key, now)
+                     for data, attributes, key in messages]
+        for name in self._attached[topic]:
+            sub = self._subscriptions[name]
+            for message in published:
+                self._enqueue(sub, message)
+            self.on_change(name)
+        return [message.message_id for message in published]
+
+    def _enqueue(self, sub: _Subscription, message: Message) -> None:
+        entry = _Entry(message, next(self._ids))
+        key = sub.keyed(entry)
+        if key:
+            waiting = sub.keys.setdefault(key, deque())
+            waiting.append(entry)
+            if len(waiting) > 1:
+                return  # held behind the key's head (invariant 3)
+        sub.ready.append(entry)
+
+    # -- delivery -----------------------------------------------------------
+
+    def take(self, name: str, consumer: Consumer | None, max_messages: int,
+             deadline: float) -> list[Delivery]:
+        """Lease up to ``max_messages`` ready entries for ``deadline`` seconds, oldest first.
+
+        ``consumer`` (a stream) bounds the batch by its room; ``None`` is a
+        unary Pull. Raises ``NOT_FOUND`` if the subscription is gone.
+        """
+        sub = self._get(name)
+        now = self.clock()
+        taken: list[Delivery] = []
+        while sub.ready and len(taken) < max_messages:
+            entry = sub.ready[0]
+            if consumer is not None and not consumer.has_room_for(entry.message.size):
+                break
+            sub.ready.popleft()
+            entry.attempts += 1
+            lease = Delivery(f"{entry.seq}-{entry.attempts}", entry, now + deadline, consumer)
+            sub.leases[lease.ack_id] = lease
+            heapq.heappush(sub.deadlines, (lease.deadline, lease.ack_id))
+            if consumer is not None:
+                consumer.messages += 1
+                consumer.bytes += entry.message.size
+            taken.append(lease)
+        return taken
+
+    def acknowledge(self, name: str, ack_ids: Iterable[str]) -> list[str]:
+        """End these leases as done; return the ack ids that named no live lease (ignored)."""
+        sub = self._get(name)
+        stale: list[str] = []
+        for ack_id in ack_ids:
+            lease = sub.leases.pop(ack_id, None)
+            if lease is None:
+                stale.append(ack_id)
+                continue
+            self._release(lease)
+            self._remove(sub, lease.entry)
+        self.on_change(name)
+        return stale
+
+    def modify_deadline(self, name: str, ack_ids: Iterable[str], seconds: float) -> list[str]:
+        """Give these leases ``seconds`` from now; 0 is a nack. Return the stale ack ids."""
+        if not 0 <= seconds <= 600:
+            raise Refused("INVALID_ARGUMENT", f"ack deadline {seconds} s is outside 0..600")
+        sub = self._get(name)
+        now = self.clock()
+        stale: list[str] = []
+        for ack_id in ack_ids:
+            lease = sub.leases.get(ack_id)
+            if lease is None:
+                stale.append(ack_id)
+            elif seconds == 0:
+                self._fail(sub, lease, now)
+            else:
+                lease.deadline = now + seconds
+                heapq.heappush(sub.deadlines, (lease.deadline, ack_id))
+        return stale
+
+    def expire(self) -> None:
+        """Fail the leases whose deadline passed; make backed-off entries ready again."""
+        now = self.clock()
+        for sub in list(self._subscriptions.values()):
+            while sub.deadlines and sub.deadlines[0][0] <= now:
+                _, ack_id = heapq.heappop(sub.deadlines)
+                lease = sub.leases.get(ack_id)
+                if lease is not None and lease.deadline <= now:  # else extended since
+                    self._fail(sub, lease, now)
+            released = False
+            while sub.delayed and sub.delayed[0][0] <= now:
+                sub.ready.append(heapq.heappop(sub.delayed)[2])
+                released = True
+            if released:
+                self.on_change(sub.name)
+
+    def next_due(self) -> float | None:
+        """The ``clock`` time of the next deadline or end of backoff, if any."""
+        due = [sub.deadlines[0][0] for sub in self._subscriptions.values() if sub.deadlines]
+        due += [sub.delayed[0][0] for sub in self._subscriptions.values() if sub.delayed]
+        return min(due, default=None)
+
+    def close_consumer(self, name: str, consumer: Consumer) -> None:
+        """A stream ended: its leases stay until acked or expired, counted against nobody."""
+        sub = self._subscriptions.get(name)
+        if sub is None:
+            return
+        for lease in sub.leases.values():
+            if lease.consumer is consumer:
+                lease.consumer = None
+        consumer.messages = consumer.bytes = 0
+
+    # -- ends of a lease ----------------------------------------------------
+
+    def _release(self, lease: Delivery) -> None:
+        consumer = lease.consumer
+        if consumer is not None:
+            consumer.messages -= 1
+            consumer.bytes -= lease.entry.message.size
+            lease.consumer = None
+
+    def _remove(self, sub: _Subscription, entry: _Entry) -> None:
+        """The entry is done (acked or dead-lettered): release the next one of its key."""
+        key = sub.keyed(entry)
+        if not key:
+            return
+        waiting = sub.keys[key]
+        waiting.popleft()  # the head: only the head is ever leased (invariant 3)
+        if waiting:
+            sub.ready.append(waiting[0])
+        else:
+            del sub.keys[key]
+
+    def _fail(self, sub: _Subscription, lease: Delivery, now: float) -> None:
+        """A nack or an expiry: forward to the dead-letter topic, or redeliver after backoff."""
+        del sub.leases[lease.ack_id]
+        self._release(lease)
+        entry, settings = lease.entry, sub.settings
+        if (settings.max_delivery_attempts and entry.attempts >= settings.max_delivery_attempts
+                and settings.dead_letter_topic in self.topics):
+            self._remove(sub, entry)
+            self._dead_letter(sub, entry)
+        else:
+            backoff = 0.0
+            if settings.maximum_backoff:
+                backoff = min(settings.maximum_backoff,
+                              settings.minimum_backoff * 2 ** (entry.attempts - 1))
+            if backoff > 0:
+                heapq.heappush(sub.delayed, (now + backoff, entry.seq, entry))
+            else:
+                sub.ready.appendleft(entry)
+        self.on_change(sub.name)
+
+    def _dead_letter(self, sub: _Subscription, entry: _Entry) -> None:
+        message = entry.message
+        project, _, subscription_id = sub.name.partition("/subscriptions/")
+        attributes = {
+            **message.attributes,
+            "CloudPubSubDeadLetterSourceDeliveryCount": str(entry.attempts),
+            "CloudPubSubDeadLetterSourceSubscription": subscription_id,
+            "CloudPubSubDeadLetterSourceSubscriptionProject": project.removeprefix("projects/"),
+            "CloudPubSubDeadLetterSourceTopicPublishTime": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(message.publish_time)),
+        }
+        self.publish(sub.settings.dead_letter_topic,
+                     [(message.data, attributes, message.ordering_key)])

@@ -1,0 +1,400 @@
+"""The Pub/Sub test server, driven by the real ``google-cloud-pubsub`` client only.
+
+The same tests run against Google's emulator when ``PUBSUB_EMULATOR_HOST``
+names one (those on dead letters, retry policies and flow control need
+what the emulator may lack).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+from google.api_core import exceptions
+from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
+from google.pubsub_v1.types import StreamingPullRequest, StreamingPullResponse
+
+from tests.pubsub.conftest import PROJECT, pubsub_v1, streaming
+
+DEAD_LETTER_ATTEMPTS = 5  # Pub/Sub's least max_delivery_attempts
+
+
+def publish(publisher: Any, topic: str, values: Sequence[bytes], **fields: Any) -> list[str]:
+    """Publish each value (with the same attributes/ordering key); their message ids."""
+    futures = [publisher.publish(topic, value, **fields) for value in values]
+    return [future.result(timeout=10) for future in futures]
+
+
+def pull(subscriber: Any, subscription: str, *, max_messages: int = 100,
+         timeout: float = 3.0) -> list[Any]:
+    """One unary Pull: what it returned (empty if nothing came within about ``timeout``)."""
+    response = subscriber.pull(request={"subscription": subscription,
+                                        "max_messages": max_messages}, timeout=timeout)
+    return list(response.received_messages)
+
+
+def wait_for(condition: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+class Received:
+    """A thread-safe record of what a ``subscribe()`` callback saw."""
+
+    def __init__(self, decide: Callable[[Any], str] = lambda message: "ack") -> None:
+        self.decide = decide
+        self.messages: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, message: Any) -> None:
+        with self._lock:
+            self.messages.append(message)
+        if self.decide(message) == "ack":
+            message.ack()
+        else:
+            message.nack()
+
+    def data(self) -> list[bytes]:
+        with self._lock:
+            return [message.data for message in self.messages]
+
+
+# -- publish, receive, ack -----------------------------------------------------
+
+
+def test_published_messages_arrive_with_ids_attributes_and_publish_time(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription()
+    started = time.time()
+    ids = publish(publisher, topic, [b"one", b"two", b"three"], origin="test")
+    received = Received()
+    with streaming(subscriber, subscription, received):
+        wait_for(lambda: len(received.data()) == 3, 10, "three messages")
+    assert sorted(received.data()) == [b"one", b"three", b"two"]
+    assert sorted(m.message_id for m in received.messages) == sorted(ids)
+    for message in received.messages:
+        assert dict(message.attributes) == {"origin": "test"}
+        assert started - 1 <= message.publish_time.timestamp() <= time.time() + 1
+        assert message.delivery_attempt is None  # no dead-letter policy: not reported
+    assert pull(subscriber, subscription, timeout=1.5) == []  # acked: nothing comes back
+
+
+def test_messages_published_before_a_subscription_exists_are_not_delivered_to_it(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    publish(publisher, topic, [b"early"])
+    subscription = new_subscription()
+    publish(publisher, topic, [b"late"])
+    assert [m.message.data for m in pull(subscriber, subscription)] == [b"late"]
+
+
+# -- redelivery ---------------------------------------------------------------------
+
+
+def test_a_nacked_message_is_redelivered_with_its_delivery_attempt_counted(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    dead_letters = f"{topic}-dlq"
+    publisher.create_topic(name=dead_letters)
+    subscription = new_subscription(dead_letter_policy={
+        "dead_letter_topic": dead_letters, "max_delivery_attempts": DEAD_LETTER_ATTEMPTS})
+    publish(publisher, topic, [b"flaky"])
+    received = Received(lambda m: "nack" if m.delivery_attempt < 3 else "ack")
+    with streaming(subscriber, subscription, received):
+        wait_for(lambda: len(received.data()) == 3, 10, "three deliveries")
+        time.sleep(0.3)  # acked on the third: no fourth
+    assert [m.delivery_attempt for m in received.messages] == [1, 2, 3]
+    assert len({m.ack_id for m in received.messages}) == 3  # each delivery its own ack id
+    assert len({m.message_id for m in received.messages}) == 1
+
+
+def test_an_expired_ack_deadline_redelivers(publisher: Any, subscriber: Any, topic: str,
+                                            new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription()
+    [message_id] = publish(publisher, topic, [b"slow"])
+    [first] = pull(subscriber, subscription)
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id],
+                                   ack_deadline_seconds=1)
+    started = time.monotonic()
+    [again] = pull(subscriber, subscription, timeout=5)
+    assert time.monotonic() - started >= 0.8
+    assert (again.message.message_id, again.message.data) == (message_id, b"slow")
+    assert again.ack_id != first.ack_id
+    subscriber.acknowledge(subscription=subscription, ack_ids=[first.ack_id])  # stale: ignored
+    assert pull(subscriber, subscription, timeout=1.5) == []  # still leased to `again`
+
+
+def test_extending_the_deadline_prevents_redelivery(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription()
+    publish(publisher, topic, [b"long job"])
+    [first] = pull(subscriber, subscription)
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id],
+                                   ack_deadline_seconds=1)
+    time.sleep(0.5)
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id],
+                                   ack_deadline_seconds=30)
+    assert pull(subscriber, subscription, timeout=2.0) == []  # past the first deadline
+    subscriber.acknowledge(subscription=subscription, ack_ids=[first.ack_id])
+
+
+def test_the_retry_policy_delays_redelivery_after_a_nack(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription(retry_policy={"minimum_backoff": {"seconds": 1},
+                                                  "maximum_backoff": {"seconds": 2}})
+    publish(publisher, topic, [b"backoff"])
+    [first] = pull(subscriber, subscription)
+    nacked = time.monotonic()
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id],
+                                   ack_deadline_seconds=0)
+    [second] = pull(subscriber, subscription, timeout=5)
+    assert 0.9 <= time.monotonic() - nacked < 1.8  # the minimum backoff
+    nacked = time.monotonic()
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[second.ack_id],
+                                   ack_deadline_seconds=0)
+    [third] = pull(subscriber, subscription, timeout=5)
+    assert 1.8 <= time.monotonic() - nacked < 3  # doubled, up to the maximum
+    subscriber.acknowledge(subscription=subscription, ack_ids=[third.ack_id])
+
+
+def test_a_message_goes_to_the_dead_letter_topic_after_max_delivery_attempts(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    dead_letters = f"{topic}-dlq"
+    publisher.create_topic(name=dead_letters)
+    letters = new_subscription(of=dead_letters)
+    subscription = new_subscription(dead_letter_policy={
+        "dead_letter_topic": dead_letters, "max_delivery_attempts": DEAD_LETTER_ATTEMPTS})
+    publish(publisher, topic, [b"poison"], kind="bad")
+    attempts = []
+    for _ in range(DEAD_LETTER_ATTEMPTS):
+        [delivery] = pull(subscriber, subscription)
+        attempts.append(delivery.delivery_attempt)
+        subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[delivery.ack_id],
+                                       ack_deadline_seconds=0)
+    assert attempts == [1, 2, 3, 4, 5]
+    [letter] = pull(subscriber, letters)
+    assert letter.message.data == b"poison"
+    assert letter.message.attributes["kind"] == "bad"
+    assert letter.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+    assert letter.message.attributes["CloudPubSubDeadLetterSourceSubscription"] == (
+        subscription.rsplit("/", 1)[-1])
+    assert pull(subscriber, subscription, timeout=1.5) == []  # gone from the source
+
+
+# -- ordering keys ----------------------------------------------------------------
+
+
+def test_one_message_per_ordering_key_is_outstanding_while_other_keys_proceed(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription(enable_message_ordering=True)
+    publish(publisher, topic, [b"a0", b"a1", b"a2"], ordering_key="a")
+    publish(publisher, topic, [b"b0", b"b1"], ordering_key="b")
+    publish(publisher, topic, [b"free"])
+    first = pull(subscriber, subscription)
+    assert sorted(m.message.data for m in first) == [b"a0", b"b0", b"free"]
+    by_data = {m.message.data: m for m in first}
+    subscriber.acknowledge(subscription=subscription, ack_ids=[by_data[b"a0"].ack_id])
+    assert [m.message.data for m in pull(subscriber, subscription)] == [b"a1"]  # b0 still out
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[by_data[b"b0"].ack_id],
+                                   ack_deadline_seconds=0)
+    [again] = pull(subscriber, subscription)  # a nacked head comes back before b1
+    assert (again.message.data, again.message.ordering_key) == (b"b0", "b")
+
+
+def test_ordering_keys_keep_their_order_through_streaming_pull(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription(enable_message_ordering=True)
+    keys = ["red", "green", "blue"]
+    for key in keys:
+        publish(publisher, topic, [f"{key}-{i}".encode() for i in range(40)], ordering_key=key)
+    received = Received()
+    with streaming(subscriber, subscription, received):
+        wait_for(lambda: len(received.data()) == 120, 20, "120 messages")
+    per_key: dict[str, list[bytes]] = defaultdict(list)
+    for message in received.messages:
+        per_key[message.ordering_key].append(message.data)
+    assert per_key == {key: [f"{key}-{i}".encode() for i in range(40)] for key in keys}
+
+
+# -- streams and flow control -------------------------------------------------------
+
+
+def test_two_streams_of_one_subscription_share_its_messages_without_duplicates(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription()
+    values = [f"m{i}".encode() for i in range(300)]
+
+    def slow_ack(message: Any) -> str:
+        time.sleep(0.002)
+        return "ack"
+
+    left, right = Received(slow_ack), Received(slow_ack)
+    other = pubsub_v1.SubscriberClient()
+    try:
+        with (streaming(subscriber, subscription, left, max_messages=5),
+              streaming(other, subscription, right, max_messages=5)):
+            time.sleep(0.5)  # both streams open before anything is published
+            publish(publisher, topic, values)
+            wait_for(lambda: len(left.data()) + len(right.data()) >= 300, 20, "300 messages")
+            time.sleep(0.3)  # any duplicate would show up now
+    finally:
+        other.close()
+    everything = left.data() + right.data()
+    assert sorted(everything) == sorted(values)
+    assert left.data(), "the first stream had no share"
+    assert right.data(), "the second stream had no share"
+
+
+async def test_flow_control_limits_the_outstanding_messages_of_a_stream(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription()
+    publish(publisher, topic, [f"m{i}".encode() for i in range(10)])
+    client = SubscriberAsyncClient()
+    writes: asyncio.Queue[StreamingPullRequest] = asyncio.Queue()
+    await writes.put(StreamingPullRequest(subscription=subscription,
+                                          stream_ack_deadline_seconds=30,
+                                          max_outstanding_messages=3))
+
+    async def requests() -> AsyncIterator[StreamingPullRequest]:
+        while True:
+            yield await writes.get()
+
+    arrived: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def read(stream: AsyncIterable[StreamingPullResponse]) -> None:
+        async for response in stream:  # never cancelled mid-read: that would end the call
+            for message in response.received_messages:
+                arrived.put_nowait(message)
+
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            reader = tasks.create_task(
+                read(await client.streaming_pull(requests=requests())), name="test-reader")
+            try:
+                outstanding = await _receive(arrived, 3)
+                assert len(outstanding) == 3
+                assert await _receive(arrived, 1, within=0.5) == []  # the stream is full
+                await writes.put(StreamingPullRequest(ack_ids=[outstanding[0].ack_id]))
+                [fourth] = await _receive(arrived, 1)  # acked on the stream: room for one
+                await client.acknowledge(subscription=subscription,  # unary, as the 2.x
+                                         ack_ids=[outstanding[1].ack_id])  # client acks
+                [fifth] = await _receive(arrived, 1)
+                assert await _receive(arrived, 1, within=0.5) == []
+                await writes.put(StreamingPullRequest(modify_deadline_ack_ids=[fifth.ack_id],
+                                                      modify_deadline_seconds=[1]))
+                [again] = await _receive(arrived, 1, within=5)  # its stream deadline expired
+                assert again.message.message_id == fifth.message.message_id
+                assert again.ack_id != fifth.ack_id
+                assert fourth.message.message_id not in {
+                    m.message.message_id for m in outstanding}
+            finally:
+                reader.cancel()
+    finally:
+        close: Callable[[], Awaitable[None]] = client.transport.close  # untyped in the client
+        await close()
+
+
+async def _receive(arrived: asyncio.Queue[Any], count: int, within: float = 5.0) -> list[Any]:
+    """Take ``count`` received messages, or what came within ``within`` seconds."""
+    got: list[Any] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while len(got) < count:
+        try:
+            got.append(await asyncio.wait_for(arrived.get(), deadline - loop.time()))
+        except TimeoutError:
+            break
+    return got
+
+
+def test_exactly_once_subscriptions_accept_every_ack(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription(enable_exactly_once_delivery=True)
+    publish(publisher, topic, [b"once", b"twice"])
+    statuses: list[Any] = []
+
+    def ack_and_wait(message: Any) -> None:
+        statuses.append(message.ack_with_response().result(timeout=10))
+
+    with streaming(subscriber, subscription, ack_and_wait):
+        wait_for(lambda: len(statuses) == 2, 10, "two acks confirmed")
+    assert statuses == [pubsub_v1.subscriber.exceptions.AcknowledgeStatus.SUCCESS] * 2
+
+
+# -- administration ------------------------------------------------------------------
+
+
+def test_topics_and_subscriptions_are_created_listed_got_and_deleted(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    project = f"projects/{PROJECT}"
+    subscription = new_subscription(ack_deadline_seconds=42)
+    got = subscriber.get_subscription(subscription=subscription)
+    assert (got.topic, got.ack_deadline_seconds) == (topic, 42)
+    assert publisher.get_topic(topic=topic).name == topic
+    with pytest.raises(exceptions.AlreadyExists):
+        publisher.create_topic(name=topic)
+    assert topic in [t.name for t in publisher.list_topics(project=project)]
+    assert list(publisher.list_topic_subscriptions(topic=topic)) == [subscription]
+    listed = subscriber.list_subscriptions(request={"project": project, "page_size": 1})
+    assert subscription in [s.name for s in listed]  # the pager follows the page tokens
+
+    publisher.delete_topic(topic=topic)
+    with pytest.raises(exceptions.NotFound):
+        publisher.get_topic(topic=topic)
+    assert subscriber.get_subscription(subscription=subscription).topic == "_deleted-topic_"
+    subscriber.delete_subscription(subscription=subscription)
+    with pytest.raises(exceptions.NotFound):
+        subscriber.get_subscription(subscription=subscription)
+    with pytest.raises(exceptions.NotFound):
+        pull(subscriber, subscription)
+
+
+def test_invalid_settings_are_refused(publisher: Any, subscriber: Any, topic: str,
+                                      new_subscription: Callable[..., str]) -> None:
+    with pytest.raises(exceptions.InvalidArgument):
+        new_subscription(ack_deadline_seconds=5)
+    with pytest.raises(exceptions.NotFound):
+        new_subscription(of=f"projects/{PROJECT}/topics/no-such-topic")
+    with pytest.raises(exceptions.InvalidArgument):
+        publisher.create_topic(name="not a topic name")
+
+
+# -- volume ------------------------------------------------------------------------------
+
+
+def test_five_thousand_messages_through_streaming_pull_none_lost_or_duplicated(
+        publisher: Any, subscriber: Any, topic: str, new_subscription: Callable[..., str],
+        record_property: Callable[[str, object], None]) -> None:
+    subscription = new_subscription()
+    values = [f"m{i}".encode() for i in range(5000)]
+    received = Received()
+    with streaming(subscriber, subscription, received):
+        started = time.monotonic()
+        publish(publisher, topic, values)
+        published = time.monotonic()
+        wait_for(lambda: len(received.data()) >= 5000, 40, "5000 messages")
+        done = time.monotonic()
+        time.sleep(0.5)  # a duplicate or a redelivery would show up now
+    counts = Counter(received.data())
+    assert sorted(counts) == sorted(values)
+    assert counts.most_common(1)[0][1] == 1
+    record_property("published_per_s", round(5000 / (published - started)))
+    record_property("received_and_acked_per_s", round(5000 / (done - started)))
+    assert pull(subscriber, subscription, timeout=1.5) == []
