@@ -380,21 +380,16 @@ def test_invalid_settings_are_refused(publisher: Any, subscriber: Any, topic: st
 
 
 def test_five_thousand_messages_through_streaming_pull_none_lost_or_duplicated(
-        publisher: Any, subscriber: Any, topic: str, new_subscription: Callable[..., str],
-        record_property: Callable[[str, object], None]) -> None:
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
     subscription = new_subscription()
     values = [f"m{i}".encode() for i in range(5000)]
     received = Received()
     with streaming(subscriber, subscription, received):
-        started = time.monotonic()
         publish(publisher, topic, values)
-        published = time.monotonic()
         wait_for(lambda: len(received.data()) >= 5000, 40, "5000 messages")
-        done = time.monotonic()
         time.sleep(0.5)  # a duplicate or a redelivery would show up now
     counts = Counter(received.data())
     assert sorted(counts) == sorted(values)
     assert counts.most_common(1)[0][1] == 1
-    record_property("published_per_s", round(5000 / (published - started)))
-    record_property("received_and_acked_per_s", round(5000 / (done - started)))
     assert pull(subscriber, subscription, timeout=1.5) == []
