@@ -1,5 +1,7 @@
 """The SQS module's types: errors, settings, the message filters receive, dead-letter entries.
 
+botocore's errors are mapped onto this module's errors here (:func:`sdk_error`).
+
 A dead-lettered copy is encoded here as a ``SendMessageBatch`` entry, and
 entries are grouped into batches within the call's limits.
 
@@ -42,6 +44,7 @@ __all__ = [
     "DLQ_ATTRIBUTE_RECEIVE_COUNT",
     "DLQ_ATTRIBUTE_TRIGGERS",
     "MAX_BATCH_BYTES",
+    "OPERATIONS",
     "REASON_MAX_REDELIVERIES",
     "REASON_REJECTED",
     "SqsConfigError",
@@ -53,6 +56,7 @@ __all__ = [
     "SqsSettings",
     "dead_letter_entry",
     "queue_name",
+    "sdk_error",
     "sized_chunks",
 ]
 
@@ -96,6 +100,39 @@ class SqsRequestError(SqsProducerError, BrokerRequestError):
 
 class SqsDeadLetterError(SqsProducerError, BrokerDeadLetterError):
     """A copy could not be sent to the dead-letter queue; the message was kept."""
+
+
+OPERATIONS = {
+    "ReceiveMessage": "receive_message",
+    "DeleteMessageBatch": "delete_message_batch",
+    "ChangeMessageVisibilityBatch": "change_message_visibility_batch",
+    "SendMessageBatch": "send_message_batch",
+    "GetQueueUrl": "get_queue_url",
+}
+"""The SQS API operations the producer calls, and the SDK client's method for each."""
+
+
+def sdk_error(operation: str, exc: Exception, exceptions: Any) -> SqsProducerError:
+    """What botocore's ``exc``, raised by ``operation``, means: this module's error for it.
+
+    ``exceptions`` is ``botocore.exceptions`` (passed in: nothing here imports
+    the SDK). Missing credentials and a missing queue are configuration
+    errors; anything else is a request error, with SQS's error code and
+    whether it was the sender's fault. The caller raises it ``from exc``.
+    """
+    if isinstance(exc, exceptions.NoCredentialsError):
+        return SqsConfigError(
+            f"no AWS credentials for {operation}: set the trigger's credentials or the "
+            "usual AWS environment variables"
+        )
+    if isinstance(exc, exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = error.get("Code", "")
+        if "NonExistentQueue" in code or code == "QueueDoesNotExist":
+            return SqsConfigError(f"{operation}: queue does not exist ({exc})")
+        return SqsRequestError(f"{operation} failed: {exc}", code=code,
+                               sender_fault=error.get("Type") == "Sender")
+    return SqsRequestError(f"{operation} failed: {exc}")
 
 
 def queue_name(queue: str) -> str:

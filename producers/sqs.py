@@ -5,10 +5,11 @@
 outcome to a broker action:
 
 * **clean** (acked, nobody failed or rejected) - delete it. Deletes are
-  queued and sent by a few background senders with ``DeleteMessageBatch``
-  in chunks of 10, never one call per message; ``advance`` returns once
-  they are queued (the events are already stored: a crash before the
-  delete only redelivers the message, and the store skips its events).
+  queued and sent by ``delete_concurrency`` background senders with
+  ``DeleteMessageBatch`` in chunks of 10, never one call per message (the
+  kit's settle sender); ``advance`` returns once they are queued (the
+  events are already stored: a crash before the delete only redelivers the
+  message, and the store skips its events).
 * **rejected** - send a copy to ``dead_letter_queue`` (original body and
   attributes, plus ``sharedstream.*`` attributes naming the source queue,
   message id, reason and receive count), then delete it once the send is
@@ -45,7 +46,7 @@ is refused (:class:`SqsConfigError`).
 The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`): the lazy
 SDK import, the retry policy, the in-flight limit, the dead-letter desk and
 its fallback, the redelivery rule, the lease keeper (visibility renewal),
-batching and settings claims. What is here is SQS's: the client and its
+the settle sender (deletes), batching and settings claims. What is here is SQS's: the client and its
 calls, receiving, deleting, re-showing, and the dead-letter queue.
 """
 
@@ -55,7 +56,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
@@ -73,6 +74,7 @@ from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
 from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
+from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._sqs_types import (
     BATCH,
@@ -83,6 +85,7 @@ from sharedstream.producers._sqs_types import (
     DLQ_ATTRIBUTE_RECEIVE_COUNT,
     DLQ_ATTRIBUTE_TRIGGERS,
     MAX_BATCH_BYTES,
+    OPERATIONS,
     SqsConfigError,
     SqsDeadLetterError,
     SqsMessage,
@@ -93,6 +96,7 @@ from sharedstream.producers._sqs_types import (
     attribute_bytes,
     dead_letter_entry,
     queue_name,
+    sdk_error,
     sized_chunks,
 )
 
@@ -181,12 +185,12 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # Received (or being received) and not yet advanced.
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
-        self._deletes: deque[SqsPayload] = deque()
-        self._deletes_waiting = asyncio.Event()
-        self._deletes_drained = asyncio.Event()
-        self._deletes_room = asyncio.Event()
-        self._deleting = 0
-        self._delete_backlog = settings.delete_concurrency * BATCH * 2
+        # Bounded (two rounds of the senders): a message waiting here is no longer renewed,
+        # so when deletes back up, advance waits (and receiving pauses behind it).
+        self._deletes: SettleSender[SqsPayload] = SettleSender(
+            self._send_deletes, batch_size=BATCH, senders=settings.delete_concurrency,
+            policy=settings.retry_policy(), retry_on=SqsRequestError,
+            on_given_up=_delete_refused)
         self._broken: BaseException | None = None
         self._floors: dict[Hashable, str] = {}  # lane -> message id holding it
         # Message id -> receives that were not failures of its own.
@@ -201,28 +205,16 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     # -- connection ----------------------------------------------------------------------
 
     async def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        """One SQS API call (counted), its errors wrapped in :class:`SqsRequestError`."""
+        """One SQS API call (counted), its SDK errors wrapped (see :func:`sdk_error`)."""
         method: Callable[..., Awaitable[dict[str, Any]]] = getattr(
-            self._client, _SNAKE[operation])
+            self._client, OPERATIONS[operation])
         self.calls[operation] += 1
         _requests.add(1, {"broker": "sqs", "operation": operation})
         exceptions = _sdk("botocore.exceptions")
         try:
             return await method(**kwargs)
-        except exceptions.NoCredentialsError as exc:
-            raise SqsConfigError(
-                f"no AWS credentials for {operation}: set the trigger's credentials or the "
-                "usual AWS environment variables"
-            ) from exc
-        except exceptions.ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = error.get("Code", "")
-            if "NonExistentQueue" in code or code == "QueueDoesNotExist":
-                raise SqsConfigError(f"{operation}: queue does not exist ({exc})") from exc
-            raise SqsRequestError(f"{operation} failed: {exc}", code=code,
-                                  sender_fault=error.get("Type") == "Sender") from exc
-        except exceptions.BotoCoreError as exc:
-            raise SqsRequestError(f"{operation} failed: {exc}") from exc
+        except (exceptions.ClientError, exceptions.BotoCoreError) as exc:
+            raise sdk_error(operation, exc, exceptions) from exc
 
     async def _connect(self) -> None:
         s = self.settings
@@ -272,8 +264,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         workers: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             *((f"receive-{i}", self._receive_loop)
               for i in range(self.settings.receive_concurrency)),
-            *((f"delete-{i}", self._delete_loop)
-              for i in range(self.settings.delete_concurrency)),
+            ("delete", self._deletes.run),
             ("renew", self._leases.run),
         ]
         for name, work in workers:
@@ -294,7 +285,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             await work()
         except Exception as exc:  # noqa: BLE001 - handed to the poll, which raises it
             self._broken = exc
-            self._deletes_room.set()  # nobody waits on a sender that is gone
+            self._deletes.interrupt()  # nobody waits on a sender that is gone
             self._inbox.put_nowait(exc)
 
     async def _receive_loop(self) -> None:
@@ -479,60 +470,21 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             self._bounced.forget(payload.message_id)
             if floors.get(payload.lane) == payload.message_id:
                 del floors[payload.lane]
-        self._deletes.extend(payloads)
-        self._deletes_drained.clear()
-        self._deletes_waiting.set()
-        # Bounded: a message waiting here is no longer renewed, so when deletes back up
-        # past two rounds of the senders, advance waits (and receiving pauses behind it).
-        if len(self._deletes) > self._delete_backlog and self._broken is None:
-            self._deletes_room.clear()
-            await self._deletes_room.wait()
+        await self._deletes.put(payloads)
 
-    async def _delete_loop(self) -> None:
-        while True:
-            while not self._deletes:
-                if not self._deleting:
-                    self._deletes_drained.set()
-                self._deletes_waiting.clear()
-                await self._deletes_waiting.wait()
-            chunk = [self._deletes.popleft() for _ in range(min(BATCH, len(self._deletes)))]
-            if len(self._deletes) <= self._delete_backlog:
-                self._deletes_room.set()
-            self._deleting += 1
-            try:
-                await self._delete(chunk)
-            finally:
-                self._deleting -= 1
-
-    async def _delete(self, chunk: list[SqsPayload]) -> None:
-        """Delete one chunk; retry what the service failed, log what it refused."""
-        pending = list(chunk)
-        delays = self.settings.retry_policy().delays()
-        while True:
-            entries = [{"Id": str(i), "ReceiptHandle": p.receipt_handle}
-                       for i, p in enumerate(pending)]
-            try:
-                response = await self._call("DeleteMessageBatch", QueueUrl=self._url,
-                                            Entries=entries)
-            except SqsRequestError:
-                delay = next(delays, None)
-                if delay is None:
-                    raise  # the client is broken: the poll ends; undeleted messages come back
-                await asyncio.sleep(delay)
-                continue
-            failures = response.get("Failed") or []
-            retry = [pending[int(f["Id"])] for f in failures if not f.get("SenderFault")]
-            delay = next(delays, None) if retry else None
-            for failure in failures:
-                if failure.get("SenderFault") or delay is None:
-                    log.warning("delete of %s refused (%s: %s); it will be redelivered and "
-                                "its events skipped as duplicates",
-                                pending[int(failure["Id"])].message_id, failure.get("Code"),
-                                failure.get("Message"))
-            if delay is None:
-                return
-            pending = retry
-            await asyncio.sleep(delay)
+    async def _send_deletes(self, chunk: Sequence[SqsPayload]) -> list[tuple[SqsPayload, str]]:
+        """One ``DeleteMessageBatch``; returns what the service failed (the sender retries)."""
+        entries = [{"Id": str(i), "ReceiptHandle": p.receipt_handle} for i, p in enumerate(chunk)]
+        response = await self._call("DeleteMessageBatch", QueueUrl=self._url, Entries=entries)
+        retry = []
+        for failure in response.get("Failed") or []:
+            payload = chunk[int(failure["Id"])]
+            detail = f"{failure.get('Code')}: {failure.get('Message')}"
+            if failure.get("SenderFault"):
+                _delete_refused(payload, detail)
+            else:
+                retry.append((payload, detail))
+        return retry
 
     # -- dead letters --------------------------------------------------------------------
 
@@ -622,27 +574,22 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             return
         self._closed = True
         try:
-            if (self._deletes or self._deleting) and self._broken is None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(10):
-                        await self._deletes_drained.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await self._deletes.drain()  # at once when broken: nothing sends
         finally:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             self._tasks.clear()
-            if self._deletes:
+            if self._deletes.queued:
                 log.warning("%d delete(s) not sent before closing; those messages come again "
-                            "and their events are skipped as duplicates", len(self._deletes))
+                            "and their events are skipped as duplicates", self._deletes.queued)
             if self._claimed:
                 _consumed.release(self.settings.identity(), self.settings.fingerprint())
             await self._exit.aclose()
 
 
-_SNAKE = {
-    "ReceiveMessage": "receive_message",
-    "DeleteMessageBatch": "delete_message_batch",
-    "ChangeMessageVisibilityBatch": "change_message_visibility_batch",
-    "SendMessageBatch": "send_message_batch",
-    "GetQueueUrl": "get_queue_url",
-}
+def _delete_refused(payload: SqsPayload, detail: str) -> None:
+    log.warning("delete of %s refused (%s); it will be redelivered and its events skipped as "
+                "duplicates", payload.message_id, detail)

@@ -13,8 +13,10 @@ piece with its contract in its module docstring:
   (reasons, annotations, dead letter or store fallback or discard, counts),
   :mod:`.redelivery` (poison and ``unseen`` accounting), :mod:`.lease`
   (renewing leases: SQS visibility, Pub/Sub ack deadlines, Service Bus
-  locks), :mod:`.batches`, :mod:`.fingerprints` (settings fingerprints, one
-  consumer per source) and :mod:`.coalesced_commits` (cumulative commits).
+  locks), :mod:`.settle` (settle senders: a bounded backlog of deletes, acks
+  or completes sent in batches by a few senders, drained on close),
+  :mod:`.batches`, :mod:`.fingerprints` (settings fingerprints, one consumer
+  per source) and :mod:`.coalesced_commits` (cumulative commits).
 
 The kit imports only the engine and itself, never a broker SDK (checked by
 ``tests/test_import_contracts.py``).
