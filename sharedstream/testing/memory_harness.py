@@ -12,12 +12,9 @@ committed and dead-lettered, never the producer under test.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
-from sharedstream.engine.events import TriggerEvent
-from sharedstream.engine.producer import SharedStreamProducer
-from sharedstream.engine.stream import reject_shared_stream_event
 from sharedstream.engine.trigger import BaseEventTrigger
 from sharedstream.testing.harness import DeadLetter, Features, Stream
 from sharedstream.testing.memory import (
@@ -27,45 +24,18 @@ from sharedstream.testing.memory import (
     MemoryBroker,
     MemorySharedStreamTrigger,
 )
-from sharedstream.testing.scripts import ScriptedFailure, act, pace
+from sharedstream.testing.scripts import ScriptedTrigger
 
 __all__ = ["MemoryHarness", "ScriptedMemoryTrigger"]
 
 
-class ScriptedMemoryTrigger(MemorySharedStreamTrigger):
+class ScriptedMemoryTrigger(ScriptedTrigger, MemorySharedStreamTrigger):
     """The memory trigger whose filter follows the script it names (see :func:`act`)."""
 
-    producers: ClassVar[dict[str, int]] = {}
-    """Producers built so far, per stream (the suite checks that triggers share one)."""
-
-    def __init__(self, *, script: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.script = script
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """The memory trigger's kwargs plus the script name."""
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "script": self.script}
-
     @classmethod
-    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        """The memory producer, counted."""
-        cls.producers[kwargs["stream"]] = cls.producers.get(kwargs["stream"], 0) + 1
-        return super().create_shared_stream_producer(kwargs)
-
-    async def filter_shared_stream(
-        self, shared_stream: AsyncIterator[Any],
-    ) -> AsyncIterator[TriggerEvent]:
-        """Emit, skip, reject or raise on each record, as the script says (the value as is)."""
-        async for record in shared_stream:
-            await pace(self.script)
-            action = act(self.script, record.value)
-            if action == "fail":
-                raise ScriptedFailure(f"scripted failure on {record.value!r}")
-            if action == "reject":
-                reject_shared_stream_event()
-            elif action == "emit":
-                yield TriggerEvent(self.to_payload(record.value, record))
+    def stream_of(cls, kwargs: dict[str, Any]) -> str:
+        """The memory stream's name."""
+        return str(kwargs["stream"])
 
 
 class MemoryHarness:

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
+from sharedstream import BaseEventTrigger
 from sharedstream.demo import DEFINITIONS
-from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
     DLQ_HEADER_OFFSET,
     DLQ_HEADER_PARTITION,
@@ -29,7 +28,7 @@ from sharedstream.producers.kafka import (
 from sharedstream.testing.brokers import tansu_broker
 from sharedstream.testing.fixtures import running_or_skip
 from sharedstream.testing.harness import DeadLetter, Features, Stream
-from sharedstream.testing.scripts import ScriptedFailure, act, pace
+from sharedstream.testing.scripts import ScriptedTrigger
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.cli import TriggererCli
 
@@ -47,37 +46,12 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield address
 
 
-class ConformanceKafkaTrigger(KafkaSharedStreamTrigger):
-    """The Kafka trigger with a scripted filter (see ``sharedstream.testing.scripts.act``)."""
-
-    producers: dict[str, int] = {}  # noqa: RUF012 - a test-wide counter, per group id
-
-    def __init__(self, *, script: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.script = script
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "script": self.script}
+class ConformanceKafkaTrigger(ScriptedTrigger, KafkaSharedStreamTrigger):
+    """The Kafka trigger with a scripted filter (see ``sharedstream.testing.scripts``)."""
 
     @classmethod
-    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        group = kwargs["group_id"]
-        cls.producers[group] = cls.producers.get(group, 0) + 1
-        return super().create_shared_stream_producer(kwargs)
-
-    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[
-        TriggerEvent
-    ]:
-        async for message in shared_stream:
-            await pace(self.script)
-            action = act(self.script, message.value)
-            if action == "fail":
-                raise ScriptedFailure(f"scripted failure on {message.value!r}")
-            if action == "reject":
-                reject_shared_stream_event()
-            elif action == "emit":
-                yield TriggerEvent(self.to_payload(message.value, message))
+    def stream_of(cls, kwargs: dict[str, Any]) -> str:
+        return str(kwargs["group_id"])
 
 
 class KafkaHarness:

@@ -15,18 +15,16 @@ from typing import Any
 
 import pytest
 
-from sharedstream import BaseEventTrigger, TriggerEvent, reject_shared_stream_event
-from sharedstream.engine.producer import SharedStreamProducer
+from sharedstream import BaseEventTrigger
 from sharedstream.producers.sqs import (
     DLQ_ATTRIBUTE_MESSAGE_ID,
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_TRIGGERS,
-    SqsSharedStreamProducer,
 )
 from sharedstream.testing.brokers import moto_server
 from sharedstream.testing.fixtures import running_or_skip
 from sharedstream.testing.harness import DeadLetter, Features, Stream
-from sharedstream.testing.scripts import ScriptedFailure, act, pace
+from sharedstream.testing.scripts import ScriptedTrigger
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
 
 aiobotocore_session: Any = pytest.importorskip("aiobotocore.session")
@@ -50,42 +48,15 @@ def sqs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield endpoint
 
 
-class ConformanceSqsTrigger(SqsSharedStreamTrigger):
-    """The SQS trigger with a scripted filter (see ``sharedstream.testing.scripts.act``)."""
-
-    producers: dict[str, int] = {}  # noqa: RUF012 - a test-wide counter, per queue
-    last: dict[str, SqsSharedStreamProducer] = {}  # noqa: RUF012 - the newest, per queue
-
-    def __init__(self, *, script: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.script = script
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "script": self.script}
+class ConformanceSqsTrigger(ScriptedTrigger, SqsSharedStreamTrigger):
+    """The SQS trigger with a scripted filter (see ``sharedstream.testing.scripts``)."""
 
     @classmethod
-    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        queue = kwargs["queue"].rsplit("/", 1)[-1]
-        cls.producers[queue] = cls.producers.get(queue, 0) + 1
-        producer = super().create_shared_stream_producer(kwargs)
-        assert isinstance(producer, SqsSharedStreamProducer)
-        cls.last[queue] = producer
-        return producer
+    def stream_of(cls, kwargs: dict[str, Any]) -> str:
+        return str(kwargs["queue"]).rsplit("/", 1)[-1]
 
-    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[
-        TriggerEvent
-    ]:
-        async for message in shared_stream:
-            await pace(self.script)
-            body = message.body.encode()
-            action = act(self.script, body)
-            if action == "fail":
-                raise ScriptedFailure(f"scripted failure on {body!r}")
-            if action == "reject":
-                reject_shared_stream_event()
-            elif action == "emit":
-                yield TriggerEvent(self.to_payload(body, message))
+    def scripted_value(self, message: Any) -> bytes:
+        return str(message.body).encode()
 
 
 class SqsHarness:

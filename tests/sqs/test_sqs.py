@@ -79,7 +79,9 @@ async def fifo(sqs_endpoint: str) -> AsyncIterator[SqsHarness]:
 
 
 def producer_of(stream: Stream) -> SqsSharedStreamProducer:
-    return ConformanceSqsTrigger.last[stream.name.rsplit("/", 1)[-1]]
+    producer = ConformanceSqsTrigger.last[stream.name.rsplit("/", 1)[-1]]
+    assert isinstance(producer, SqsSharedStreamProducer)
+    return producer
 
 
 async def test_deletes_are_batched(standard: SqsHarness) -> None:
