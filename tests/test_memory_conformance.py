@@ -16,11 +16,11 @@ import pytest
 
 from sharedstream.testing.conformance import ProducerConformance, Session, values
 from sharedstream.testing.memory import (
-    MemoryBroker,
     MemoryConfigError,
     MemorySettings,
     MemorySharedStreamProducer,
 )
+from sharedstream.testing.memory_broker import MemoryBroker
 from sharedstream.testing.memory_harness import MemoryHarness
 from sharedstream.testing.runner import eventually_async
 from sharedstream.testing.scripts import Script

@@ -1,7 +1,7 @@
 """The conformance harness of the in-memory reference broker: a model for a broker's own.
 
 :class:`MemoryHarness` satisfies :class:`~sharedstream.testing.harness.BrokerHarness`
-over a private :class:`~sharedstream.testing.memory.MemoryBroker` (one per
+over a private :class:`~sharedstream.testing.memory_broker.MemoryBroker` (one per
 harness, forgotten on :meth:`MemoryHarness.close`), in either acknowledgement
 mode; :class:`ScriptedMemoryTrigger` is the memory trigger with a filter that
 follows :func:`~sharedstream.testing.scripts.act`. A broker module's harness
@@ -21,9 +21,9 @@ from sharedstream.testing.memory import (
     HEADER_REASON,
     HEADER_SOURCE,
     HEADER_TRIGGERS,
-    MemoryBroker,
     MemorySharedStreamTrigger,
 )
+from sharedstream.testing.memory_broker import MemoryBroker
 from sharedstream.testing.scripts import ScriptedTrigger
 
 __all__ = ["MemoryHarness", "ScriptedMemoryTrigger"]
