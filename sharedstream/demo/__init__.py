@@ -155,13 +155,18 @@ class _State:
     produced: int = 0
     committed: int = 0
     produce_error: BaseException | None = None
-    consuming_since: float | None = None  # when the first offset was committed
+    consuming_since: float | None = None
+    """The last moment nothing was committed yet, once something is: consuming began
+    after it (a rate from it never overstates, even when the whole run is done between
+    two looks at the offsets)."""
+    idle_at: float = 0.0  # the last look that found nothing committed (the start at first)
 
     def rate(self, now: float) -> float:
         """Messages committed per second since consuming began (the group join excluded)."""
-        if self.consuming_since is None or now <= self.consuming_since:
+        since = self.idle_at if self.consuming_since is None else self.consuming_since
+        if not self.committed or now <= since:
             return 0.0
-        return self.committed / (now - self.consuming_since)
+        return self.committed / (now - since)
 
 
 async def _produce(aiokafka: Any, bootstrap: str, messages: int, state: _State) -> None:
@@ -243,8 +248,10 @@ async def _committed(reader: Any, tp: Any) -> int:
 
 def _line(state: _State, stored: int, runs: int, started: float) -> str:
     now = time.monotonic()
-    if state.committed and state.consuming_since is None:
-        state.consuming_since = now
+    if not state.committed:
+        state.idle_at = now
+    elif state.consuming_since is None:
+        state.consuming_since = state.idle_at
     head = f"[{now - started:6.1f}s] produced {state.produced:>7}"
     if state.consuming_since is None:
         return f"{head}  waiting for the consumer group to form (a few seconds)..."
@@ -267,7 +274,7 @@ async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
     triggerer = Triggerer(config, load_definitions(DEFINITIONS))
     _on_signals(triggerer, clean_up)
     state = _State()
-    started = time.monotonic()
+    started = state.idle_at = time.monotonic()
     trigger_task = asyncio.create_task(triggerer.run(), name="sharedstream-demo-triggerer")
     produce_task = asyncio.create_task(_produce(aiokafka, bootstrap, messages, state))
     reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP,
