@@ -163,8 +163,9 @@ class BaseEventTrigger(BaseTrigger):
         a ``datetime``, a subclass, an ``int`` past 64 bits) is still caught
         and packed the checked way; ``bytearray`` and ``memoryview`` are not
         (they would be stored as ``bytes``). The default, ``False``, checks
-        every payload. The Kafka trigger vouches for the payloads it builds
-        from JSON, text and bytes values.
+        every payload. Broker triggers built on the broker kit's
+        ``BrokerTrigger`` vouch for the payloads their own filter builds from
+        JSON, text and bytes values.
         """
         return False
 
