@@ -69,3 +69,16 @@ def streaming(subscriber: Any, subscription: str, callback: Callable[[Any], None
     finally:
         future.cancel()
         future.result(timeout=10)  # the stream's threads have stopped
+
+
+# -- the producer's tests (tests/pubsub/test_pubsub.py) -----------------------------------
+
+
+@pytest.fixture(scope="session")
+def threaded_pubsub_server() -> Iterator[Any]:
+    """The kit's test server on a thread of this process, for the producer's harness."""
+    from tests.pubsub.harness import ThreadedPubSubServer  # noqa: PLC0415 - needs the SDK
+
+    server = ThreadedPubSubServer().start()
+    yield server
+    server.stop()

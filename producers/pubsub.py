@@ -1,0 +1,619 @@
+"""Google Pub/Sub: one streaming pull shared by every trigger of a subscription (ack mode).
+
+:class:`PubSubSharedStreamProducer` reads a subscription with the async
+GAPIC client of ``google-cloud-pubsub`` (the ``pubsub`` extra: ``pip install
+'sharedstream[pubsub]'``) on the event loop: one ``StreamingPull`` per group,
+whose flow control (``max_outstanding_messages`` / ``_bytes``) is the
+read-ahead. Each advanced outcome becomes a broker action:
+
+* **clean** - acknowledged. Acks are queued and sent by ``ack_concurrency``
+  background senders in ``Acknowledge`` calls of up to 2,500 ack ids (the
+  kit's settle sender); ``advance`` returns once they are queued (the
+  events are stored already: a crash before the ack only redelivers the
+  message, and the store skips its events).
+* **failed** - nacked (``ModifyAckDeadline`` 0): redelivered, by Pub/Sub's
+  retry policy, to the subscription; the engine hands it to the failed
+  watcher only (the others skip it as already seen). Past
+  ``max_redeliveries`` counted failures it is dead-lettered instead.
+* **rejected** - published to ``dead_letter_topic`` (original data and
+  attributes plus ``sharedstream.*`` attributes naming the source, the
+  reason, the triggers and what they said), then acked once the publish
+  succeeded; without a topic, or when Pub/Sub refuses the copy for good,
+  handed to the engine's dead-letter fallback, or discarded with a warning.
+* **fanned out to nobody** - left alone: its lease is no longer renewed and
+  Pub/Sub redelivers it once its ack deadline passes.
+
+**Lanes.** A message with an ordering key is in that key's lane: the
+engine advances the key's messages in order, and behind a failed one the
+key's later messages are nacked too (not counted against them), so that
+they come again after it, in order. A message without an ordering key is
+its own lane: it never waits for another.
+
+**Leases.** Every message is received with the stream's ack deadline
+(``ack_deadline``) and its lease is extended (``ModifyAckDeadline``, in
+batches) by the kit's lease keeper while it waits for subscribers and the
+persistence gate, up to ``max_lease_duration`` after it arrived; the
+extension stops the moment it is advanced. A slow watcher therefore causes
+no redelivery.
+
+**Poison.** Pub/Sub reports ``delivery_attempt`` on subscriptions with a
+dead-letter policy: a message that arrives with more than
+``max_redeliveries + 1`` attempts (less those that were not its own doing)
+is dead-lettered without being fanned out. The producer also counts each
+message's own failures itself, so the rule holds without that policy.
+
+**Exactly-once delivery.** On a subscription with exactly-once delivery
+Pub/Sub reports, per ack id, whether an ack or a deadline change took: a
+transient failure is retried by the settle sender, a permanent one
+(``PERMANENT_FAILURE_INVALID_ACK_ID``: the lease expired) means the broker
+redelivers the message. That is safe: its events were stored under a key
+made of the subscription and the message id (:meth:`raw_event_name`), so
+the redelivered copy adds nothing. Without exactly-once, acks are best
+effort on Pub/Sub's side and the same keys absorb the rare redelivery.
+
+Two triggers of one subscription with different consumer settings would
+be two competing streams: a second producer for a subscription already
+consumed in this process with other settings is refused
+(:class:`PubSubConfigError`).
+
+The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`): the lazy
+SDK import, retries, the in-flight limit, the dead-letter desk, the
+redelivery rule, the lease keeper, the settle sender and source claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+from opentelemetry import metrics
+
+from sharedstream.brokerkit.deadletters import (
+    REASON_MAX_REDELIVERIES,
+    REASON_REJECTED,
+    DeadLetterDesk,
+)
+from sharedstream.brokerkit.fingerprints import SourceClaims
+from sharedstream.brokerkit.inflight import InFlightLimit
+from sharedstream.brokerkit.lease import LeaseKeeper
+from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.retry import retrying
+from sharedstream.brokerkit.sdk import OptionalSdk
+from sharedstream.brokerkit.settle import SettleSender
+from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.producers._pubsub_types import (
+    ACK_BATCH,
+    DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
+    DLQ_ATTRIBUTE_DETAIL,
+    DLQ_ATTRIBUTE_MESSAGE_ID,
+    DLQ_ATTRIBUTE_REASON,
+    DLQ_ATTRIBUTE_SUBSCRIPTION,
+    DLQ_ATTRIBUTE_TRIGGERS,
+    PUBLISH_BATCH,
+    PubSubConfigError,
+    PubSubDeadLetterError,
+    PubSubMessage,
+    PubSubPayload,
+    PubSubProducerError,
+    PubSubRequestError,
+    PubSubSettings,
+    ack_failures,
+    dead_letter_attributes,
+    sdk_error,
+    transient,
+)
+
+__all__ = [
+    "DLQ_ATTRIBUTE_DELIVERY_ATTEMPT",
+    "DLQ_ATTRIBUTE_DETAIL",
+    "DLQ_ATTRIBUTE_MESSAGE_ID",
+    "DLQ_ATTRIBUTE_REASON",
+    "DLQ_ATTRIBUTE_SUBSCRIPTION",
+    "DLQ_ATTRIBUTE_TRIGGERS",
+    "PubSubConfigError",
+    "PubSubDeadLetterError",
+    "PubSubMessage",
+    "PubSubPayload",
+    "PubSubProducerError",
+    "PubSubRequestError",
+    "PubSubSettings",
+    "PubSubSharedStreamProducer",
+]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_MAX_HOLDS = 4096
+_HEARTBEAT = 30.0
+"""Seconds between the empty requests that keep an idle stream open (as the SDK's client)."""
+_CALL_TIMEOUT = 30.0
+_requests = metrics.get_meter("sharedstream.pubsub").create_counter(
+    "sharedstream.broker.requests",
+    unit="{request}",
+    description="Broker API calls made by producers, by broker and operation",
+)
+
+_sdk = OptionalSdk(broker="Pub/Sub", package="google.pubsub_v1", extra="pubsub",
+                   error=PubSubConfigError)
+
+_Disposal = tuple[PubSubPayload, str, Sequence[Verdict]]
+"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
+
+_consumed = SourceClaims()
+"""Subscriptions consumed in this process, and the settings fingerprint consuming each."""
+
+
+class PubSubSharedStreamProducer(SharedStreamProducer):
+    """The Pub/Sub side of a shared stream; see the module docstring for the policy.
+
+    The constructor validates (raising :class:`PubSubConfigError`, a
+    ``ValueError``, also when the ``pubsub`` extra is not installed) and
+    connects to nothing. ``calls`` counts the API calls made, by operation
+    (also the OpenTelemetry counter ``sharedstream.broker.requests``).
+    """
+
+    def __init__(self, settings: PubSubSettings) -> None:
+        settings.validate()
+        _sdk("google.pubsub_v1.services.subscriber")  # a missing extra fails here
+        self.settings = settings
+        self.subscription = settings.subscription_path
+        self.calls: Counter[str] = Counter()
+        self._letters = DeadLetterDesk(self, stream=f"pubsub {self.subscription}",
+                                       setting="dead_letter_topic", logger=log)
+        self._subscriber: Any = None
+        self._publisher: Any = None
+        self._claimed = False
+        self._closed = False
+        self._exactly_once = False
+        self._inbox: asyncio.Queue[list[PubSubPayload] | BaseException] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._deadlines = asyncio.Lock()  # renewals and nacks never race each other
+        self._leases: LeaseKeeper[str] = LeaseKeeper(
+            self._renew, lease=settings.ack_deadline, batch_size=ACK_BATCH,
+            guard=self._deadlines, on_lost=self._forget_leases)
+        self._arrived: dict[str, float] = {}  # ack id -> when it arrived (max lease)
+        self._in_flight = InFlightLimit(settings.max_in_flight)
+        self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
+        self._acks: SettleSender[PubSubPayload] = SettleSender(
+            self._send_acks, batch_size=ACK_BATCH, senders=settings.ack_concurrency,
+            policy=settings.retry_policy(), retry_on=PubSubRequestError,
+            on_given_up=_ack_lost)
+        self._broken: BaseException | None = None
+        self._floors: dict[Hashable, str] = {}  # ordering-key lane -> message id holding it
+        self._failures: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)  # counted failures
+        self._bounced: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)  # deliveries not its own
+        self._client_id = uuid.uuid4().hex
+
+    @property
+    def discarded(self) -> int:
+        """Messages dropped: no dead-letter topic and no fallback."""
+        return self._letters.discarded
+
+    # -- connection ----------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Create the async GAPIC clients (no I/O until the first call).
+
+        With an emulator host (the setting, else ``PUBSUB_EMULATOR_HOST``) the
+        transport is an insecure channel to it, as the SDK's own clients do;
+        otherwise the default transport with Application Default Credentials.
+        """
+        host = self.settings.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST")
+        subscriber = _sdk("google.pubsub_v1.services.subscriber")
+        publisher = _sdk("google.pubsub_v1.services.publisher")
+        if host:
+            aio = _sdk("grpc").aio
+            self._subscriber = subscriber.SubscriberAsyncClient(
+                transport=subscriber.transports.SubscriberGrpcAsyncIOTransport(
+                    channel=aio.insecure_channel(host)))
+            if self.settings.dead_letter_path is not None:
+                self._publisher = publisher.PublisherAsyncClient(
+                    transport=publisher.transports.PublisherGrpcAsyncIOTransport(
+                        channel=aio.insecure_channel(host)))
+        else:
+            self._subscriber = subscriber.SubscriberAsyncClient()
+            if self.settings.dead_letter_path is not None:
+                self._publisher = publisher.PublisherAsyncClient()
+
+    async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """One unary call (counted), transient errors retried, the rest wrapped."""
+        exceptions = _sdk("google.api_core.exceptions")
+
+        async def attempt() -> _T:
+            self.calls[operation] += 1
+            _requests.add(1, {"broker": "pubsub", "operation": operation})
+            return await call()
+
+        try:
+            return await retrying(operation, attempt, policy=self.settings.retry_policy(),
+                                  catch=exceptions.GoogleAPICallError, transient=transient,
+                                  wrap=PubSubRequestError)
+        except PubSubRequestError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, exceptions.GoogleAPICallError) and not transient(cause):
+                raise sdk_error(f"{operation} on {self.subscription}", cause,
+                                exceptions) from cause
+            raise
+
+    def _claim(self) -> None:
+        if not _consumed.claim(self.settings.identity(), self.settings.fingerprint()):
+            raise PubSubConfigError(
+                f"subscription {self.subscription!r} is already consumed in this process with "
+                "other settings; every trigger of one subscription must use the same flow "
+                "control, lease and dead-letter settings (two streams would split its messages)"
+            )
+        self._claimed = True
+
+    # -- the poll ------------------------------------------------------------------------
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Open the streaming pull and yield ``(PubSubMessage, PubSubPayload)`` pairs."""
+        self._claim()
+        self._connect()
+        workers: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("pull", self._pull_loop), ("ack", self._acks.run), ("lease", self._leases.run)]
+        for name, work in workers:
+            self._tasks.append(asyncio.get_running_loop().create_task(
+                self._guard(work), name=f"pubsub {self.subscription} {name}"))
+        inbox = self._inbox
+        while True:
+            item = await inbox.get()
+            if isinstance(item, BaseException):
+                raise item
+            for payload in item:
+                yield payload.message, payload
+
+    async def _guard(self, work: Callable[[], Awaitable[None]]) -> None:
+        # A worker's error ends the poll through the inbox (the group restarts); what was
+        # received and not advanced is redelivered once its deadline passes: nothing is lost.
+        try:
+            await work()
+        except Exception as exc:  # noqa: BLE001 - handed to the poll, which raises it
+            self._broken = exc
+            self._acks.interrupt()
+            self._in_flight.interrupt()
+            self._inbox.put_nowait(exc)
+
+    async def _pull_loop(self) -> None:
+        """Keep one streaming pull open; reopen it when Pub/Sub ends it (it does, now and then).
+
+        Opening is retried per the retry policy; a stream that delivered
+        something and then broke is reopened with a fresh budget. A fatal
+        error (no such subscription, no permission) ends the poll.
+        """
+        while True:
+            await self._call("StreamingPull", self._stream_once)
+
+    async def _stream_once(self) -> None:
+        s = self.settings
+        types = _sdk("google.pubsub_v1.types")
+        exceptions = _sdk("google.api_core.exceptions")
+        first = types.StreamingPullRequest(
+            subscription=self.subscription, stream_ack_deadline_seconds=s.ack_deadline,
+            max_outstanding_messages=s.max_in_flight,
+            max_outstanding_bytes=s.max_in_flight_bytes, client_id=self._client_id)
+
+        async def requests() -> AsyncIterator[Any]:
+            yield first
+            while True:  # acks and deadlines go as unary calls; this only keeps it open
+                await asyncio.sleep(_HEARTBEAT)
+                yield types.StreamingPullRequest()
+
+        stream = await self._subscriber.streaming_pull(requests=requests(), retry=None)
+        delivered = False
+        try:
+            async for response in stream:
+                delivered = True
+                await self._take(type(response).pb(response))
+                await self._in_flight.room()
+        except exceptions.GoogleAPICallError as exc:
+            if not delivered:
+                raise
+            log.info("the stream of %s ended (%s); opening another", self.subscription, exc)
+        finally:
+            stream.cancel()
+
+    async def _take(self, response: Any) -> None:
+        """Hold the leases of a response's messages and hand them to the poll."""
+        if response.HasField("subscription_properties"):
+            self._exactly_once = response.subscription_properties.exactly_once_delivery_enabled
+        now = self._leases.now()
+        expires = now + self.settings.ack_deadline
+        taken: list[PubSubPayload] = []
+        poison: list[_Disposal] = []
+        for received in response.received_messages:
+            message = PubSubMessage(self.subscription, received)
+            key = message.ordering_key
+            lane: Hashable = ("key", key) if key else ("message", message.message_id)
+            payload = PubSubPayload(received.ack_id, lane, message)
+            self._leases.hold(payload.ack_id, expires)
+            self._arrived[payload.ack_id] = now
+            attempt = message.delivery_attempt
+            if attempt is not None and self._redelivery.poisoned_on_arrival(
+                    attempt - self._bounced.get(message.message_id)):
+                # Delivered that often without resolving (crashes, lapses): never fan it out.
+                poison.append((payload, REASON_MAX_REDELIVERIES, ()))
+                continue
+            taken.append(payload)
+        self._in_flight.take(len(taken))
+        if taken:
+            self._inbox.put_nowait(taken)
+        if poison:
+            await self._dispose(poison)
+
+    # -- the engine's calls --------------------------------------------------------------
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """``("key", ordering_key)``, or ``("message", message_id)`` without a key."""
+        lane: Hashable = broker_payload.lane
+        return lane
+
+    def raw_event_name(self, broker_payload: Any) -> str | None:
+        """``<subscription path>/<message id>``: the same for every redelivery."""
+        return f"{self.subscription}/{broker_payload.message.message_id}"
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Ack, nack or dead-letter each message of one lane's resolved prefix.
+
+        Raises only when the client is broken (a worker failed for good);
+        per-message problems are logged with the message id.
+        """
+        if self._broken is not None:
+            raise PubSubRequestError(f"the Pub/Sub client is broken: {self._broken}")
+        self._in_flight.release(len(batch))
+        acks, nacks, dispose = self._sort(batch)
+        if nacks:
+            await self._nack(nacks)
+        if dispose:
+            await self._dispose(dispose)
+        if acks:
+            await self._acks.put(acks)
+
+    def _sort(self, batch: Sequence[AdvanceItem]) -> tuple[
+        list[PubSubPayload], list[PubSubPayload], list[_Disposal]
+    ]:
+        """Split a batch into acks, nacks and dead letters; stop every lease first.
+
+        A key lane's first failed message becomes its *floor*: the key's
+        later messages are nacked behind it, uncounted, so they come again
+        after it, in order. Synchronous, so renewal of every item stops
+        before anything is awaited.
+        """
+        acks: list[PubSubPayload] = []
+        nacks: list[PubSubPayload] = []
+        dispose: list[_Disposal] = []
+        floors = self._floors
+        for payload, outcome in batch:
+            self._settle_lease(payload.ack_id)
+            message_id, lane = payload.message_id, payload.lane
+            floor = floors.get(lane)
+            if floor == message_id:
+                del floors[lane]
+            elif floor is not None:
+                self._bounced.add(message_id)
+                nacks.append(payload)
+                continue
+            if outcome.failed:
+                if self._redelivery.counts(outcome):
+                    failures = self._failures.add(message_id)
+                else:  # it only failed because a watcher died on another message
+                    self._bounced.add(message_id)
+                    failures = self._failures.get(message_id)
+                if self._redelivery.exhausted(failures):
+                    dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
+                    continue
+                nacks.append(payload)
+                if lane[0] == "key":
+                    floors[lane] = message_id
+                    if len(floors) > _MAX_HOLDS:
+                        del floors[next(iter(floors))]
+            elif outcome.rejected:
+                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
+            elif outcome.acked:
+                acks.append(payload)
+            # else: fanned out to nobody: its lease lapses and Pub/Sub redelivers it
+        for payload in acks:
+            self._resolved(payload)
+        return acks, nacks, dispose
+
+    def _settle_lease(self, ack_id: str) -> None:
+        self._leases.settle(ack_id)
+        self._arrived.pop(ack_id, None)
+
+    def _resolved(self, payload: PubSubPayload) -> None:
+        self._failures.forget(payload.message_id)
+        self._bounced.forget(payload.message_id)
+
+    def _forget_leases(self, ack_ids: list[str]) -> None:
+        for ack_id in ack_ids:
+            self._arrived.pop(ack_id, None)
+
+    # -- deadlines -----------------------------------------------------------------------
+
+    async def _nack(self, payloads: list[PubSubPayload]) -> None:
+        log.info("nacking %d message(s) of %s: %s", len(payloads), self.subscription,
+                 [p.message_id for p in payloads])
+        async with self._deadlines:
+            for start in range(0, len(payloads), ACK_BATCH):
+                await self._modify([p.ack_id for p in payloads[start:start + ACK_BATCH]], 0)
+
+    async def _renew(self, ack_ids: Sequence[str]) -> list[str]:
+        """The lease keeper's renewal (under the deadline lock), up to ``max_lease_duration``."""
+        now, limit = self._leases.now(), self.settings.max_lease_duration
+        due = [a for a in ack_ids if now - self._arrived.get(a, now) < limit]
+        if len(due) < len(ack_ids):
+            log.warning("%d lease(s) of %s reached max_lease_duration (%ds); Pub/Sub "
+                        "redelivers them", len(ack_ids) - len(due), self.subscription, limit)
+        if not due:
+            return []
+        return await self._modify(due, self.settings.ack_deadline)
+
+    async def _modify(self, ack_ids: list[str], seconds: int) -> list[str]:
+        """One ``ModifyAckDeadline``; the ack ids it changed. Failures are logged, not raised.
+
+        A deadline that was not changed lapses on its own: the message is
+        redelivered, which costs a duplicate at most.
+        """
+        exceptions = _sdk("google.api_core.exceptions")
+        try:
+            await self._call("ModifyAckDeadline", lambda: self._subscriber.modify_ack_deadline(
+                subscription=self.subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds,
+                retry=None, timeout=_CALL_TIMEOUT))
+        except PubSubProducerError as exc:
+            failures = ack_failures(exc.__cause__) if isinstance(
+                exc.__cause__, exceptions.GoogleAPICallError) else None
+            if failures is None:
+                log.warning("changing the deadline of %d message(s) of %s failed (%s); they "
+                            "lapse on their own", len(ack_ids), self.subscription, exc)
+                return []
+            return [a for a in ack_ids if a not in failures]
+        return ack_ids
+
+    # -- acks ----------------------------------------------------------------------------
+
+    async def _send_acks(self, chunk: Sequence[PubSubPayload]) -> list[tuple[PubSubPayload, str]]:
+        """One ``Acknowledge``; returns the ack ids an exactly-once subscription failed briefly.
+
+        Raises :class:`PubSubRequestError` when the call itself failed
+        transiently (the sender retries the batch), :class:`PubSubConfigError`
+        when it cannot succeed (the poll ends).
+        """
+        exceptions = _sdk("google.api_core.exceptions")
+        ack_ids = [p.ack_id for p in chunk]
+        self.calls["Acknowledge"] += 1
+        _requests.add(1, {"broker": "pubsub", "operation": "Acknowledge"})
+        try:
+            await self._subscriber.acknowledge(subscription=self.subscription, ack_ids=ack_ids,
+                                               retry=None, timeout=_CALL_TIMEOUT)
+        except exceptions.GoogleAPICallError as exc:
+            failures = ack_failures(exc)
+            if failures is None:
+                if transient(exc):
+                    raise PubSubRequestError(f"Acknowledge failed: {exc}") from exc
+                error = sdk_error(f"Acknowledge on {self.subscription}", exc, exceptions)
+                if isinstance(error, PubSubConfigError):
+                    raise error from exc
+                for payload in chunk:
+                    _ack_lost(payload, str(exc))
+                return []
+            retry = []
+            for payload in chunk:
+                status = failures.get(payload.ack_id)
+                if status is None:
+                    continue
+                if status.startswith("TRANSIENT_"):
+                    retry.append((payload, status))
+                else:
+                    _ack_lost(payload, status)
+            return retry
+        return []
+
+    # -- dead letters --------------------------------------------------------------------
+
+    async def _dispose(self, items: list[_Disposal]) -> None:
+        """Dead-letter ``items``, acking each once its copy is kept somewhere.
+
+        A copy is published to ``dead_letter_topic``; when there is none, or
+        Pub/Sub refuses the copy for good (too big, say), it goes to the
+        engine's ``dead_letter_fallback``; with neither, the message is
+        discarded with a warning. A copy that could not be kept leaves the
+        message nacked: it comes again.
+        """
+        topic = self.settings.dead_letter_path
+        if topic is None:
+            await self._dispose_elsewhere(items, self._letters.unconfigured())
+            return
+        for start in range(0, len(items), PUBLISH_BATCH):
+            await self._publish_dead_letters(topic, items[start:start + PUBLISH_BATCH])
+
+    async def _publish_dead_letters(self, topic: str, chunk: list[_Disposal]) -> None:
+        types = _sdk("google.pubsub_v1.types")
+        messages = [types.PubsubMessage(data=payload.message.data,
+                                        attributes=dead_letter_attributes(payload, reason, said))
+                    for payload, reason, said in chunk]
+        try:
+            await self._call("Publish", lambda: self._publisher.publish(
+                topic=topic, messages=messages, retry=None, timeout=_CALL_TIMEOUT))
+        except PubSubConfigError:
+            raise  # no such topic, no permission: the poll ends with that line
+        except PubSubRequestError as exc:
+            cause = exc.__cause__
+            if cause is None or (isinstance(cause, Exception) and transient(cause)):
+                log.error("dead-lettering %s to %s failed (%s); nacked, they come again",  # noqa: TRY400 - the cause is in the message
+                          [p.message_id for p, _, _ in chunk], topic, exc)
+                await self._nack([p for p, _, _ in chunk])
+            elif len(chunk) > 1:  # refused: perhaps one message's fault; find it
+                for item in chunk:
+                    await self._publish_dead_letters(topic, [item])
+            else:
+                await self._dispose_elsewhere(chunk, f"the dead_letter_topic refused it: {exc}")
+            return
+        for payload, reason, verdicts in chunk:
+            self._letters.sent(payload.message_id, topic, reason, verdicts)
+        await self._ack_disposed([payload for payload, _, _ in chunk])
+
+    async def _dispose_elsewhere(self, items: list[_Disposal], why: str) -> None:
+        """Keep ``items`` through the fallback (or discard them), then ack them."""
+        kept, left = [], []
+        for payload, reason, verdicts in items:
+            message = payload.message
+            try:
+                await self._letters.keep(
+                    source=message.message_id, reason=reason, cause=why, verdicts=verdicts,
+                    payload=message.data,
+                    headers=tuple((k, v.encode("utf-8", "surrogatepass"))
+                                  for k, v in message.attributes.items()),
+                    history=f"delivery attempt {message.delivery_attempt or 'unknown'}",
+                )
+            except Exception as exc:  # noqa: BLE001 - not kept: the message is nacked, comes again
+                log.error("keeping %s in the dead-letter fallback failed (%s); nacked, it "  # noqa: TRY400 - the cause is in the message
+                          "comes again", message.message_id, exc)
+                left.append(payload)
+                continue
+            kept.append(payload)
+        if left:
+            await self._nack(left)
+        await self._ack_disposed(kept)
+
+    async def _ack_disposed(self, payloads: list[PubSubPayload]) -> None:
+        for payload in payloads:
+            self._settle_lease(payload.ack_id)
+            self._resolved(payload)
+        await self._acks.put(payloads)
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Flush queued acks (10 s at most), stop the workers and the clients, once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await self._acks.drain()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()
+            if self._acks.queued:
+                log.warning("%d ack(s) not sent before closing; those messages come again and "
+                            "their events are skipped as duplicates", self._acks.queued)
+            if self._claimed:
+                _consumed.release(self.settings.identity(), self.settings.fingerprint())
+            for client in (self._subscriber, self._publisher):
+                if client is not None:
+                    close: Callable[[], Awaitable[None]] = client.transport.close
+                    await close()
+
+
+def _ack_lost(payload: PubSubPayload, detail: str) -> None:
+    log.warning("ack of %s did not take (%s); Pub/Sub redelivers it and its events are skipped "
+                "as duplicates", payload.message_id, detail)
