@@ -179,10 +179,10 @@ class PubSubHarness:
                 "dead_letter_topic": stream.dead_letter, "emulator_host": self.server.host,
                 **overrides}
 
-    def trigger(self, stream: Stream, *, script: str,
-                max_redeliveries: int = 5) -> BaseEventTrigger:
-        return ConformancePubSubTrigger(
-            script=script, **self.trigger_kwargs(stream, max_redeliveries=max_redeliveries))
+    def trigger(self, stream: Stream, *, script: str, max_redeliveries: int = 5,
+                **overrides: Any) -> BaseEventTrigger:
+        return ConformancePubSubTrigger(script=script, **self.trigger_kwargs(
+            stream, max_redeliveries=max_redeliveries, **overrides))
 
     def lossy_trigger(self, stream: Stream) -> BaseEventTrigger:  # pragma: no cover
         raise NotImplementedError("the Pub/Sub producer has no setting that acks early")

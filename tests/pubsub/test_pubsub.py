@@ -6,8 +6,18 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sharedstream.testing.conformance import ProducerConformance, Session
-from tests.pubsub.harness import PubSubHarness, ThreadedPubSubServer
+from sharedstream.producers.pubsub import (
+    DLQ_ATTRIBUTE_REASON,
+    DLQ_ATTRIBUTE_SUBSCRIPTION,
+    DLQ_ATTRIBUTE_TRIGGERS,
+    PubSubSharedStreamProducer,
+)
+from sharedstream.testing.conformance import ProducerConformance, Session, values
+from sharedstream.testing.harness import Stream
+from sharedstream.testing.runner import eventually, eventually_async
+from sharedstream.testing.scripts import Script
+from sharedstream.triggers.pubsub import PubSubSharedStreamTrigger
+from tests.pubsub.harness import ConformancePubSubTrigger, PubSubHarness, ThreadedPubSubServer
 
 
 @pytest.fixture(params=["keyed", "unkeyed"])
@@ -37,3 +47,146 @@ class TestPubSubConformance(ProducerConformance):
         if harness.keyed:
             pytest.skip("Pub/Sub holds an ordering key's later messages behind a nacked one")
         await super().test_a_member_away_holds_the_stream(harness, session)
+
+
+# -- Pub/Sub specifics, on the test server ------------------------------------------------
+
+
+@pytest.fixture
+async def keyed(threaded_pubsub_server: ThreadedPubSubServer) -> AsyncIterator[PubSubHarness]:
+    harness = PubSubHarness(threaded_pubsub_server, keyed=True)
+    await harness.start()
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+@pytest.fixture
+async def keyless(threaded_pubsub_server: ThreadedPubSubServer) -> AsyncIterator[PubSubHarness]:
+    harness = PubSubHarness(threaded_pubsub_server, keyed=False)
+    await harness.start()
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+def producer_of(stream: Stream) -> PubSubSharedStreamProducer:
+    producer = ConformancePubSubTrigger.last[stream.name]
+    assert isinstance(producer, PubSubSharedStreamProducer)
+    return producer
+
+
+async def test_ordering_key_lanes_keep_order(keyed: PubSubHarness) -> None:
+    """A key whose message keeps failing holds only that key; the order within it is kept."""
+    stream = await keyed.create_stream()
+    session = Session(keyed, stream)
+    try:
+        runner = session.run(Script(fail={b"a1": 2}))
+        await keyed.produce(stream, values(4, "a"), key="a")
+        await keyed.produce(stream, values(4, "b"), key="b")
+        await eventually(lambda: set(runner.values()) >= set(values(4, "b")),
+                         what="key b, not held behind key a")
+        await eventually_async(lambda: keyed.committed(stream), 8, what="committed")
+        seen = runner.values()
+        assert [v for v in seen if v.startswith(b"a")] == values(4, "a")
+        assert [v for v in seen if v.startswith(b"b")] == values(4, "b")
+        assert producer_of(stream).calls["ModifyAckDeadline"] >= 2  # the two nacks
+    finally:
+        await session.close()
+
+
+async def test_a_nacked_message_is_redelivered_and_stored_once(keyless: PubSubHarness) -> None:
+    """A failure nacks the message: it comes again, to the failed watcher, under the same name.
+
+    The healthy watcher may see the redelivered copy too; it carries the same
+    raw event name, so the store keeps its event once.
+    """
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    try:
+        healthy = session.run()
+        flaky_script = Script(fail={b"m1": 1})
+        flaky = session.run(flaky_script)
+        await keyless.produce(stream, values(3))
+        await eventually(lambda: set(flaky.values()) == set(values(3)), what="the redelivery")
+        await eventually_async(lambda: keyless.committed(stream), 3, what="committed")
+        assert flaky_script.failures == 1
+        assert sorted(flaky.values()) == values(3)  # m1 emitted once, after the redelivery
+        assert len(set(healthy.names)) == 3
+        assert await keyless.dead_letters(stream) == []
+    finally:
+        await session.close()
+
+
+@pytest.mark.slow
+async def test_a_watcher_slower_than_the_ack_deadline_causes_no_redelivery(
+    keyless: PubSubHarness,
+) -> None:
+    """A filter spending 12 s on a message with a 10 s deadline: the lease is extended."""
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    try:
+        slow = session.run(Script(delay=12.0), ack_deadline=10)
+        fast = session.run(ack_deadline=10)
+        await keyless.produce(stream, [b"slow"])
+        await eventually(lambda: slow.values() == [b"slow"], within=30, what="the slow watcher")
+        await eventually_async(lambda: keyless.committed(stream), 1, what="acked")
+        assert fast.values() == [b"slow"], "delivered once: never redelivered"
+        [event] = slow.events
+        assert event.payload["delivery_attempt"] is None
+        assert producer_of(stream).calls["ModifyAckDeadline"] >= 1  # the extensions
+    finally:
+        await session.close()
+
+
+async def test_dead_letters_carry_the_original_and_the_verdict(keyless: PubSubHarness) -> None:
+    """A rejected message is published to the dead-letter topic with its attributes, then acked."""
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    try:
+        picky = session.run(Script(reject={b"m0"}))
+        await keyless.produce(stream, values(1), attributes={"origin": "web"})
+        await eventually_async(lambda: keyless.committed(stream), 1, what="acked")
+        assert stream.dead_letter is not None
+        reader = keyless.letter_readers[stream.dead_letter]
+        response = await keyless.subscriber.pull(subscription=reader, max_messages=10)
+        [letter] = response.received_messages
+        attributes = dict(letter.message.attributes)
+        assert letter.message.data == b"m0"
+        assert attributes["origin"] == "web"
+        assert attributes[DLQ_ATTRIBUTE_REASON] == "rejected"
+        assert attributes[DLQ_ATTRIBUTE_TRIGGERS] == str(picky.trigger_id)
+        assert attributes[DLQ_ATTRIBUTE_SUBSCRIPTION] == stream.name
+        assert producer_of(stream).dead_lettered == 1
+    finally:
+        await session.close()
+
+
+async def test_watchers_of_one_subscription_share_one_stream(keyless: PubSubHarness) -> None:
+    """Three watchers with the same settings: one producer, one StreamingPull."""
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    try:
+        runners = [session.run(), session.run(Script(skip={b"m0"})), session.run()]
+        await keyless.produce(stream, values(3))
+        await eventually_async(lambda: keyless.committed(stream), 3, what="committed")
+        await eventually(lambda: all(len(r.events) >= 2 for r in runners), what="fan-out")
+        assert keyless.producers_created(stream) == 1
+        assert producer_of(stream).calls["StreamingPull"] == 1
+    finally:
+        await session.close()
+
+
+async def test_other_settings_on_one_subscription_are_refused(keyless: PubSubHarness) -> None:
+    """A second stream of one subscription with other settings would split it: refused."""
+    stream = await keyless.create_stream()
+    kwargs = keyless.trigger_kwargs(stream)
+    first = PubSubSharedStreamTrigger(**kwargs)
+    other = PubSubSharedStreamTrigger(**{**kwargs, "max_in_flight": 7})
+    assert first.shared_stream_key() != other.shared_stream_key()
+    short = PubSubSharedStreamTrigger(**{**kwargs, "subscription": stream.name.rsplit("/", 1)[1]})
+    assert short.shared_stream_key() == first.shared_stream_key()
+    with pytest.raises(ValueError, match=r"ack_deadline must be within 10\.\.600"):
+        PubSubSharedStreamTrigger(**{**kwargs, "ack_deadline": 5})
