@@ -64,7 +64,6 @@ redelivery rule, the lease keeper, the settle sender and source claims.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import uuid
@@ -86,6 +85,7 @@ from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
+from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._pubsub_types import (
     ACK_BATCH,
@@ -171,8 +171,6 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         self._claimed = False
         self._closed = False
         self._exactly_once = False
-        self._inbox: asyncio.Queue[list[PubSubPayload] | BaseException] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
         self._deadlines = asyncio.Lock()  # renewals and nacks never race each other
         self._leases: LeaseKeeper[str] = LeaseKeeper(
             self._renew, lease=settings.ack_deadline, batch_size=ACK_BATCH,
@@ -184,7 +182,10 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             self._send_acks, batch_size=ACK_BATCH, senders=settings.ack_concurrency,
             policy=settings.retry_policy(), retry_on=PubSubRequestError,
             on_given_up=_ack_lost)
-        self._broken: BaseException | None = None
+        # The streaming pull, the ack senders and the renewals; one batch per response. A
+        # worker gone for good must not leave advance or the pull waiting on it.
+        self._workers: PollWorkers[PubSubPayload] = PollWorkers(
+            on_broken=(self._acks.interrupt, self._in_flight.interrupt))
         self._floors: dict[Hashable, str] = {}  # ordering-key lane -> message id holding it
         self._failures: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)  # counted failures
         self._bounced: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)  # deliveries not its own
@@ -256,29 +257,13 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         """Open the streaming pull and yield ``(PubSubMessage, PubSubPayload)`` pairs."""
         self._claim()
         self._connect()
-        workers: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            ("pull", self._pull_loop), ("ack", self._acks.run), ("lease", self._leases.run)]
-        for name, work in workers:
-            self._tasks.append(asyncio.get_running_loop().create_task(
-                self._guard(work), name=f"pubsub {self.subscription} {name}"))
-        inbox = self._inbox
-        while True:
-            item = await inbox.get()
-            if isinstance(item, BaseException):
-                raise item
-            for payload in item:
+        # A worker's error ends the poll (the group restarts); what was received and not
+        # advanced is redelivered once its deadline passes: nothing is lost.
+        self._workers.start(f"pubsub {self.subscription}", [
+            ("pull", self._pull_loop), ("ack", self._acks.run), ("lease", self._leases.run)])
+        async for batch in self._workers.batches():
+            for payload in batch:
                 yield payload.message, payload
-
-    async def _guard(self, work: Callable[[], Awaitable[None]]) -> None:
-        # A worker's error ends the poll through the inbox (the group restarts); what was
-        # received and not advanced is redelivered once its deadline passes: nothing is lost.
-        try:
-            await work()
-        except Exception as exc:  # noqa: BLE001 - handed to the poll, which raises it
-            self._broken = exc
-            self._acks.interrupt()
-            self._in_flight.interrupt()
-            self._inbox.put_nowait(exc)
 
     async def _pull_loop(self) -> None:
         """Keep one streaming pull open; reopen it when Pub/Sub ends it (it does, now and then).
@@ -343,7 +328,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             taken.append(payload)
         self._in_flight.take(len(taken))
         if taken:
-            self._inbox.put_nowait(taken)
+            self._workers.put(taken)
         if poison:
             await self._dispose(poison)
 
@@ -364,8 +349,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         Raises only when the client is broken (a worker failed for good);
         per-message problems are logged with the message id.
         """
-        if self._broken is not None:
-            raise PubSubRequestError(f"the Pub/Sub client is broken: {self._broken}")
+        if self._workers.broken is not None:
+            raise PubSubRequestError(f"the Pub/Sub client is broken: {self._workers.broken}")
         self._in_flight.release(len(batch))
         acks, nacks, dispose = self._sort(batch)
         if nacks:
@@ -595,14 +580,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             return
         self._closed = True
         try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(10):
-                    await self._acks.drain()
+            await self._acks.flush(10)
         finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            self._tasks.clear()
+            await self._workers.stop()
             if self._acks.queued:
                 log.warning("%d ack(s) not sent before closing; those messages come again and "
                             "their events are skipped as duplicates", self._acks.queued)

@@ -75,6 +75,7 @@ from sharedstream.brokerkit.lease import LeaseKeeper
 from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
+from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._sqs_types import (
     BATCH,
@@ -175,9 +176,6 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._fifo = False
         self._claimed = False
         self._closed = False
-        # One entry per receive call (not per message), or the error that ends the poll.
-        self._inbox: asyncio.Queue[list[SqsPayload] | BaseException] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
         self._visibility = asyncio.Lock()  # renewals and re-shows never race each other
         self._leases: LeaseKeeper[_Lease] = LeaseKeeper(
             self._renew, lease=settings.visibility_timeout, batch_size=BATCH,
@@ -191,7 +189,10 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             self._send_deletes, batch_size=BATCH, senders=settings.delete_concurrency,
             policy=settings.retry_policy(), retry_on=SqsRequestError,
             on_given_up=_delete_refused)
-        self._broken: BaseException | None = None
+        # The receivers, the delete senders and the renewals; one batch per receive call.
+        # A sender gone for good must not leave advance waiting on it.
+        self._workers: PollWorkers[SqsPayload] = PollWorkers(
+            on_broken=(self._deletes.interrupt,))
         self._floors: dict[Hashable, str] = {}  # lane -> message id holding it
         # Message id -> receives that were not failures of its own.
         self._bounced: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
@@ -261,32 +262,17 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         """Connect, start the receivers, and yield ``(SqsMessage, SqsPayload)`` pairs."""
         self._claim()
         await self._connect()
-        workers: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        # A worker's error ends the poll (the group restarts); what was received and not
+        # advanced lapses back to visible, so nothing is lost.
+        self._workers.start(f"sqs {queue_name(self._url)}", [
             *((f"receive-{i}", self._receive_loop)
               for i in range(self.settings.receive_concurrency)),
             ("delete", self._deletes.run),
             ("renew", self._leases.run),
-        ]
-        for name, work in workers:
-            self._tasks.append(asyncio.get_running_loop().create_task(
-                self._guard(work), name=f"sqs {queue_name(self._url)} {name}"))
-        inbox = self._inbox
-        while True:
-            item = await inbox.get()
-            if isinstance(item, BaseException):
-                raise item
-            for payload in item:
+        ])
+        async for batch in self._workers.batches():
+            for payload in batch:
                 yield payload.message, payload
-
-    async def _guard(self, work: Callable[[], Awaitable[None]]) -> None:
-        # A worker's error ends the poll through the inbox (the group restarts); what was
-        # received and not advanced lapses back to visible, so nothing is lost.
-        try:
-            await work()
-        except Exception as exc:  # noqa: BLE001 - handed to the poll, which raises it
-            self._broken = exc
-            self._deletes.interrupt()  # nobody waits on a sender that is gone
-            self._inbox.put_nowait(exc)
 
     async def _receive_loop(self) -> None:
         s = self.settings
@@ -326,7 +312,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             self._leases.hold((payload.receipt_handle, message.message_id), deadline)
             taken.append(payload)
         if taken:
-            self._inbox.put_nowait(taken)
+            self._workers.put(taken)
         if poison:
             await self._dispose(poison)
 
@@ -347,8 +333,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         Raises only when the client is broken (a delete sender gave up);
         per-message problems are logged with the message id.
         """
-        if self._broken is not None:
-            raise SqsRequestError(f"the SQS client is broken: {self._broken}")
+        if self._workers.broken is not None:
+            raise SqsRequestError(f"the SQS client is broken: {self._workers.broken}")
         self._in_flight.release(len(batch))
         deletes, failed, bounced, dispose = self._sort(batch)
         if bounced:
@@ -574,14 +560,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             return
         self._closed = True
         try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(10):
-                    await self._deletes.drain()  # at once when broken: nothing sends
+            await self._deletes.flush(10)  # at once when broken: nothing sends
         finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            self._tasks.clear()
+            await self._workers.stop()
             if self._deletes.queued:
                 log.warning("%d delete(s) not sent before closing; those messages come again "
                             "and their events are skipped as duplicates", self._deletes.queued)

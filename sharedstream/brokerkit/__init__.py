@@ -13,7 +13,8 @@ piece with its contract in its module docstring:
   (reasons, annotations, dead letter or store fallback or discard, counts),
   :mod:`.redelivery` (poison and ``unseen`` accounting), :mod:`.lease`
   (renewing leases: SQS visibility, Pub/Sub ack deadlines, Service Bus
-  locks), :mod:`.settle` (settle senders: a bounded backlog of deletes, acks
+  locks), :mod:`.workers` (a poll's background tasks and the inbox they fill),
+  :mod:`.settle` (settle senders: a bounded backlog of deletes, acks
   or completes sent in batches by a few senders, drained on close),
   :mod:`.batches`, :mod:`.fingerprints` (settings fingerprints, one consumer
   per source) and :mod:`.coalesced_commits` (cumulative commits).

@@ -35,8 +35,8 @@ Contract:
   settled is redelivered by the broker.
 * :meth:`~SettleSender.drain` waits until everything queued was sent (the
   backlog is empty and no batch is in flight), or until interrupted; the
-  owner bounds it with a timeout as it closes, and what is still queued
-  then is its to report (:attr:`~SettleSender.queued`).
+  owner bounds it with a timeout as it closes (:meth:`~SettleSender.flush`),
+  and what is still queued then is its to report (:attr:`~SettleSender.queued`).
 
 Everything runs on the owner's event loop; ``sleep`` is injected so tests
 run without waiting.
@@ -45,6 +45,7 @@ run without waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Generic, TypeVar
@@ -143,6 +144,17 @@ class SettleSender(Generic[T]):
         if not self._interrupted:
             await self._drained.wait()
         return self.idle
+
+    async def flush(self, within: float) -> int:
+        """:meth:`drain` for at most ``within`` seconds; how many items are still queued.
+
+        What a closing owner calls before stopping the senders (and reports
+        the number it returns: those messages come again).
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self.drain()
+        return self.queued
 
     async def run(self) -> None:
         """Run the senders until cancelled; raise the error of a batch that failed for good.

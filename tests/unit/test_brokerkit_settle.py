@@ -242,3 +242,19 @@ def test_sizes_are_validated() -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         SettleSender(Broker().send, batch_size=0, senders=1, policy=RetryPolicy(0, 0.1),
                      retry_on=Flaky, on_given_up=lambda item, detail: None)
+
+
+async def test_flush_waits_at_most_its_bound_and_says_what_is_left(
+    running: list[asyncio.Task[None]],
+) -> None:
+    broker = Broker()
+    harness = Harness(broker, batch_size=2, senders=1)
+    start(harness, running)
+    await harness.sender.put(["a", "b"])
+    assert await harness.sender.flush(5) == 0  # everything went out
+    broker.gate = asyncio.Event()  # the broker stops answering
+    await harness.sender.put(["c", "d", "e", "f"])
+    assert await harness.sender.flush(0.05) == 2  # c, d in flight; e, f still queued
+    broker.gate.set()
+    assert await harness.sender.flush(5) == 0
+    assert broker.settled == ["a", "b", "c", "d", "e", "f"]
