@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
-import io
 import json
 import os
 import platform
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _revisions import export_revision, working_tree_revision
+
 BENCH_DIR = Path(__file__).resolve().parent
-REPO_DIR = BENCH_DIR.parent
 WORKLOAD = BENCH_DIR / "_fanout_workload.py"
 RESULTS_DIR = BENCH_DIR / "results"
 AIRFLOW_VENV = RESULTS_DIR / ".airflow-venv"
@@ -273,42 +272,6 @@ def _read_first(path: str, prefix: str) -> str | None:
     return None
 
 
-def _git(*args: str) -> str | None:
-    try:
-        proc = subprocess.run(
-            ["git", *args], cwd=REPO_DIR, capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return proc.stdout.strip()
-
-
-def working_tree_revision() -> str | None:
-    """``HEAD``'s short hash, suffixed ``+dirty`` when ``sharedstream/`` has local changes."""
-    head = _git("rev-parse", "--short", "HEAD")
-    if head is None:
-        return None
-    dirty = _git("status", "--porcelain", "--", "sharedstream")
-    return head + ("+dirty" if dirty else "")
-
-
-def export_revision(rev: str, dest: Path) -> str:
-    """Extract ``sharedstream/`` as committed at ``rev`` into ``dest``; return the full hash.
-
-    Lets a run measure a fixed commit while the working tree is being edited.
-    """
-    sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
-    if not sha:
-        raise SystemExit(f"--ours-rev {rev!r} is not a commit of {REPO_DIR}")
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", sha, "sharedstream"],
-        cwd=REPO_DIR, capture_output=True, check=True,
-    ).stdout  # fmt: skip
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
-    return sha
-
-
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on."""
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
@@ -428,7 +391,7 @@ def prepare_runners(args: argparse.Namespace, scratch: Path) -> tuple[list[Runne
     pythonpath = None
     if args.ours_rev is not None:
         pythonpath = scratch / "ours-src"
-        sha = export_revision(args.ours_rev, pythonpath)
+        sha = export_revision(args.ours_rev, pythonpath, paths=("sharedstream",))
         ours_info["source"] = f"git archive {sha[:12]} (--ours-rev {args.ours_rev})"
         ours_info["git_revision"] = sha[:12]
         progress(f"benchmarking sharedstream as committed at {sha[:12]} ({args.ours_rev})")
