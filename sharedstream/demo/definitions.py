@@ -1,17 +1,25 @@
-"""The definitions file of ``sharedstream demo``: four Kafka watchers on one topic, three DAGs.
+"""The definitions file of ``sharedstream demo``: four watchers on one stream, three DAGs.
 
 Pass it to ``sharedstream triggerer --definitions`` against your own broker
-too; it reads where the broker is from the environment:
+too; it reads which broker and where from the environment:
 
-* ``SHAREDSTREAM_DEMO_BOOTSTRAP`` - ``host:port`` (default ``127.0.0.1:9092``)
-* ``SHAREDSTREAM_DEMO_TOPIC`` - the topic (default ``demo.orders``); rejected
-  records go to ``<topic>.dlq``
-* ``SHAREDSTREAM_DEMO_GROUP`` - the consumer group (default ``sharedstream-demo``)
-* ``SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS`` - the group session timeout (default 10000)
+* ``SHAREDSTREAM_DEMO_BROKER`` - ``kafka`` (the default) or ``pubsub``: the
+  trigger class and its connection kwargs come from that broker's
+  :meth:`~sharedstream.demo.brokers.DemoBroker.watcher_triggers`
+* ``SHAREDSTREAM_DEMO_TOPIC`` - the topic, and on Pub/Sub the subscription
+  (default ``demo.orders``); rejected records go to ``<topic>.dlq``
+* Kafka: ``SHAREDSTREAM_DEMO_BOOTSTRAP`` - ``host:port`` (default
+  ``127.0.0.1:9092``), ``SHAREDSTREAM_DEMO_GROUP`` - the consumer group (default
+  ``sharedstream-demo``), ``SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS`` - the group
+  session timeout (default 10000)
+* Pub/Sub: ``SHAREDSTREAM_DEMO_PROJECT`` (default ``sharedstream-demo``),
+  ``SHAREDSTREAM_DEMO_PUBSUB_HOST`` - an emulator's ``host:port`` (default: none,
+  Pub/Sub itself)
 
 The records are JSON objects ``{"id": n, "kind": "order"|"refund", "amount": n}``
-keyed by region (``eu``, ``us``, ``apac``). All four watchers share one consumer:
-they differ only in what they match.
+of a region (``eu``, ``us``, ``apac``: the Kafka key, the Pub/Sub ``region``
+attribute). All four watchers share one consumer: they differ only in what they
+match.
 """
 
 from __future__ import annotations
@@ -20,28 +28,18 @@ import os
 from typing import Any
 
 from sharedstream.definitions import Asset, AssetWatcher, Dag
-from sharedstream.producers.kafka import KafkaMessage
-from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
+from sharedstream.demo.brokers import demo_broker
 
 BIG_ORDER = 500
 """An order is big from this amount on."""
 
-_SESSION_MS = int(os.environ.get("SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS", "10000"))
-_TOPIC = os.environ.get("SHAREDSTREAM_DEMO_TOPIC", "demo.orders")
-COMMON: dict[str, Any] = {
-    "bootstrap_servers": os.environ.get("SHAREDSTREAM_DEMO_BOOTSTRAP", "127.0.0.1:9092"),
-    "topics": [_TOPIC],
-    "group_id": os.environ.get("SHAREDSTREAM_DEMO_GROUP", "sharedstream-demo"),
-    "dead_letter_topic": f"{_TOPIC}.dlq",
-    "payload_format": "json",
-    "consumer_overrides": {
-        "session_timeout_ms": _SESSION_MS,
-        "heartbeat_interval_ms": max(100, _SESSION_MS // 5),
-    },
-}
+TRIGGERS = demo_broker(os.environ.get("SHAREDSTREAM_DEMO_BROKER", "kafka")).watcher_triggers(
+    os.environ)
+COMMON: dict[str, Any] = TRIGGERS.common
+WatcherTrigger: Any = TRIGGERS.base  # the broker's trigger class (a BrokerTrigger)
 
 
-class MinAmountTrigger(KafkaSharedStreamTrigger):
+class MinAmountTrigger(WatcherTrigger):  # type: ignore[misc]  # the broker picks the base
     """A custom filter a ``match`` dict cannot express: ``amount >= min_amount``."""
 
     def __init__(self, *, min_amount: int, **kwargs: Any) -> None:
@@ -49,27 +47,27 @@ class MinAmountTrigger(KafkaSharedStreamTrigger):
         self.min_amount = min_amount
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        """The Kafka trigger's kwargs, plus ``min_amount``."""
+        """The broker trigger's kwargs, plus ``min_amount``."""
         classpath, kwargs = super().serialize()
         return classpath, {**kwargs, "min_amount": self.min_amount}
 
-    def matches(self, value: Any, message: KafkaMessage) -> bool:
+    def matches(self, value: Any, message: Any) -> bool:
         """The ``match`` dict, and an integer ``amount`` of at least ``min_amount``."""
         amount = value.get("amount") if isinstance(value, dict) else None
-        return (super().matches(value, message) and isinstance(amount, int)
+        return (bool(super().matches(value, message)) and isinstance(amount, int)
                 and amount >= self.min_amount)
 
 
-orders = Asset("orders", watchers=[AssetWatcher("all", trigger=KafkaSharedStreamTrigger(
+orders = Asset("orders", watchers=[AssetWatcher("all", trigger=WatcherTrigger(
     **COMMON, match={"json": {"kind": "order"}},
 ))])
 big_orders = Asset("big_orders", watchers=[AssetWatcher("over_min", trigger=MinAmountTrigger(
     **COMMON, match={"json": {"kind": "order"}}, min_amount=BIG_ORDER,
 ))])
-eu_orders = Asset("eu_orders", watchers=[AssetWatcher("eu", trigger=KafkaSharedStreamTrigger(
-    **COMMON, match={"key": "eu", "json": {"kind": "order"}},
+eu_orders = Asset("eu_orders", watchers=[AssetWatcher("eu", trigger=WatcherTrigger(
+    **COMMON, match={**TRIGGERS.region("eu"), "json": {"kind": "order"}},
 ))])
-refunds = Asset("refunds", watchers=[AssetWatcher("all", trigger=KafkaSharedStreamTrigger(
+refunds = Asset("refunds", watchers=[AssetWatcher("all", trigger=WatcherTrigger(
     **COMMON, match={"json": {"kind": "refund"}},
 ))])
 

@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     init.set_defaults(handler=_init)
 
     demo = commands.add_parser(
-        "demo", help="run the pipeline against a local Kafka-protocol broker (Tansu)"
+        "demo", help="run the pipeline against a broker started locally (Kafka or Pub/Sub)"
     )
     demo.add_argument("--messages", type=_positive, default=2000, metavar="N",
                       help="records to produce (default: 2000)")
@@ -154,7 +154,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-level", type=_log_level, default="ERROR", metavar="LEVEL",
                       help=f"logging level: {', '.join(LOG_LEVELS)} (default: error)")
     demo.add_argument("--broker", default="kafka", metavar="NAME",
-                      help="the broker to run on (default: kafka, the only one for now)")
+                      help="the broker to start and run on: kafka (Tansu, the default) or "
+                      "pubsub (the testing kit's Pub/Sub test server)")
     demo.set_defaults(handler=_demo)
 
     triggerer = commands.add_parser("triggerer", help="run the watchers of a definitions file")

@@ -18,6 +18,7 @@ import pytest
 
 from sharedstream.demo import demo_message, expected_counts, matching_assets
 from sharedstream.testing.harness import Stream
+from tests.demo_accounting import check_demo_run, run_demo_cli
 from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,33 +28,16 @@ TOTAL = 3000
 @pytest.mark.usefixtures("kafka_bootstrap")  # skips, with the install hint, without a broker
 def test_demo_runs_to_completion_with_the_expected_counts() -> None:
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "sharedstream", "demo", "--messages", "300"],
-        cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_demo_cli("--messages", "300")
     assert time.monotonic() - started < 60
-    expected = expected_counts(300)
-    summary = result.stdout.strip().splitlines()[0]
-    found = re.fullmatch(
-        r"done: (\d+) messages, (\d+) trigger events stored, (\d+) asset events, "
-        r"DAG runs: ship (\d+), reconcile (\d+), notify (\d+), (\d+) dead-lettered, "
-        r"[\d.]+s, \d+ msgs/s once consuming", summary,
-    )
-    assert found, summary
-    messages, events, asset_events, ship, reconcile, notify, dead = map(int, found.groups())
-    runs = expected.runs()
-    assert messages == 300
-    assert events == asset_events == expected.trigger_events
-    assert (ship, notify) == (runs["ship"], runs["notify"])
-    low, high = runs["reconcile"]  # type: ignore[misc]
-    assert low <= reconcile <= high
-    assert dead == expected.dead_lettered > 0
-    # The progress lines: the group join is a phase of its own, then consumed counts.
-    progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
-    assert any("consumed and committed" in line for line in progress)
-    assert all("waiting for the consumer group" in line or "consumed and committed" in line
-               for line in progress), progress
+    check_demo_run(result, "kafka", 300)
+
+
+def test_an_unknown_broker_is_one_line_listing_the_valid_ones() -> None:
+    result = run_demo_cli("--broker", "sqs", "--messages", "5", timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "sharedstream: error: --broker 'sqs': the demo runs on kafka, pubsub only for now"]
 
 
 @pytest.mark.usefixtures("kafka_bootstrap")

