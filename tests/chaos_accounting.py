@@ -12,7 +12,9 @@ refused) - and compares the two, record by record:
 * every record meant to be dead-lettered is, exactly once over the broker's
   dead-letter destination and the store's table together, in the intended
   place, with the intended reason (and failing triggers, when given); no
-  other record is.
+  other record is;
+* a DAG scheduled on one watcher's asset ran exactly once per record that
+  watcher stored (:func:`read_dag_runs`, :func:`compare_runs`).
 
 Broker-neutral: a record's *source* is the name the broker's producer gives
 it (``raw_event_name``): ``topic/partition/offset`` for Kafka, the message id
@@ -46,6 +48,7 @@ from typing import Any
 __all__ = [
     "IN_BROKER",
     "IN_STORE",
+    "DagRun",
     "DeadLetterRecord",
     "Expected",
     "ExpectedDeadLetter",
@@ -55,15 +58,18 @@ __all__ = [
     "StoredEvent",
     "assert_exact",
     "compare",
+    "compare_runs",
     "count_stored_events",
     "fill_filesystem",
     "mount_tmpfs",
     "parse_idem_key",
+    "read_dag_runs",
     "read_dead_letter_table",
     "read_stored_events",
     "trigger_ids",
     "truncate_wal",
     "unmount",
+    "watcher_triggers",
 ]
 
 IN_BROKER = "broker"
@@ -166,6 +172,72 @@ def trigger_ids(db: Path) -> dict[str, list[int]]:
         for row in connection.execute("SELECT id, classpath FROM triggers ORDER BY id"):
             ids.setdefault(row["classpath"], []).append(int(row["id"]))
     return ids
+
+
+def watcher_triggers(db: Path) -> dict[str, int]:
+    """Trigger ids by watcher, ``"<asset>/<watcher>"``, from the store's ``watchers`` table.
+
+    For suites whose watchers share one trigger class (and so one class path).
+    """
+    with contextlib.closing(_connect(db)) as connection:
+        rows = connection.execute("SELECT a.name AS asset, w.name AS watcher, w.trigger_id "
+                                  "FROM watchers w JOIN assets a ON a.id = w.asset_id")
+        return {f"{row['asset']}/{row['watcher']}": int(row["trigger_id"]) for row in rows}
+
+
+@dataclass(frozen=True)
+class DagRun:
+    """One queued DAG run and the trigger events (as :class:`StoredEvent`) behind it."""
+
+    dag_id: str
+    run_id: str
+    events: tuple[StoredEvent, ...]
+
+
+def read_dag_runs(db: Path, dag_id: str) -> list[DagRun]:
+    """Every run of ``dag_id`` in the store, each with the trigger events it consumed."""
+    runs: dict[int, tuple[str, list[StoredEvent]]] = {}
+    with contextlib.closing(_connect(db)) as connection:
+        for row in connection.execute(
+            "SELECT r.id, r.run_id, te.trigger_id, te.idem_key FROM dag_runs r "
+            "LEFT JOIN dag_run_asset_events ra ON ra.dag_run_id = r.id "
+            "LEFT JOIN asset_events ae ON ae.id = ra.asset_event_id "
+            "LEFT JOIN trigger_events te ON te.id = ae.trigger_event_id "
+            "WHERE r.dag_id = ? ORDER BY r.id", (dag_id,),
+        ):
+            _, events = runs.setdefault(int(row["id"]), (str(row["run_id"]), []))
+            if row["trigger_id"] is not None:
+                events.append(parse_idem_key(int(row["trigger_id"]), row["idem_key"]))
+    return [DagRun(dag_id, run_id, tuple(events)) for run_id, events in runs.values()]
+
+
+def compare_runs(dag_id: str, trigger_id: int, sources: set[str],
+                 runs: list[DagRun]) -> list[str]:
+    """``dag_id`` ran exactly once per source, on that source's event of ``trigger_id`` alone.
+
+    For a DAG scheduled on one asset with one watcher: every run consumes
+    one asset event. Every discrepancy, one line each (none: empty).
+    """
+    problems: list[str] = []
+    shapes = [run.run_id for run in runs if len(run.events) != 1
+              or run.events[0].trigger_id != trigger_id]
+    if shapes:
+        problems.append(f"{dag_id}: {len(shapes)} runs not on exactly one event of trigger "
+                        f"{trigger_id}: {_sample(shapes)}")
+    counts = Counter(run.events[0].source for run in runs if len(run.events) == 1)
+    lost = sources - set(counts)
+    if lost:
+        problems.append(f"{dag_id}: NO run for {len(lost)} of {len(sources)} records: "
+                        f"{_sample(lost)}")
+    twice = {s: n for s, n in counts.items() if n > 1}
+    if twice:
+        problems.append(f"{dag_id}: {len(twice)} records ran more than once: "
+                        f"{_sample(f'{s} x{n}' for s, n in twice.items())}")
+    unexpected = set(counts) - sources
+    if unexpected:
+        problems.append(f"{dag_id}: {len(unexpected)} runs for records that must not run it: "
+                        f"{_sample(map(str, unexpected))}")
+    return problems
 
 
 def _triggers(value: Any) -> frozenset[int] | None:

@@ -8,11 +8,14 @@ what the emulator may lack).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from google.api_core import exceptions
@@ -393,3 +396,41 @@ def test_five_thousand_messages_through_streaming_pull_none_lost_or_duplicated(
     assert sorted(counts) == sorted(values)
     assert counts.most_common(1)[0][1] == 1
     assert pull(subscriber, subscription, timeout=1.5) == []
+
+
+# -- the optional state file (--state-file) ----------------------------------------------
+
+
+def test_a_state_file_keeps_topics_subscriptions_and_unacked_messages_across_a_kill(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL and a start on the same file: what was not acked comes again under its id."""
+    from tests.pubsub.test_crash import ServerProcess  # noqa: PLC0415 - a test's helper
+
+    server = ServerProcess(tmp_path, state_file=tmp_path / "state.json").start()
+    try:
+        with mock.patch.dict(os.environ, {"PUBSUB_EMULATOR_HOST": server.host}):
+            publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        try:
+            topic = f"projects/{PROJECT}/topics/kept"
+            subscription = f"projects/{PROJECT}/subscriptions/kept"
+            publisher.create_topic(name=topic)
+            subscriber.create_subscription(request={"name": subscription, "topic": topic})
+            ids = publish(publisher, topic, [b"acked", b"leased", b"waiting"], colour="red")
+            first = pull(subscriber, subscription, max_messages=2)
+            assert [r.message.data for r in first] == [b"acked", b"leased"]
+            subscriber.acknowledge(subscription=subscription, ack_ids=[first[0].ack_id])
+            server.kill()
+            server.start()
+            assert subscriber.get_subscription(subscription=subscription).topic == topic
+            again = pull(subscriber, subscription)
+            assert [(r.message.message_id, r.message.data) for r in again] == [
+                (ids[1], b"leased"), (ids[2], b"waiting")]
+            assert {r.message.attributes["colour"] for r in again} == {"red"}
+            [later] = publish(publisher, topic, [b"after the restart"])
+            assert later not in ids  # ids go on after the saved ones
+        finally:
+            publisher.stop()
+            subscriber.close()
+    finally:
+        server.stop()

@@ -10,8 +10,10 @@ both. The real, unmodified ``google-cloud-pubsub`` client reaches it through
   clocks (no gRPC, no Google import);
 * :mod:`.service` - the ``google.pubsub.v1.Publisher`` and ``.Subscriber``
   gRPC services over that state (needs ``google-cloud-pubsub``);
+* :mod:`.state_file` - the optional ``--state-file`` that keeps topics,
+  subscriptions and unsettled messages across a restart;
 * :mod:`.server` - :func:`~.server.serve` and the command line
-  ``python -m sharedstream.testing.pubsub --port N``.
+  ``python -m sharedstream.testing.pubsub --port N [--state-file PATH]``.
 
 Start it from tests with :func:`sharedstream.testing.brokers.pubsub_server`
 or the ``pubsub_emulator_host`` fixture. Importing this package imports no

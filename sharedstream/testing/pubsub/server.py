@@ -14,6 +14,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import grpc.aio
 
@@ -23,14 +24,18 @@ __all__ = ["main", "serve"]
 
 
 async def serve(host: str = "127.0.0.1", port: int = 0, *,
-                ready: Callable[[int], None] | None = None) -> None:
+                ready: Callable[[int], None] | None = None,
+                state_file: Path | None = None) -> None:
     """Serve on ``host:port`` (0 = any free port) until cancelled.
 
     ``ready`` is called with the bound port once the server accepts calls.
+    ``state_file``: loaded on start if it exists and written after every
+    change, so that a restarted server has what the last one had
+    (:mod:`.state_file`); ``None``: in memory only.
     On cancellation the server stops at once (no grace: in-flight streams
     end) and the cancellation propagates.
     """
-    service = PubSubService()
+    service = PubSubService(state_file=state_file)
     server = grpc.aio.server(handlers=service.handlers())
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
@@ -50,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      description="A Google Pub/Sub test server (a subset).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    parser.add_argument("--state-file", type=Path, default=None,
+                        help="keep topics, subscriptions and unsettled messages in this file "
+                             "across restarts (loaded on start, written after every change)")
     args = parser.parse_args(argv)
 
     async def run() -> None:
@@ -59,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             loop.add_signal_handler(signum, stop.set)
         async with asyncio.TaskGroup() as tasks:
             server = tasks.create_task(serve(args.host, args.port, ready=lambda port: print(
-                f"listening on {args.host}:{port}", file=sys.stderr, flush=True)),
-                name="pubsub-serve")
+                f"listening on {args.host}:{port}", file=sys.stderr, flush=True),
+                state_file=args.state_file), name="pubsub-serve")
             await stop.wait()
             server.cancel()  # a clean exit: the server stops, the group ends
 

@@ -26,6 +26,7 @@ import contextlib
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -42,6 +43,7 @@ from sharedstream.testing.pubsub.state import (
     check_name,
     project_of,
 )
+from sharedstream.testing.pubsub.state_file import StateFile
 
 __all__ = ["PubSubService"]
 
@@ -130,13 +132,24 @@ class PubSubService:
     :meth:`handlers` to a ``grpc.aio`` server and run :meth:`sweep` in a
     task for as long as the server runs. ``pull_wait`` bounds how long a
     unary Pull with nothing to deliver waits before answering empty.
+    ``state_file`` (optional) is loaded now if it exists and written after
+    every change (see :mod:`.state_file`); without it, everything is in
+    memory only.
     """
 
-    def __init__(self, *, pull_wait: float = 5.0) -> None:
+    def __init__(self, *, pull_wait: float = 5.0, state_file: Path | None = None) -> None:
         self.state = PubSubState(on_change=self._changed)
         self.pull_wait = pull_wait
+        self._state_file = None if state_file is None else StateFile(state_file)
+        if self._state_file is not None:
+            self._state_file.load(self.state)
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._rescheduled = asyncio.Event()
+
+    def _save(self) -> None:
+        """Write the state file, if there is one (after anything that may have changed)."""
+        if self._state_file is not None:
+            self._state_file.save(self.state)
 
     def _changed(self, subscription: str) -> None:
         for event in self._waiters.get(subscription, ()):
@@ -158,6 +171,7 @@ class PubSubService:
         while True:
             self._rescheduled.clear()
             self.state.expire()
+            self._save()
             due = self.state.next_due()
             delay = 1.0 if due is None else min(1.0, max(0.0, due - self.state.clock()))
             with contextlib.suppress(TimeoutError):  # the due time came: expire again
@@ -208,6 +222,8 @@ class PubSubService:
                 return await behaviour(request, context)
             except Refused as exc:
                 await context.abort(grpc.StatusCode[exc.status], str(exc))
+            finally:
+                self._save()  # before the answer: what a caller was told survives a kill
 
         return grpc.unary_unary_rpc_method_handler(
             call, request_deserializer=_pb(request_type).FromString,
@@ -376,6 +392,7 @@ class PubSubService:
             if request.stream_ack_deadline_seconds:
                 stream.deadline = self._stream_deadline(request.stream_ack_deadline_seconds)
             self._apply(request, stream)
+            self._save()
         stream.ended = True
         stream.wake.set()
 

@@ -58,7 +58,9 @@ __all__ = [
     "Message",
     "PubSubState",
     "Refused",
+    "Snapshot",
     "SubscriptionSettings",
+    "SubscriptionSnapshot",
 ]
 
 DELETED_TOPIC = "_deleted-topic_"
@@ -189,6 +191,29 @@ class _Subscription:
         return entry.message.ordering_key if self.settings.ordering else ""
 
 
+@dataclass(frozen=True, slots=True)
+class SubscriptionSnapshot:
+    """One subscription as a restart keeps it: its unsettled messages, leases forgotten."""
+
+    name: str
+    settings: SubscriptionSettings
+    topic: str
+    """Its topic now (:data:`DELETED_TOPIC` once that is deleted)."""
+    spec: object
+    entries: tuple[tuple[Message, int], ...]
+    """Every message not acked nor dead-lettered, with its deliveries so far, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What :meth:`PubSubState.snapshot` returns and :meth:`PubSubState.restore` loads."""
+
+    next_id: int
+    """The next message id (and entry sequence): ids stay unique across restarts."""
+    topics: Mapping[str, object]
+    subscriptions: tuple[SubscriptionSnapshot, ...]
+
+
 class PubSubState:
     """All topics and subscriptions of one server (see the module's invariants)."""
 
@@ -285,7 +310,9 @@ class PubSubState:
         return [message.message_id for message in published]
 
     def _enqueue(self, sub: _Subscription, message: Message) -> None:
-        entry = _Entry(message, next(self._ids))
+        self._place(sub, _Entry(message, next(self._ids)))
+
+    def _place(self, sub: _Subscription, entry: _Entry) -> None:
         key = sub.keyed(entry)
         if key:
             waiting = sub.keys.setdefault(key, deque())
@@ -439,3 +466,47 @@ class PubSubState:
         }
         self.publish(sub.settings.dead_letter_topic,
                      [(message.data, attributes, message.ordering_key)])
+
+    # -- a restart (the server's optional --state-file) -----------------------
+
+    def snapshot(self) -> Snapshot:
+        """Topics, subscriptions and every unsettled entry, with its attempts; no leases.
+
+        A leased entry is kept as unsettled: after a restart it is delivered
+        again (as if its lease had expired), under a new ack id.
+        """
+        next_id = next(self._ids)
+        self._ids = itertools.count(next_id)
+        subscriptions = []
+        for sub in self._subscriptions.values():
+            entries = {id(e): e for e in sub.ready}
+            entries.update((id(e), e) for _, _, e in sub.delayed)
+            entries.update((id(e), e) for waiting in sub.keys.values() for e in waiting)
+            entries.update((id(lease.entry), lease.entry) for lease in sub.leases.values())
+            ordered = sorted(entries.values(), key=lambda e: e.seq)
+            subscriptions.append(SubscriptionSnapshot(
+                sub.name, sub.settings, sub.topic, sub.spec,
+                tuple((e.message, e.attempts) for e in ordered)))
+        return Snapshot(next_id, dict(self.topics), tuple(subscriptions))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Load ``snapshot`` into this state, which must still be empty.
+
+        Every entry is ready again (or waiting behind its ordering key's
+        head, in the order it was published); ids continue after the
+        snapshot's.
+        """
+        if self.topics or self._subscriptions:
+            raise RuntimeError("restore() needs an empty state")
+        self._ids = itertools.count(snapshot.next_id)
+        for name, spec in snapshot.topics.items():
+            self.topics[name] = spec
+            self._attached[name] = set()
+        for saved in snapshot.subscriptions:
+            sub = _Subscription(saved.name, saved.settings, saved.spec)
+            sub.topic = saved.topic
+            self._subscriptions[saved.name] = sub
+            if saved.topic in self._attached:
+                self._attached[saved.topic].add(saved.name)
+            for message, attempts in saved.entries:
+                self._place(sub, _Entry(message, next(self._ids), attempts))
