@@ -215,7 +215,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         try:
             return await method(**kwargs)
         except (exceptions.ClientError, exceptions.BotoCoreError) as exc:
-            raise sdk_error(operation, exc, exceptions) from exc
+            queue = kwargs.get("QueueUrl") or kwargs.get("QueueName")
+            where = f"{operation} on {queue}" if queue else operation
+            raise sdk_error(where, exc, exceptions) from exc
 
     async def _connect(self) -> None:
         s = self.settings

@@ -38,6 +38,7 @@ from sharedstream.engine.errors import (
     DuplicateSubscription,
     PollTerminated,
     ProducerContractError,
+    SharedStreamError,
     StreamStopped,
 )
 from sharedstream.engine.fanout import Accept, FanOut, Subscriber
@@ -307,6 +308,11 @@ class StreamGroup:
                 if getattr(exc, "retryable", False):  # the broker's doing: one line says it
                     log.warning("shared stream %r stopped: %s: %s; its triggers start it again "
                                 "after their restart backoff", self.key, type(exc).__name__, exc)
+                elif isinstance(exc, SharedStreamError):
+                    # A named, lasting problem (settings that cannot work, a stream that does
+                    # not exist): every subscriber gets it and its owner says it, once.
+                    log.debug("the poll of shared stream %r failed: %s: %s", self.key,
+                              type(exc).__name__, exc)
                 else:
                     log.exception("the poll of shared stream %r failed", self.key)
             finally:

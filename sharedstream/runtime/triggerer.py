@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from sharedstream.brokerkit.errors import BrokerConfigError
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.manager import SharedStreamManager
@@ -455,6 +456,21 @@ class Triggerer:
             instruments().triggers_running.add(1)
             try:
                 finished = await self._run_once(attempt, trigger, delay)
+            except BrokerConfigError as exc:
+                # The broker refused the stream's settings for good (no such subscription,
+                # queue or topic; no permission): restarting cannot help. Said once for the
+                # stream, recorded for each of its triggers, which are marked failed.
+                if exc is not self._last_shared_error:
+                    log.error("trigger %d (%s) cannot run: %s: %s; marked failed, not restarted "
+                              "(nor the other triggers of its stream)", row.id, row.classpath,
+                              type(exc).__name__, exc)
+                self._last_shared_error = exc
+                await self._release(attempt)
+                await self._note("record_trigger_error", row.id, f"{type(exc).__name__}: {exc}",
+                                 "".join(traceback.format_exception(exc)))
+                await self._note("set_trigger_state", row.id, "failed")
+                self.progress.unrunnable += 1
+                return
             except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
                 # Any failure of the trigger's own code: record it, restart it. An error
                 # every trigger of a stream gets at once (its poll ended) is said once.

@@ -353,11 +353,6 @@ RETRYING_FOR = 3.0
 """Seconds after which a triggerer still running on a missing subscription is retrying."""
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the runtime restarts every failed trigger, a non-retryable producer error included, "
-    "and the engine logs each poll failure with its traceback: Kafka's and SQS's missing "
-    "topic or queue do the same today; the exit needs a change in sharedstream/runtime "
-    "(and engine/group.py's logging), which this suite does not own"))
 @pytest.mark.timeout(60)
 def test_a_missing_subscription_is_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
     with running_server(tmp_path) as server:

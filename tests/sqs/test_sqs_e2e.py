@@ -141,3 +141,36 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
         assert {letter.reason for letter in letters} == {"rejected"}
     finally:
         await harness.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_queue_that_does_not_exist_is_one_line_and_a_non_zero_exit(
+    sqs_endpoint: str, tmp_path: Path,
+) -> None:
+    """Restarting cannot create the queue: the triggers are marked failed, the process exits 1."""
+    harness = SqsHarness(sqs_endpoint, fifo=False)
+    await harness.start()
+    try:
+        stream = await harness.create_stream()
+        missing = Stream(name=stream.name.rsplit("/", 1)[0] + "/no-such-queue",
+                         dead_letter=stream.dead_letter, group=stream.group)
+        cli = sqs_cli(tmp_path, sqs_endpoint, missing)
+        process = cli.start(0)
+        try:
+            code = await asyncio.to_thread(process.wait, 30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        log = cli.log(0)
+        assert code == 1, log[-2000:]
+        naming = [line for line in log.splitlines() if "no-such-queue" in line]
+        assert len(naming) == 1, naming
+        assert "queue does not exist" in naming[0]
+        assert "Traceback" not in log
+        failed = [t for t in json.loads(cli.run("triggers", "list", "--json"))
+                  if t["state"] == "failed"]
+        assert failed
+        assert all("queue does not exist" in t["last_error"] for t in failed)
+    finally:
+        await harness.close()
