@@ -461,7 +461,7 @@ class Triggerer:
                 # queue or topic; no permission): restarting cannot help. Said once for the
                 # stream, recorded for each of its triggers, which are marked failed.
                 if exc is not self._last_shared_error:
-                    log.error("trigger %d (%s) cannot run: %s: %s; marked failed, not restarted "
+                    log.error("trigger %d (%s) cannot run: %s: %s; marked failed, not restarted "  # noqa: TRY400
                               "(nor the other triggers of its stream)", row.id, row.classpath,
                               type(exc).__name__, exc)
                 self._last_shared_error = exc
