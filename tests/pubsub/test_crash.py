@@ -42,12 +42,8 @@ from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_SUBSCRIPTION,
 )
-from sharedstream.testing.brokers.process import (
-    free_port,
-    port_answers,
-    start_process,
-    stop_process,
-)
+from sharedstream.testing.brokers.process import free_port, stop_process
+from sharedstream.testing.brokers.pubsub import start_pubsub
 from tests.chaos_accounting import (
     DeadLetterRecord,
     Expected,
@@ -104,12 +100,7 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ServerProcess:
-        extra = [] if self.state_file is None else ["--state-file", str(self.state_file)]
-        self.process = start_process(
-            "the Pub/Sub test server",
-            [sys.executable, "-m", "sharedstream.testing.pubsub", "--port", str(self.port),
-             *extra],
-            log_path=self.workdir / "pubsub.log", ready=lambda: port_answers(self.port))
+        self.process, _ = start_pubsub(self.workdir, port=self.port, state_file=self.state_file)
         return self
 
     def kill(self) -> None:

@@ -44,23 +44,27 @@ def _check_installed() -> None:
                                      "pip install 'sharedstream[pubsub]'")
 
 
-def start_pubsub(workdir: Path, *,
+def start_pubsub(workdir: Path, *, port: int | None = None, state_file: Path | None = None,
                  timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the test server on a free loopback port; return it and its ``host:port``.
+    """Start the test server on a loopback port; return it and its ``host:port``.
 
-    Returns once the port accepts connections (the server binds it only
-    after its services are registered). Its log is appended to
-    ``workdir/pubsub.log``. Raises :class:`BrokerNotInstalled` or
-    :class:`~.process.BrokerDidNotStart` (the process already stopped).
+    ``port``: a free one unless given (give the old one to restart a server
+    in place). ``state_file``: keep topics, subscriptions and unacked
+    messages there across a kill (``--state-file``). Returns once the port
+    accepts connections (the server binds it only after its services are
+    registered). Its log is appended to ``workdir/pubsub.log``. Raises
+    :class:`BrokerNotInstalled` or :class:`~.process.BrokerDidNotStart` (the
+    process already stopped).
     """
     _check_installed()
-    port = free_port()
+    chosen = free_port() if port is None else port
+    extra = [] if state_file is None else ["--state-file", str(state_file)]
     process = start_process(
         "the Pub/Sub test server",
-        [sys.executable, "-m", "sharedstream.testing.pubsub", "--port", str(port)],
-        log_path=workdir / "pubsub.log", ready=lambda: port_answers(port), timeout=timeout,
+        [sys.executable, "-m", "sharedstream.testing.pubsub", "--port", str(chosen), *extra],
+        log_path=workdir / "pubsub.log", ready=lambda: port_answers(chosen), timeout=timeout,
     )
-    return process, f"127.0.0.1:{port}"
+    return process, f"127.0.0.1:{chosen}"
 
 
 def stop_pubsub(process: subprocess.Popen[bytes]) -> None:
