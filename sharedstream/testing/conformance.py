@@ -3,18 +3,16 @@
 A broker package runs it against its own producer::
 
     from sharedstream.testing.conformance import ProducerConformance
+    from sharedstream.testing.harness import opened
 
     class TestMyBrokerConformance(ProducerConformance):
         pass  # every test of the suite, against my broker
 
     @pytest.fixture
     async def harness(my_broker_endpoint):  # a BrokerHarness, one per test
-        harness = MyBrokerHarness(my_broker_endpoint)  # its .features: a Features
-        await harness.start()
-        try:
+        # its .features: a Features; opened() starts it, and closes it however the test ends
+        async with opened(MyBrokerHarness(my_broker_endpoint)) as harness:
             yield harness
-        finally:
-            await harness.close()
 
 (the fixture may live in the test module or its ``conftest.py``; it needs
 pytest-asyncio in ``auto`` mode, or the tests marked ``asyncio``).

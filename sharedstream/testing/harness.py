@@ -12,13 +12,14 @@ test.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from sharedstream.engine.trigger import BaseEventTrigger
 
-__all__ = ["BrokerHarness", "DeadLetter", "Features", "Stream"]
+__all__ = ["BrokerHarness", "DeadLetter", "Features", "Stream", "opened"]
 
 
 @dataclass(frozen=True)
@@ -101,3 +102,26 @@ class BrokerHarness(Protocol):
 
     def raw_event_name(self, stream: Stream, index: int) -> str:
         """The expected name of the ``index``-th message produced to the stream."""
+
+
+class _Opens(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+H = TypeVar("H", bound=_Opens)
+
+
+@contextlib.asynccontextmanager
+async def opened(harness: H) -> AsyncIterator[H]:
+    """``await harness.start()``, yield it, ``await harness.close()`` however the block ends.
+
+    What a harness fixture does: ``async with opened(MyHarness(...)) as harness:
+    yield harness``.
+    """
+    await harness.start()
+    try:
+        yield harness
+    finally:
+        await harness.close()

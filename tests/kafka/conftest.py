@@ -27,7 +27,7 @@ from sharedstream.producers.kafka import (
 )
 from sharedstream.testing.brokers import tansu_broker
 from sharedstream.testing.fixtures import running_or_skip
-from sharedstream.testing.harness import DeadLetter, Features, Stream
+from sharedstream.testing.harness import DeadLetter, Features, Stream, opened
 from sharedstream.testing.scripts import ScriptedTrigger
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 from tests.cli import TriggererCli
@@ -191,12 +191,8 @@ class KafkaHarness:
 
 @pytest.fixture
 async def harness(kafka_bootstrap: str) -> AsyncIterator[KafkaHarness]:
-    harness = KafkaHarness(kafka_bootstrap)
-    await harness.start()
-    try:
+    async with opened(KafkaHarness(kafka_bootstrap)) as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 def demo_environment(bootstrap: str, stream: Stream) -> dict[str, str]:

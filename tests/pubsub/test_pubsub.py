@@ -13,7 +13,7 @@ from sharedstream.producers.pubsub import (
     PubSubSharedStreamProducer,
 )
 from sharedstream.testing.conformance import ProducerConformance, Session, values
-from sharedstream.testing.harness import Stream
+from sharedstream.testing.harness import Stream, opened
 from sharedstream.testing.runner import eventually, eventually_async
 from sharedstream.testing.scripts import Script
 from sharedstream.triggers.pubsub import PubSubSharedStreamTrigger
@@ -23,12 +23,9 @@ from tests.pubsub.harness import ConformancePubSubTrigger, PubSubHarness, Thread
 @pytest.fixture(params=["keyed", "unkeyed"])
 async def harness(request: pytest.FixtureRequest,
                   threaded_pubsub_server: ThreadedPubSubServer) -> AsyncIterator[PubSubHarness]:
-    harness = PubSubHarness(threaded_pubsub_server, keyed=request.param == "keyed")
-    await harness.start()
-    try:
+    keyed = request.param == "keyed"
+    async with opened(PubSubHarness(threaded_pubsub_server, keyed=keyed)) as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 class TestPubSubConformance(ProducerConformance):
@@ -54,22 +51,14 @@ class TestPubSubConformance(ProducerConformance):
 
 @pytest.fixture
 async def keyed(threaded_pubsub_server: ThreadedPubSubServer) -> AsyncIterator[PubSubHarness]:
-    harness = PubSubHarness(threaded_pubsub_server, keyed=True)
-    await harness.start()
-    try:
+    async with opened(PubSubHarness(threaded_pubsub_server, keyed=True)) as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 @pytest.fixture
 async def keyless(threaded_pubsub_server: ThreadedPubSubServer) -> AsyncIterator[PubSubHarness]:
-    harness = PubSubHarness(threaded_pubsub_server, keyed=False)
-    await harness.start()
-    try:
+    async with opened(PubSubHarness(threaded_pubsub_server, keyed=False)) as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 def producer_of(stream: Stream) -> PubSubSharedStreamProducer:

@@ -23,7 +23,7 @@ from sharedstream.producers.sqs import (
 )
 from sharedstream.testing.brokers import moto_server
 from sharedstream.testing.fixtures import running_or_skip
-from sharedstream.testing.harness import DeadLetter, Features, Stream
+from sharedstream.testing.harness import DeadLetter, Features, Stream, opened
 from sharedstream.testing.scripts import ScriptedTrigger
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
 
@@ -198,10 +198,6 @@ class SqsHarness:
 
 @pytest.fixture(params=["standard", "fifo"])
 async def harness(request: pytest.FixtureRequest, sqs_endpoint: str) -> AsyncIterator[SqsHarness]:
-    harness = SqsHarness(sqs_endpoint, fifo=request.param == "fifo")
-    await harness.start()
-    try:
+    async with opened(SqsHarness(sqs_endpoint, fifo=request.param == "fifo")) as harness:
         yield harness
-    finally:
-        await harness.close()
 

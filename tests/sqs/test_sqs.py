@@ -24,7 +24,7 @@ from sharedstream.producers.sqs import (
 )
 from sharedstream.testing.conformance import ProducerConformance, Session, values
 from sharedstream.testing.conformance import unique_ids as _ids
-from sharedstream.testing.harness import Stream
+from sharedstream.testing.harness import Stream, opened
 from sharedstream.testing.runner import SupervisedRunner, eventually, eventually_async
 from sharedstream.testing.scripts import Script
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
@@ -60,22 +60,14 @@ class SlowTrigger(ConformanceSqsTrigger):
 
 @pytest.fixture
 async def standard(sqs_endpoint: str) -> AsyncIterator[SqsHarness]:
-    harness = SqsHarness(sqs_endpoint, fifo=False)
-    await harness.start()
-    try:
+    async with opened(SqsHarness(sqs_endpoint, fifo=False)) as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 @pytest.fixture
 async def fifo(sqs_endpoint: str) -> AsyncIterator[SqsHarness]:
-    harness = SqsHarness(sqs_endpoint, fifo=True)
-    await harness.start()
-    try:
+    async with opened(SqsHarness(sqs_endpoint, fifo=True)) as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 def producer_of(stream: Stream) -> SqsSharedStreamProducer:
