@@ -55,7 +55,6 @@ import logging
 import math
 import platform
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -65,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _e2e import BUCKETS, IndependentStore, expected_events, message_body
 from _triggerer_config import make_config
 
 from sharedstream.brokerkit.codecs import DECODERS
@@ -73,7 +73,6 @@ from sharedstream.testing.brokers import containers_unavailable, kafka_container
 from sharedstream.testing.brokers.containers import KAFKA_IMAGE
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BUCKETS = 10
 POLL = 0.05  # seconds between committed-offset checks
 OVERRIDES = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 400}
 
@@ -114,8 +113,7 @@ async def produce(bootstrap: str, topic: str, messages: int, partitions: int) ->
         for start in range(0, messages, 500):
             futures = []
             for i in range(start, min(start + 500, messages)):
-                value = json.dumps({"id": i, "bucket": i % BUCKETS, "kind": "order",
-                                    "amount": (i * 37) % 1000}).encode()
+                value = message_body(i).encode()
                 futures.append(await producer.send(topic, value, partition=i % partitions))
             for meta in await asyncio.gather(*futures):
                 # The acknowledged offsets, not end_offsets(): Tansu's high watermark lags.
@@ -205,41 +203,6 @@ async def consume_loop(bootstrap: str, topic: str, group: str, stop: asyncio.Eve
         await consumer.stop()
 
 
-class IndependentStore:
-    """One consumer's SQLite connection (WAL, synchronous=FULL), one transaction per batch.
-
-    ``loads`` decodes each record's value: ``json.loads`` (what users write) by
-    default, or sharedstream's own decoder (``--independent-json fast``).
-    """
-
-    def __init__(self, path: Path, index: int, loads: Callable[[bytes], Any] = json.loads) -> None:
-        self.index = index
-        self.loads = loads
-        self.stored = 0
-        self.db = sqlite3.connect(path, timeout=60, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS events (consumer INTEGER, topic TEXT, partition INTEGER,"
-            " offset INTEGER, payload TEXT, PRIMARY KEY (consumer, topic, partition, offset))")
-        self.db.commit()
-
-    def write(self, rows: list[tuple[int, str, int, int, str]]) -> None:
-        with self.db:
-            self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?)", rows)
-        self.stored += len(rows)
-
-    async def handle(self, records: list[Any]) -> None:
-        rows = []
-        for record in records:
-            value = self.loads(record.value)
-            if value.get("bucket") == self.index % BUCKETS:
-                rows.append((self.index, record.topic, record.partition, record.offset,
-                             json.dumps(value)))
-        if rows:
-            await asyncio.to_thread(self.write, rows)
-
-
 @dataclass
 class CaseResult:
     case: str
@@ -312,7 +275,7 @@ async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], mess
     case = independent_case(k, decoder)
     groups = [f"{topic}.independent-{i}" for i in range(k)]
     started = time.perf_counter()
-    tasks = [asyncio.create_task(consume_loop(bootstrap, topic, g, stop, s.handle))
+    tasks = [asyncio.create_task(consume_loop(bootstrap, topic, g, stop, kafka_handler(s)))
              for g, s in zip(groups, stores, strict=True)]
     try:
         progress = await wait_committed(bootstrap, topic, ends, groups, started=started,
@@ -327,6 +290,12 @@ async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], mess
     return summarize(case, k, messages, progress, events=int(stored), expected=expected)
 
 
+def kafka_handler(store: IndependentStore) -> Callable[[list[Any]], Awaitable[None]]:
+    """``store.handle`` for a batch of aiokafka records."""
+    return lambda records: store.handle(
+        [(r.topic, r.partition, r.offset, r.value) for r in records])
+
+
 INDEPENDENT_JSON: dict[str, Callable[[bytes], Any]] = {
     "stdlib": json.loads,
     "fast": DECODERS["json"],
@@ -338,12 +307,6 @@ sharedstream's own decoder (msgspec, falling back to ``json.loads``)."""
 def independent_case(k: int, decoder: str) -> str:
     """``independent K``, or ``independent K (fast json)`` for the msgspec variant."""
     return f"independent {k}" if decoder == "stdlib" else f"independent {k} ({decoder} json)"
-
-
-def expected_events(messages: int, k: int) -> int:
-    """Events K watchers (or consumers) store: watcher j keeps the records of bucket j % 10."""
-    per_bucket = [sum(1 for i in range(messages) if i % BUCKETS == b) for b in range(BUCKETS)]
-    return sum(per_bucket[j % BUCKETS] for j in range(k))
 
 
 WATCHER_CLASS = """

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _e2e import BUCKETS, cpu_seconds, expected_events, message_body
 from _fauxqs import CREDENTIALS, REGION, FauxqsError, start_fauxqs, stop_fauxqs
 from _producers_seen import PRODUCERS
 from _triggerer_config import make_config
@@ -66,7 +67,6 @@ from sharedstream.store.sqlite import SqliteStore
 from sharedstream.testing.brokers import NoDockerEngine, localstack_container
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BUCKETS = 10
 POLL = 0.1  # seconds between queue-depth checks (each costs ~2-3 ms of client CPU)
 SEND_IN_FLIGHT = 8  # SendMessageBatch calls in flight while pre-sending
 WAIT_TIME_SECONDS = 1  # long poll of both the raw loop and the shared consumer
@@ -119,18 +119,6 @@ def localstack_backend(image: str) -> Iterator[Backend]:
             raise BackendUnavailable(
                 f"skipping the testcontainers (LocalStack) backend: {exc}") from exc
         yield Backend("localstack", endpoint_url, None)
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds a local process has used so far (Linux ``/proc``)."""
-    if pid is None:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class GcTimer:
@@ -209,12 +197,6 @@ async def sqs_client(endpoint_url: str, *, pool: int = 10) -> AsyncIterator[Any]
             config=config.AioConfig(max_pool_connections=max(pool, 10),
                                     retries={"max_attempts": 3, "mode": "standard"})) as client:
         yield client
-
-
-def message_body(index: int) -> str:
-    """Message ``index`` as JSON; ``bucket`` is what the watchers match on."""
-    return json.dumps({"id": index, "bucket": index % BUCKETS, "kind": "order",
-                       "amount": (index * 37) % 1000})
 
 
 async def send_messages(client: Any, queue_url: str, messages: int) -> None:
@@ -343,12 +325,6 @@ class CaseResult:
             "gc_full_collections": self.usage.gc.collections[2],
             "requests": " ".join(f"{op}={n}" for op, n in sorted(self.requests.items())),
         }
-
-
-def expected_events(messages: int, k: int) -> int:
-    """Events K watchers fire on N messages: watcher j matches ``bucket == j % 10``."""
-    per_bucket = Counter(j % BUCKETS for j in range(k))
-    return sum(per_bucket[i % BUCKETS] for i in range(messages))
 
 
 # -- the raw loop ---------------------------------------------------------------------------
