@@ -29,6 +29,7 @@ PAGES = (
     "runtime.md",
     "sqs.md",
     "testing.md",
+    "pubsub.md",
 )
 """The pages whose examples this suite owns."""
 
