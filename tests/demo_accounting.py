@@ -9,9 +9,13 @@ broker (``tests/kafka/test_demo_and_crash.py``, ``tests/pubsub/test_demo.py``).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from sharedstream.demo import expected_counts
@@ -52,3 +56,46 @@ def check_demo_run(result: subprocess.CompletedProcess[str], broker: str, messag
     assert any(labels.advanced_label in line for line in progress), result.stderr
     assert all(labels.waiting_label in line or labels.advanced_label in line
                for line in progress), progress
+
+
+def check_interrupted_demo(broker: str, signals: int, *, started: str, progress: str) -> None:
+    """Ctrl-C ``signals`` times into a long demo on ``broker``: exit 130, no traceback, its
+    broker gone and its temp directory removed; one Ctrl-C also prints true counts.
+
+    ``started`` matches the line naming the broker's ``host``, ``port`` and ``workdir``
+    (named groups); ``progress`` matches a progress line once something was consumed.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sharedstream", "demo", "--broker", broker,
+         "--messages", "200000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stderr is not None
+    seen: list[str] = []
+    where = None
+    while True:  # the demo prints a progress line every half second
+        line = proc.stderr.readline()
+        assert line, f"the demo ended early: {''.join(seen)}"
+        seen.append(line)
+        where = where or re.search(started, line)
+        if where and re.search(progress, line):
+            break
+    host, port, workdir = where["host"], int(where["port"]), Path(where["workdir"])
+    assert workdir.exists()
+    proc.send_signal(signal.SIGINT)
+    if signals == 2:
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "SIGINT: stopping" in err
+    assert not workdir.exists()
+    with contextlib.suppress(ConnectionRefusedError), socket.create_connection(
+            (host, port), timeout=2):
+        raise AssertionError(f"the {broker} broker still listens on {host}:{port}")
+    if signals == 1:
+        found = re.match(r"interrupted: (\d+) messages", out)
+        assert found, out
+        assert 0 < int(found.group(1)) < 200_000

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +15,7 @@ import pytest
 
 from sharedstream.demo import demo_message, expected_counts, matching_assets
 from sharedstream.testing.harness import Stream
-from tests.demo_accounting import check_demo_run, run_demo_cli
+from tests.demo_accounting import check_demo_run, check_interrupted_demo, run_demo_cli
 from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,38 +42,10 @@ def test_an_unknown_broker_is_one_line_listing_the_valid_ones() -> None:
 def test_an_interrupted_demo_stops_its_broker_and_cleans_up(signals: int) -> None:
     """Ctrl-C (once: a graceful stop; twice: at once) always exits 130, stops the broker
     it started, removes its temp directory and prints no traceback."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sharedstream", "demo", "--messages", "200000"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    assert proc.stderr is not None
-    seen: list[str] = []
-    where = None
-    while True:  # the demo prints a progress line every half second
-        line = proc.stderr.readline()
-        assert line, f"the demo ended early: {''.join(seen)}"
-        seen.append(line)
-        where = where or re.match(r"tansu on ([\d.]+):(\d+);.* working in (\S+)", line)
-        if where and re.search(r"consumed and committed +[1-9]", line):
-            break
-    host, port, workdir = where.group(1), int(where.group(2)), Path(where.group(3))
-    assert workdir.exists()
-    proc.send_signal(signal.SIGINT)
-    if signals == 2:
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    err = "".join(seen) + err
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err
-    assert "SIGINT: stopping" in err
-    assert not workdir.exists()
-    with pytest.raises(ConnectionRefusedError), socket.create_connection((host, port), timeout=2):
-        pass  # the broker is gone
-    if signals == 1:
-        found = re.match(r"interrupted: (\d+) messages", out)
-        assert found, out
-        assert 0 < int(found.group(1)) < 200_000
+    check_interrupted_demo(
+        "kafka", signals,
+        started=r"tansu on (?P<host>[\d.]+):(?P<port>\d+);.* working in (?P<workdir>\S+)",
+        progress=r"consumed and committed +[1-9]")
 
 
 async def _wait_committed(harness: KafkaHarness, stream: Stream, at_least: int,
