@@ -77,7 +77,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PROJECT = "bench"
 POLL = 0.02  # seconds between checks of the ack counts
 PUBLISH_BATCH, PUBLISH_IN_FLIGHT = 1_000, 4
-MAX_IN_FLIGHT = 500  # every stream's max_outstanding_messages: the shared trigger's default
+MAX_IN_FLIGHT = 1000  # every stream's max_outstanding_messages: the shared trigger's default
 ACK_DEADLINE = 60
 TARGETS = {"shared 10 / raw": 0.8, "shared 10 / independent 10": 3.0}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from sharedstream.brokerkit.codecs import DecodeCache
@@ -143,7 +144,7 @@ class PubSubSettings:
     dead_letter_topic: str | None = None
     """A topic id of ``project`` or a full path, for rejected and poison messages."""
     max_redeliveries: int = 5
-    max_in_flight: int = 500
+    max_in_flight: int = 1000
     """Messages received and not yet advanced: the stream's ``max_outstanding_messages``."""
     max_in_flight_bytes: int = 100 * 1024 * 1024
     """The stream's ``max_outstanding_bytes``."""
@@ -214,6 +215,24 @@ class PubSubSettings:
         return RetryPolicy(self.retries, self.retry_backoff)
 
 
+@lru_cache(maxsize=64)
+def _iso_second(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).isoformat()[:-6]  # without "+00:00"
+
+
+def iso_utc(seconds: int, nanos: int) -> str:
+    """A protobuf ``Timestamp`` as ISO 8601 UTC, to the microsecond (truncated).
+
+    The same text as ``datetime.fromtimestamp(..., tz=UTC).isoformat()``
+    for the truncated microsecond. Messages of one stream were mostly
+    published within the same few seconds, so formatted seconds are
+    cached: most calls only format the microseconds.
+    """
+    text = _iso_second(seconds)
+    micros = nanos // 1000
+    return f"{text}.{micros:06d}+00:00" if micros else f"{text}+00:00"
+
+
 class PubSubMessage(DecodeCache):
     """The raw event every filter of a Pub/Sub shared stream receives (read-only, shared).
 
@@ -232,11 +251,11 @@ class PubSubMessage(DecodeCache):
         self.subscription = subscription
         self.message_id: str = message.message_id
         self.data: bytes = message.data
-        self.attributes: dict[str, str] = dict(message.attributes)
+        attributes = message.attributes  # a protobuf map: dict() of an empty one is not free
+        self.attributes: dict[str, str] = dict(attributes) if len(attributes) else {}
         self.ordering_key: str = message.ordering_key
         stamp = message.publish_time
-        self.publish_time = datetime.fromtimestamp(
-            stamp.seconds + stamp.nanos / 1e9, tz=UTC).isoformat()
+        self.publish_time = iso_utc(stamp.seconds, stamp.nanos)
         self.delivery_attempt: int | None = received.delivery_attempt or None
 
     def raw_bytes(self) -> bytes:

@@ -89,7 +89,7 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
         subscription: str,
         dead_letter_topic: str | None = None,
         max_redeliveries: int = 5,
-        max_in_flight: int = 500,
+        max_in_flight: int = 1000,
         max_in_flight_bytes: int = 100 * 1024 * 1024,
         ack_deadline: int = 60,
         max_lease_duration: int = 3600,
