@@ -32,6 +32,7 @@ from sharedstream.brokerkit.errors import (
 )
 from sharedstream.brokerkit.fingerprints import fingerprint
 from sharedstream.brokerkit.retry import RetryPolicy
+from sharedstream.brokerkit.settings import check_settings
 from sharedstream.engine.producer import Verdict
 
 __all__ = [
@@ -174,33 +175,25 @@ class PubSubSettings:
 
     def validate(self) -> None:
         """Raise :class:`PubSubConfigError` for settings that cannot work."""
-        for name in ("max_redeliveries", "max_in_flight", "max_in_flight_bytes",
-                     "ack_deadline", "max_lease_duration", "ack_concurrency", "retries"):
-            if type(getattr(self, name)) is not int:
-                raise PubSubConfigError(f"{name} must be an int (subscription "
-                                        f"{self.subscription!r})")
-        for name in ("project", "subscription", "dead_letter_topic", "emulator_host"):
-            value = getattr(self, name)
-            if value is not None and type(value) is not str:
-                raise PubSubConfigError(f"{name} must be a str (subscription "
-                                        f"{self.subscription!r})")
-        checks = [
-            (bool(self.project), "project is required"),
-            (bool(self.subscription), "subscription is required"),
-            (self.max_redeliveries >= 0, "max_redeliveries must be >= 0"),
-            (self.max_in_flight >= 1, "max_in_flight must be >= 1"),
-            (self.max_in_flight_bytes >= 1, "max_in_flight_bytes must be >= 1"),
-            (10 <= self.ack_deadline <= 600, "ack_deadline must be within 10..600"),
-            (self.max_lease_duration >= self.ack_deadline,
-             "max_lease_duration must be at least ack_deadline"),
-            (self.ack_concurrency >= 1, "ack_concurrency must be >= 1"),
-            (self.retries >= 0, "retries must be >= 0"),
-            (type(self.retry_backoff) in (int, float) and self.retry_backoff >= 0,
-             "retry_backoff must be a number of seconds >= 0"),
-        ]
-        for ok, problem in checks:
-            if not ok:
-                raise PubSubConfigError(f"{problem} (subscription {self.subscription!r})")
+        check_settings(
+            self, error=PubSubConfigError, where=f"subscription {self.subscription!r}",
+            ints=("max_redeliveries", "max_in_flight", "max_in_flight_bytes", "ack_deadline",
+                  "max_lease_duration", "ack_concurrency", "retries"),
+            texts=("project", "subscription", "dead_letter_topic", "emulator_host"),
+            numbers=("retry_backoff",),
+            rules=lambda: [
+                (bool(self.project), "project is required"),
+                (bool(self.subscription), "subscription is required"),
+                (self.max_redeliveries >= 0, "max_redeliveries must be >= 0"),
+                (self.max_in_flight >= 1, "max_in_flight must be >= 1"),
+                (self.max_in_flight_bytes >= 1, "max_in_flight_bytes must be >= 1"),
+                (10 <= self.ack_deadline <= 600, "ack_deadline must be within 10..600"),
+                (self.max_lease_duration >= self.ack_deadline,
+                 "max_lease_duration must be at least ack_deadline"),
+                (self.ack_concurrency >= 1, "ack_concurrency must be >= 1"),
+                (self.retries >= 0, "retries must be >= 0"),
+                (self.retry_backoff >= 0, "retry_backoff must be a number of seconds >= 0"),
+            ])
 
     def identity(self) -> tuple[str | None, str]:
         """Which subscription this is: the emulator host (if any) and its full path."""

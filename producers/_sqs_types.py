@@ -33,6 +33,7 @@ from sharedstream.brokerkit.errors import (
 )
 from sharedstream.brokerkit.fingerprints import fingerprint, secret_digest
 from sharedstream.brokerkit.retry import RetryPolicy
+from sharedstream.brokerkit.settings import check_settings
 from sharedstream.engine.producer import Verdict
 
 __all__ = [
@@ -174,38 +175,26 @@ class SqsSettings:
         Complete for what the producer sends: its client skips botocore's
         own request validation (see ``SqsSharedStreamProducer``).
         """
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if type(value) is not int:
-                raise SqsConfigError(
-                    f"{name} must be an int, got {type(value).__qualname__} (queue {self.queue!r})"
-                )
-        texts = {"queue": self.queue, "region_name": self.region_name,
-                 "endpoint_url": self.endpoint_url, "dead_letter_queue": self.dead_letter_queue}
-        for name, value in texts.items():
-            if value is not None and type(value) is not str:
-                raise SqsConfigError(
-                    f"{name} must be a str, got {type(value).__qualname__} (queue {self.queue!r})"
-                )
-        checks = [
-            (bool(self.queue), "queue (a URL or a name) is required"),
-            (0 <= self.wait_time_seconds <= 20, "wait_time_seconds must be within 0..20"),
-            (1 <= self.max_messages <= BATCH, "max_messages must be within 1..10"),
-            (self.receive_concurrency >= 1, "receive_concurrency must be >= 1"),
-            (2 <= self.visibility_timeout <= 43_200, "visibility_timeout must be within 2..43200"),
-            (0 <= self.failure_visibility <= 43_200, "failure_visibility must be within 0..43200"),
-            (self.max_redeliveries >= 0, "max_redeliveries must be >= 0"),
-            (self.max_in_flight >= self.max_messages,
-             "max_in_flight must be at least max_messages"),
-            (self.delete_concurrency >= 1, "delete_concurrency must be >= 1"),
-            (self.retries >= 0 and self.retry_backoff >= 0,
-             "retries and retry_backoff must be >= 0"),
-        ]
-        if type(self.retry_backoff) not in (int, float):
-            checks.append((False, "retry_backoff must be a number of seconds"))
-        for ok, problem in checks:
-            if not ok:
-                raise SqsConfigError(f"{problem} (queue {self.queue!r})")
+        check_settings(
+            self, error=SqsConfigError, where=f"queue {self.queue!r}", ints=_INT_FIELDS,
+            texts=("queue", "region_name", "endpoint_url", "dead_letter_queue"),
+            numbers=("retry_backoff",),
+            rules=lambda: [
+                (bool(self.queue), "queue (a URL or a name) is required"),
+                (0 <= self.wait_time_seconds <= 20, "wait_time_seconds must be within 0..20"),
+                (1 <= self.max_messages <= BATCH, "max_messages must be within 1..10"),
+                (self.receive_concurrency >= 1, "receive_concurrency must be >= 1"),
+                (2 <= self.visibility_timeout <= 43_200,
+                 "visibility_timeout must be within 2..43200"),
+                (0 <= self.failure_visibility <= 43_200,
+                 "failure_visibility must be within 0..43200"),
+                (self.max_redeliveries >= 0, "max_redeliveries must be >= 0"),
+                (self.max_in_flight >= self.max_messages,
+                 "max_in_flight must be at least max_messages"),
+                (self.delete_concurrency >= 1, "delete_concurrency must be >= 1"),
+                (self.retries >= 0 and self.retry_backoff >= 0,
+                 "retries and retry_backoff must be >= 0"),
+            ])
         if self.dead_letter_queue is not None and (
             queue_name(self.dead_letter_queue) == queue_name(self.queue)
         ):
