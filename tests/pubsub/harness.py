@@ -4,7 +4,8 @@ The server runs in a thread of this process (the kit's ``PubSubService`` on a
 ``grpc.aio`` server, on the thread's own event loop), so that the harness can
 read what the broker itself holds: Pub/Sub has no API that says how many
 messages of a subscription are acked while a consumer holds leases, and the
-suite asks exactly that (``committed``). Everything else the harness does goes
+suite asks exactly that (``committed``), and so that tests can use the
+server's test hooks (ending leases, breaking streams). Everything else the harness does goes
 through real ``google-cloud-pubsub`` async clients of its own (publishing,
 reading the dead-letter topic); nothing goes through the producer under test.
 """
@@ -14,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.api_core import exceptions
@@ -43,9 +44,16 @@ __all__ = ["PROJECT", "ConformancePubSubTrigger", "PubSubHarness", "ThreadedPubS
 PROJECT = "sharedstream-test"
 ORDERING_KEY = "k"
 
+_T = TypeVar("_T")
+
 
 class ThreadedPubSubServer:
-    """The kit's Pub/Sub test server on a thread of its own; ``pending`` reads its state."""
+    """The kit's Pub/Sub test server on a thread of its own.
+
+    :meth:`pending` reads its state; :meth:`call` and :meth:`acall` run
+    anything else on the server's event loop (the state and the service are
+    not thread-safe: they must only be touched there).
+    """
 
     def __init__(self) -> None:
         self.host = ""
@@ -84,20 +92,24 @@ class ThreadedPubSubServer:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
+    def _submit(self, action: Callable[[PubSubService], _T]) -> Future[_T]:
+        async def run() -> _T:
+            assert self._service is not None
+            return action(self._service)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop)
+
+    def call(self, action: Callable[[PubSubService], _T]) -> _T:
+        """``action(service)`` on the server's loop, from a thread with no loop; its result."""
+        return self._submit(action).result(timeout=10)
+
+    async def acall(self, action: Callable[[PubSubService], _T]) -> _T:
+        """``action(service)`` on the server's loop, awaited from another loop; its result."""
+        return await asyncio.wait_for(asyncio.wrap_future(self._submit(action)), 10)
+
     async def pending(self, subscription: str) -> int:
         """Messages of ``subscription`` not acked nor dead-lettered (queued, delayed, leased)."""
-
-        async def count() -> int:
-            assert self._service is not None
-            sub = self._service.state._get(subscription)  # the broker's own count (private)
-            entries = {id(e) for e in sub.ready}
-            entries |= {id(e) for _, _, e in sub.delayed}
-            entries |= {id(e) for waiting in sub.keys.values() for e in waiting}
-            entries |= {id(lease.entry) for lease in sub.leases.values()}
-            return len(entries)
-
-        future: Future[int] = asyncio.run_coroutine_threadsafe(count(), self._loop)
-        return await asyncio.wrap_future(future)
+        return await self.acall(lambda service: service.state.counts(subscription).unacked)
 
 
 class ConformancePubSubTrigger(ScriptedTrigger, PubSubSharedStreamTrigger):

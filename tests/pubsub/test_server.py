@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import grpc
 import pytest
 from google.api_core import exceptions
+from google.pubsub_v1.services.publisher import PublisherAsyncClient
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOTransport
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
-from google.pubsub_v1.types import StreamingPullRequest, StreamingPullResponse
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
+from google.pubsub_v1.types import PubsubMessage, StreamingPullRequest, StreamingPullResponse
 
 from tests.pubsub.conftest import PROJECT, pubsub_v1, streaming
+from tests.pubsub.harness import ThreadedPubSubServer
 
 DEAD_LETTER_ATTEMPTS = 5  # Pub/Sub's least max_delivery_attempts
 
@@ -325,19 +330,133 @@ async def _receive(arrived: asyncio.Queue[Any], count: int, within: float = 5.0)
     return got
 
 
-def test_exactly_once_subscriptions_accept_every_ack(
+def test_exactly_once_acks_of_live_ack_ids_succeed_and_of_stale_ones_fail(
         publisher: Any, subscriber: Any, topic: str,
         new_subscription: Callable[..., str]) -> None:
+    """The streaming client's ack futures: SUCCESS, then INVALID_ACK_ID once the lease ended.
+
+    The retry policy delays the redelivery past the stale ack: the Python
+    client reports every other ack id of a request that failed as ``OTHER``
+    (although the server applied them), so the two must not share a request.
+    """
+    subscription = new_subscription(enable_exactly_once_delivery=True, retry_policy={
+        "minimum_backoff": {"seconds": 1}, "maximum_backoff": {"seconds": 1}})
+    publish(publisher, topic, [b"once", b"nacked first"])
+    statuses: dict[bytes, list[Any]] = defaultdict(list)
+    lock = threading.Lock()
+    nacked: set[bytes] = set()
+
+    def settle(message: Any) -> None:
+        with lock:
+            first = message.data == b"nacked first" and message.data not in nacked
+            nacked.add(message.data)
+        if first:
+            result = message.nack_with_response().result(timeout=10)
+            try:  # the lease ended with the nack: this ack id is stale now
+                message.ack_with_response().result(timeout=10)
+            except pubsub_v1.subscriber.exceptions.AcknowledgeError as exc:
+                result = exc.error_code
+        else:
+            result = message.ack_with_response().result(timeout=10)
+        with lock:
+            statuses[message.data].append(result)
+
+    with streaming(subscriber, subscription, settle):
+        wait_for(lambda: sum(map(len, statuses.values())) == 3, 10, "three settlements")
+    status = pubsub_v1.subscriber.exceptions.AcknowledgeStatus
+    assert statuses == {b"once": [status.SUCCESS],
+                        b"nacked first": [status.INVALID_ACK_ID, status.SUCCESS]}
+
+
+def test_exactly_once_stale_ack_ids_fail_with_an_error_info_naming_each(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    """Acknowledge / ModifyAckDeadline with stale ack ids: INVALID_ARGUMENT, per-id ErrorInfo.
+
+    The live ack ids of the same request take; only the stale ones are named.
+    """
     subscription = new_subscription(enable_exactly_once_delivery=True)
-    publish(publisher, topic, [b"once", b"twice"])
-    statuses: list[Any] = []
+    publish(publisher, topic, [b"expires", b"live"])
+    first = {r.message.data: r for r in pull(subscriber, subscription, max_messages=2)}
+    expired = first[b"expires"].ack_id
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[expired],
+                                   ack_deadline_seconds=1)
+    [again] = pull(subscriber, subscription, timeout=5)  # redelivered: `expired` is stale
+    assert again.message.data == b"expires"
 
-    def ack_and_wait(message: Any) -> None:
-        statuses.append(message.ack_with_response().result(timeout=10))
+    with pytest.raises(exceptions.InvalidArgument) as failed:
+        subscriber.acknowledge(subscription=subscription,
+                               ack_ids=[expired, first[b"live"].ack_id, "never-issued"])
+    error = failed.value
+    assert (error.reason, error.domain) == ("EXACTLY_ONCE_ACKID_FAILURE",
+                                            "pubsub.googleapis.com")
+    assert dict(error.metadata) == {expired: "PERMANENT_FAILURE_INVALID_ACK_ID",
+                                    "never-issued": "PERMANENT_FAILURE_INVALID_ACK_ID"}
+    [info] = error.details  # the ErrorInfo, parsed from grpc-status-details-bin
+    assert info.reason == "EXACTLY_ONCE_ACKID_FAILURE"
 
-    with streaming(subscriber, subscription, ack_and_wait):
-        wait_for(lambda: len(statuses) == 2, 10, "two acks confirmed")
-    assert statuses == [pubsub_v1.subscriber.exceptions.AcknowledgeStatus.SUCCESS] * 2
+    with pytest.raises(exceptions.InvalidArgument) as failed:  # "live" was acked above
+        subscriber.modify_ack_deadline(subscription=subscription,
+                                       ack_ids=[first[b"live"].ack_id, again.ack_id],
+                                       ack_deadline_seconds=30)
+    assert dict(failed.value.metadata) == {
+        first[b"live"].ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}
+    subscriber.acknowledge(subscription=subscription, ack_ids=[again.ack_id])  # still live
+    assert pull(subscriber, subscription, timeout=1.5) == []
+
+
+def test_without_exactly_once_stale_ack_ids_are_ignored(
+        publisher: Any, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription()
+    publish(publisher, topic, [b"best effort"])
+    [first] = pull(subscriber, subscription)
+    subscriber.acknowledge(subscription=subscription, ack_ids=[first.ack_id])
+    subscriber.acknowledge(subscription=subscription, ack_ids=[first.ack_id, "never-issued"])
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id],
+                                   ack_deadline_seconds=0)
+
+
+# -- test hooks (the kit's server on a thread of this process) ------------------------
+
+
+async def test_broken_streams_end_with_the_status_and_their_leases_live_on(
+        threaded_pubsub_server: ThreadedPubSubServer) -> None:
+    """``break_streams``: the stream ends UNAVAILABLE; its leases can still be acked."""
+    server = threaded_pubsub_server
+    publisher = PublisherAsyncClient(transport=PublisherGrpcAsyncIOTransport(
+        channel=grpc.aio.insecure_channel(server.host)))
+    client = SubscriberAsyncClient(transport=SubscriberGrpcAsyncIOTransport(
+        channel=grpc.aio.insecure_channel(server.host)))
+    topic = f"projects/{PROJECT}/topics/broken-{os.getpid()}-{time.monotonic_ns()}"
+    subscription = topic.replace("/topics/", "/subscriptions/")
+    try:
+        await publisher.create_topic(name=topic)
+        await client.create_subscription(request={
+            "name": subscription, "topic": topic, "enable_exactly_once_delivery": True})
+        await publisher.publish(topic=topic, messages=[PubsubMessage(data=b"held")])
+
+        async def requests() -> AsyncIterator[StreamingPullRequest]:
+            yield StreamingPullRequest(subscription=subscription, stream_ack_deadline_seconds=60)
+            await asyncio.Event().wait()  # the client writes nothing more
+
+        stream = await client.streaming_pull(requests=requests())
+        responses = aiter(stream)
+        [held] = (await anext(responses)).received_messages
+        other = await server.acall(lambda s: s.break_streams("projects/x/subscriptions/none"))
+        assert other == 0  # another subscription's streams only
+        assert await server.acall(lambda s: s.break_streams(subscription)) == 1
+        with pytest.raises(exceptions.ServiceUnavailable, match="broke the stream"):
+            await anext(responses)
+        assert (await server.pending(subscription)) == 1  # leased still, not redelivered
+        await client.acknowledge(subscription=subscription, ack_ids=[held.ack_id])  # live
+        assert (await server.pending(subscription)) == 0
+        with pytest.raises(KeyError):
+            await server.acall(lambda s: s.break_streams(status="NO_SUCH_STATUS"))
+    finally:
+        for closing in (publisher, client):
+            close: Callable[[], Awaitable[None]] = closing.transport.close
+            await close()
 
 
 # -- administration ------------------------------------------------------------------

@@ -17,6 +17,23 @@ on an :class:`asyncio.Event` registered for their subscription; the state's
 stream), an expiry, the end of a backoff - so a stream never polls.
 :meth:`PubSubService.sweep` is the one background task: it runs
 :meth:`~.state.PubSubState.expire` when the next deadline or backoff is due.
+
+**Exactly-once delivery.** On a subscription with it, an ``Acknowledge`` or
+``ModifyAckDeadline`` naming ack ids that are no longer live (acked, nacked,
+expired, never issued) fails as Pub/Sub fails it: ``INVALID_ARGUMENT`` with
+a ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer holding
+one ``google.rpc.ErrorInfo`` (reason ``EXACTLY_ONCE_ACKID_FAILURE``, domain
+``pubsub.googleapis.com``) whose metadata maps each failed ack id to
+``PERMANENT_FAILURE_INVALID_ACK_ID``. The live ack ids of the same request
+are applied, and are absent from the map. google-api-core parses that
+trailer into the raised error's ``details`` and ``metadata``. Without
+exactly-once, stale ack ids are ignored and the call succeeds.
+
+**Test hooks.** :meth:`PubSubService.break_streams` ends the open
+StreamingPull streams with a gRPC status (a transient ``UNAVAILABLE``, say),
+as Pub/Sub closes streams now and then; the state's
+:meth:`~.state.PubSubState.lapse` ends leases early. Call both on the
+server's event loop.
 """
 
 from __future__ import annotations
@@ -45,7 +62,7 @@ from sharedstream.testing.pubsub.state import (
 )
 from sharedstream.testing.pubsub.state_file import StateFile
 
-__all__ = ["PubSubService"]
+__all__ = ["EXACTLY_ONCE_REASON", "INVALID_ACK_ID", "AckIdsFailed", "PubSubService"]
 
 BATCH = 500
 """Most messages in one StreamingPull response (smaller batches spread a
@@ -61,6 +78,40 @@ def _pb(proto_type: Any) -> Any:
 
 
 _EMPTY: Any = importlib.import_module("google.protobuf.empty_pb2").Empty
+_RPC_STATUS: Any = importlib.import_module("google.rpc.status_pb2").Status
+_ERROR_INFO: Any = importlib.import_module("google.rpc.error_details_pb2").ErrorInfo
+
+EXACTLY_ONCE_REASON = "EXACTLY_ONCE_ACKID_FAILURE"
+"""The ``ErrorInfo.reason`` of an exactly-once ack or deadline change that failed."""
+INVALID_ACK_ID = "PERMANENT_FAILURE_INVALID_ACK_ID"
+"""What the ``ErrorInfo`` metadata says of an ack id that is no longer live."""
+_DOMAIN = "pubsub.googleapis.com"
+_DETAILS_TRAILER = "grpc-status-details-bin"
+
+
+class AckIdsFailed(Refused):
+    """An exactly-once subscription refuses some ack ids: ``failures`` maps each to why.
+
+    The service answers it with ``INVALID_ARGUMENT`` and the failures as an
+    ``ErrorInfo`` in the status details (see the module docstring).
+    """
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        super().__init__("INVALID_ARGUMENT", "Some acknowledgement ids in the request were "
+                         "invalid. This could be because the acknowledgement ids have expired "
+                         "or the acknowledgement ids were malformed.")
+        self.failures = failures
+
+    def trailer(self) -> tuple[tuple[str, bytes]]:
+        """The ``grpc-status-details-bin`` trailing metadata that carries the failures.
+
+        Its ``google.rpc.Status`` repeats the call's code and message: the
+        client checks that they agree before reading the details.
+        """
+        info = _ERROR_INFO(reason=EXACTLY_ONCE_REASON, domain=_DOMAIN, metadata=self.failures)
+        status = _RPC_STATUS(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=str(self))
+        status.details.add().Pack(info)
+        return ((_DETAILS_TRAILER, status.SerializeToString()),)
 
 
 def _seconds(duration: _Pb) -> float:
@@ -123,6 +174,8 @@ class _Stream:
     confirmed: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
     """Exactly-once confirmations to send: (kind, ack ids, stale ack ids)."""
     ended: bool = False
+    broken: Refused | None = None
+    """Set by :meth:`PubSubService.break_streams`: the status the stream ends with."""
 
 
 class PubSubService:
@@ -144,6 +197,7 @@ class PubSubService:
         if self._state_file is not None:
             self._state_file.load(self.state)
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._streams: set[_Stream] = set()  # the open StreamingPull calls
         self._rescheduled = asyncio.Event()
 
     def _save(self) -> None:
@@ -176,6 +230,27 @@ class PubSubService:
             delay = 1.0 if due is None else min(1.0, max(0.0, due - self.state.clock()))
             with contextlib.suppress(TimeoutError):  # the due time came: expire again
                 await asyncio.wait_for(self._rescheduled.wait(), delay)
+
+    def break_streams(self, subscription: str | None = None, *, status: str = "UNAVAILABLE",
+                      message: str = "the test server broke the stream") -> int:
+        """A test hook: end every open StreamingPull (of ``subscription``, or all) with ``status``.
+
+        ``status`` is a gRPC status code's name; the streams end with it as
+        soon as their handlers run next (at once: they are woken). Their
+        leases live on, as Pub/Sub's do when a stream breaks: acks and
+        deadline changes by unary call still take, and what is not acked
+        is redelivered when its deadline passes. Streams opened afterwards
+        are not affected. Returns how many streams it broke. Call it on the
+        server's event loop.
+        """
+        grpc.StatusCode[status]  # an unknown name fails here, in the caller's test
+        broken = 0
+        for stream in self._streams:
+            if subscription in (None, stream.subscription) and stream.broken is None:
+                stream.broken = Refused(status, message)
+                stream.wake.set()
+                broken += 1
+        return broken
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
         """The generic handlers of both services, for ``grpc.aio.server(handlers=...)``."""
@@ -220,6 +295,9 @@ class PubSubService:
         async def call(request: _Pb, context: grpc.aio.ServicerContext[Any, Any]) -> _Pb:
             try:
                 return await behaviour(request, context)
+            except AckIdsFailed as exc:
+                await context.abort(grpc.StatusCode[exc.status], str(exc),
+                                    trailing_metadata=exc.trailer())
             except Refused as exc:
                 await context.abort(grpc.StatusCode[exc.status], str(exc))
             finally:
@@ -309,14 +387,26 @@ class PubSubService:
     # -- Subscriber: delivery -----------------------------------------------
 
     async def _acknowledge(self, request: _Pb, context: object) -> _Pb:
-        self.state.acknowledge(request.subscription, request.ack_ids)
-        return _EMPTY()  # exactly-once or not: every ack succeeds
+        stale = self.state.acknowledge(request.subscription, request.ack_ids)
+        self._refuse_stale(request.subscription, stale)
+        return _EMPTY()
 
     async def _modify_ack_deadline(self, request: _Pb, context: object) -> _Pb:
-        self.state.modify_deadline(request.subscription, request.ack_ids,
-                                   request.ack_deadline_seconds)
+        stale = self.state.modify_deadline(request.subscription, request.ack_ids,
+                                           request.ack_deadline_seconds)
         self._rescheduled.set()
+        self._refuse_stale(request.subscription, stale)
         return _EMPTY()
+
+    def _refuse_stale(self, subscription: str, stale: Sequence[str]) -> None:
+        """Raise :class:`AckIdsFailed` for ``stale`` ack ids on an exactly-once subscription.
+
+        Called after the live ack ids of the request were applied; without
+        exactly-once, stale ack ids are silently ignored (best effort).
+        """
+        settings, _, _ = self.state.subscription(subscription)
+        if stale and settings.exactly_once:
+            raise AckIdsFailed(dict.fromkeys(stale, INVALID_ACK_ID))
 
     async def _pull(self, request: _Pb, context: grpc.aio.ServicerContext[Any, Any]) -> _Pb:
         if request.max_messages <= 0:
@@ -351,6 +441,7 @@ class PubSubService:
             return
         try:
             stream = self._open(first)
+            self._streams.add(stream)
             with self._waiting(stream.subscription, stream.wake):
                 try:
                     async with asyncio.TaskGroup() as tasks:
@@ -361,6 +452,7 @@ class PubSubService:
                         finally:
                             reader.cancel()  # the client is gone or closed the stream
                 finally:
+                    self._streams.discard(stream)
                     self.state.close_consumer(stream.subscription, stream.consumer)
         except* Refused as refused:  # a bad request, or the subscription was deleted
             cause: BaseException = refused
@@ -419,6 +511,8 @@ class PubSubService:
                        context: grpc.aio.ServicerContext[Any, Any]) -> None:
         while True:
             stream.wake.clear()
+            if stream.broken is not None:
+                raise stream.broken
             if stream.ended:
                 return
             settings, _, _ = self.state.subscription(stream.subscription)

@@ -35,6 +35,12 @@ Invariants:
 5. Whatever can make an entry deliverable, or free room in a consumer,
    calls ``on_change`` with the subscription's name before returning.
 
+Reading it: :meth:`PubSubState.counts` is the one public, read-only view
+of a subscription's backlog (what a test or the demo asks "how many are not
+acked yet?"); nothing outside this module reads the per-subscription queues.
+:meth:`PubSubState.lapse` is a test hook that ends leases early, as if their
+deadline had passed.
+
 Time is two injected clocks: ``clock`` (monotonic seconds) for deadlines
 and backoffs, ``wall`` (epoch seconds) for publish times. Deadlines are
 checked by :meth:`PubSubState.expire`, which the service calls when
@@ -59,6 +65,7 @@ __all__ = [
     "PubSubState",
     "Refused",
     "Snapshot",
+    "SubscriptionCounts",
     "SubscriptionSettings",
     "SubscriptionSnapshot",
 ]
@@ -73,7 +80,8 @@ class Refused(Exception):
     """The server refuses a request; ``status`` is the gRPC status code's name.
 
     ``NOT_FOUND``, ``ALREADY_EXISTS``, ``INVALID_ARGUMENT`` or
-    ``UNIMPLEMENTED``; the service aborts the call with it and the message.
+    ``UNIMPLEMENTED`` (or any status a test hook ends a stream with); the
+    service aborts the call with it and the message.
     """
 
     def __init__(self, status: str, message: str) -> None:
@@ -192,6 +200,29 @@ class _Subscription:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscriptionCounts:
+    """Where a subscription's unsettled messages are (invariant 1): a read-only record.
+
+    Each message not acked nor dead-lettered is counted once, in the one
+    place it is.
+    """
+
+    ready: int
+    """Deliverable now."""
+    delayed: int
+    """Backing off after a nack or an expiry (retry policy)."""
+    held: int
+    """Waiting behind the head of their ordering key."""
+    leased: int
+    """Delivered, with a live lease (not acked, not yet expired)."""
+
+    @property
+    def unacked(self) -> int:
+        """Every message not acked nor dead-lettered: the sum of the four."""
+        return self.ready + self.delayed + self.held + self.leased
+
+
+@dataclass(frozen=True, slots=True)
 class SubscriptionSnapshot:
     """One subscription as a restart keeps it: its unsettled messages, leases forgotten."""
 
@@ -277,6 +308,20 @@ class PubSubState:
     def subscriptions(self) -> list[str]:
         """Every subscription's name, sorted."""
         return sorted(self._subscriptions)
+
+    def counts(self, name: str) -> SubscriptionCounts:
+        """How many of subscription ``name``'s messages are where; ``NOT_FOUND`` if none.
+
+        Read-only: it changes nothing and calls nothing. Counts are as of
+        the last :meth:`expire` (a lease past its deadline that no sweep has
+        ended yet is still ``leased``). Costs one pass over the
+        subscription's ordering-key queues.
+        """
+        sub = self._get(name)
+        # A key's head is in ready, delayed or leased (invariant 3): the rest are held.
+        held = sum(len(waiting) - 1 for waiting in sub.keys.values())
+        return SubscriptionCounts(ready=len(sub.ready), delayed=len(sub.delayed), held=held,
+                                  leased=len(sub.leases))
 
     def delete_subscription(self, name: str) -> None:
         """Remove a subscription with its entries; its streams are woken to find it gone."""
@@ -395,6 +440,24 @@ class PubSubState:
                 released = True
             if released:
                 self.on_change(sub.name)
+
+    def lapse(self, name: str, message_ids: Iterable[str] | None = None) -> list[str]:
+        """A test hook: end live leases now, as if their ack deadline had just passed.
+
+        ``message_ids`` limits it to the leases of those messages (default:
+        every live lease of the subscription). Each lease ends exactly as an
+        expiry does: its ack id goes stale, and the message is redelivered
+        (after the retry policy's backoff) or dead-lettered on its last
+        allowed attempt. Returns the ack ids that went stale.
+        """
+        sub = self._get(name)
+        wanted = None if message_ids is None else set(message_ids)
+        now = self.clock()
+        ended = [lease for lease in sub.leases.values()
+                 if wanted is None or lease.message.message_id in wanted]
+        for lease in ended:
+            self._fail(sub, lease, now)
+        return [lease.ack_id for lease in ended]
 
     def next_due(self) -> float | None:
         """The ``clock`` time of the next deadline or end of backoff, if any."""

@@ -1,0 +1,202 @@
+"""The Pub/Sub producer when Pub/Sub misbehaves, on the kit's test server and its test hooks.
+
+Each test makes the server do what Pub/Sub does now and then - fail an ack on
+an exactly-once subscription, deliver a message that was delivered too often
+already, break a stream - and checks what a user would notice: every message
+stored once under its name, acked, nothing lost, and the poll going on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sharedstream.producers.pubsub import (
+    DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
+    DLQ_ATTRIBUTE_MESSAGE_ID,
+    DLQ_ATTRIBUTE_REASON,
+    DLQ_ATTRIBUTE_SUBSCRIPTION,
+    PubSubSharedStreamProducer,
+)
+from sharedstream.testing.conformance import Session, values
+from sharedstream.testing.harness import Stream, opened
+from sharedstream.testing.runner import eventually, eventually_async
+from sharedstream.testing.scripts import Script
+from tests.pubsub.harness import (
+    PROJECT,
+    ConformancePubSubTrigger,
+    PubSubHarness,
+    ThreadedPubSubServer,
+)
+
+PRODUCER_LOG = "sharedstream.producers.pubsub"
+
+
+def event_names(names: list[str | None]) -> list[str]:
+    """The raw event names of a runner's events (their keys less the event index)."""
+    return [str(name).rsplit("#", 1)[0] for name in names]
+
+
+@pytest.fixture
+async def keyless(threaded_pubsub_server: ThreadedPubSubServer) -> AsyncIterator[PubSubHarness]:
+    async with opened(PubSubHarness(threaded_pubsub_server, keyed=False)) as harness:
+        yield harness
+
+
+def producer_of(stream: Stream) -> PubSubSharedStreamProducer:
+    producer = ConformancePubSubTrigger.last[stream.name]
+    assert isinstance(producer, PubSubSharedStreamProducer)
+    return producer
+
+
+async def leased(harness: PubSubHarness, stream: Stream) -> int:
+    """How many of the stream's messages the server has leased out right now."""
+    return await harness.server.acall(lambda service: service.state.counts(stream.name).leased)
+
+
+async def test_an_exactly_once_ack_that_fails_permanently_is_redelivered_and_stored_once(
+    keyless: PubSubHarness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The lease of a message lapses while its watcher works on it (the server ends it).
+
+    The watcher's ack then names a stale ack id: Pub/Sub refuses it with
+    ``PERMANENT_FAILURE_INVALID_ACK_ID``. The producer logs that and goes on;
+    the message comes again under a new ack id, carries the same raw event
+    name (so the store keeps one event), and is acked.
+    """
+    caplog.set_level(logging.WARNING, logger=PRODUCER_LOG)
+    stream = await keyless.create_stream(enable_exactly_once_delivery=True)
+    session = Session(keyless, stream)
+    try:
+        slow = session.run(Script(delay=0.5))
+        await keyless.produce(stream, [b"lapses"])
+        await eventually_async(lambda: leased(keyless, stream), 1, what="the first lease")
+        stale = await keyless.server.acall(lambda service: service.state.lapse(stream.name))
+        assert len(stale) == 1
+        await eventually_async(lambda: keyless.committed(stream), 1, within=10, what="acked")
+        name = keyless.raw_event_name(stream, 0)
+        assert set(event_names(slow.names)) == {name}, "every delivery under the message's one name"
+        refused = [r.getMessage() for r in caplog.records
+                   if "PERMANENT_FAILURE_INVALID_ACK_ID" in r.getMessage()]
+        message_id = keyless.sent[stream.name][0]
+        assert refused, "the refused ack is logged"
+        assert all(f"ack of {message_id} did not take" in line for line in refused), refused
+
+        await keyless.produce(stream, [b"after"])  # the poll goes on, on the same stream
+        await eventually(lambda: b"after" in slow.values(), what="a later message")
+        await eventually_async(lambda: keyless.committed(stream), 2, what="both acked")
+        assert producer_of(stream).calls["StreamingPull"] == 1
+        assert await keyless.dead_letters(stream) == []
+    finally:
+        await session.close()
+
+
+async def test_a_message_delivered_too_often_is_dead_lettered_on_arrival(
+    keyless: PubSubHarness,
+) -> None:
+    """Poison by ``delivery_attempt``: never fanned out, dead-lettered with its attempt, acked.
+
+    Three consumers before this one took the message and never settled it
+    (their leases lapsed). With ``max_redeliveries=1`` the fourth delivery
+    is past the limit (more than ``max_redeliveries + 1`` attempts).
+    """
+    pubsub_dlq = f"projects/{PROJECT}/topics/pubsub-dlq-{uuid.uuid4().hex[:8]}"
+    await keyless.publisher.create_topic(name=pubsub_dlq)
+    stream = await keyless.create_stream(dead_letter_policy={
+        "dead_letter_topic": pubsub_dlq, "max_delivery_attempts": 10})
+    await keyless.produce(stream, [b"poison"], attributes={"origin": "web"})
+    for _ in range(3):  # a consumer takes it and dies: its lease lapses
+        response = await keyless.subscriber.pull(subscription=stream.name, max_messages=1)
+        assert len(response.received_messages) == 1
+        await keyless.server.acall(lambda service: service.state.lapse(stream.name))
+
+    session = Session(keyless, stream)
+    try:
+        runner = session.run(max_redeliveries=1)
+        await eventually_async(lambda: keyless.committed(stream), 1, what="acked")
+        [letter] = await keyless.dead_letters(stream)
+        assert (letter.value, letter.reason) == (b"poison", "max_redeliveries")
+        assert letter.source == keyless.raw_event_name(stream, 0)
+        await keyless.produce(stream, [b"healthy"])  # delivered once: fanned out as usual
+        await eventually(lambda: runner.values() == [b"healthy"], what="the healthy message")
+        await eventually_async(lambda: keyless.committed(stream), 2, what="both acked")
+        assert runner.values() == [b"healthy"], "the poison message never reached a watcher"
+    finally:
+        await session.close()
+
+
+async def test_dead_lettered_on_arrival_carries_the_documented_attributes(
+    keyless: PubSubHarness,
+) -> None:
+    """The copy on the dead-letter topic: data, original attributes and ours."""
+    pubsub_dlq = f"projects/{PROJECT}/topics/pubsub-dlq-{uuid.uuid4().hex[:8]}"
+    await keyless.publisher.create_topic(name=pubsub_dlq)
+    stream = await keyless.create_stream(dead_letter_policy={
+        "dead_letter_topic": pubsub_dlq, "max_delivery_attempts": 5})
+    await keyless.produce(stream, [b"poison"], attributes={"origin": "web"})
+    for _ in range(2):
+        response = await keyless.subscriber.pull(subscription=stream.name, max_messages=1)
+        assert len(response.received_messages) == 1
+        await keyless.server.acall(lambda service: service.state.lapse(stream.name))
+    session = Session(keyless, stream)
+    try:
+        runner = session.run(max_redeliveries=0)  # the third delivery is past 0 + 1
+        await eventually_async(lambda: keyless.committed(stream), 1, what="acked")
+        assert stream.dead_letter is not None
+        reader = keyless.letter_readers[stream.dead_letter]
+        response = await keyless.subscriber.pull(subscription=reader, max_messages=10)
+        [letter] = response.received_messages
+        assert letter.message.data == b"poison"
+        assert dict(letter.message.attributes) == {
+            "origin": "web",
+            DLQ_ATTRIBUTE_SUBSCRIPTION: stream.name,
+            DLQ_ATTRIBUTE_MESSAGE_ID: keyless.sent[stream.name][0],
+            DLQ_ATTRIBUTE_DELIVERY_ATTEMPT: "3",
+            DLQ_ATTRIBUTE_REASON: "max_redeliveries",
+        }
+        assert runner.events == []
+        assert producer_of(stream).dead_lettered == 1
+    finally:
+        await session.close()
+
+
+async def test_a_broken_stream_is_reopened_and_every_message_is_stored_once_and_acked(
+    keyless: PubSubHarness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server ends the stream UNAVAILABLE mid-run, with messages in flight.
+
+    The producer opens another; what the broken stream had delivered is
+    still leased to it and acked by unary calls, and what is published
+    later comes on the new stream: each message stored once, all acked.
+    """
+    caplog.set_level(logging.INFO, logger=PRODUCER_LOG)
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    try:
+        runners = [session.run(Script(delay=0.02)), session.run()]
+        await keyless.produce(stream, values(40))
+        await eventually(lambda: len(runners[0].events) >= 5, what="some events stored")
+        assert len(runners[0].events) < 40, "the break comes mid-run"
+        broken = await keyless.server.acall(
+            lambda service: service.break_streams(stream.name, status="UNAVAILABLE"))
+        assert broken == 1
+        await eventually(lambda: producer_of(stream).calls["StreamingPull"] == 2,
+                         what="a second stream")
+        await keyless.produce(stream, values(20, "late"))
+        await eventually_async(lambda: keyless.committed(stream), 60, within=15,
+                               what="all acked")
+        expected = {keyless.raw_event_name(stream, i) for i in range(60)}
+        for runner in runners:
+            counts = Counter(event_names(runner.names))
+            assert set(counts) == expected
+            assert max(counts.values()) == 1, "no message delivered twice"
+        assert any("opening another" in r.getMessage() for r in caplog.records)
+        await asyncio.sleep(0.2)
+        assert producer_of(stream).calls["StreamingPull"] == 2
+    finally:
+        await session.close()
