@@ -1,0 +1,348 @@
+"""The Service Bus module's types: errors, settings, the message filters receive.
+
+azure-servicebus's errors are mapped onto this module's errors here
+(:func:`sdk_error`, :func:`transient`), and the SDK's received message is
+read into the :class:`ServiceBusMessage` filters get (:func:`read_message`).
+
+Everything public here is re-exported by
+:mod:`sharedstream.producers.servicebus`; import it from there. Nothing here
+imports azure-servicebus: the SDK's modules are passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from sharedstream.brokerkit.codecs import DecodeCache
+from sharedstream.brokerkit.deadletters import (
+    ANNOTATION_DETAIL,
+    ANNOTATION_TRIGGERS,
+    dead_letter_annotations,
+)
+from sharedstream.brokerkit.errors import BrokerConfigError, BrokerError, BrokerRequestError
+from sharedstream.brokerkit.fingerprints import fingerprint, secret_digest
+from sharedstream.brokerkit.retry import RetryPolicy
+from sharedstream.brokerkit.settings import check_settings
+from sharedstream.engine.producer import Verdict
+
+__all__ = [
+    "ServiceBusConfigError",
+    "ServiceBusMessage",
+    "ServiceBusPayload",
+    "ServiceBusProducerError",
+    "ServiceBusRequestError",
+    "ServiceBusSettings",
+    "dead_letter_details",
+    "namespace_of",
+    "read_message",
+    "sdk_error",
+    "transient",
+]
+
+_MAX_DETAIL = 1024
+"""Characters kept of a dead-letter reason or description."""
+
+
+class ServiceBusProducerError(BrokerError):
+    """Base class of the errors the Service Bus producer raises."""
+
+
+class ServiceBusConfigError(ServiceBusProducerError, BrokerConfigError):
+    """The settings are unusable: a bad option, no such entity, no permission."""
+
+
+class ServiceBusRequestError(ServiceBusProducerError, BrokerRequestError):
+    """A Service Bus call failed after the SDK's retries and ours; the poll ends and restarts."""
+
+
+_TRANSIENT = ("ServiceBusConnectionError", "ServiceBusCommunicationError", "OperationTimeoutError",
+              "ServiceBusServerBusyError", "SessionCannotBeLockedError",
+              "MessagingEntityDisabledError")
+_REFUSED = ("ServiceBusAuthenticationError", "ServiceBusAuthorizationError")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether retrying the call that raised the SDK's ``exc`` can help."""
+    return any(kind.__name__ in _TRANSIENT for kind in type(exc).__mro__)
+
+
+def sdk_error(what: str, exc: BaseException) -> ServiceBusProducerError:
+    """What the SDK's ``exc`` means: this module's error, to raise ``from exc``.
+
+    A missing entity and a refused token are configuration errors
+    (retrying cannot help: the poll ends with one line); anything else is
+    a request error.
+    """
+    names = {kind.__name__ for kind in type(exc).__mro__}
+    if "MessagingEntityNotFoundError" in names:
+        return ServiceBusConfigError(f"{what}: not found ({_first_line(exc)})")
+    if names.intersection(_REFUSED):
+        return ServiceBusConfigError(f"{what}: not authorized ({_first_line(exc)})")
+    return ServiceBusRequestError(f"{what} failed: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def namespace_of(connection_string: str) -> str:
+    """The namespace host (``Endpoint=sb://<host>/``) of a connection string.
+
+    Raises :class:`ServiceBusConfigError` when there is none; never shows the
+    string (it holds a key).
+    """
+    for part in connection_string.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name.strip().lower() == "endpoint" and value:
+            host = value.strip().split("://", 1)[-1].rstrip("/")
+            if host:
+                return host.lower()
+    raise ServiceBusConfigError("connection_string has no Endpoint=sb://<namespace>/ part")
+
+
+@dataclass(frozen=True)
+class ServiceBusSettings:
+    """Everything the shared receiver needs; built from a trigger's kwargs."""
+
+    connection_string: str
+    """``Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...`` (a secret:
+    only its namespace and a digest are ever shown or put in a key)."""
+    queue: str | None = None
+    topic: str | None = None
+    subscription: str | None = None
+    """A queue, or a topic and one of its subscriptions."""
+    sessions: bool = False
+    """Whether the entity requires sessions (then each session is a lane, in order)."""
+    max_sessions: int = 8
+    """Sessions received at once (``sessions`` only), each by a receiver of its own."""
+    max_messages: int = 100
+    """Messages asked for per receive call."""
+    max_wait_time: float = 5.0
+    """Seconds a receive call waits for its first message."""
+    max_in_flight: int = 1000
+    """Messages received and not yet advanced before receiving pauses."""
+    lock_duration: int = 60
+    """Seconds of the entity's message lock (its ``LockDuration``; renewal is planned on it,
+    and on a shorter lock when the messages show one)."""
+    max_lock_renewal: int = 3600
+    """Seconds after receipt past which a lock is no longer renewed."""
+    max_redeliveries: int = 5
+    settle_concurrency: int = 32
+    """Settlements (complete, abandon, dead-letter) in flight at once."""
+    retries: int = 3
+    retry_backoff: float = 0.2
+
+    @property
+    def entity_path(self) -> str:
+        """``queue``, or ``topic/Subscriptions/subscription``."""
+        if self.queue is not None:
+            return self.queue
+        return f"{self.topic}/Subscriptions/{self.subscription}"
+
+    @property
+    def namespace(self) -> str:
+        """The namespace host of the connection string."""
+        return namespace_of(self.connection_string)
+
+    def validate(self) -> None:
+        """Raise :class:`ServiceBusConfigError` for settings that cannot work."""
+        where = f"entity {self.entity_path!r}"
+        check_settings(
+            self, error=ServiceBusConfigError, where=where,
+            ints=("max_sessions", "max_messages", "max_in_flight", "lock_duration",
+                  "max_lock_renewal",
+                  "max_redeliveries", "settle_concurrency", "retries"),
+            texts=("connection_string", "queue", "topic", "subscription"),
+            numbers=("max_wait_time", "retry_backoff"),
+            rules=lambda: [
+                (bool(self.connection_string), "connection_string is required"),
+                ((self.queue is None) != (self.topic is None),
+                 "give either queue or topic (with subscription), not both"),
+                ((self.topic is None) == (self.subscription is None),
+                 "topic and subscription go together"),
+                (all(name is None or (name and "/" not in name.strip("/")) for name in
+                     (self.queue, self.topic, self.subscription)),
+                 "queue, topic and subscription are names, without '/'"),
+                (type(self.sessions) is bool, "sessions must be True or False"),
+                (1 <= self.max_sessions <= 256, "max_sessions must be within 1..256"),
+                (1 <= self.max_messages <= 5000, "max_messages must be within 1..5000"),
+                (0 < self.max_wait_time <= 300, "max_wait_time must be within (0, 300] s"),
+                (self.max_in_flight >= self.max_messages,
+                 "max_in_flight must be at least max_messages"),
+                (5 <= self.lock_duration <= 300, "lock_duration must be within 5..300"),
+                (self.max_lock_renewal >= self.lock_duration,
+                 "max_lock_renewal must be at least lock_duration"),
+                (self.max_redeliveries >= 0, "max_redeliveries must be >= 0"),
+                (self.settle_concurrency >= 1, "settle_concurrency must be >= 1"),
+                (self.retries >= 0 and self.retry_backoff >= 0,
+                 "retries and retry_backoff must be >= 0"),
+            ])
+        self.namespace  # noqa: B018 - raises when the connection string names none
+
+    def identity(self) -> tuple[str, str]:
+        """Which entity this is: the namespace host and the entity path (case-insensitive)."""
+        return (self.namespace, self.entity_path.lower())
+
+    def connection_digest(self) -> str:
+        """A short digest of the connection string, safe to log and to put in a key."""
+        return secret_digest({"connection_string": self.connection_string})
+
+    def fingerprint(self) -> str:
+        """A digest of every setting (the connection string included, never shown)."""
+        return fingerprint(asdict(self))
+
+    def retry_policy(self) -> RetryPolicy:
+        """``retries`` and ``retry_backoff`` as the kit's policy."""
+        return RetryPolicy(self.retries, self.retry_backoff)
+
+
+Property = str | bytes | int | float | bool | None
+
+
+class ServiceBusMessage(DecodeCache):
+    """The raw event every filter of a Service Bus shared stream receives (read-only, shared).
+
+    ``body`` is the message body as bytes (a data body joined; a value body
+    that is text encoded as UTF-8, any other value as JSON); ``properties``
+    its application properties with text keys (text values as ``str``,
+    binary ones as ``bytes``, times as ISO 8601 text, ids as text);
+    ``delivery_count`` counts the earlier deliveries (0 on the first);
+    ``enqueued_time`` is ISO 8601 UTC (or ``None``); ``session_id``,
+    ``correlation_id``, ``subject`` and ``content_type`` are ``None`` when
+    not set.
+    """
+
+    __slots__ = ("body", "content_type", "correlation_id", "delivery_count", "enqueued_time",
+                 "entity", "message_id", "properties", "sequence_number", "session_id",
+                 "subject")
+
+    def __init__(self, entity: str, *, sequence_number: int, body: bytes,
+                 message_id: str | None = None, properties: Mapping[str, Property] | None = None,
+                 delivery_count: int = 0, session_id: str | None = None,
+                 enqueued_time: str | None = None, correlation_id: str | None = None,
+                 subject: str | None = None, content_type: str | None = None) -> None:
+        super().__init__()
+        self.entity = entity
+        self.sequence_number = sequence_number
+        self.body = body
+        self.message_id = message_id
+        self.properties: dict[str, Property] = dict(properties or {})
+        self.delivery_count = delivery_count
+        self.session_id = session_id
+        self.enqueued_time = enqueued_time
+        self.correlation_id = correlation_id
+        self.subject = subject
+        self.content_type = content_type
+
+    def raw_bytes(self) -> bytes:
+        """The body: what :meth:`decoded` decodes."""
+        return self.body
+
+    def __repr__(self) -> str:
+        return (f"ServiceBusMessage({self.entity!r}, {self.sequence_number}, "
+                f"body={self.body[:40]!r})")
+
+
+def read_message(entity: str, received: Any, body_types: Any) -> ServiceBusMessage:
+    """The SDK's ``ServiceBusReceivedMessage`` as the message filters get.
+
+    ``body_types`` is ``azure.servicebus.amqp.AmqpMessageBodyType``.
+    """
+    return ServiceBusMessage(
+        entity,
+        sequence_number=int(received.sequence_number),
+        body=_body(received, body_types),
+        message_id=_text(received.message_id),
+        properties={_key(name): _property(value)
+                    for name, value in (received.application_properties or {}).items()},
+        delivery_count=int(received.delivery_count or 0),
+        session_id=_text(received.session_id),
+        enqueued_time=_iso(received.enqueued_time_utc),
+        correlation_id=_text(received.correlation_id),
+        subject=_text(received.subject),
+        content_type=_text(received.content_type),
+    )
+
+
+def _body(received: Any, body_types: Any) -> bytes:
+    kind, body = received.body_type, received.body
+    if kind == body_types.DATA:
+        return body if isinstance(body, bytes) else b"".join(body)
+    if kind == body_types.VALUE:
+        if isinstance(body, bytes):
+            return body
+        if isinstance(body, str):
+            return body.encode("utf-8", "surrogatepass")
+        return json.dumps(body, default=str).encode()
+    return json.dumps(list(body), default=str).encode()  # a sequence body: its sections
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def _key(name: Any) -> str:
+    return name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else str(name)
+
+
+def _property(value: Any) -> Property:
+    """A property value filters and payloads can hold: text, bytes, a number, a bool."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, bytes):
+        try:  # the SDK hands received text as bytes
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    if isinstance(value, datetime):
+        return _iso(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return str(value)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat()
+
+
+class ServiceBusPayload(NamedTuple):
+    """The broker payload: the message's lane, the filters' message, the SDK's message."""
+
+    lane: tuple[str, Hashable]
+    """``("session", session id)`` or ``("message", sequence number)``."""
+    message: ServiceBusMessage
+    received: Any
+    """The SDK's ``ServiceBusReceivedMessage``: settled through the receiver it came from."""
+    receiver: Any
+
+    @property
+    def key(self) -> str:
+        """Its lock token (the lease keeper's key)."""
+        return str(self.received.lock_token)
+
+
+def dead_letter_details(reason: str, verdicts: Sequence[Verdict]) -> tuple[str, str]:
+    """``(reason, description)`` of a dead-lettered message, within Service Bus's limits.
+
+    The reason is ``sharedstream.rejected`` or ``sharedstream.max_redeliveries``;
+    the description names the triggers and what they said.
+    """
+    found = dead_letter_annotations(reason, verdicts)
+    said = "; ".join(part for part in (
+        f"triggers {found[ANNOTATION_TRIGGERS]}" if ANNOTATION_TRIGGERS in found else "",
+        found.get(ANNOTATION_DETAIL, "")) if part)
+    return f"sharedstream.{reason}"[:_MAX_DETAIL], (said or reason)[:_MAX_DETAIL]

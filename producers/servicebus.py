@@ -1,0 +1,570 @@
+"""Azure Service Bus: one peek-lock receiver shared by every trigger of an entity (ack mode).
+
+:class:`ServiceBusSharedStreamProducer` receives from a queue or a topic
+subscription with ``azure.servicebus.aio`` (the ``servicebus`` extra:
+``pip install 'sharedstream[servicebus]'``) in peek-lock mode and maps each
+advanced outcome to a settlement:
+
+* **clean** (acked, nobody failed or rejected) - complete it. Completions
+  are queued and sent by the kit's settle sender, ``settle_concurrency`` at
+  a time; ``advance`` returns once they are queued (the events are already
+  stored: a crash before the completion only redelivers the message, and
+  the store skips its events).
+* **rejected** - dead-letter it (Service Bus's own dead-letter sub-queue,
+  ``<entity>/$DeadLetterQueue``) with the reason ``sharedstream.rejected``
+  and a description naming the triggers and what they said.
+* **failed** - abandon it: Service Bus delivers it again at once and its
+  delivery count grows; once it has failed more than ``max_redeliveries``
+  times it is dead-lettered instead (``sharedstream.max_redeliveries``). A
+  message that arrives already delivered that often without resolving
+  (crashes, lapsed locks) is dead-lettered without being fanned out.
+* **fanned out to nobody** - left alone: its lock is not renewed and lapses,
+  and Service Bus delivers it again.
+
+While a message waits for its subscribers and for its events to be stored,
+its lock is renewed (``renew_message_lock``) once half of it has passed, up
+to ``max_lock_renewal`` seconds after it arrived; renewal stops the moment
+it is advanced. A lock that is lost anyway (the entity's lock is shorter
+than planned, a long outage) only means Service Bus delivers the message
+again: its events are stored under ``<entity>/<sequence number>`` and the
+store skips them as duplicates, never a loss.
+
+**Lanes.** On an entity without sessions each message is its own lane: one
+slow message holds back nothing else. On a session-enabled entity
+(``sessions=True``) the lane is the session: up to ``max_sessions``
+sessions are received at once, each by its own receiver holding the
+session's lock (renewed while it is open), order is kept within a session,
+and a failed message holds its session: the session's later messages are
+abandoned behind it, uncounted, so they come again after it, in order. A
+receiver lets its session go once a receive finds nothing and nothing it
+received is outstanding.
+
+**Back-pressure.** Receiving pauses while ``max_in_flight`` messages are
+received and not yet advanced; nothing is prefetched beyond what a receive
+call asks for (a prefetched message's lock would tick unseen).
+
+Two triggers with different consumer settings on one entity would be two
+competing receivers, each message reaching only one of them: a second
+producer for an entity already consumed in this process with other
+settings is refused (:class:`ServiceBusConfigError`).
+
+The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`); what is
+here is Service Bus's: the client, receivers and sessions, settlements and
+lock renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from opentelemetry import metrics
+
+from sharedstream.brokerkit.batches import in_batches
+from sharedstream.brokerkit.deadletters import (
+    REASON_MAX_REDELIVERIES,
+    REASON_REJECTED,
+    DeadLetterDesk,
+)
+from sharedstream.brokerkit.fingerprints import SourceClaims
+from sharedstream.brokerkit.inflight import InFlightLimit
+from sharedstream.brokerkit.lease import LeaseKeeper
+from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.sdk import OptionalSdk
+from sharedstream.brokerkit.settle import SettleSender
+from sharedstream.brokerkit.workers import PollWorkers
+from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.producers._servicebus_types import (
+    ServiceBusConfigError,
+    ServiceBusMessage,
+    ServiceBusPayload,
+    ServiceBusProducerError,
+    ServiceBusRequestError,
+    ServiceBusSettings,
+    dead_letter_details,
+    namespace_of,
+    read_message,
+    sdk_error,
+    transient,
+)
+
+__all__ = [
+    "ServiceBusConfigError",
+    "ServiceBusMessage",
+    "ServiceBusPayload",
+    "ServiceBusProducerError",
+    "ServiceBusRequestError",
+    "ServiceBusSettings",
+    "ServiceBusSharedStreamProducer",
+    "namespace_of",
+]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_MAX_HOLDS = 4096
+_requests = metrics.get_meter("sharedstream.servicebus").create_counter(
+    "sharedstream.broker.requests",
+    unit="{request}",
+    description="Broker API calls made by producers, by broker and operation",
+)
+
+_sdk = OptionalSdk(broker="Service Bus", package="azure.servicebus", extra="servicebus",
+                   error=ServiceBusConfigError)
+
+_Disposal = tuple[ServiceBusPayload, str, Sequence[Verdict]]
+"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
+
+_consumed = SourceClaims()
+"""Entities consumed in this process, and the settings fingerprint consuming each."""
+
+
+class ServiceBusSharedStreamProducer(SharedStreamProducer):
+    """The Service Bus side of a shared stream; see the module docstring for the policy.
+
+    The constructor validates (raising :class:`ServiceBusConfigError`, a
+    ``ValueError``, also when the ``servicebus`` extra is not installed) and
+    connects to nothing. ``calls`` counts the calls made, by operation (also
+    the OpenTelemetry counter ``sharedstream.broker.requests``).
+    """
+
+    def __init__(self, settings: ServiceBusSettings) -> None:
+        settings.validate()
+        _sdk("azure.servicebus.aio")  # a missing extra fails here
+        self.settings = settings
+        self.entity = settings.entity_path
+        self.calls: Counter[str] = Counter()
+        self._letters = DeadLetterDesk(self, stream=f"servicebus {self.entity}",
+                                       setting="dead-letter queue", logger=log)
+        self._client: Any = None
+        self._exit = contextlib.AsyncExitStack()
+        self._claimed = False
+        self._closed = False
+        self._leases: LeaseKeeper[str] = LeaseKeeper(
+            self._renew, lease=settings.lock_duration, batch_size=settings.settle_concurrency,
+            on_lost=self._forget)
+        self._held: dict[str, ServiceBusPayload] = {}  # lock token -> payload, while renewed
+        self._arrived: dict[str, float] = {}  # lock token -> when it arrived (max renewal)
+        self._in_flight = InFlightLimit(settings.max_in_flight)
+        self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
+        self._completes: SettleSender[ServiceBusPayload] = SettleSender(
+            self._send_completes, batch_size=settings.settle_concurrency, senders=2,
+            policy=settings.retry_policy(), retry_on=ServiceBusRequestError,
+            on_given_up=self._complete_lost)
+        # The receive loops (one, or one per session), the completers and the renewals.
+        # A worker gone for good must not leave advance or a receive loop waiting on it.
+        self._workers: PollWorkers[ServiceBusPayload] = PollWorkers(
+            on_broken=(self._completes.interrupt, self._in_flight.interrupt))
+        self._floors: dict[Hashable, int] = {}  # session lane -> sequence number holding it
+        self._failures: DeliveryTally[int] = DeliveryTally(_MAX_HOLDS)  # counted failures
+        self._bounced: DeliveryTally[int] = DeliveryTally(_MAX_HOLDS)  # deliveries not its own
+        self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
+        self._lock_warned = False
+
+    @property
+    def discarded(self) -> int:
+        """Always 0: Service Bus always has a dead-letter sub-queue."""
+        return self._letters.discarded
+
+    # -- connection ----------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Create the client (no I/O until a receiver opens)."""
+        aio = _sdk("azure.servicebus.aio")
+        try:
+            self._client = aio.ServiceBusClient.from_connection_string(
+                self.settings.connection_string, retry_total=self.settings.retries,
+                retry_backoff_factor=self.settings.retry_backoff)
+        except ValueError as exc:  # the SDK's own check of the string; never show the string
+            raise ServiceBusConfigError(
+                f"connection_string for {self.entity!r} is not usable: "
+                f"{str(exc).splitlines()[0][:200]}") from None
+
+    def _receiver(self, *, session: bool) -> Any:
+        """A peek-lock receiver of the entity (of the next free session when ``session``)."""
+        servicebus, s = _sdk("azure.servicebus"), self.settings
+        kwargs: dict[str, Any] = {"receive_mode": servicebus.ServiceBusReceiveMode.PEEK_LOCK,
+                                  "prefetch_count": 0}
+        if session:
+            kwargs.update(session_id=servicebus.NEXT_AVAILABLE_SESSION,
+                          max_wait_time=s.max_wait_time)
+        if s.queue is not None:
+            return self._client.get_queue_receiver(queue_name=s.queue, **kwargs)
+        return self._client.get_subscription_receiver(
+            topic_name=s.topic, subscription_name=s.subscription, **kwargs)
+
+    async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """One SDK call (counted), its errors wrapped (see :func:`sdk_error`)."""
+        self.calls[operation] += 1
+        _requests.add(1, {"broker": "servicebus", "operation": operation})
+        servicebus_exceptions = _sdk("azure.servicebus.exceptions")
+        try:
+            return await call()
+        except servicebus_exceptions.ServiceBusError as exc:
+            raise sdk_error(f"{operation} on {self.entity}", exc) from exc
+
+    def _claim(self) -> None:
+        if not _consumed.claim(self.settings.identity(), self.settings.fingerprint()):
+            raise ServiceBusConfigError(
+                f"entity {self.entity!r} is already consumed in this process with other "
+                "settings; every trigger of one entity must use the same receive, lock and "
+                "session settings (two receivers would split its messages)"
+            )
+        self._claimed = True
+
+    # -- the poll ------------------------------------------------------------------------
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Open the receiver(s) and yield ``(ServiceBusMessage, ServiceBusPayload)`` pairs."""
+        self._claim()
+        self._connect()
+        s = self.settings
+        if s.sessions:
+            receivers = [(f"session-{n}", self._session_loop) for n in range(s.max_sessions)]
+        else:
+            receiver = self._receiver(session=False)
+            await self._call("OpenReceiver", receiver.__aenter__)
+            self._exit.push_async_callback(receiver.close)
+            receivers = [("receive", lambda: self._receive_loop(receiver, None))]
+        # A worker's error ends the poll (the group restarts); what was received and not
+        # advanced is delivered again once its lock lapses: nothing is lost.
+        self._workers.start(f"servicebus {self.entity}", [
+            *receivers, ("complete", self._completes.run), ("renew", self._leases.run)])
+        async for batch in self._workers.batches():
+            for payload in batch:
+                yield payload.message, payload
+
+    async def _receive_loop(self, receiver: Any, session: str | None) -> None:
+        """Receive while ``max_in_flight`` leaves room; with a session, until it is idle.
+
+        Returns (a session only) once a receive found nothing and nothing
+        received from the session is outstanding.
+        """
+        s, in_flight = self.settings, self._in_flight
+        while True:
+            await in_flight.room(s.max_messages)
+            in_flight.take(s.max_messages)  # reserve room for a full receive
+            try:
+                received = await self._call("Receive", lambda: receiver.receive_messages(
+                    max_message_count=s.max_messages, max_wait_time=s.max_wait_time))
+            finally:
+                in_flight.release(s.max_messages)
+            in_flight.take(len(received))
+            if received:
+                await self._take(receiver, session, received)
+            elif session is not None and not self._open.get(id(receiver)):
+                return
+
+    async def _take(self, receiver: Any, session: str | None, received: list[Any]) -> None:
+        """Hold the locks of what a receive got and hand it to the poll."""
+        body_types = _sdk("azure.servicebus.amqp").AmqpMessageBodyType
+        now = self._leases.now()
+        taken: list[ServiceBusPayload] = []
+        poison: list[_Disposal] = []
+        for raw in received:
+            message = read_message(self.entity, raw, body_types)
+            lane: tuple[str, Hashable] = (("session", session) if session is not None
+                                          else ("message", message.sequence_number))
+            payload = ServiceBusPayload(lane, message, raw, receiver)
+            deliveries = message.delivery_count + 1 - self._bounced.get(message.sequence_number)
+            if self._redelivery.poisoned_on_arrival(deliveries):
+                # Delivered that often without resolving (crashes, lapses): never fan it out.
+                poison.append((payload, REASON_MAX_REDELIVERIES, ()))
+                continue
+            if session is None:
+                self._hold(payload, now)
+            else:
+                self._open[id(receiver)] = self._open.get(id(receiver), 0) + 1
+            taken.append(payload)
+        if taken:
+            self._workers.put(taken)
+        if poison:
+            self._in_flight.release(len(poison))
+            await self._dispose(poison)
+
+    def _hold(self, payload: ServiceBusPayload, now: float) -> None:
+        """Renew ``payload``'s lock from now on, planned on the lock it came with."""
+        token, until = payload.key, payload.received.locked_until_utc
+        left = self.settings.lock_duration
+        if until is not None:
+            seen = (until - datetime.now(UTC)).total_seconds()
+            if seen < self._leases.lease - 1:  # the entity's lock is shorter than configured
+                self._shorter_lock(seen)
+            left = min(left, max(seen, 0.0))
+        self._leases.hold(token, now + left)
+        self._held[token] = payload
+        self._arrived[token] = now
+
+    def _shorter_lock(self, seen: float) -> None:
+        lease = max(5.0, round(seen))
+        if lease < self._leases.lease:
+            self._leases.lease = lease
+            self._leases.renew_within = lease / 2
+            if not self._lock_warned:
+                self._lock_warned = True
+                log.warning("the lock of %s lasts about %ds, less than lock_duration (%ds); "
+                            "renewing on that", self.entity, lease, self.settings.lock_duration)
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def _session_loop(self) -> None:
+        """Take the next free session, receive it until idle, let it go; forever."""
+        servicebus_exceptions = _sdk("azure.servicebus.exceptions")
+        while True:
+            receiver = self._receiver(session=True)
+            try:
+                await self._call("AcceptSession", receiver.__aenter__)
+            except ServiceBusProducerError as exc:
+                await receiver.close()
+                if isinstance(exc.__cause__, servicebus_exceptions.OperationTimeoutError):
+                    continue  # no session has messages now: ask again
+                raise
+            session = str(receiver.session.session_id)
+            self._open[id(receiver)] = 0
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    renewer = tasks.create_task(self._keep_session(receiver),
+                                                name=f"servicebus {self.entity} session {session}")
+                    await self._receive_loop(receiver, session)
+                    renewer.cancel()
+            except BaseExceptionGroup as group:
+                lost = servicebus_exceptions.SessionLockLostError
+                other = [e for e in group.exceptions if not isinstance(e.__cause__, lost)]
+                if other:
+                    raise other[0]  # noqa: B904 - its own cause is the SDK's error
+                log.warning("lost the lock of session %s of %s; what was received from it and "
+                            "not settled comes again", session, self.entity)
+            finally:
+                self._open.pop(id(receiver), None)
+                await receiver.close()
+
+    async def _keep_session(self, receiver: Any) -> None:
+        """Renew the session's lock every half lock while it is open."""
+        while True:
+            await asyncio.sleep(self._leases.lease / 2)
+            await self._call("RenewSessionLock", receiver.session.renew_lock)
+
+    # -- the engine's calls --------------------------------------------------------------
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """``("session", session id)``, or ``("message", sequence number)`` without sessions."""
+        lane: Hashable = broker_payload.lane
+        return lane
+
+    def raw_event_name(self, broker_payload: Any) -> str | None:
+        """``<entity path>/<sequence number>``: the same for every redelivery."""
+        return f"{self.entity}/{broker_payload.message.sequence_number}"
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Complete, abandon or dead-letter each message of one lane's resolved prefix.
+
+        Raises only when the client is broken (a worker failed for good);
+        per-message problems are logged with the sequence number.
+        """
+        if self._workers.broken is not None:
+            raise ServiceBusRequestError(
+                f"the Service Bus client is broken: {self._workers.broken}")
+        self._in_flight.release(len(batch))
+        completes, abandons, dispose = self._sort(batch)
+        if abandons:
+            await self._abandon(abandons)
+        if dispose:
+            await self._dispose(dispose)
+        if completes:
+            await self._completes.put(completes)
+
+    def _sort(self, batch: Sequence[AdvanceItem]) -> tuple[
+        list[ServiceBusPayload], list[ServiceBusPayload], list[_Disposal]
+    ]:
+        """Split a batch into completions, abandons and dead letters; stop every renewal first.
+
+        A session lane's first failed message becomes its *floor*: the
+        session's later messages are abandoned behind it, uncounted, so they
+        come again after it, in order. Synchronous, so renewal of every item
+        stops before anything is awaited.
+        """
+        completes: list[ServiceBusPayload] = []
+        abandons: list[ServiceBusPayload] = []
+        dispose: list[_Disposal] = []
+        floors = self._floors
+        for payload, outcome in batch:
+            self._settled(payload)
+            number, lane = payload.message.sequence_number, payload.lane
+            floor = floors.get(lane)
+            if floor == number:
+                del floors[lane]
+            elif floor is not None:
+                self._bounced.add(number)
+                abandons.append(payload)
+                continue
+            if outcome.failed:
+                if self._redelivery.counts(outcome):
+                    failures = self._failures.add(number)
+                else:  # it only failed because a watcher died on another message
+                    self._bounced.add(number)
+                    failures = self._failures.get(number)
+                if self._redelivery.exhausted(failures):
+                    dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
+                    continue
+                abandons.append(payload)
+                if lane[0] == "session":
+                    floors[lane] = number
+                    if len(floors) > _MAX_HOLDS:
+                        del floors[next(iter(floors))]
+            elif outcome.rejected:
+                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
+            elif outcome.acked:
+                completes.append(payload)
+                self._failures.forget(number)
+                self._bounced.forget(number)
+            else:  # fanned out to nobody: its lock lapses and Service Bus delivers it again
+                self._done([payload])
+        return completes, abandons, dispose
+
+    def _settled(self, payload: ServiceBusPayload) -> None:
+        """Stop renewing ``payload`` (it is advanced); count it off its session."""
+        token = payload.key
+        self._leases.settle(token)
+        self._held.pop(token, None)
+        self._arrived.pop(token, None)
+
+    def _done(self, payloads: Sequence[ServiceBusPayload]) -> None:
+        """``payloads`` were settled (or given up): count them off their sessions.
+
+        Only then may a session's receiver close (settling needs it open).
+        """
+        for payload in payloads:
+            if payload.lane[0] == "session":
+                key = id(payload.receiver)
+                if key in self._open:
+                    self._open[key] -= 1
+
+    def _forget(self, tokens: list[str]) -> None:
+        for token in tokens:
+            self._held.pop(token, None)
+            self._arrived.pop(token, None)
+
+    # -- settlements ---------------------------------------------------------------------
+
+    async def _settle_each(self, operation: str, payloads: Sequence[ServiceBusPayload],
+                           settle: Callable[[ServiceBusPayload], Awaitable[None]]) -> list[
+                               tuple[ServiceBusPayload, BaseException]]:
+        """Settle each payload, ``settle_concurrency`` at a time; the ones that raised."""
+        self.calls[operation] += len(payloads)
+        _requests.add(len(payloads), {"broker": "servicebus", "operation": operation})
+        failed: list[tuple[ServiceBusPayload, BaseException]] = []
+
+        async def chunk(part: Sequence[ServiceBusPayload]) -> None:
+            results = await asyncio.gather(*(settle(p) for p in part), return_exceptions=True)
+            for payload, result in zip(part, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, Exception):
+                        raise result  # a cancellation
+                    failed.append((payload, result))
+
+        await in_batches(payloads, chunk, size=self.settings.settle_concurrency, concurrency=1)
+        return failed
+
+    async def _send_completes(self, chunk: Sequence[ServiceBusPayload]) -> list[
+            tuple[ServiceBusPayload, str]]:
+        """Complete a chunk; returns what failed transiently (the sender retries it)."""
+        failed = await self._settle_each(
+            "Complete", chunk, lambda p: p.receiver.complete_message(p.received))
+        retry = [(p, f"{type(exc).__name__}: {exc}") for p, exc in failed if transient(exc)]
+        again = {id(p) for p, _ in retry}
+        for payload, exc in failed:
+            if id(payload) not in again:
+                self._complete_lost(payload, f"{type(exc).__name__}: {exc}")
+        self._done([p for p in chunk if id(p) not in again])
+        return retry
+
+    def _complete_lost(self, payload: ServiceBusPayload, detail: str) -> None:
+        log.warning("completing %s of %s did not take (%s); Service Bus delivers it again and "
+                    "its events are skipped as duplicates", payload.message.sequence_number,
+                    self.entity, detail)
+        self._done([payload])
+
+    async def _abandon(self, payloads: list[ServiceBusPayload]) -> None:
+        log.info("abandoning %d message(s) of %s: %s", len(payloads), self.entity,
+                 [p.message.sequence_number for p in payloads])
+        failed = await self._settle_each(
+            "Abandon", payloads, lambda p: p.receiver.abandon_message(p.received))
+        for payload, exc in failed:
+            log.warning("abandoning %s of %s failed (%s: %s); its lock lapses and it comes "
+                        "again", payload.message.sequence_number, self.entity,
+                        type(exc).__name__, exc)
+        self._done(payloads)
+
+    async def _dispose(self, items: list[_Disposal]) -> None:
+        """Dead-letter ``items`` into the entity's dead-letter sub-queue.
+
+        A dead-lettering that fails leaves the message locked until its lock
+        lapses: it comes again, and is dead-lettered then.
+        """
+        details = {id(payload): dead_letter_details(reason, verdicts)
+                   for payload, reason, verdicts in items}
+
+        async def dead_letter(payload: ServiceBusPayload) -> None:
+            reason, description = details[id(payload)]
+            await payload.receiver.dead_letter_message(
+                payload.received, reason=reason, error_description=description)
+
+        for payload, _, _ in items:
+            self._settled(payload)
+        failed = await self._settle_each("DeadLetter", [p for p, _, _ in items], dead_letter)
+        refused = {id(p): exc for p, exc in failed}
+        for payload, reason, verdicts in items:
+            number = payload.message.sequence_number
+            exc = refused.get(id(payload))
+            if exc is not None:
+                log.error("dead-lettering %s of %s failed (%s: %s); it comes again",
+                          number, self.entity, type(exc).__name__, exc)
+                continue
+            self._failures.forget(number)
+            self._bounced.forget(number)
+            self._letters.sent(f"{number}", f"{self.entity}/$DeadLetterQueue", reason, verdicts)
+        self._done([payload for payload, _, _ in items])
+
+    async def _renew(self, tokens: Sequence[str]) -> list[str]:
+        """The lease keeper's renewal: each lock up to ``max_lock_renewal`` after arrival."""
+        now, limit = self._leases.now(), self.settings.max_lock_renewal
+        due = [t for t in tokens if t in self._held and now - self._arrived.get(t, now) < limit]
+        if len(due) < len(tokens):
+            log.warning("%d lock(s) of %s reached max_lock_renewal (%ds) or were settled; "
+                        "Service Bus delivers them again", len(tokens) - len(due), self.entity,
+                        limit)
+        payloads = [self._held[t] for t in due]
+        failed = await self._settle_each(
+            "RenewLock", payloads, lambda p: p.receiver.renew_message_lock(p.received))
+        lost = {p.key for p, _ in failed}
+        for payload, exc in failed:
+            log.info("renewing the lock of %s of %s failed (%s)", payload.message.sequence_number,
+                     self.entity, type(exc).__name__)
+        return [t for t in due if t not in lost]
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Flush queued completions (10 s at most), stop the workers and the client, once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._completes.flush(10)
+        finally:
+            await self._workers.stop()
+            if self._completes.queued:
+                log.warning("%d completion(s) not sent before closing; those messages come "
+                            "again and their events are skipped as duplicates",
+                            self._completes.queued)
+            if self._claimed:
+                _consumed.release(self.settings.identity(), self.settings.fingerprint())
+            await self._exit.aclose()
+            if self._client is not None:
+                await self._client.close()
+

@@ -1,0 +1,97 @@
+"""The Service Bus trigger's settings and key, and the dead-letter details: pure logic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sharedstream.engine.producer import Verdict
+from sharedstream.producers._servicebus_types import (
+    ServiceBusConfigError,
+    dead_letter_details,
+    namespace_of,
+)
+from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
+
+CONNECTION = ("Endpoint=sb://Orders-NS.servicebus.windows.net/;SharedAccessKeyName=listen;"
+              "SharedAccessKey=hunter2")
+
+
+def trigger(**overrides: Any) -> ServiceBusSharedStreamTrigger:
+    kwargs: dict[str, Any] = {"connection_string": CONNECTION, "queue": "orders"}
+    kwargs.update(overrides)
+    return ServiceBusSharedStreamTrigger(**kwargs)
+
+
+def test_the_namespace_is_read_from_the_connection_string() -> None:
+    assert namespace_of(CONNECTION) == "orders-ns.servicebus.windows.net"
+    assert namespace_of("Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=k;"
+                        "SharedAccessKey=v;UseDevelopmentEmulator=true;") == "127.0.0.1:5672"
+
+
+def test_key_holds_consumer_settings_not_filter_settings() -> None:
+    plain = trigger()
+    assert plain.shared_stream_key() == trigger(payload_format="json",
+                                                match={"json": {"a": 1}}).shared_stream_key()
+    for change in ({"max_messages": 10}, {"lock_duration": 30}, {"sessions": True},
+                   {"queue": "other"}, {"max_redeliveries": 2},
+                   {"connection_string": CONNECTION.replace("hunter2", "other")}):
+        assert trigger(**change).shared_stream_key() != plain.shared_stream_key(), change
+
+
+def test_key_and_logs_never_hold_the_key() -> None:
+    key = repr(trigger().shared_stream_key())
+    assert "hunter2" not in key
+    assert "orders-ns.servicebus.windows.net" in key
+
+
+def test_a_topic_subscription_is_an_entity_path() -> None:
+    sub = trigger(queue=None, topic="events", subscription="audit")
+    assert sub.settings().entity_path == "events/Subscriptions/audit"
+    assert sub.shared_stream_key() != trigger().shared_stream_key()
+
+
+@pytest.mark.parametrize(("kwargs", "problem"), [
+    ({"queue": None}, "give either queue or topic (with subscription), not both"),
+    ({"topic": "events"}, "give either queue or topic (with subscription), not both"),
+    ({"queue": None, "topic": "events"}, "topic and subscription go together"),
+    ({"queue": "a/b"}, "queue, topic and subscription are names, without '/'"),
+    ({"max_messages": 0}, "max_messages must be within 1..5000"),
+    ({"max_messages": True}, "max_messages must be an int, got bool"),
+    ({"max_in_flight": 10}, "max_in_flight must be at least max_messages"),
+    ({"lock_duration": 1}, "lock_duration must be within 5..300"),
+    ({"max_lock_renewal": 10}, "max_lock_renewal must be at least lock_duration"),
+    ({"sessions": "yes"}, "sessions must be True or False"),
+    ({"max_wait_time": "5"}, "max_wait_time must be a number, got str"),
+    ({"connection_string": "SharedAccessKey=x"}, "connection_string has no Endpoint"),
+    ({"connection_string": ""}, "connection_string is required"),
+])
+def test_bad_settings_are_refused_with_the_reason(kwargs: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ServiceBusConfigError, match="^" + problem.replace("(", r"\(")
+                       .replace(")", r"\)").replace(".", r"\.")) as caught:
+        trigger(**kwargs)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_serialize_round_trips() -> None:
+    original = trigger(topic="events", queue=None, subscription="audit", sessions=True,
+                       payload_format="json", match={"properties": {"tenant": "t1"}})
+    classpath, kwargs = original.serialize()
+    assert classpath == "sharedstream.triggers.servicebus.ServiceBusSharedStreamTrigger"
+    again = ServiceBusSharedStreamTrigger(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    assert again.shared_stream_key() == original.shared_stream_key()
+
+
+def test_dead_letter_details_name_the_outcome_and_the_triggers() -> None:
+    verdicts = [Verdict(trigger_id=7, resolution="rejected", reason="bad order")]
+    reason, description = dead_letter_details("rejected", verdicts)
+    assert reason == "sharedstream.rejected"
+    assert "7" in description
+    assert "bad order" in description
+    reason, description = dead_letter_details("max_redeliveries", [])
+    assert (reason, description) == ("sharedstream.max_redeliveries", "max_redeliveries")
+    _, long = dead_letter_details("rejected", [Verdict(trigger_id=1, resolution="rejected",
+                                                       reason="x" * 5000)])
+    assert len(long) == 1024

@@ -1,0 +1,190 @@
+"""Azure Service Bus asset watchers: many triggers, one peek-lock receiver per entity.
+
+:class:`ServiceBusSharedStreamTrigger` runs in ack mode on
+:class:`~sharedstream.producers.servicebus.ServiceBusSharedStreamProducer`:
+every trigger of a queue (or topic subscription) with the same consumer
+settings shares one receiver, and a message is completed only once every
+trigger is done with it and the events it fired are stored::
+
+    ServiceBusSharedStreamTrigger(
+        connection_string=os.environ["ORDERS_SERVICEBUS"], queue="orders",
+        payload_format="json",
+        match={"properties": {"source": "web"}, "json": {"order.country": "NL"}},
+    )
+
+A body that does not decode is *rejected*: dead-lettered into the entity's
+dead-letter sub-queue with the reason ``sharedstream.rejected``, never
+delivered again.
+
+Decoding, matching, the prefilter, the filter and vouching for payloads come
+from :class:`~sharedstream.brokerkit.trigger.BrokerTrigger`; this module says
+where a Service Bus message keeps its body and properties, what an event's
+payload is, and which settings make the shared receiver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any, ClassVar
+
+from sharedstream.brokerkit.codecs import AS_HELD, JSON, MSGPACK, UTF8, PayloadFormat
+from sharedstream.brokerkit.fingerprints import fingerprint
+from sharedstream.brokerkit.trigger import BrokerTrigger
+from sharedstream.engine.producer import SharedStreamProducer
+from sharedstream.producers.servicebus import (
+    ServiceBusConfigError,
+    ServiceBusMessage,
+    ServiceBusSettings,
+    ServiceBusSharedStreamProducer,
+)
+
+__all__ = ["PAYLOAD_FORMATS", "ServiceBusSharedStreamTrigger"]
+
+_ENTITY = ("queue", "topic", "subscription")
+_CONSUMER_SETTINGS = ("sessions", "max_sessions", "max_messages", "max_wait_time",
+                      "max_in_flight", "lock_duration", "max_lock_renewal", "max_redeliveries",
+                      "settle_concurrency")
+
+PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
+    "bytes": AS_HELD, "utf-8": UTF8, "json": JSON, "msgpack": MSGPACK}
+"""``payload_format`` -> how a message body is decoded (``bytes``: as is)."""
+
+
+class ServiceBusSharedStreamTrigger(BrokerTrigger):
+    """Fire for each message of a queue or subscription whose decoded body matches ``match``.
+
+    :param connection_string: the namespace's connection string (kept
+        encrypted with the trigger's kwargs; only its namespace and a digest
+        enter the shared-stream key).
+    :param queue: a queue name; or :param topic: and :param subscription:
+        a topic and one of its subscriptions.
+    :param sessions: the entity requires sessions: each session is a lane
+        (order kept), up to ``max_sessions`` received at once.
+    :param max_messages: messages per receive call. :param max_wait_time:
+        seconds a receive waits for a first message.
+    :param max_in_flight: messages received and not yet advanced before
+        receiving pauses.
+    :param lock_duration: the entity's message lock in seconds (renewal is
+        planned on it; a shorter lock seen on messages is used instead).
+    :param max_lock_renewal: seconds after receipt past which a lock is no
+        longer renewed.
+    :param max_redeliveries: failed deliveries of one message tolerated
+        before it is dead-lettered.
+    :param settle_concurrency: completions, abandons and dead-letterings in
+        flight at once.
+    :param payload_format: ``bytes`` (as is), ``utf-8``, ``json`` or ``msgpack``.
+    :param match: ``{"properties": {name: value}, "json": {"a.b": value}}``
+        (application properties; every given condition must hold).
+
+    The payload of each event is a dict: ``value`` (decoded body),
+    ``message_id``, ``sequence_number``, ``properties``, ``session_id``,
+    ``delivery_count`` (earlier deliveries), ``enqueued_time`` (ISO 8601),
+    ``correlation_id``, ``subject`` and ``content_type``.
+    """
+
+    payload_formats: ClassVar[Mapping[str, PayloadFormat]] = PAYLOAD_FORMATS
+    match_named_field = "properties"
+
+    def __init__(
+        self,
+        *,
+        connection_string: str,
+        queue: str | None = None,
+        topic: str | None = None,
+        subscription: str | None = None,
+        sessions: bool = False,
+        max_sessions: int = 8,
+        max_messages: int = 100,
+        max_wait_time: float = 5.0,
+        max_in_flight: int = 1000,
+        lock_duration: int = 60,
+        max_lock_renewal: int = 3600,
+        max_redeliveries: int = 5,
+        settle_concurrency: int = 32,
+        payload_format: str = "bytes",
+        match: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(payload_format=payload_format, match=match)
+        self.connection_string = connection_string
+        self.queue, self.topic, self.subscription = queue, topic, subscription
+        self.sessions = sessions
+        self.max_sessions = max_sessions
+        self.max_messages = max_messages
+        self.max_wait_time = max_wait_time
+        self.max_in_flight = max_in_flight
+        self.lock_duration = lock_duration
+        self.max_lock_renewal = max_lock_renewal
+        self.max_redeliveries = max_redeliveries
+        self.settle_concurrency = settle_concurrency
+        self.settings()  # refuse unusable settings where the trigger is declared
+
+    def consumer_kwargs(self) -> dict[str, Any]:
+        """The receiver's constructor kwargs (all but ``payload_format`` and ``match``)."""
+        names = ("connection_string", *_ENTITY, *_CONSUMER_SETTINGS)
+        return {name: getattr(self, name) for name in names}
+
+    def settings(self) -> ServiceBusSettings:
+        """The shared receiver's settings (validated)."""
+        return self._settings_from(self.consumer_kwargs())
+
+    @staticmethod
+    def _settings_from(kwargs: Mapping[str, Any]) -> ServiceBusSettings:
+        if "connection_string" not in kwargs:
+            raise ServiceBusConfigError("missing Service Bus trigger setting 'connection_string'")
+        defaults = ServiceBusSettings(connection_string="")
+        chosen: dict[str, Any] = {name: kwargs.get(name) for name in _ENTITY}
+        chosen.update({name: kwargs.get(name, getattr(defaults, name))
+                       for name in _CONSUMER_SETTINGS})
+        settings = ServiceBusSettings(connection_string=kwargs["connection_string"], **chosen)
+        settings.validate()
+        return settings
+
+    def shared_stream_key(self) -> Hashable:
+        """The namespace, the entity and a fingerprint of every consumer setting.
+
+        The connection string enters as a digest only. Triggers of one entity
+        whose consumer settings differ get different keys, and the second
+        receiver is refused when it opens.
+        """
+        settings = self.settings()
+        consumer = {name: getattr(settings, name) for name in _CONSUMER_SETTINGS}
+        return ("servicebus", *settings.identity(), settings.connection_digest(),
+                fingerprint(consumer))
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        """The group's producer, from the first subscriber's kwargs (no connection yet)."""
+        return ServiceBusSharedStreamProducer(cls._settings_from(kwargs))
+
+    # -- what a message holds --------------------------------------------------------------
+
+    def message_body(self, message: ServiceBusMessage) -> bytes:
+        """The message body."""
+        return message.body
+
+    def message_named_values(self, message: ServiceBusMessage) -> Mapping[str, Any]:
+        """The application properties by name."""
+        return message.properties
+
+    def message_fields_native(self, message: ServiceBusMessage) -> bool:
+        """Always: ids, counts, times and properties are text, bytes, numbers and bools."""
+        return True
+
+    def describe_message(self, message: ServiceBusMessage) -> str:
+        """``sequence-number from entity``."""
+        return f"{message.sequence_number} from {message.entity}"
+
+    def to_payload(self, value: Any, message: ServiceBusMessage) -> dict[str, Any]:
+        """The event payload for a matching message."""
+        return {
+            "value": value,
+            "message_id": message.message_id,
+            "sequence_number": message.sequence_number,
+            "properties": dict(message.properties),
+            "session_id": message.session_id,
+            "delivery_count": message.delivery_count,
+            "enqueued_time": message.enqueued_time,
+            "correlation_id": message.correlation_id,
+            "subject": message.subject,
+            "content_type": message.content_type,
+        }
