@@ -5,8 +5,11 @@
 * the store and the broker kit import only the engine and themselves;
 * core (everything under ``sharedstream`` but the broker modules, the demo and
   the testing kit) imports no broker module, no demo or testing code and no
-  broker SDK, not even inside a function; the one declared exception is the
-  CLI's ``demo`` command, which imports the demo when it is run.
+  broker SDK, not even inside a function; the declared exceptions are the
+  CLI's ``demo`` command, which imports the demo when it is run, and the
+  PostgreSQL store (``sharedstream.store.postgres`` and its private modules),
+  which imports its driver, psycopg, and is itself imported only when a
+  ``postgresql://`` URL is opened.
 
 Every import is read from the syntax tree (``import``, ``from``, and
 ``importlib.import_module`` with a literal name), so a lazy import inside a
@@ -28,7 +31,14 @@ OUTSIDE_CORE = ("sharedstream.producers", "sharedstream.triggers", "sharedstream
                 "sharedstream.testing")
 BROKER_SDKS = ("aiokafka", "kafka", "aiobotocore", "botocore", "boto3", "moto", "google",
                "azure", "proton", "asyncpg", "psycopg", "testcontainers")
-ALLOWED = {("sharedstream.runtime.cli", "sharedstream.demo")}  # the demo command, when run
+ALLOWED = {
+    ("sharedstream.runtime.cli", "sharedstream.demo"),  # the demo command, when run
+    ("sharedstream.store.postgres", "psycopg"),  # the PostgreSQL store and its driver
+    ("sharedstream.store.postgres", "psycopg_pool"),
+    ("sharedstream.store._postgres_events", "psycopg"),
+}
+# Loaded only on demand (a postgresql:// URL); importing them loads their driver.
+ON_DEMAND = ("sharedstream.store.postgres",)
 LAYERS = {
     "sharedstream.engine": ("sharedstream.engine", "opentelemetry"),
     "sharedstream.store": ("sharedstream.store", "sharedstream.engine"),
@@ -78,7 +88,7 @@ def test_core_imports_no_broker_module_demo_testing_kit_or_sdk() -> None:
         f"{name} imports {target}"
         for name, path in core_modules()
         for target in imports(path, name)
-        if within(target, OUTSIDE_CORE + BROKER_SDKS) and not any(
+        if within(target, OUTSIDE_CORE + BROKER_SDKS + ("psycopg_pool",)) and not any(
             name == src and within(target, (dst,)) for src, dst in ALLOWED)
     ]
     assert found == []
@@ -93,6 +103,7 @@ def test_each_layer_imports_only_what_is_below_it(layer: str) -> None:
         for target in imports(path, name)
         if within(target, ("sharedstream", *BROKER_SDKS, "opentelemetry"))
         and not within(target, allowed)
+        and not any(name == src and within(target, (dst,)) for src, dst in ALLOWED)
     ]
     assert found == []
 
@@ -111,7 +122,8 @@ def test_the_rules_see_lazy_relative_and_importlib_imports(tmp_path: Path) -> No
 
 
 def test_importing_all_of_core_loads_no_sdk() -> None:
-    names = [name for name, _ in core_modules() if not name.endswith("__main__")]
+    names = [name for name, _ in core_modules()
+             if not name.endswith("__main__") and name not in ON_DEMAND]
     code = (
         "import importlib, sys\n"
         f"for name in {names!r}: importlib.import_module(name)\n"

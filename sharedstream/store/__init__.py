@@ -1,7 +1,9 @@
 """The metadata store: definitions, trigger events, asset events and queued DAG runs.
 
 :class:`MetadataStore` is the contract (module :mod:`sharedstream.store.base`);
-:class:`SqliteStore` is the embedded backend.
+:func:`open_store` opens one from its URL: :class:`SqliteStore`, the embedded
+backend, or ``sharedstream.store.postgres.PostgresStore`` (imported only
+when a ``postgresql://`` URL is opened: it needs the ``postgres`` extra).
 """
 
 from sharedstream.store.base import (
@@ -13,6 +15,7 @@ from sharedstream.store.base import (
     PendingEvent,
     RunRow,
     Schedule,
+    SchemaStatus,
     StoreError,
     StoreWriteError,
     TriggererRow,
@@ -20,7 +23,9 @@ from sharedstream.store.base import (
     TriggerSpec,
     WatcherSpec,
     WriteResult,
+    redact_url,
 )
+from sharedstream.store.factory import open_store, triggerer_guard
 from sharedstream.store.sqlite import SqliteStore
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "PendingEvent",
     "RunRow",
     "Schedule",
+    "SchemaStatus",
     "SqliteStore",
     "StoreError",
     "StoreWriteError",
@@ -40,4 +46,7 @@ __all__ = [
     "TriggererRow",
     "WatcherSpec",
     "WriteResult",
+    "open_store",
+    "redact_url",
+    "triggerer_guard",
 ]

@@ -13,7 +13,6 @@ one (``AUTOINCREMENT``), and they follow statement order.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
@@ -22,10 +21,10 @@ from functools import cache
 from itertools import chain
 from typing import Any
 
+from sharedstream.store._write_plan import Definitions, load_definitions
 from sharedstream.store.base import (
     RUN_STATE_QUEUED,
     PendingEvent,
-    Schedule,
     StoreError,
     WriteResult,
 )
@@ -112,23 +111,6 @@ def insert_rows(
 
 
 @dataclass(slots=True)
-class Definitions:
-    """What :func:`write_batch` needs from the definitions, as of one generation."""
-
-    generation: int = -1
-    # trigger id -> (asset id, asset name, ids of the DAGs whose schedule mentions the
-    # asset, sorted) of every asset watching it, by asset id: the asset events one
-    # stored event of the trigger creates, in creation order
-    assets_by_trigger: dict[int, tuple[tuple[int, str, tuple[str, ...]], ...]] = field(
-        default_factory=dict
-    )
-    # the triggers watched by at least one asset some DAG is scheduled on: only
-    # their events need the queue and run logic
-    scheduled_triggers: frozenset[int] = frozenset()
-    schedules: dict[str, Schedule] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class _Queue:
     """One DAG's pending queue while write_events runs, held in memory."""
 
@@ -140,41 +122,6 @@ class _Queue:
     unwritten: list[tuple[int, int]] = field(default_factory=list)
     # whether asset_dag_queue holds rows of this queue (to delete when it is consumed)
     in_table: bool = False
-
-
-def load_definitions(conn: sqlite3.Connection, generation: int) -> Definitions:
-    """What :func:`write_batch` needs from the stored definitions (read in a transaction)."""
-    assets_by_trigger: dict[int, dict[int, str]] = {}
-    for trigger_id, asset_id, name in conn.execute(
-        "SELECT w.trigger_id, a.id, a.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
-        " ORDER BY w.trigger_id, a.id"
-    ):
-        assets_by_trigger.setdefault(int(trigger_id), {})[int(asset_id)] = str(name)
-    dags_by_asset: dict[int, list[str]] = {}
-    for asset_id, dag_id in conn.execute(
-        "SELECT asset_id, dag_id FROM dag_schedule_assets ORDER BY asset_id, dag_id"
-    ):
-        dags_by_asset.setdefault(int(asset_id), []).append(str(dag_id))
-    schedules = {
-        str(dag_id): Schedule.parse(json.loads(text), where=f"dag {dag_id!r}: schedule")
-        for dag_id, text in conn.execute("SELECT dag_id, schedule FROM dags")
-    }
-    return Definitions(
-        generation=generation,
-        assets_by_trigger={
-            trigger_id: tuple(
-                (asset_id, name, tuple(dags_by_asset.get(asset_id, ())))
-                for asset_id, name in assets.items()
-            )
-            for trigger_id, assets in assets_by_trigger.items()
-        },
-        scheduled_triggers=frozenset(
-            trigger_id
-            for trigger_id, assets in assets_by_trigger.items()
-            if any(asset_id in dags_by_asset for asset_id in assets)
-        ),
-        schedules=schedules,
-    )
 
 
 def write_batch(

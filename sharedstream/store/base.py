@@ -1,4 +1,4 @@
-"""The metadata store contract, shared by every backend (SQLite now, PostgreSQL next).
+"""The metadata store contract, shared by every backend (SQLite and PostgreSQL).
 
 Data model, in the words every backend uses:
 
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
+from urllib.parse import urlsplit
 
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.producer import DeadLetter
@@ -59,6 +60,7 @@ __all__ = [
     "PendingEvent",
     "RunRow",
     "Schedule",
+    "SchemaStatus",
     "StoreError",
     "StoreWriteError",
     "TriggerRow",
@@ -66,6 +68,7 @@ __all__ = [
     "TriggererRow",
     "WatcherSpec",
     "WriteResult",
+    "redact_url",
 ]
 
 TRIGGER_STATES = frozenset({"active", "finished", "failed", "orphaned"})
@@ -102,6 +105,38 @@ class StoreWriteError(StoreError):
     """
 
     retryable = True
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``********``: safe for messages and logs."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url.split("://", 1)[0] + "://********"
+    if password is None:
+        return url
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:********@{hostinfo}").geturl()
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaStatus:
+    """A database's schema version (``current``, 0 before any migration) and this code's."""
+
+    current: int
+    latest: int
+
+    @property
+    def behind(self) -> bool:
+        """Whether :meth:`MetadataStore.migrate` has steps to apply."""
+        return self.current < self.latest
+
+    @property
+    def newer(self) -> bool:
+        """Whether a newer sharedstream migrated the database (this one refuses it)."""
+        return self.current > self.latest
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,8 +341,19 @@ class MetadataStore(Protocol):
     """What the runtime and the CLI need from a metadata database.
 
     An instance is used from one thread at a time. Every mutation is a single
-    transaction (see the module docstring for the contracts).
+    transaction (see the module docstring for the contracts). Build one with
+    :func:`sharedstream.store.open_store`.
     """
+
+    location: str
+    """The database, for messages and logs: a file path, or a URL without its password."""
+
+    def schema_status(self) -> SchemaStatus:
+        """The database's schema version and this code's; changes nothing.
+
+        Raises :class:`StoreError` when the database cannot be read.
+        """
+        ...
 
     def migrate(self) -> int:
         """Bring the schema up to date; idempotent. Returns the schema version.

@@ -96,6 +96,7 @@ from sharedstream.store.base import (
     PendingEvent,
     RunRow,
     Schedule,
+    SchemaStatus,
     StoreError,
     StoreWriteError,
     TriggererRow,
@@ -160,6 +161,7 @@ class SqliteStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.location = str(self.path)
         self._defs = Definitions()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -272,6 +274,17 @@ class SqliteStore:
                 f" the {len(MIGRATIONS)} this sharedstream supports; upgrade sharedstream"
             )
         return current
+
+    def schema_status(self) -> SchemaStatus:
+        """The file's schema version (0 before any migration) and this code's."""
+        (row,) = self._read(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        )
+        current = 0
+        if row[0]:
+            ((version,),) = self._read("SELECT coalesce(max(version), 0) FROM schema_version")
+            current = int(version)
+        return SchemaStatus(current=current, latest=len(MIGRATIONS))
 
     # -- definitions ------------------------------------------------------------
 

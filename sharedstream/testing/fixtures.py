@@ -19,9 +19,22 @@ fixture                   value
 ``pubsub_emulator_host``  a Pub/Sub server's ``"host:port"``, also set as
                           ``PUBSUB_EMULATOR_HOST`` for the session (the kit's
                           test server, or the emulator already named there)
+``servicebus_connection_string``
+                          a Service Bus connection string: the kit's test
+                          server with the entities of ``servicebus_entities``
+                          (override it), or the namespace named by
+                          ``SHAREDSTREAM_SERVICEBUS_CONNECTION_STRING``
 ``kafka_container``       a Kafka container's bootstrap (Docker only)
 ``localstack_endpoint``   LocalStack's SQS endpoint in a container (Docker only)
+``postgres_url``          a PostgreSQL server's admin URL for the session
+                          (``$SHAREDSTREAM_TEST_POSTGRES_URL``, or a throwaway
+                          cluster started with ``initdb`` + ``pg_ctl``)
+``postgres_database``     the URL of an empty database on it, dropped after the test
 ========================  =====================================================
+
+PostgreSQL is the one exception to the skip rule: where ``CI`` is set in
+the environment, missing PostgreSQL binaries fail the tests instead of
+skipping them (CI installs the package; a skip there would hide a gap).
 
 :func:`running_or_skip` is the same skip rule for a ``conftest.py`` that
 starts a broker its own way.
@@ -32,8 +45,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
-from typing import NoReturn
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn
 
 import pytest
 
@@ -45,16 +58,28 @@ from sharedstream.testing.brokers import (
     pubsub_server,
     tansu_broker,
 )
+from sharedstream.testing.brokers.postgres import fresh_database, postgres_server
+from sharedstream.testing.brokers.servicebus import servicebus_server
 
 __all__ = [
     "fauxqs_endpoint",
     "kafka_container",
     "localstack_endpoint",
     "moto_endpoint",
+    "postgres_database",
+    "postgres_url",
     "pubsub_emulator_host",
     "running_or_skip",
+    "servicebus_connection_string",
+    "servicebus_entities",
     "tansu_bootstrap",
 ]
+
+POSTGRES_URL_ENV = "SHAREDSTREAM_TEST_POSTGRES_URL"
+"""Names an existing PostgreSQL server (a role that may create databases) to test against."""
+
+SERVICEBUS_ENV = "SHAREDSTREAM_SERVICEBUS_CONNECTION_STRING"
+"""Names a real namespace or the official emulator to use instead of the kit's test server."""
 
 
 def _skip(exc: BrokerNotInstalled) -> NoReturn:
@@ -134,6 +159,38 @@ def pubsub_emulator_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 
 
 @pytest.fixture(scope="session")
+def servicebus_entities() -> Mapping[str, Any]:
+    """The queues, topics and subscriptions the kit's Service Bus server creates: none.
+
+    Override it (session scope) in a ``conftest.py`` with an entities
+    document (:mod:`sharedstream.testing.servicebus.config`) naming what
+    the tests use. With ``SHAREDSTREAM_SERVICEBUS_CONNECTION_STRING`` set it
+    is ignored: those entities must exist in that namespace.
+    """
+    return {}
+
+
+@pytest.fixture(scope="session")
+def servicebus_connection_string(tmp_path_factory: pytest.TempPathFactory,
+                                 servicebus_entities: Mapping[str, Any]) -> Iterator[str]:
+    """A Service Bus connection string for the session.
+
+    ``SHAREDSTREAM_SERVICEBUS_CONNECTION_STRING`` when set (a real namespace,
+    or the official emulator's ``...;UseDevelopmentEmulator=true;`` string):
+    nothing is started. Otherwise the kit's test server
+    (:mod:`sharedstream.testing.servicebus`) is started with the entities of
+    ``servicebus_entities``, and stopped at the end of the session.
+    """
+    given = os.environ.get(SERVICEBUS_ENV)
+    if given:
+        yield given
+        return
+    workdir = tmp_path_factory.mktemp("servicebus")
+    with running_or_skip(servicebus_server(workdir, entities=servicebus_entities)) as string:
+        yield string
+
+
+@pytest.fixture(scope="session")
 def kafka_container() -> Iterator[str]:
     """A Kafka container for the session (skipped without Docker); its bootstrap."""
     with running_or_skip(containers.kafka_container()) as bootstrap:
@@ -145,3 +202,32 @@ def localstack_endpoint() -> Iterator[str]:
     """LocalStack's SQS in a container for the session (skipped without Docker)."""
     with running_or_skip(containers.localstack_container()) as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server for the session; its admin URL (a superuser, trust authentication).
+
+    ``$SHAREDSTREAM_TEST_POSTGRES_URL`` names an existing server instead
+    (its role must be allowed to create databases). Without PostgreSQL the
+    tests skip, or fail where ``CI`` is set.
+    """
+    given = os.environ.get(POSTGRES_URL_ENV)
+    if given:
+        yield given
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(postgres_server())
+        except BrokerNotInstalled as exc:
+            if os.environ.get("CI"):
+                pytest.fail(f"PostgreSQL is required where CI is set: {exc}")
+            _skip(exc)
+        yield url
+
+
+@pytest.fixture
+def postgres_database(postgres_url: str) -> Iterator[str]:
+    """The URL of a new, empty database on the session's server; dropped after the test."""
+    with fresh_database(postgres_url) as url:
+        yield url

@@ -1,12 +1,10 @@
-"""Dead letters kept by SqliteStore: round trip, truncation, idempotency, order, migration."""
+"""Dead letters kept by every store backend: round trip, truncation, idempotency, order,
+migration from schema version 1."""
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from itertools import count
-from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -16,26 +14,22 @@ from hypothesis import strategies as st
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.store import (
     PendingEvent,
-    SqliteStore,
     StoreError,
     StoreWriteError,
     TriggerSpec,
 )
 from sharedstream.store import sqlite as sqlite_store
 from sharedstream.store.base import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetterRow, MetadataStore
-from sharedstream.store.sqlite import MIGRATIONS
+from tests.store.conftest import Backend
 
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "meta.db"
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[SqliteStore]:
-    with SqliteStore(db_path) as s:
-        s.migrate()
-        yield s
+_REFUSE = {
+    "sqlite": ("CREATE TRIGGER refuse BEFORE INSERT ON dead_letters"
+               " BEGIN SELECT RAISE(ABORT, 'disk is full'); END",),
+    "postgres": ("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql"
+                 " AS $$ BEGIN RAISE EXCEPTION 'disk is full'; END $$",
+                 "CREATE TRIGGER refuse BEFORE INSERT ON dead_letters"
+                 " FOR EACH ROW EXECUTE FUNCTION refuse()"),
+}
 
 
 def letter(
@@ -50,7 +44,7 @@ def letter(
     return DeadLetter(stream, source, reason, triggers, payload, headers)
 
 
-def test_a_letter_round_trips(store: SqliteStore) -> None:
+def test_a_letter_round_trips(store: MetadataStore) -> None:
     typed: MetadataStore = store
     headers = (("trace-id", b"\x00\xff\x10"), ("retry", b"1"), ("retry", b"2"), ("empty", b""))
     before = datetime.now(UTC)
@@ -73,7 +67,7 @@ def test_a_letter_round_trips(store: SqliteStore) -> None:
     assert not row.truncated
 
 
-def test_a_payload_over_the_limit_is_cut_and_its_size_kept(store: SqliteStore) -> None:
+def test_a_payload_over_the_limit_is_cut_and_its_size_kept(store: MetadataStore) -> None:
     assert DEAD_LETTER_PAYLOAD_LIMIT == 256 * 1024
     big = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # a 3 MiB record
     store.add_dead_letter(letter("big", payload=big))
@@ -87,7 +81,7 @@ def test_a_payload_over_the_limit_is_cut_and_its_size_kept(store: SqliteStore) -
     assert (empty.payload, empty.payload_size, empty.truncated) == (b"", 0, False)
 
 
-def test_the_same_stream_source_and_reason_are_kept_once(store: SqliteStore) -> None:
+def test_the_same_stream_source_and_reason_are_kept_once(store: MetadataStore) -> None:
     assert store.add_dead_letter(letter(payload=b"first", triggers=("3",))) is True
     # a redelivery after a crash: the same letter again, even with other details
     assert store.add_dead_letter(letter(payload=b"second", triggers=("3", "9"))) is False
@@ -100,7 +94,7 @@ def test_the_same_stream_source_and_reason_are_kept_once(store: SqliteStore) -> 
     assert len(store.dead_letters(10)) == 4
 
 
-def test_newest_first_limited_and_filtered_by_stream(store: SqliteStore) -> None:
+def test_newest_first_limited_and_filtered_by_stream(store: MetadataStore) -> None:
     for offset in range(5):
         stream = "kafka orders" if offset % 2 == 0 else "sqs refunds"
         store.add_dead_letter(letter(f"m{offset}", stream=stream))
@@ -117,28 +111,23 @@ def test_newest_first_limited_and_filtered_by_stream(store: SqliteStore) -> None
         store.dead_letters(-1)
 
 
-def test_a_failed_write_keeps_nothing_and_is_retryable(store: SqliteStore, db_path: Path) -> None:
-    raw = sqlite3.connect(db_path)
-    try:
-        with raw:
-            raw.execute(
-                "CREATE TRIGGER refuse BEFORE INSERT ON dead_letters"
-                " BEGIN SELECT RAISE(ABORT, 'disk is full'); END"
-            )
-        with pytest.raises(StoreWriteError, match="disk is full") as info:
-            store.add_dead_letter(letter())
-        assert info.value.retryable
-        assert isinstance(info.value.__cause__, sqlite3.Error)
-        assert store.dead_letters(10) == []
-        with raw:
-            raw.execute("DROP TRIGGER refuse")
-    finally:
-        raw.close()
+def test_a_failed_write_keeps_nothing_and_is_retryable(
+    store: MetadataStore, backend: Backend
+) -> None:
+    for statement in _REFUSE[backend.name]:
+        backend.execute(statement)
+    with pytest.raises(StoreWriteError, match="disk is full") as info:
+        store.add_dead_letter(letter())
+    assert info.value.retryable
+    assert isinstance(info.value.__cause__, backend.driver_error)
+    assert store.dead_letters(10) == []
+    backend.execute("DROP TRIGGER refuse" + (" ON dead_letters" if backend.name == "postgres"
+                                             else ""))
     assert store.add_dead_letter(letter()) is True  # the retry succeeds
 
 
-def test_a_closed_store_refuses_dead_letters(db_path: Path) -> None:
-    s = SqliteStore(db_path)
+def test_a_closed_store_refuses_dead_letters(backend: Backend) -> None:
+    s = backend.open()
     s.migrate()
     s.close()
     with pytest.raises(StoreError, match="closed"):
@@ -147,46 +136,50 @@ def test_a_closed_store_refuses_dead_letters(db_path: Path) -> None:
         s.dead_letters(10)
 
 
-def test_a_database_at_schema_version_1_is_upgraded(db_path: Path) -> None:
-    with patch.object(sqlite_store, "MIGRATIONS", MIGRATIONS[:1]), SqliteStore(db_path) as old:
+def test_a_database_at_schema_version_1_is_upgraded(backend: Backend) -> None:
+    if backend.name == "sqlite":
+        module: object = sqlite_store
+    else:
+        from sharedstream.store import postgres as module  # noqa: PLC0415 - the extra
+    migrations = module.MIGRATIONS  # type: ignore[attr-defined]
+    with patch.object(module, "MIGRATIONS", migrations[:1]), backend.open() as old:
         assert old.migrate() == 1
         [trigger_id] = old.sync_definitions(
             [TriggerSpec("fp", "pkg.Trigger", b"kw")], [], []
         ).values()
         old.write_events([PendingEvent(trigger_id, "k", b"{}")])
-    raw = sqlite3.connect(db_path)
-    try:
-        tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_master")}
-        assert "dead_letters" not in tables
-    finally:
-        raw.close()
-    with SqliteStore(db_path) as new:
-        assert new.migrate() == len(MIGRATIONS) == 2
+        with pytest.raises(StoreError):  # no dead_letters table yet
+            old.dead_letters(10)
+    with backend.open() as new:
+        assert new.schema_status().current == 1
+        assert new.migrate() == len(migrations) == 2
         assert new.counts()["trigger_events"] == 1  # what version 1 held is still there
         assert new.dead_letters(10) == []
         assert new.add_dead_letter(letter()) is True
         assert new.add_dead_letter(letter()) is False
         assert [r.source for r in new.dead_letters(10)] == ["orders/0/42"]
-        versions = new._read("SELECT version FROM schema_version ORDER BY version")
-        assert [v for (v,) in versions] == [1, 2]
+    assert backend.query("SELECT version FROM schema_version ORDER BY version") == [(1,), (2,)]
 
 
-_TEXT = st.text(max_size=40)
-_HEADERS = st.lists(st.tuples(_TEXT, st.binary(max_size=64)), max_size=5).map(tuple)
+# PostgreSQL's text cannot hold NUL (docs/postgresql.md); JSON-encoded fields can.
+_TEXT = {"sqlite": st.text(max_size=40),
+         "postgres": st.text(st.characters(exclude_characters="\x00"), max_size=40)}
 
 
-def test_any_letter_round_trips(tmp_path: Path) -> None:
+def test_any_letter_round_trips(backend: Backend) -> None:
     sources = count()
-    with SqliteStore(tmp_path / "meta.db") as store:
+    text = _TEXT[backend.name]
+    headers_st = st.lists(st.tuples(_TEXT["sqlite"], st.binary(max_size=64)), max_size=5)
+    with backend.open() as store:
         store.migrate()
 
         @settings(max_examples=60, deadline=None)
         @given(
-            stream=_TEXT,
-            reason=_TEXT,
-            triggers=st.lists(_TEXT, max_size=4).map(tuple),
+            stream=text,
+            reason=text,
+            triggers=st.lists(_TEXT["sqlite"], max_size=4).map(tuple),
             payload=st.binary(max_size=2048),
-            headers=_HEADERS,
+            headers=headers_st.map(tuple),
         )
         def check(
             stream: str,

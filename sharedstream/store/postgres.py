@@ -1,0 +1,639 @@
+"""The PostgreSQL metadata store: several triggerers, on several machines, on one database.
+
+Driver: psycopg 3 (synchronous, like the store contract) with a
+``psycopg_pool.ConnectionPool``. Every method borrows a connection for one
+transaction and gives it back, so an instance may be shared between threads,
+although the runtime uses it from its one database thread. Connections are
+set up with ``TimeZone = UTC`` and, should the server have it off,
+``synchronous_commit = on``: a ``COMMIT`` that returned is on disk.
+
+Isolation: ``READ COMMITTED`` (PostgreSQL's default), with the constraints
+and row locks that :mod:`sharedstream.store._postgres_events` lists making
+concurrent writers from several processes safe: a unique idempotency key is
+stored once cluster-wide, a DAG's queue is changed under a lock on its
+``dags`` row, so no run is created twice. ``sync_definitions`` first updates
+the ``definitions_generation`` row, which every writer share-locks, so
+definitions never change under a batch.
+
+Schema: the same tables and versions as the SQLite store
+(:mod:`sharedstream.store._postgres_schema`), ids from sequences (never
+reused: newest first is id descending; ids of concurrent writers need not
+be in commit order), times as ``TIMESTAMPTZ``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from sharedstream.engine.producer import DeadLetter
+from sharedstream.store._postgres_events import definitions, write_batch
+from sharedstream.store._postgres_schema import MIGRATION_LOCK, MIGRATIONS
+from sharedstream.store._write_plan import Definitions
+from sharedstream.store.base import (
+    DEAD_LETTER_PAYLOAD_LIMIT,
+    TRIGGER_STATES,
+    DagSpec,
+    DeadLetterRow,
+    EventRow,
+    PendingEvent,
+    RunRow,
+    Schedule,
+    SchemaStatus,
+    StoreError,
+    StoreWriteError,
+    TriggererRow,
+    TriggerRow,
+    TriggerSpec,
+    WatcherSpec,
+    WriteResult,
+    redact_url,
+)
+
+__all__ = ["MIGRATIONS", "PostgresStore"]
+
+log = logging.getLogger("sharedstream.store")
+
+_TRIGGER_COLUMNS = (
+    "id, fingerprint, classpath, kwargs_blob, state, error_count, last_error,"
+    " last_traceback, last_error_at, created_at, events_stored"
+)
+_DEAD_LETTER_COLUMNS = (
+    "id, created_at, stream, source, reason, triggers, payload, payload_size, headers"
+)
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC)
+
+
+def _trigger_row(row: Sequence[Any], watchers: tuple[str, ...] = ()) -> TriggerRow:
+    return TriggerRow(
+        id=int(row[0]),
+        fingerprint=str(row[1]),
+        classpath=str(row[2]),
+        kwargs_blob=bytes(row[3]),
+        state=str(row[4]),
+        error_count=int(row[5]),
+        last_error=row[6],
+        last_traceback=row[7],
+        last_error_at=None if row[8] is None else _utc(row[8]),
+        created_at=_utc(row[9]),
+        events_stored=int(row[10]),
+        watchers=watchers,
+    )
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+
+
+def _configure(conn: psycopg.Connection) -> None:
+    """Every pooled connection: UTC times, and commits that wait for the disk."""
+    conn.autocommit = True
+    conn.execute("SET TIME ZONE 'UTC'")
+    row = conn.execute("SHOW synchronous_commit").fetchone()
+    if row is not None and row[0] == "off":
+        conn.execute("SET synchronous_commit = on")
+    conn.autocommit = False
+
+
+class PostgresStore:
+    """The :class:`~sharedstream.store.base.MetadataStore` on a PostgreSQL database.
+
+    ``url`` is a libpq URL (``postgresql://user:password@host:port/database``);
+    the database must exist, :meth:`migrate` creates the tables. Connecting
+    checks the server answers within ``connect_timeout`` seconds
+    (:class:`StoreError` naming the URL, password hidden, otherwise). The pool
+    keeps at most ``pool_size`` connections; borrowing one waits at most
+    ``pool_timeout`` seconds (then the operation fails, retryable for writes).
+    Close it (or use it as a context manager); a closed store raises
+    :class:`StoreError`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 4,
+        connect_timeout: float = 10.0,
+        pool_timeout: float = 30.0,
+    ) -> None:
+        self.location = redact_url(url)
+        self._defs = Definitions()
+        try:
+            # One plain connection first: its error says why (refused, no such
+            # database, authentication) where a pool would only time out.
+            psycopg.connect(url, connect_timeout=max(1, round(connect_timeout))).close()
+        except psycopg.Error as exc:
+            reason = " ".join(str(exc).split())
+            raise StoreError(f"cannot connect to {self.location}: {reason}") from exc
+        self._pool: ConnectionPool | None = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, pool_size),
+            timeout=pool_timeout,
+            configure=_configure,
+            kwargs={"connect_timeout": max(1, round(connect_timeout))},
+            name="sharedstream-store",
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except psycopg.Error as exc:
+            self._pool.close()
+            raise StoreError(f"cannot connect to {self.location}: {exc}") from exc
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _connections(self) -> ConnectionPool:
+        if self._pool is None:
+            raise StoreError(f"metadata store {self.location} is closed")
+        return self._pool
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[psycopg.Connection]:
+        """One transaction on a pooled connection; rolled back on any exception.
+
+        A ``psycopg.Error`` becomes :class:`StoreWriteError`; our own errors
+        (validation) propagate unchanged.
+        """
+        pool = self._connections()
+        try:
+            with pool.connection() as conn, conn.transaction():
+                yield conn
+        except psycopg.Error as exc:
+            raise StoreWriteError(f"{what} failed and was rolled back: {exc}") from exc
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        pool = self._connections()
+        try:
+            with pool.connection() as conn:
+                return conn.execute(sql, params).fetchall()
+        except psycopg.Error as exc:
+            raise StoreError(f"reading {self.location} failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the pool and its connections; idempotent."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- schema -----------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Apply every migration the database lacks, each in its own transaction.
+
+        Idempotent, and safe against other processes migrating concurrently
+        (each step holds an advisory lock and re-reads the version). Returns
+        the schema version (``len(MIGRATIONS)``). Raises :class:`StoreError`
+        when the database was migrated by a newer sharedstream.
+        """
+        with self._write("creating schema_version") as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version ("
+                " version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)"
+            )
+        for version, statements in enumerate(MIGRATIONS, start=1):
+            with self._write(f"migration {version}") as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                if self._schema_version(conn) >= version:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)",
+                    (version, datetime.now(UTC)),
+                )
+        return len(MIGRATIONS)
+
+    def _schema_version(self, conn: psycopg.Connection) -> int:
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+        current = int(row[0]) if row else 0
+        if current > len(MIGRATIONS):
+            raise StoreError(
+                f"metadata database {self.location} has schema version {current}, newer than"
+                f" the {len(MIGRATIONS)} this sharedstream supports; upgrade sharedstream"
+            )
+        return current
+
+    def schema_status(self) -> SchemaStatus:
+        """The database's schema version (0 before any migration) and this code's."""
+        (row,) = self._read("SELECT to_regclass('schema_version') IS NOT NULL")
+        current = 0
+        if row[0]:
+            ((version,),) = self._read("SELECT coalesce(max(version), 0) FROM schema_version")
+            current = int(version)
+        return SchemaStatus(current=current, latest=len(MIGRATIONS))
+
+    # -- definitions ------------------------------------------------------------
+
+    def sync_definitions(
+        self,
+        triggers: Sequence[TriggerSpec],
+        watchers: Sequence[WatcherSpec],
+        dags: Sequence[DagSpec],
+    ) -> dict[str, int]:
+        """Register the definitions in one transaction; the same rules as the SQLite store.
+
+        Takes the ``definitions_generation`` row first (waiting for batches
+        being written, making later ones wait), so two triggerers syncing at
+        once take turns. Raises :class:`StoreError` (nothing changed) for a
+        watcher naming a trigger not in ``triggers``, a repeated watcher
+        ``(asset, name)`` or ``dag_id``, or an invalid schedule.
+        """
+        specs = {spec.fingerprint: spec for spec in triggers}
+        referenced: set[str] = set()
+        seen_watchers: set[tuple[str, str]] = set()
+        for watcher in watchers:
+            if watcher.trigger_fingerprint not in specs:
+                raise StoreError(
+                    f"watcher {watcher.name!r} of asset {watcher.asset!r} references trigger"
+                    f" {watcher.trigger_fingerprint!r}, which is not among the triggers given"
+                )
+            if (watcher.asset, watcher.name) in seen_watchers:
+                raise StoreError(f"asset {watcher.asset!r} has two watchers named {watcher.name!r}")
+            seen_watchers.add((watcher.asset, watcher.name))
+            referenced.add(watcher.trigger_fingerprint)
+        schedules: dict[str, Schedule] = {}
+        for dag in dags:
+            if dag.dag_id in schedules:
+                raise StoreError(f"dag {dag.dag_id!r} is defined twice")
+            schedules[dag.dag_id] = Schedule.parse(
+                dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
+            )
+        asset_names = sorted({w.asset for w in watchers}.union(
+            *(schedule.assets for schedule in schedules.values())
+        ))
+        now = datetime.now(UTC)
+        with self._write("sync_definitions") as conn:
+            conn.execute(
+                "UPDATE store_meta SET value = value + 1 WHERE key = 'definitions_generation'"
+            )
+            # Update the known triggers and insert only the new ones, so that ids
+            # are not used up by every restart (an upsert takes one each time).
+            known = {
+                str(fingerprint): int(trigger_id)
+                for trigger_id, fingerprint in conn.execute(
+                    "SELECT id, fingerprint FROM triggers WHERE fingerprint = ANY(%s)",
+                    (sorted(specs),),
+                )
+            }
+            ids: dict[str, int] = {}
+            for spec in specs.values():
+                state = "active" if spec.fingerprint in referenced else "orphaned"
+                if spec.fingerprint in known:
+                    conn.execute(
+                        "UPDATE triggers SET classpath = %s, kwargs_blob = %s,"
+                        " state = CASE WHEN %s = 'active' AND state = 'finished'"
+                        "  THEN 'finished' ELSE %s END"
+                        " WHERE id = %s",
+                        (spec.classpath, spec.kwargs_blob, state, state, known[spec.fingerprint]),
+                    )
+                    ids[spec.fingerprint] = known[spec.fingerprint]
+                    continue
+                row = conn.execute(
+                    "INSERT INTO triggers (fingerprint, classpath, kwargs_blob, state, created_at)"
+                    " VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                    (spec.fingerprint, spec.classpath, spec.kwargs_blob, state, now),
+                ).fetchone()
+                assert row is not None  # noqa: S101 - INSERT ... RETURNING returns the row
+                ids[spec.fingerprint] = int(row[0])
+            conn.execute(
+                "UPDATE triggers SET state = 'orphaned' WHERE state != 'orphaned'"
+                " AND NOT (fingerprint = ANY(%s))",
+                (sorted(referenced),),
+            )
+            known_assets = {
+                str(name)
+                for (name,) in conn.execute(
+                    "SELECT name FROM assets WHERE name = ANY(%s)", (asset_names,)
+                )
+            }
+            conn.execute(  # only the new names, so no id is used up (see above)
+                "INSERT INTO assets (name, created_at) SELECT n, %s FROM unnest(%s::text[]) AS n",
+                (now, [name for name in asset_names if name not in known_assets]),
+            )
+            asset_ids = {
+                str(name): int(asset_id)
+                for asset_id, name in conn.execute(
+                    "SELECT id, name FROM assets WHERE name = ANY(%s)", (asset_names,)
+                )
+            }
+            conn.execute("DELETE FROM watchers")
+            if watchers:
+                conn.cursor().executemany(
+                    "INSERT INTO watchers (asset_id, name, trigger_id) VALUES (%s, %s, %s)",
+                    [(asset_ids[w.asset], w.name, ids[w.trigger_fingerprint]) for w in watchers],
+                )
+            conn.execute(
+                "DELETE FROM dags WHERE NOT (dag_id = ANY(%s))", (sorted(schedules),)
+            )
+            if dags:
+                conn.cursor().executemany(
+                    "INSERT INTO dags (dag_id, schedule, updated_at) VALUES (%s, %s, %s)"
+                    " ON CONFLICT (dag_id) DO UPDATE SET"
+                    "  schedule = excluded.schedule, updated_at = excluded.updated_at",
+                    [(d.dag_id, json.dumps(d.schedule, sort_keys=True), now) for d in dags],
+                )
+            conn.execute("DELETE FROM dag_schedule_assets")
+            pairs = [
+                (dag_id, asset_ids[name])
+                for dag_id, schedule in schedules.items()
+                for name in sorted(schedule.assets)
+            ]
+            if pairs:
+                conn.cursor().executemany(
+                    "INSERT INTO dag_schedule_assets (dag_id, asset_id) VALUES (%s, %s)", pairs
+                )
+            conn.execute(
+                "DELETE FROM asset_dag_queue WHERE NOT EXISTS ("
+                " SELECT 1 FROM dag_schedule_assets s WHERE s.dag_id = asset_dag_queue.dag_id"
+                " AND s.asset_id = asset_dag_queue.asset_id)"
+            )
+        return ids
+
+    # -- triggers ---------------------------------------------------------------
+
+    def active_triggers(self, limit: int) -> list[TriggerRow]:
+        """At most ``limit`` triggers in state ``active``, by id."""
+        _check_limit(limit)
+        rows = self._read(
+            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE state = 'active'"  # noqa: S608
+            " ORDER BY id LIMIT %s",
+            (limit,),
+        )
+        return [_trigger_row(row) for row in rows]
+
+    def get_trigger(self, trigger_id: int) -> TriggerRow | None:
+        """The trigger with this id, or ``None``."""
+        rows = self._read(
+            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE id = %s",  # noqa: S608
+            (trigger_id,),
+        )
+        return _trigger_row(rows[0]) if rows else None
+
+    def list_triggers(self) -> list[TriggerRow]:
+        """Every trigger, by id, with the ``asset/watcher`` names that use it."""
+        rows = self._read(f"SELECT {_TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
+        watchers: dict[int, list[str]] = {}
+        for trigger_id, asset, name in self._read(
+            "SELECT w.trigger_id, a.name, w.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
+            " ORDER BY a.name, w.name"
+        ):
+            watchers.setdefault(int(trigger_id), []).append(f"{asset}/{name}")
+        return [_trigger_row(row, tuple(watchers.get(int(row[0]), ()))) for row in rows]
+
+    def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
+        """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
+        with self._write("record_trigger_error") as conn:
+            updated = conn.execute(
+                "UPDATE triggers SET error_count = error_count + 1, last_error = %s,"
+                " last_traceback = %s, last_error_at = %s WHERE id = %s",
+                (message, traceback, datetime.now(UTC), trigger_id),
+            ).rowcount
+            if updated != 1:
+                raise StoreError(f"no trigger with id {trigger_id}")
+
+    def set_trigger_state(self, trigger_id: int, state: str) -> None:
+        """Set the state of an existing trigger.
+
+        :class:`StoreError` for a state outside :data:`TRIGGER_STATES` or an
+        unknown id.
+        """
+        if state not in TRIGGER_STATES:
+            raise StoreError(
+                f"trigger state must be one of {sorted(TRIGGER_STATES)}, got {state!r}"
+            )
+        with self._write("set_trigger_state") as conn:
+            updated = conn.execute(
+                "UPDATE triggers SET state = %s WHERE id = %s", (state, trigger_id)
+            ).rowcount
+            if updated != 1:
+                raise StoreError(f"no trigger with id {trigger_id}")
+
+    # -- events -----------------------------------------------------------------
+
+    def write_events(self, batch: Sequence[PendingEvent]) -> WriteResult:
+        """Store a batch in one transaction (group commit); see the protocol for the semantics.
+
+        Safe against other processes writing at once (module
+        :mod:`sharedstream.store._postgres_events`): a key stored by any of
+        them is a duplicate here, and a DAG gets no run twice. Durable when it
+        returns. Any exception rolls the whole batch back and is raised as
+        :class:`StoreWriteError` (``retryable``) chained to the cause; an
+        unknown ``trigger_id`` is such a failure (foreign key).
+        """
+        pool = self._connections()
+        if not batch:
+            return WriteResult(stored=0, duplicates=0, asset_events=0, dag_runs=())
+        try:
+            with pool.connection() as conn, conn.transaction():
+                defs = self._defs = definitions(conn, self._defs)
+                return write_batch(conn, defs, batch, datetime.now(UTC))
+        except Exception as exc:
+            raise StoreWriteError(
+                f"write_events: batch of {len(batch)} events rolled back: {exc}"
+            ) from exc
+
+    # -- triggerers -------------------------------------------------------------
+
+    def heartbeat(self, triggerer_id: str, hostname: str, pid: int) -> None:
+        """Record that the triggerer is alive; the first call also sets ``started_at``."""
+        now = datetime.now(UTC)
+        with self._write("heartbeat") as conn:
+            conn.execute(
+                "INSERT INTO triggerers (id, hostname, pid, started_at, heartbeat_at)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+                "  hostname = excluded.hostname, pid = excluded.pid,"
+                "  heartbeat_at = excluded.heartbeat_at",
+                (triggerer_id, hostname, pid, now, now),
+            )
+
+    def triggerers(self) -> list[TriggererRow]:
+        """Every triggerer that ever sent a heartbeat, by id."""
+        return [
+            TriggererRow(
+                id=str(row[0]),
+                hostname=str(row[1]),
+                pid=int(row[2]),
+                started_at=_utc(row[3]),
+                heartbeat_at=_utc(row[4]),
+            )
+            for row in self._read(
+                "SELECT id, hostname, pid, started_at, heartbeat_at FROM triggerers ORDER BY id"
+            )
+        ]
+
+    # -- dead letters -----------------------------------------------------------
+
+    def add_dead_letter(self, letter: DeadLetter) -> bool:
+        """Keep the letter unless its ``(stream, source, reason)`` is kept; ``True`` if new.
+
+        One transaction, durable when it returns; formats as in the SQLite
+        store (:mod:`sharedstream.store._sqlite_dead_letters`). A failure
+        rolls back and raises :class:`StoreWriteError` (``retryable``).
+        """
+        with self._write("add_dead_letter") as conn:
+            cur = conn.execute(
+                "INSERT INTO dead_letters (created_at, stream, source, reason, triggers, payload,"
+                " payload_size, headers) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (stream, source, reason) DO NOTHING",
+                (
+                    datetime.now(UTC),
+                    letter.stream,
+                    letter.source,
+                    letter.reason,
+                    json.dumps([str(trigger) for trigger in letter.triggers]),
+                    bytes(letter.payload[:DEAD_LETTER_PAYLOAD_LIMIT]),
+                    len(letter.payload),
+                    json.dumps([
+                        [name, base64.b64encode(value).decode("ascii")]
+                        for name, value in letter.headers
+                    ]),
+                ),
+            )
+            return cur.rowcount == 1
+
+    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
+        _check_limit(limit)
+        where, params = ("", [limit]) if stream is None else ("WHERE stream = %s", [stream, limit])
+        rows = self._read(
+            f"SELECT {_DEAD_LETTER_COLUMNS} FROM dead_letters {where}"  # noqa: S608 - constants
+            " ORDER BY id DESC LIMIT %s",
+            params,
+        )
+        return [
+            DeadLetterRow(
+                id=int(row[0]),
+                created_at=_utc(row[1]),
+                stream=str(row[2]),
+                source=str(row[3]),
+                reason=str(row[4]),
+                triggers=tuple(str(trigger) for trigger in json.loads(row[5])),
+                payload=bytes(row[6]),
+                payload_size=int(row[7]),
+                headers=tuple(
+                    (str(name), base64.b64decode(value, validate=True))
+                    for name, value in json.loads(row[8])
+                ),
+            )
+            for row in rows
+        ]
+
+    # -- read API for the CLI ---------------------------------------------------
+
+    def list_events(
+        self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
+    ) -> list[EventRow]:
+        """Trigger events, newest first, optionally of one trigger and/or one asset."""
+        _check_limit(limit)
+        where: list[str] = []
+        params: list[Any] = []
+        if trigger_id is not None:
+            where.append("te.trigger_id = %s")
+            params.append(trigger_id)
+        if asset is not None:
+            where.append(
+                "te.id IN (SELECT ae.trigger_event_id FROM asset_events ae"
+                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = %s)"
+            )
+            params.append(asset)
+        # only constant fragments are concatenated; every value is a bound parameter
+        sql = (
+            "SELECT te.id, te.trigger_id, te.idem_key, te.payload, te.created_at,"  # noqa: S608
+            " array(SELECT DISTINCT a.name FROM asset_events ae"
+            "   JOIN assets a ON a.id = ae.asset_id WHERE ae.trigger_event_id = te.id)"
+            " FROM trigger_events te"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY te.id DESC LIMIT %s"
+        )
+        return [
+            EventRow(
+                id=int(row[0]),
+                trigger_id=int(row[1]),
+                idem_key=row[2],
+                payload=bytes(row[3]),
+                created_at=_utc(row[4]),
+                assets=tuple(sorted(row[5])),
+            )
+            for row in self._read(sql, [*params, limit])
+        ]
+
+    def list_runs(
+        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
+    ) -> list[RunRow]:
+        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
+        _check_limit(limit)
+        where: list[str] = []
+        params: list[Any] = []
+        if dag_id is not None:
+            where.append("r.dag_id = %s")
+            params.append(dag_id)
+        if asset is not None:
+            where.append(
+                "r.id IN (SELECT l.dag_run_id FROM dag_run_asset_events l"
+                " JOIN asset_events ae ON ae.id = l.asset_event_id"
+                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = %s)"
+            )
+            params.append(asset)
+        # only constant fragments are concatenated; every value is a bound parameter
+        sql = (
+            "SELECT r.id, r.dag_id, r.run_id, r.state, r.created_at,"  # noqa: S608
+            " array(SELECT l.asset_event_id FROM dag_run_asset_events l"
+            "   WHERE l.dag_run_id = r.id),"
+            " array(SELECT DISTINCT a.name FROM dag_run_asset_events l"
+            "   JOIN asset_events ae ON ae.id = l.asset_event_id"
+            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id)"
+            " FROM dag_runs r"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY r.id DESC LIMIT %s"
+        )
+        return [
+            RunRow(
+                id=int(row[0]),
+                dag_id=str(row[1]),
+                run_id=str(row[2]),
+                state=str(row[3]),
+                created_at=_utc(row[4]),
+                asset_event_ids=tuple(sorted(int(i) for i in row[5])),
+                assets=tuple(sorted(row[6])),
+            )
+            for row in self._read(sql, [*params, limit])
+        ]
+
+    def counts(self) -> dict[str, int]:
+        """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
+        (row,) = self._read(
+            "SELECT (SELECT count(*) FROM triggers), (SELECT count(*) FROM trigger_events),"
+            " (SELECT count(*) FROM asset_events), (SELECT count(*) FROM dag_runs)"
+        )
+        return {
+            "triggers": int(row[0]),
+            "trigger_events": int(row[1]),
+            "asset_events": int(row[2]),
+            "dag_runs": int(row[3]),
+        }
