@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -61,6 +62,8 @@ __all__ = [
     "stop_tansu",
     "tansu_binary",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFINITIONS = Path(__file__).with_name("definitions.py")
 REGIONS = ("eu", "us", "apac")
@@ -173,8 +176,12 @@ class _State:
         return self.committed / (now - since)
 
 
-def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> None:
-    """Ctrl-C: say at once that the demo is stopping; a second one cleans up, then exits."""
+def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> Callable[[int], None]:
+    """Ctrl-C: say at once that the demo is stopping; a second one cleans up, then exits.
+
+    Returns that exit (cleaning up, then ``os._exit`` with the status given),
+    for :func:`_exit_at_once_on_signals` once the triggerer's run is over.
+    """
 
     def say_stopping(message: str) -> None:
         print(f"{message}; finishing what is in flight", file=sys.stderr, flush=True)
@@ -186,6 +193,24 @@ def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> None:
 
     triggerer.on_stop_signal = say_stopping
     triggerer.exit_at_once = exit_at_once
+    return exit_at_once
+
+
+def _exit_at_once_on_signals(exit_at_once: Callable[[int], None]) -> None:
+    """From now on SIGINT and SIGTERM exit at once (cleaning up), as a second Ctrl-C does.
+
+    Called when the triggerer's run is over: its handlers end with it, and
+    Python's default one would raise ``KeyboardInterrupt`` wherever the
+    demo is then (counting, reading dead letters, closing its clients),
+    with gRPC calls of this loop in flight. That loop then closes under
+    them while the Pub/Sub demo's server thread still serves them, and
+    gRPC prints a traceback ("Event loop is closed"). The handlers go with
+    the loop, when ``asyncio.run`` closes it.
+    """
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, exit_at_once, 128 + signum)
+    log.info("the triggerer's run is over: Ctrl-C now exits at once")
 
 
 def _line(state: _State, stored: int, runs: int, started: float,
@@ -255,10 +280,13 @@ async def _demo(broker: DemoBroker, config: Config, messages: int, workdir: Path
     try:
         await broker.create_stream()
         triggerer = Triggerer(config, load_definitions(DEFINITIONS))
-        _on_signals(triggerer, clean_up)
+        exit_at_once = _on_signals(triggerer, clean_up)
         state = _State()
         started = state.idle_at = time.monotonic()
-        code, elapsed = await _run_triggerer(broker, triggerer, messages, state, started)
+        try:
+            code, elapsed = await _run_triggerer(broker, triggerer, messages, state, started)
+        finally:
+            _exit_at_once_on_signals(exit_at_once)
         with contextlib.suppress(Exception):  # the true count after the final acks; else the last
             state.committed = max(state.committed, await broker.advanced())
         interrupted = triggerer.interrupted
@@ -341,8 +369,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 130
     finally:
         # A Ctrl-C now would leave the broker running: cleaning up is quick, let it finish.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            clean_up()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        # Nor is it restored after: the demo is over, and a Ctrl-C on the way out would
+        # only turn its exit status into a KeyboardInterrupt traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        clean_up()

@@ -10,10 +10,10 @@ minus what the server still holds for the subscription (queued, backing off,
 waiting behind a key, or leased). Pub/Sub has no API for that count (only
 Cloud Monitoring's ``num_undelivered_messages``, and the test server does not
 serve it), so the server runs in this process, on a thread with its own event
-loop, and the count is read from its state on that loop - the same reading
-the Pub/Sub conformance harness makes. The progress line says so: ``acked
-(server count)``. Everything else goes through the real ``google-cloud-pubsub``
-async clients. The SDK is imported only inside methods.
+loop, and the count is read on that loop from its state's public read-only
+``counts`` - the same reading the Pub/Sub conformance harness makes. The
+progress line says so: ``acked (server count)``. Everything else goes
+through the real ``google-cloud-pubsub`` async clients. The SDK is imported only inside methods.
 """
 
 from __future__ import annotations
@@ -186,17 +186,9 @@ class PubSubDemoBroker:
         return self._advanced
 
     async def _outstanding(self) -> int:
-        """On the server's loop: the subscription's messages not acked nor dead-lettered.
-
-        Reads the state's private per-subscription queues: the test server
-        has no public count (see the module docstring).
-        """
-        sub = self._service.state._get(_SUBSCRIPTION)  # private: the server has no public count
-        entries = {id(entry) for entry in sub.ready}
-        entries |= {id(entry) for _, _, entry in sub.delayed}
-        entries |= {id(entry) for waiting in sub.keys.values() for entry in waiting}
-        entries |= {id(lease.entry) for lease in sub.leases.values()}
-        return len(entries)
+        """On the server's loop: the subscription's messages not acked nor dead-lettered."""
+        unacked: int = self._service.state.counts(_SUBSCRIPTION).unacked
+        return unacked
 
     async def dead_letters(self, at_least: int) -> int:
         """Messages pulled (and acked) from the ``.dlq`` reader, for up to 3 s."""

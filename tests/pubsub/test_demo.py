@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +44,51 @@ def test_an_interrupted_pubsub_demo_stops_its_server_and_cleans_up(signals: int)
         started=(r"pubsub test server on (?P<host>[\d.]+):(?P<port>\d+);.* "
                  r"working in (?P<workdir>\S+)"),
         progress=r"consumed and acked \(server count\) +[1-9]")
+
+
+def test_a_ctrl_c_after_the_triggerer_stopped_exits_at_once_without_a_traceback() -> None:
+    """The second Ctrl-C lands after the triggerer's run ended, while the demo reads its
+    dead letters (a Pull that waits half a second for nothing): it exits at once, 130.
+
+    The triggerer's signal handlers end with its run; Python's default one then
+    raised KeyboardInterrupt with the demo's gRPC calls in flight, and the
+    in-process server's thread printed "Event loop is closed" tracebacks (the
+    flaky ``[2]`` case above when its second Ctrl-C came that late). The
+    demo's log line at INFO saying the run is over marks the moment.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sharedstream", "demo", "--broker", "pubsub",
+         "--messages", "200000", "--log-level", "INFO"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen: list[str] = []
+
+    def read_until(pattern: str) -> re.Match[str]:
+        while True:
+            line = proc.stderr.readline() if proc.stderr is not None else ""
+            assert line, f"the demo ended early: {''.join(seen)}"
+            seen.append(line)
+            found = re.search(pattern, line)
+            if found:
+                return found
+
+    try:
+        where = read_until(r"pubsub test server on (?P<host>[\d.]+):(?P<port>\d+);.* "
+                           r"working in (?P<workdir>\S+)")
+        read_until(r"consumed and acked \(server count\) +[1-9]")
+        proc.send_signal(signal.SIGINT)
+        read_until(r"the triggerer's run is over")  # and the demo reads its dead letters
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "stopped at once" in err, err[-3000:]
+    assert not Path(where["workdir"]).exists()
+    with contextlib.suppress(ConnectionRefusedError), socket.create_connection(
+            (where["host"], int(where["port"])), timeout=2):
+        raise AssertionError("the demo's Pub/Sub server still listens")
