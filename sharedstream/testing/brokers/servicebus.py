@@ -1,0 +1,99 @@
+"""The kit's Azure Service Bus test server as a child process on a free loopback port.
+
+The server is :mod:`sharedstream.testing.servicebus` (a subset of Service
+Bus over AMQP 1.0, written for the real ``azure-servicebus`` SDK; the
+official emulator needs Docker). It needs ``python-qpid-proton``: ``pip
+install 'sharedstream[servicebus]'``. A client reaches it with the
+connection string returned here
+(``Endpoint=sb://127.0.0.1:<port>;...;UseDevelopmentEmulator=true;``).
+
+Entities are created at start from an entities document
+(:mod:`sharedstream.testing.servicebus.config`), written to the work
+directory and passed with ``--config``. The server runs as its own
+process, started with the running interpreter, so it has a core of its
+own: the SDK's work does not compete with it for the test process's GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from sharedstream.testing.brokers.process import (
+    BrokerNotInstalled,
+    free_port,
+    port_answers,
+    start_process,
+    stop_process,
+)
+
+__all__ = ["servicebus_server", "start_servicebus", "stop_servicebus"]
+
+
+def _check_installed() -> None:
+    if importlib.util.find_spec("proton") is None:
+        raise BrokerNotInstalled("the Service Bus test server needs python-qpid-proton: "
+                                 "pip install 'sharedstream[servicebus]'")
+
+
+def _connection_string(port: int) -> str:
+    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey=v;"
+            "UseDevelopmentEmulator=true;")
+
+
+def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None,
+                     port: int | None = None,
+                     timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the test server on a loopback port; return it and its connection string.
+
+    ``entities``: the queues, topics and subscriptions to create (an
+    entities document, see :mod:`sharedstream.testing.servicebus.config`),
+    written to ``workdir/servicebus-entities.json``. ``port``: a free one
+    unless given. Returns once the port accepts connections (the server
+    creates the entities before it binds). Its log is appended to
+    ``workdir/servicebus.log``. Raises :class:`BrokerNotInstalled` or
+    :class:`~.process.BrokerDidNotStart` (the process already stopped; a
+    malformed document is one way).
+    """
+    _check_installed()
+    chosen = free_port() if port is None else port
+    command = [sys.executable, "-m", "sharedstream.testing.servicebus", "--port", str(chosen)]
+    if entities:
+        workdir.mkdir(parents=True, exist_ok=True)
+        document = workdir / "servicebus-entities.json"
+        document.write_text(json.dumps(entities, indent=1), encoding="utf-8")
+        command += ["--config", str(document)]
+    process = start_process(
+        "the Service Bus test server", command, log_path=workdir / "servicebus.log",
+        ready=lambda: port_answers(chosen), timeout=timeout,
+    )
+    return process, _connection_string(chosen)
+
+
+def stop_servicebus(process: subprocess.Popen[bytes]) -> None:
+    """Stop the test server (SIGTERM, then a kill after 5 s). Idempotent."""
+    stop_process(process)
+
+
+@contextlib.contextmanager
+def servicebus_server(workdir: Path | None = None, *,
+                      entities: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """Run the Service Bus test server for the ``with`` block; yields its connection string.
+
+    ``entities`` as for :func:`start_servicebus`. The log goes to
+    ``workdir/servicebus.log`` (a temporary directory when not given).
+    Stopped when the block ends, however it ends.
+    """
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="servicebus-")))
+        process, connection_string = start_servicebus(workdir, entities=entities)
+        stack.callback(stop_servicebus, process)
+        yield connection_string

@@ -1,0 +1,26 @@
+"""An Azure Service Bus test server: a subset of the service, for the real SDK, over AMQP 1.0.
+
+Not an emulator: it covers what sharedstream's Service Bus module and its
+tests use, and refuses or lacks the rest; docs/testing.md lists both. The
+real, unmodified ``azure-servicebus`` SDK (sync and ``azure.servicebus.aio``)
+reaches it with the connection string
+``Endpoint=sb://127.0.0.1:<port>;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true;``
+(plain AMQP, SASL ANONYMOUS, any CBS token accepted).
+
+* :mod:`.model` - messages, correlation filters, entity settings, outcomes;
+* :mod:`.state` - queues, topics, subscriptions, locks, sessions and
+  dead-letter sub-queues as a synchronous state machine with injected clocks
+  (no AMQP import);
+* :mod:`.config` - the entities to create at start (command line specs, a
+  JSON document);
+* :mod:`.wire`, :mod:`.management`, :mod:`.service` - the AMQP side on
+  ``python-qpid-proton``: encoded messages, the ``$management`` node, links,
+  CBS, settlement and credit;
+* :mod:`.server` - :func:`~.server.serve` and the command line
+  ``python -m sharedstream.testing.servicebus --port N --queue orders ...``.
+
+Start it from tests with :func:`sharedstream.testing.brokers.servicebus_server`
+or the ``servicebus_connection_string`` fixture. Importing this package,
+:mod:`.model`, :mod:`.state` or :mod:`.config` imports no proton module; the
+others do.
+"""

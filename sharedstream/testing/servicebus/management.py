@@ -1,0 +1,135 @@
+"""The ``<entity>/$management`` node of the Service Bus test server: requests in, answers out.
+
+Each request is an AMQP message whose ``operation`` application property
+names what to do and whose body is a map; the answer carries
+``statusCode`` and ``statusDescription`` (and ``errorCondition`` on a
+failure, which the SDK maps to its exception) and a map body. The service
+(:mod:`.service`) sends the answer on the node's response link with the
+request's message id as correlation id.
+
+Operations answered: ``com.microsoft:renew-lock``,
+``com.microsoft:renew-session-lock``, ``com.microsoft:peek-message``,
+``com.microsoft:update-disposition``, ``com.microsoft:get-session-state``,
+``com.microsoft:set-session-state``. Any other operation gets 501 with
+``amqp:not-implemented``: the test server does not schedule, receive by
+sequence number, list sessions or manage rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from proton import Message, symbol, timestamp
+
+from sharedstream.testing.servicebus import wire
+from sharedstream.testing.servicebus.model import (
+    MESSAGE_LOCK_LOST,
+    NOT_FOUND,
+    SESSION_CANNOT_BE_LOCKED,
+    SESSION_LOCK_LOST,
+    Outcome,
+    Refused,
+)
+from sharedstream.testing.servicebus.state import ServiceBusState
+
+__all__ = ["Management"]
+
+_STATUS = {NOT_FOUND: 404, MESSAGE_LOCK_LOST: 410, SESSION_LOCK_LOST: 410,
+           SESSION_CANNOT_BE_LOCKED: 409}
+_DISPOSITIONS = {"completed": Outcome.COMPLETE, "abandoned": Outcome.ABANDON,
+                 "defered": Outcome.DEFER, "suspended": Outcome.DEAD_LETTER}
+
+
+def _ms(seconds: float) -> timestamp:
+    return timestamp(int(seconds * 1000))
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Management:
+    """Answers management requests against one :class:`~.state.ServiceBusState`."""
+
+    def __init__(self, state: ServiceBusState) -> None:
+        self.state = state
+        self._operations: dict[str, Callable[[str, Mapping[str, Any]], tuple[int, Any]]] = {
+            "com.microsoft:renew-lock": self._renew_lock,
+            "com.microsoft:renew-session-lock": self._renew_session_lock,
+            "com.microsoft:peek-message": self._peek,
+            "com.microsoft:update-disposition": self._update_disposition,
+            "com.microsoft:get-session-state": self._get_session_state,
+            "com.microsoft:set-session-state": self._set_session_state,
+        }
+
+    def answer(self, path: str, request: Message) -> Message:
+        """The response to ``request`` made of the node of store ``path``; never raises Refused.
+
+        A refusal of the state becomes a failure status with its condition.
+        The caller sets the correlation id.
+        """
+        properties: dict[str, Any] = dict(request.properties or {})
+        operation = str(properties.get("operation", ""))
+        body = request.body if isinstance(request.body, dict) else {}
+        handler = self._operations.get(operation)
+        if handler is None:
+            return _response(501, f"{operation!r} is not implemented by the test server",
+                             condition="amqp:not-implemented")
+        try:
+            status, value = handler(path, body)
+        except Refused as refused:
+            return _response(_STATUS.get(refused.condition, 400), refused.description,
+                             condition=refused.condition)
+        return _response(status, "OK" if status == 200 else "No Content", value)
+
+    def _renew_lock(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        self.state.check_store(path)
+        expirations = [_ms(self.state.renew_lock(token))
+                       for token in wire.lock_tokens(body.get("lock-tokens"))]
+        return 200, {"expirations": expirations}
+
+    def _renew_session_lock(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        receiver = self.state.session_receiver(path, _text(body.get("session-id")) or "")
+        return 200, {"expiration": _ms(self.state.renew_session_lock(receiver))}
+
+    def _peek(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        peeked = self.state.peek(path, int(body.get("from-sequence-number") or 0),
+                                 int(body.get("message-count") or 1),
+                                 _text(body.get("session-id")))
+        if not peeked:
+            return 204, {}
+        return 200, {"messages": [{"message": wire.delivery_bytes(d)} for d in peeked]}
+
+    def _update_disposition(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        self.state.check_store(path)
+        outcome = _DISPOSITIONS.get(_text(body.get("disposition-status")) or "")
+        if outcome is None:
+            raise Refused("com.microsoft:argument-error", "unknown disposition-status")
+        for token in wire.lock_tokens(body.get("lock-tokens")):
+            self.state.settle(token, outcome, reason=_text(body.get("deadletter-reason")),
+                              description=_text(body.get("deadletter-description")))
+        return 200, {}
+
+    def _get_session_state(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        session = _text(body.get("session-id")) or ""
+        self.state.session_receiver(path, session)
+        return 200, {"session-id": session,
+                     "session-state": self.state.session_state(path, session)}
+
+    def _set_session_state(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        session = _text(body.get("session-id")) or ""
+        self.state.session_receiver(path, session)
+        value = body.get("session-state")
+        self.state.set_session_state(path, session, None if value is None else bytes(value))
+        return 200, {}
+
+
+def _response(status: int, description: str, body: Any = None, *,
+              condition: str | None = None) -> Message:
+    properties: dict[str, object] = {"statusCode": status, "statusDescription": description}
+    if condition is not None:
+        properties["errorCondition"] = symbol(condition)
+    return Message(body=body if body is not None else {}, properties=properties)

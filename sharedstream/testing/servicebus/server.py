@@ -1,0 +1,149 @@
+"""Run the Service Bus test server: ``python -m sharedstream.testing.servicebus --port N``.
+
+:func:`serve` runs it on the calling thread until :meth:`ServerControl.stop`;
+:func:`main` is the command line, which stops cleanly on SIGTERM or SIGINT
+and prints the connection string. The testing kit starts it as a child
+process (:func:`sharedstream.testing.brokers.servicebus_server`), so the
+server has a core of its own and the SDK's work does not compete with it
+for the test process's GIL.
+
+Entities are created before the port is bound, from an entities document
+(:mod:`.config`: ``--queue``, ``--topic``, ``--subscription``, ``--config
+FILE``), or later through the Python API of :class:`~.state.ServiceBusState`
+for a server run in-process (``serve(..., state=...)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from proton import Event, Handler
+from proton.reactor import Container
+
+from sharedstream.testing.servicebus import config
+from sharedstream.testing.servicebus.service import ServiceBusService
+from sharedstream.testing.servicebus.state import ServiceBusState
+
+__all__ = ["ServerControl", "connection_string", "main", "serve"]
+
+TICK = 0.05
+"""Seconds between lock-expiry sweeps: the precision of lock durations."""
+
+
+def connection_string(host: str, port: int) -> str:
+    """What the SDK connects to the server with (plain AMQP, any key accepted)."""
+    return (f"Endpoint=sb://{host}:{port};SharedAccessKeyName=k;SharedAccessKey=v;"
+            "UseDevelopmentEmulator=true;")
+
+
+class ServerControl:
+    """Stops a running :func:`serve` from any thread or a signal handler (idempotent)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the server to stop; it does within one tick (:data:`TICK`)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+
+class _Ticker(Handler):
+    """The container's timer: expiry sweeps, and the stop check."""
+
+    def __init__(self, service: ServiceBusService, control: ServerControl,
+                 container: Container) -> None:
+        super().__init__()
+        self.service, self.control, self.container = service, control, container
+
+    def on_timer_task(self, event: Event) -> None:
+        """Stop if asked to; else sweep (:meth:`.ServiceBusService.tick`) and come back."""
+        if self.control.stopping:
+            self.container.stop()
+            return
+        self.service.tick()
+        self.container.schedule(TICK, self)
+
+
+def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | None = None,
+          entities: Mapping[str, Any] | None = None, control: ServerControl | None = None,
+          ready: Callable[[int], None] | None = None) -> None:
+    """Serve on ``host:port`` (0 = any free port) until ``control`` asks to stop.
+
+    ``state``: the broker state to serve (a new one when not given; create
+    entities on it first, or from ``entities``, an entities document).
+    ``ready`` is called with the bound port once the server accepts
+    connections. Blocks the calling thread; every event and every state
+    change runs on it.
+    """
+    state = state if state is not None else ServiceBusState()
+    if entities:
+        config.apply(state, entities)
+    control = control or ServerControl()
+    service = ServiceBusService(state, state.clock)
+    container = Container(service)
+    container.container_id = "sharedstream-servicebus-test-server"
+    acceptor = container.listen(f"{host}:{port}")
+    listening = acceptor._selectable._delegate  # the bound port, when 0 asked for any
+    if not isinstance(listening, socket.socket):
+        raise TypeError(f"proton listens on {listening!r}, not a socket")
+    bound: int = listening.getsockname()[1]
+    container.schedule(0, _Ticker(service, control, container))
+    if ready is not None:
+        ready(bound)
+    container.run()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line: serve until SIGTERM or SIGINT; print the connection string."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sharedstream.testing.servicebus",
+        description="An Azure Service Bus test server (a subset, for the azure-servicebus SDK).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    parser.add_argument("--queue", action="append", default=[], metavar="NAME[:OPTIONS]",
+                        help="create a queue, e.g. 'orders:lock_duration=5,max_delivery_count=3,"
+                             "sessions' (repeatable)")
+    parser.add_argument("--topic", action="append", default=[], metavar="NAME",
+                        help="create a topic (repeatable)")
+    parser.add_argument("--subscription", action="append", default=[],
+                        metavar="TOPIC/NAME[:OPTIONS]",
+                        help="create a subscription, with settings and one correlation filter, "
+                             "e.g. 'events/urgent:subject=urgent,property.priority=high'")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="a JSON entities document (see sharedstream.testing.servicebus."
+                             "config), created before the --queue/--topic/--subscription ones")
+    args = parser.parse_args(argv)
+    try:
+        documents = [json.loads(args.config.read_text(encoding="utf-8"))] if args.config else []
+        documents.append(config.document_from_specs(args.queue, args.topic, args.subscription))
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    state = ServiceBusState()
+    for document in documents:
+        config.apply(state, document)
+    control = ServerControl()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        control.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    started = time.monotonic()
+    serve(args.host, args.port, state=state, control=control, ready=lambda port: print(
+        f"listening on {args.host}:{port} ({time.monotonic() - started:.2f} s); connection "
+        f"string: {connection_string(args.host, port)}", file=sys.stderr, flush=True))

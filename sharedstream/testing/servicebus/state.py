@@ -1,0 +1,532 @@
+"""What the Service Bus test server knows: entities, messages, locks and sessions - no I/O.
+
+This module imports no AMQP library: the service (:mod:`.service`) turns
+frames into calls here and the results into frames. Everything runs on the
+server's one thread; nothing here is thread-safe.
+
+Terms:
+
+* an *entity* is a queue or a topic; a topic has *subscriptions*, each with
+  correlation filters; a queue and a subscription each have a dead-letter
+  sub-queue (``<path>/$DeadLetterQueue``). Those three are *stores*: what
+  receivers read from. Paths are case-insensitive, as in Service Bus;
+* an *entry* is one message in one store: its sequence number (per queue or
+  topic, from 1), enqueue time, failed deliveries so far;
+* a *lock* is one peek-lock delivery of an entry: a lock token (a UUID), a
+  deadline, and the receiver it went to;
+* a *session* is the entries of a session-enabled store sharing a session
+  id; a *session lock* gives one receiver all of that session's entries.
+
+Invariants:
+
+1. An entry is in exactly one place: *available* (in its session's heap,
+   lowest sequence number first), *locked* (one live lock) or *deferred*. A
+   completed or dead-lettered entry is gone from its store (a dead-lettered
+   one becomes a new entry of the dead-letter store, same sequence number).
+2. A lock token names one delivery. Once the lock ends (settlement, expiry,
+   loss of its session) the token is stale: settling or renewing it raises
+   :class:`~.model.Refused` with ``message-lock-lost`` (``session-lock-lost``
+   for a session's message).
+3. A session is locked by at most one receiver, and only that receiver gets
+   the session's entries, in sequence order (an abandoned entry comes back
+   before later ones).
+4. ``delivery_count`` counts failed deliveries: abandon, lock expiry, loss of
+   the session lock. When it reaches the store's ``max_delivery_count`` the
+   entry is dead-lettered with reason ``MaxDeliveryCountExceeded``. A
+   release (the SDK handing back a prefetched message) is not counted.
+5. Whatever makes an entry available calls ``on_available`` with its store's
+   path before returning, so the service can hand it to a waiting receiver.
+
+Time is two injected clocks: ``clock`` (monotonic seconds) for lock
+deadlines, ``wall`` (epoch seconds) for the times clients see. Deadlines are
+checked by :meth:`ServiceBusState.expire`, which the service calls when
+:meth:`ServiceBusState.next_due` says something is due.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from sharedstream.testing.servicebus.model import (
+    MESSAGE_LOCK_LOST,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    SESSION_CANNOT_BE_LOCKED,
+    SESSION_LOCK_LOST,
+    CorrelationFilter,
+    Delivery,
+    EntitySettings,
+    Message,
+    NextSession,
+    Outcome,
+    Refused,
+)
+
+__all__ = ["DEAD_LETTER_QUEUE", "MAX_DELIVERY_COUNT_EXCEEDED", "Receiver", "ServiceBusState",
+           "StoreCounts"]
+
+DEAD_LETTER_QUEUE = "$DeadLetterQueue"
+MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
+_SUBSCRIPTIONS = "subscriptions"
+_DEAD_LETTER_SETTINGS = EntitySettings(max_delivery_count=2**31 - 1)
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    message: Message
+    sequence_number: int
+    enqueued_time: float
+    delivery_count: int = 0
+    lock: _Lock | None = None
+    deferred: bool = False
+    extra_properties: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
+class _Lock:
+    token: uuid.UUID
+    entry: _Entry
+    receiver: Receiver
+    deadline: float  # monotonic; a session's entries use the session's deadline instead
+
+
+@dataclass(eq=False, slots=True)
+class Receiver:
+    """One open receive link of a store: its mode and, on a session store, its session."""
+
+    store: _Store
+    receive_and_delete: bool
+    session_id: str | None = None
+    session_deadline: float = 0.0
+    """Monotonic deadline of the session lock (session receivers only)."""
+    closed: bool = False
+
+    @property
+    def path(self) -> str:
+        """The path of the store it reads."""
+        return self.store.path
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCounts:
+    """Where a store's entries are (invariant 1): a read-only record."""
+
+    available: int
+    locked: int
+    deferred: int
+
+
+class _Store:
+    """A queue, a subscription or a dead-letter sub-queue (see the module's invariants)."""
+
+    def __init__(self, path: str, settings: EntitySettings,
+                 filters: Sequence[CorrelationFilter] = ()) -> None:
+        self.path, self.settings, self.filters = path, settings, tuple(filters)
+        self.entries: dict[int, _Entry] = {}  # by sequence number
+        self.heaps: dict[str | None, list[int]] = {}  # session id -> available seqs (lazy)
+        self.owners: dict[str, Receiver] = {}  # session id -> the receiver holding its lock
+        self.session_states: dict[str, bytes] = {}
+        self.dead_letter: _Store | None = None
+        if not path.endswith(DEAD_LETTER_QUEUE):
+            self.dead_letter = _Store(f"{path}/{DEAD_LETTER_QUEUE}", _DEAD_LETTER_SETTINGS)
+
+    def key(self, entry: _Entry) -> str | None:
+        return entry.message.session_id if self.settings.requires_session else None
+
+    def make_available(self, entry: _Entry) -> None:
+        heapq.heappush(self.heaps.setdefault(self.key(entry), []), entry.sequence_number)
+
+    def head(self, session: str | None) -> _Entry | None:
+        """The lowest available entry of ``session`` (stale heap items dropped)."""
+        heap = self.heaps.get(session)
+        while heap:
+            entry = self.entries.get(heap[0])
+            if entry is not None and entry.lock is None and not entry.deferred:
+                return entry
+            heapq.heappop(heap)
+        return None
+
+    def free_session(self) -> str | None:
+        """The unlocked session whose head is oldest, or ``None`` when no session has one."""
+        heads = ((entry.sequence_number, session) for session in list(self.heaps)
+                 if session is not None and session not in self.owners
+                 and (entry := self.head(session)) is not None)
+        best = min(heads, default=None)
+        return None if best is None else best[1]
+
+
+class ServiceBusState:
+    """All queues, topics and subscriptions of one server (see the module's invariants)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 on_available: Callable[[str], None] = lambda path: None) -> None:
+        self.clock, self.wall, self.on_available = clock, wall, on_available
+        self._stores: dict[str, _Store] = {}  # lower-cased path -> store
+        self._topics: dict[str, list[_Store]] = {}  # lower-cased topic -> its subscriptions
+        self._sequences: dict[str, itertools.count[int]] = {}  # queue or topic -> numbers
+        self._locks: dict[uuid.UUID, _Lock] = {}
+        self._deadlines: list[tuple[float, int, uuid.UUID]] = []  # lazy heap of lock deadlines
+        self._receivers: set[Receiver] = set()
+        self._ties = itertools.count()
+
+    # -- entities ---------------------------------------------------------------
+
+    def create_queue(self, name: str, settings: EntitySettings | None = None) -> None:
+        """Add a queue (and its dead-letter sub-queue); ``NOT_ALLOWED`` if the name is taken."""
+        self._check_free(name)
+        store = _Store(name, settings or EntitySettings(), (CorrelationFilter(),))
+        self._add(store)
+        self._sequences[name.lower()] = itertools.count(1)
+
+    def create_topic(self, name: str) -> None:
+        """Add a topic without subscriptions (what is sent to it then goes nowhere)."""
+        self._check_free(name)
+        self._topics[name.lower()] = []
+        self._sequences[name.lower()] = itertools.count(1)
+
+    def create_subscription(self, topic: str, name: str, settings: EntitySettings | None = None,
+                            filters: Sequence[CorrelationFilter] = (CorrelationFilter(),)) -> None:
+        """Add a subscription to ``topic``: it gets what is sent from now on and passes a filter.
+
+        A message is copied once to each subscription with at least one
+        matching filter; no filters means it matches nothing.
+        """
+        subscriptions = self._topics.get(topic.lower())
+        if subscriptions is None:
+            raise Refused(NOT_FOUND, f"The messaging entity '{topic}' could not be found.")
+        path = f"{topic}/Subscriptions/{name}"
+        if path.lower() in self._stores:
+            raise Refused(NOT_ALLOWED, f"subscription {path} already exists")
+        store = _Store(path, settings or EntitySettings(), filters)
+        self._add(store)
+        subscriptions.append(store)
+
+    def settings(self, path: str) -> EntitySettings:
+        """The settings of the queue, subscription or dead-letter queue at ``path``."""
+        return self._store(path).settings
+
+    def counts(self, path: str) -> StoreCounts:
+        """How many entries of the store at ``path`` are where (read-only)."""
+        entries = self._store(path).entries.values()
+        locked = sum(1 for entry in entries if entry.lock is not None)
+        deferred = sum(1 for entry in entries if entry.deferred)
+        return StoreCounts(available=len(entries) - locked - deferred, locked=locked,
+                           deferred=deferred)
+
+    def check_store(self, path: str) -> None:
+        """``NOT_FOUND`` unless ``path`` names a queue, subscription or dead-letter queue."""
+        self._store(path)
+
+    def _check_free(self, name: str) -> None:
+        if "/" in name or not name:
+            raise Refused(NOT_ALLOWED, f"invalid entity name {name!r}")
+        if name.lower() in self._stores or name.lower() in self._topics:
+            raise Refused(NOT_ALLOWED, f"entity {name} already exists")
+
+    def _add(self, store: _Store) -> None:
+        self._stores[store.path.lower()] = store
+        if store.dead_letter is not None:
+            self._stores[store.dead_letter.path.lower()] = store.dead_letter
+
+    def _store(self, path: str) -> _Store:
+        parts = path.strip("/").split("/")
+        if len(parts) >= 3 and parts[1].lower() == _SUBSCRIPTIONS:
+            parts[1] = "Subscriptions"
+        store = self._stores.get("/".join(parts).lower())
+        if store is None:
+            raise Refused(NOT_FOUND, f"The messaging entity '{path}' could not be found.")
+        return store
+
+    # -- sending ----------------------------------------------------------------
+
+    def send(self, path: str, messages: Iterable[Message]) -> list[int]:
+        """Enqueue ``messages`` on the queue or topic at ``path``; their sequence numbers.
+
+        All or nothing: ``NOT_FOUND`` for an unknown entity, ``NOT_ALLOWED``
+        for a subscription or dead-letter queue (they cannot be sent to) or a
+        message without a session id for a session-enabled store.
+        """
+        batch = list(messages)
+        key, targets = self._targets(path)
+        for store in targets:
+            if store.settings.requires_session and any(m.session_id is None for m in batch):
+                raise Refused(NOT_ALLOWED, f"{store.path} requires sessions: every message "
+                                           "needs a session id")
+        numbers, now, touched = [], self.wall(), set()
+        for message in batch:
+            number = next(self._sequences[key])
+            numbers.append(number)
+            for store in targets:
+                if any(rule.matches(message) for rule in store.filters):
+                    self._enqueue(store, _Entry(message, number, now))
+                    touched.add(store.path)
+        for touched_path in sorted(touched):
+            self.on_available(touched_path)
+        return numbers
+
+    def check_sendable(self, path: str) -> None:
+        """``NOT_FOUND`` or ``NOT_ALLOWED`` unless :meth:`send` can send to ``path``."""
+        self._targets(path)
+
+    def _targets(self, path: str) -> tuple[str, list[_Store]]:
+        key = path.strip("/").lower()
+        subscriptions = self._topics.get(key)
+        if subscriptions is not None:
+            return key, subscriptions
+        store = self._store(path)
+        if key not in self._sequences:
+            raise Refused(NOT_ALLOWED, f"cannot send to {path}: not a queue or topic")
+        return key, [store]
+
+    def _enqueue(self, store: _Store, entry: _Entry) -> None:
+        store.entries[entry.sequence_number] = entry
+        store.make_available(entry)
+
+    # -- receivers --------------------------------------------------------------
+
+    def open_receiver(self, path: str, *, receive_and_delete: bool = False,
+                      session: str | NextSession | None = None) -> Receiver | None:
+        """A receiver of the store at ``path``, or ``None`` while no session can be given.
+
+        On a session-enabled store ``session`` is required: a session id
+        (locked even if it has no messages yet; ``SESSION_CANNOT_BE_LOCKED``
+        if another receiver holds it) or :data:`~.model.NEXT_SESSION` (the
+        unlocked session with the oldest message; ``None`` when there is
+        none - call again after ``on_available``). Elsewhere ``session``
+        must be ``None``.
+        """
+        store = self._store(path)
+        if not store.settings.requires_session:
+            if session is not None:
+                raise Refused(NOT_ALLOWED, f"{store.path} is not session-enabled")
+            receiver = Receiver(store, receive_and_delete)
+            self._receivers.add(receiver)
+            return receiver
+        if session is None:
+            raise Refused(NOT_ALLOWED, f"{store.path} requires a session receiver")
+        if isinstance(session, NextSession):
+            chosen = store.free_session()
+            if chosen is None:
+                return None
+        elif session in store.owners:
+            raise Refused(SESSION_CANNOT_BE_LOCKED, f"session {session!r} of {store.path} is "
+                                                    "locked by another receiver")
+        else:
+            chosen = session
+        receiver = Receiver(store, receive_and_delete, chosen,
+                            self.clock() + store.settings.lock_duration)
+        store.owners[chosen] = receiver
+        self._receivers.add(receiver)
+        return receiver
+
+    def session_locked_until(self, receiver: Receiver) -> float:
+        """Epoch seconds until which ``receiver``'s session lock lasts."""
+        return self.wall() + receiver.session_deadline - self.clock()
+
+    def close_receiver(self, receiver: Receiver) -> None:
+        """The receive link closed: its session lock ends (idempotent).
+
+        A session's locked entries come back, counted as failed deliveries.
+        Message locks of a non-session receiver stay until they expire or are
+        settled (through the management link, as the SDK may).
+        """
+        if receiver.closed:
+            return
+        receiver.closed = True
+        self._receivers.discard(receiver)
+        if receiver.session_id is not None:
+            self._end_session(receiver)
+
+    def receive(self, receiver: Receiver) -> Delivery | None:
+        """The next entry for ``receiver``, locked (peek-lock) or removed; ``None`` if none."""
+        if receiver.closed:
+            return None
+        store = receiver.store
+        entry = store.head(receiver.session_id)
+        if entry is None:
+            return None
+        heapq.heappop(store.heaps[store.key(entry)])
+        if receiver.receive_and_delete:
+            del store.entries[entry.sequence_number]
+            return self._delivery(entry, None, None)
+        lock = _Lock(uuid.uuid4(), entry, receiver,
+                     self.clock() + store.settings.lock_duration)
+        entry.lock = lock
+        self._locks[lock.token] = lock
+        if receiver.session_id is None:
+            heapq.heappush(self._deadlines, (lock.deadline, next(self._ties), lock.token))
+            return self._delivery(entry, lock.token, self.wall() + store.settings.lock_duration)
+        return self._delivery(entry, lock.token, None)
+
+    @staticmethod
+    def _delivery(entry: _Entry, token: uuid.UUID | None, until: float | None) -> Delivery:
+        return Delivery(entry.message, entry.sequence_number, entry.enqueued_time,
+                        entry.delivery_count, token, until,
+                        MappingProxyType(dict(entry.extra_properties)))
+
+    # -- settlement and locks ---------------------------------------------------
+
+    def settle(self, token: uuid.UUID, outcome: Outcome, *, reason: str | None = None,
+               description: str | None = None) -> None:
+        """Settle the delivery ``token`` names; a stale token raises ``*-lock-lost``.
+
+        ``reason`` and ``description`` are the dead-letter reason and error
+        description (:attr:`Outcome.DEAD_LETTER` only), set as the
+        ``DeadLetterReason`` and ``DeadLetterErrorDescription`` application
+        properties of the dead-lettered message when given.
+        """
+        lock = self._live_lock(token)
+        entry, store = lock.entry, lock.receiver.store
+        self._unlock(lock)
+        if outcome is Outcome.COMPLETE:
+            del store.entries[entry.sequence_number]
+        elif outcome is Outcome.DEAD_LETTER:
+            self._dead_letter(store, entry, reason, description)
+        elif outcome is Outcome.DEFER:
+            entry.deferred = True
+        else:
+            self._return(store, entry, failed=outcome is Outcome.ABANDON)
+
+    def renew_lock(self, token: uuid.UUID) -> float:
+        """Extend the lock ``token`` names by the lock duration; its new end (epoch seconds)."""
+        lock = self._live_lock(token)
+        duration = lock.receiver.store.settings.lock_duration
+        if lock.receiver.session_id is None:
+            lock.deadline = self.clock() + duration
+            heapq.heappush(self._deadlines, (lock.deadline, next(self._ties), token))
+        return self.wall() + duration
+
+    def renew_session_lock(self, receiver: Receiver) -> float:
+        """Extend ``receiver``'s session lock; its new end (epoch seconds).
+
+        ``SESSION_LOCK_LOST`` if the lock already ended (expired or closed).
+        """
+        if receiver.closed or receiver.session_id is None:
+            raise Refused(SESSION_LOCK_LOST, "the session lock was lost")
+        receiver.session_deadline = self.clock() + receiver.store.settings.lock_duration
+        return self.session_locked_until(receiver)
+
+    def session_receiver(self, path: str, session_id: str) -> Receiver:
+        """The receiver holding the lock of ``session_id``; ``SESSION_LOCK_LOST`` if none does."""
+        receiver = self._store(path).owners.get(session_id)
+        if receiver is None:
+            raise Refused(SESSION_LOCK_LOST, f"session {session_id!r} is not locked")
+        return receiver
+
+    def session_state(self, path: str, session_id: str) -> bytes | None:
+        """The state a session receiver last set for ``session_id`` (``None``: never set)."""
+        return self._store(path).session_states.get(session_id)
+
+    def set_session_state(self, path: str, session_id: str, value: bytes | None) -> None:
+        """Keep ``value`` as the state of ``session_id`` (``None`` clears it)."""
+        states = self._store(path).session_states
+        if value is None:
+            states.pop(session_id, None)
+        else:
+            states[session_id] = value
+
+    def _live_lock(self, token: uuid.UUID) -> _Lock:
+        lock = self._locks.get(token)
+        if lock is not None and lock.receiver.session_id is not None and lock.receiver.closed:
+            lock = None
+        if lock is None:
+            raise Refused(MESSAGE_LOCK_LOST, "The lock supplied is invalid. Either the lock "
+                                             "expired, or the message has already been settled.")
+        return lock
+
+    def _unlock(self, lock: _Lock) -> None:
+        del self._locks[lock.token]
+        lock.entry.lock = None
+
+    def _return(self, store: _Store, entry: _Entry, *, failed: bool) -> None:
+        """Make ``entry`` available again (counted when ``failed``), or dead-letter it."""
+        if failed:
+            entry.delivery_count += 1
+            if entry.delivery_count >= store.settings.max_delivery_count:
+                self._dead_letter(store, entry, MAX_DELIVERY_COUNT_EXCEEDED,
+                                  f"Message could not be consumed after "
+                                  f"{store.settings.max_delivery_count} delivery attempts.")
+                return
+        store.make_available(entry)
+        self.on_available(store.path)
+
+    def _dead_letter(self, store: _Store, entry: _Entry, reason: str | None,
+                     description: str | None) -> None:
+        del store.entries[entry.sequence_number]
+        if store.dead_letter is None:  # already a dead-letter queue: the message is dropped
+            return
+        extra = dict(entry.extra_properties)
+        if reason is not None:
+            extra["DeadLetterReason"] = reason
+        if description is not None:
+            extra["DeadLetterErrorDescription"] = description
+        self._enqueue(store.dead_letter, _Entry(entry.message, entry.sequence_number,
+                                                entry.enqueued_time, extra_properties=extra))
+        self.on_available(store.dead_letter.path)
+
+    def _end_session(self, receiver: Receiver) -> None:
+        store = receiver.store
+        if store.owners.get(receiver.session_id or "") is receiver:
+            del store.owners[receiver.session_id or ""]
+        for lock in [lock for lock in self._locks.values() if lock.receiver is receiver]:
+            self._unlock(lock)
+            self._return(store, lock.entry, failed=True)
+        if store.free_session() is not None:
+            self.on_available(store.path)
+
+    # -- peeking ----------------------------------------------------------------
+
+    def peek(self, path: str, from_sequence: int, count: int,
+             session_id: str | None = None) -> list[Delivery]:
+        """Up to ``count`` entries from sequence number ``from_sequence`` on, locked or not.
+
+        Changes nothing. ``session_id`` limits it to one session's entries.
+        """
+        store = self._store(path)
+        chosen = sorted(number for number, entry in store.entries.items()
+                        if number >= from_sequence
+                        and (session_id is None or entry.message.session_id == session_id))
+        return [self._delivery(store.entries[number], None, None) for number in chosen[:count]]
+
+    # -- time -------------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        """The earliest monotonic deadline :meth:`expire` acts on, or ``None`` when none."""
+        while self._deadlines and self._stale(*self._deadlines[0]):
+            heapq.heappop(self._deadlines)
+        due = [r.session_deadline for r in self._receivers if r.session_id is not None]
+        if self._deadlines:
+            due.append(self._deadlines[0][0])
+        return min(due, default=None)
+
+    def _stale(self, deadline: float, _tie: int, token: uuid.UUID) -> bool:
+        lock = self._locks.get(token)
+        return lock is None or lock.deadline != deadline
+
+    def expire(self) -> list[Receiver]:
+        """End every lock past its deadline; the session receivers that lost their session.
+
+        An expired message lock returns its entry, counted as a failed
+        delivery (invariant 4). An expired session lock ends the session as
+        :meth:`close_receiver` does; the service detaches those receivers
+        with ``session-lock-lost``.
+        """
+        now = self.clock()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, tie, token = heapq.heappop(self._deadlines)
+            if not self._stale(deadline, tie, token):
+                lock = self._locks[token]
+                self._unlock(lock)
+                self._return(lock.receiver.store, lock.entry, failed=True)
+        lost = [r for r in self._receivers if r.session_id is not None
+                and r.session_deadline <= now]
+        for receiver in lost:
+            self.close_receiver(receiver)
+        return lost

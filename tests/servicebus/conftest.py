@@ -1,0 +1,52 @@
+"""A Service Bus for the session: the kit's test server, or the namespace in the environment.
+
+The server's tests drive it with the real ``azure-servicebus`` SDK only;
+without that package (or python-qpid-proton, for the kit's server) they
+skip. Each test uses its own entities of :data:`ENTITIES`, created when the
+server starts; against a real namespace or the official emulator
+(``SHAREDSTREAM_SERVICEBUS_CONNECTION_STRING``) they must exist there with
+these settings, and start empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from sharedstream.testing.fixtures import servicebus_connection_string
+
+__all__ = ["ENTITIES", "LOCK_SECONDS", "servicebus_connection_string"]
+
+LOCK_SECONDS = 1.0
+"""The lock duration of the queues whose tests wait for a lock to expire."""
+
+
+def _queue(name: str, **settings: Any) -> dict[str, Any]:
+    return {"name": name, **settings}
+
+
+ENTITIES: Mapping[str, Any] = {
+    "queues": [
+        _queue("complete"), _queue("abandon"), _queue("dead-letter"), _queue("peek"),
+        _queue("batch"), _queue("receive-and-delete"), _queue("credit"), _queue("sync"),
+        _queue("expiry", lock_duration=LOCK_SECONDS),
+        _queue("renew", lock_duration=LOCK_SECONDS),
+        _queue("poison", max_delivery_count=3),
+        _queue("sessions", requires_session=True),
+        _queue("session-lock", requires_session=True, lock_duration=2),
+    ],
+    "topics": [{"name": "events", "subscriptions": [
+        {"name": "all"},
+        {"name": "urgent", "filters": [{"subject": "urgent"}]},
+        {"name": "eu", "filters": [{"properties": {"region": "eu"}},
+                                   {"correlation_id": "eu-order"}]},
+    ]}],
+}
+
+
+@pytest.fixture(scope="session")
+def servicebus_entities() -> Mapping[str, Any]:
+    """The entities of these tests, for the kit's server (:data:`ENTITIES`)."""
+    return ENTITIES
