@@ -1,0 +1,381 @@
+"""The Service Bus test server's state alone: no AMQP, no SDK, a clock the test moves.
+
+Each test names the invariant of :mod:`sharedstream.testing.servicebus.state`
+it checks; the property test checks that no message is ever lost or held
+twice, whatever receivers do.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sharedstream.testing.servicebus import config
+from sharedstream.testing.servicebus.model import (
+    MESSAGE_LOCK_LOST,
+    NEXT_SESSION,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    SESSION_CANNOT_BE_LOCKED,
+    CorrelationFilter,
+    Delivery,
+    EntitySettings,
+    Message,
+    Outcome,
+    Refused,
+)
+from sharedstream.testing.servicebus.state import Receiver, ServiceBusState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_state(clock: Clock | None = None) -> tuple[ServiceBusState, list[str]]:
+    woken: list[str] = []
+    clock = clock or Clock()
+    state = ServiceBusState(clock=clock, wall=lambda: clock.now + 1_000_000,
+                            on_available=woken.append)
+    return state, woken
+
+
+def msg(body: str, session: str | None = None, **properties: Any) -> Message:
+    return Message(body.encode(), session, {}, properties)
+
+
+def receive(state: ServiceBusState, receiver: Receiver) -> tuple[str, int, uuid.UUID | None]:
+    delivery = state.receive(receiver)
+    assert delivery is not None
+    return delivery.message.encoded.decode(), delivery.delivery_count, delivery.lock_token
+
+
+def test_entries_are_delivered_in_sequence_order_and_completion_removes_them() -> None:
+    state, woken = make_state()
+    state.create_queue("q")
+    assert state.send("q", [msg("a"), msg("b")]) == [1, 2]
+    assert woken == ["q"]  # invariant 5
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    a, b = state.receive(receiver), state.receive(receiver)
+    assert a is not None
+    assert b is not None
+    assert (a.sequence_number, b.sequence_number, a.delivery_count) == (1, 2, 0)
+    assert a.locked_until == 1_000_100 + 60  # wall clock + the default lock duration
+    assert state.receive(receiver) is None
+    assert state.counts("q").locked == 2
+    assert a.lock_token is not None
+    state.settle(a.lock_token, Outcome.COMPLETE)
+    assert state.counts("Q").locked == 1  # paths are case-insensitive
+
+
+def test_an_abandoned_entry_is_counted_and_comes_back_before_later_ones() -> None:
+    state, _ = make_state()
+    state.create_queue("q")
+    state.send("q", [msg("a"), msg("b")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    _, _, token = receive(state, receiver)
+    assert token is not None
+    state.settle(token, Outcome.ABANDON)
+    assert receive(state, receiver)[:2] == ("a", 1)  # invariants 3 and 4
+    with pytest.raises(Refused) as stale:
+        state.settle(token, Outcome.COMPLETE)  # invariant 2
+    assert stale.value.condition == MESSAGE_LOCK_LOST
+
+
+def test_a_release_makes_the_entry_available_without_counting_it() -> None:
+    state, _ = make_state()
+    state.create_queue("q")
+    state.send("q", [msg("a")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    _, _, token = receive(state, receiver)
+    assert token is not None
+    state.settle(token, Outcome.RELEASE)
+    assert receive(state, receiver)[:2] == ("a", 0)
+
+
+def test_an_expired_lock_returns_the_entry_counted_and_renewal_postpones_it() -> None:
+    clock = Clock()
+    state, woken = make_state(clock)
+    state.create_queue("q", EntitySettings(lock_duration=5))
+    state.send("q", [msg("a"), msg("b")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    _, _, token_a = receive(state, receiver)
+    _, _, token_b = receive(state, receiver)
+    assert token_a is not None
+    assert token_b is not None
+    assert state.next_due() == 105
+    clock.now = 104
+    assert state.renew_lock(token_b) == 1_000_104 + 5
+    clock.now = 105
+    woken.clear()
+    assert state.expire() == []
+    assert woken == ["q"]
+    assert receive(state, receiver)[:2] == ("a", 1)
+    assert state.next_due() == 109  # b's renewed lock (a's new lock ends at 110)
+    with pytest.raises(Refused):
+        state.renew_lock(token_a)
+    state.settle(token_b, Outcome.COMPLETE)
+
+
+def test_the_last_allowed_failure_dead_letters_with_max_delivery_count_exceeded() -> None:
+    state, woken = make_state()
+    state.create_queue("q", EntitySettings(max_delivery_count=2))
+    state.send("q", [msg("poison")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    for _ in range(2):
+        _, _, token = receive(state, receiver)
+        assert token is not None
+        state.settle(token, Outcome.ABANDON)
+    assert state.receive(receiver) is None
+    assert woken[-1] == "q/$DeadLetterQueue"
+    dead = state.open_receiver("q/$deadletterqueue")
+    assert dead is not None
+    letter = state.receive(dead)
+    assert letter is not None
+    assert letter.extra_properties["DeadLetterReason"] == "MaxDeliveryCountExceeded"
+    assert (letter.sequence_number, letter.delivery_count) == (1, 0)
+
+
+def test_dead_lettering_keeps_the_sequence_number_and_adds_reason_and_description() -> None:
+    state, _ = make_state()
+    state.create_topic("t")
+    state.create_subscription("t", "s")
+    state.send("t", [msg("x")])
+    receiver = state.open_receiver("t/subscriptions/s")
+    assert receiver is not None
+    _, _, token = receive(state, receiver)
+    assert token is not None
+    state.settle(token, Outcome.DEAD_LETTER, reason="bad", description="very bad")
+    [letter] = state.peek("t/Subscriptions/s/$DeadLetterQueue", 1, 10)
+    assert dict(letter.extra_properties) == {"DeadLetterReason": "bad",
+                                             "DeadLetterErrorDescription": "very bad"}
+
+
+def test_a_deferred_entry_is_kept_but_never_received_again() -> None:
+    state, _ = make_state()
+    state.create_queue("q")
+    state.send("q", [msg("later")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    _, _, token = receive(state, receiver)
+    assert token is not None
+    state.settle(token, Outcome.DEFER)
+    assert state.receive(receiver) is None
+    assert state.counts("q").deferred == 1
+    assert [d.sequence_number for d in state.peek("q", 1, 5)] == [1]
+
+
+def test_receive_and_delete_removes_on_delivery_without_a_lock() -> None:
+    state, _ = make_state()
+    state.create_queue("q")
+    state.send("q", [msg("a")])
+    receiver = state.open_receiver("q", receive_and_delete=True)
+    assert receiver is not None
+    delivery = state.receive(receiver)
+    assert delivery is not None
+    assert (delivery.lock_token, delivery.locked_until) == (None, None)
+    assert state.peek("q", 1, 10) == []
+
+
+def test_a_session_has_one_receiver_and_next_session_takes_the_oldest_free_one() -> None:
+    clock = Clock()
+    state, woken = make_state(clock)
+    state.create_queue("s", EntitySettings(requires_session=True, lock_duration=10))
+    state.send("s", [msg("b1", "b"), msg("a1", "a"), msg("b2", "b")])
+    first = state.open_receiver("s", session=NEXT_SESSION)
+    assert first is not None
+    assert first.session_id == "b"  # its head is the oldest
+    with pytest.raises(Refused) as taken:
+        state.open_receiver("s", session="b")
+    assert taken.value.condition == SESSION_CANNOT_BE_LOCKED  # invariant 3
+    second = state.open_receiver("s", session=NEXT_SESSION)
+    assert second is not None
+    assert second.session_id == "a"
+    assert state.open_receiver("s", session=NEXT_SESSION) is None
+    assert receive(state, first)[0] == "b1"
+    assert receive(state, second)[0] == "a1"
+    assert receive(state, first)[0] == "b2"
+    woken.clear()
+    state.close_receiver(first)  # its two locked entries come back, counted
+    assert set(woken) == {"s"}
+    again = state.open_receiver("s", session=NEXT_SESSION)
+    assert again is not None
+    assert [receive(state, again)[:2] for _ in range(2)] == [("b1", 1), ("b2", 1)]
+    clock.now += 10
+    assert state.expire() == [second, again]  # session locks end without renewal
+    with pytest.raises(Refused):
+        state.renew_session_lock(second)
+
+
+def test_a_topic_copies_messages_to_the_subscriptions_whose_filter_they_pass() -> None:
+    state, woken = make_state()
+    state.create_topic("t")
+    state.create_subscription("t", "all")
+    state.create_subscription("t", "red", filters=[CorrelationFilter(properties={"c": "red"}),
+                                                   CorrelationFilter(subject="urgent")])
+    state.create_subscription("t", "none", filters=[])
+    sent = [Message(b"1", properties={"subject": "urgent"}), msg("2", c="red"), msg("3")]
+    assert state.send("t", sent) == [1, 2, 3]
+    assert woken == ["t/Subscriptions/all", "t/Subscriptions/red"]
+    assert [d.sequence_number for d in state.peek("t/Subscriptions/red", 0, 9)] == [1, 2]
+    assert len(state.peek("t/Subscriptions/all", 0, 9)) == 3
+    assert state.peek("t/Subscriptions/none", 0, 9) == []
+
+
+def test_sending_is_refused_where_service_bus_refuses_it() -> None:
+    state, _ = make_state()
+    state.create_queue("s", EntitySettings(requires_session=True))
+    state.create_topic("t")
+    state.create_subscription("t", "x")
+    refusals = {}
+    for path, message in (("nope", msg("a")), ("t/Subscriptions/x", msg("a")),
+                          ("s/$DeadLetterQueue", msg("a")), ("s", msg("no session"))):
+        with pytest.raises(Refused) as refused:
+            state.send(path, [message])
+        refusals[path] = refused.value.condition
+    assert refusals == {"nope": NOT_FOUND, "t/Subscriptions/x": NOT_ALLOWED,
+                        "s/$DeadLetterQueue": NOT_ALLOWED, "s": NOT_ALLOWED}
+    with pytest.raises(Refused):
+        state.create_queue("S")  # names are case-insensitive
+    with pytest.raises(Refused):
+        state.open_receiver("s")  # a session entity needs a session receiver
+
+
+def test_the_entities_document_of_the_command_line_creates_what_it_says() -> None:
+    document = config.document_from_specs(
+        queues=["orders:lock_duration=5,max_delivery_count=3", "jobs:sessions"],
+        topics=["events"],
+        subscriptions=["events/urgent:subject=urgent,property.region=eu", "other/all"])
+    state, _ = make_state()
+    config.apply(state, document)
+    assert state.settings("orders") == EntitySettings(lock_duration=5, max_delivery_count=3)
+    assert state.settings("jobs").requires_session
+    state.send("events", [Message(b"u", properties={"subject": "urgent"},
+                                  application_properties={"region": "eu"}),
+                          Message(b"n", properties={"subject": "urgent"})])
+    assert len(state.peek("events/Subscriptions/urgent", 0, 9)) == 1
+    state.send("other", [msg("x")])
+    assert len(state.peek("other/Subscriptions/all", 0, 9)) == 1
+    for bad in (["q:colour=red"], [":lock_duration=1"]):
+        with pytest.raises(ValueError, match=r"unknown option|no entity name"):
+            config.document_from_specs(queues=bad)
+    with pytest.raises(ValueError, match="TOPIC/NAME"):
+        config.document_from_specs(subscriptions=["lonely"])
+
+
+OPERATIONS = st.lists(st.tuples(
+    st.sampled_from(["send", "receive", "complete", "abandon", "release", "dead-letter",
+                     "defer", "tick", "close"]),
+    st.integers(0, 3)), max_size=60)
+
+
+OUTCOMES = {"complete": Outcome.COMPLETE, "abandon": Outcome.ABANDON, "release": Outcome.RELEASE,
+            "dead-letter": Outcome.DEAD_LETTER, "defer": Outcome.DEFER}
+
+
+class Run:
+    """One property-test run: a queue, its receivers, and what the test holds and settled."""
+
+    def __init__(self, sessions: bool) -> None:
+        self.clock = Clock()
+        self.state, _ = make_state(self.clock)
+        self.state.create_queue("q", EntitySettings(lock_duration=3, max_delivery_count=3,
+                                                    requires_session=sessions))
+        self.sessions = sessions
+        self.receivers: list[Receiver] = []
+        self.held: dict[uuid.UUID, Receiver] = {}
+        self.sent = self.completed = 0
+
+    def do(self, name: str, n: int) -> None:
+        if name == "send":
+            self.state.send("q", [msg(f"m{self.sent}", f"s{n % 2}" if self.sessions else None)])
+            self.sent += 1
+        elif name == "receive":
+            self.receive(n)
+        elif name == "tick":
+            self.clock.now += n
+            for lost in self.state.expire():
+                self.receivers.remove(lost)
+        elif name == "close" and self.receivers:
+            self.state.close_receiver(self.receivers.pop(n % len(self.receivers)))
+        elif name in OUTCOMES and self.held:
+            self.settle(sorted(self.held)[n % len(self.held)], OUTCOMES[name])
+
+    def receive(self, n: int) -> None:
+        if len(self.receivers) <= n:
+            receiver = self.state.open_receiver("q", session=NEXT_SESSION if self.sessions
+                                                else None)
+            if receiver is None:
+                return
+            self.receivers.append(receiver)
+        receiver = self.receivers[min(n, len(self.receivers) - 1)]
+        delivery = self.state.receive(receiver)
+        if delivery is not None:
+            assert delivery.lock_token is not None
+            assert delivery.lock_token not in self.held  # invariant 2: one token, one delivery
+            if self.sessions:
+                assert delivery.message.session_id == receiver.session_id  # invariant 3
+            self.held[delivery.lock_token] = receiver
+
+    def settle(self, token: uuid.UUID, outcome: Outcome) -> None:
+        del self.held[token]
+        try:
+            self.state.settle(token, outcome)
+        except Refused:
+            return  # its lock ended first (expiry, a closed session): stale, as it should be
+        self.completed += outcome is Outcome.COMPLETE
+
+    def check(self) -> None:
+        counts = self.state.counts("q")
+        letters = len(self.state.peek("q/$DeadLetterQueue", 0, 10_000))
+        assert (counts.available + counts.locked + counts.deferred + letters + self.completed
+                == self.sent)  # invariant 1: each message in one place, none lost
+        numbers = [d.sequence_number for d in self.state.peek("q", 0, 10_000)]
+        assert len(numbers) == len(set(numbers))
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPERATIONS, st.booleans())
+def test_no_message_is_lost_or_held_twice(operations: list[tuple[str, int]],
+                                          sessions: bool) -> None:
+    """Invariants 1, 2 and 3 under any mix of receives, settlements, expiries and closes."""
+    run = Run(sessions)
+    for name, n in operations:
+        run.do(name, n)
+        run.check()
+
+
+def test_a_batch_is_unpacked_and_a_delivery_keeps_what_was_sent() -> None:
+    proton = pytest.importorskip("proton")
+    from sharedstream.testing.servicebus import wire  # noqa: PLC0415 - needs proton
+
+    inner = [bytes(proton.Message(body=f"m{i}".encode(), properties={"i": i},
+                                  group_id="s").encode()) for i in range(3)]
+    data = proton.Data()
+    for payload in inner:
+        data.put_object(proton.Described(proton.ulong(0x75), payload))
+    batch = bytes(data.encode())
+    assert wire.unpack(batch) == inner
+    single = bytes(proton.Message(body=b"plain").encode())
+    assert wire.unpack(single) == [single]
+    facts = wire.message_facts(inner[1])
+    assert (facts.session_id, facts.application_properties) == ("s", {"i": 1})
+    delivery = Delivery(facts, 7, 1.5, 2, uuid.uuid4(), 61.5, {"DeadLetterReason": "r"})
+    out = proton.Message()
+    out.decode(wire.delivery_bytes(delivery))
+    assert (bytes(out.body), out.group_id, out.delivery_count) == (b"m1", "s", 2)
+    assert out.properties == {"i": 1, "DeadLetterReason": "r"}
+    assert out.annotations == {"x-opt-sequence-number": 7, "x-opt-enqueued-time": 1500,
+                               "x-opt-locked-until": 61500}
