@@ -173,7 +173,7 @@ class ServiceBusState:
         self._sequences: dict[str, itertools.count[int]] = {}  # queue or topic -> numbers
         self._locks: dict[uuid.UUID, _Lock] = {}
         self._deadlines: list[tuple[float, int, uuid.UUID]] = []  # lazy heap of lock deadlines
-        self._receivers: set[Receiver] = set()
+        self._receivers: dict[Receiver, None] = {}  # open receivers, oldest first
         self._ties = itertools.count()
 
     # -- entities ---------------------------------------------------------------
@@ -307,7 +307,7 @@ class ServiceBusState:
             if session is not None:
                 raise Refused(NOT_ALLOWED, f"{store.path} is not session-enabled")
             receiver = Receiver(store, receive_and_delete)
-            self._receivers.add(receiver)
+            self._receivers[receiver] = None
             return receiver
         if session is None:
             raise Refused(NOT_ALLOWED, f"{store.path} requires a session receiver")
@@ -323,7 +323,7 @@ class ServiceBusState:
         receiver = Receiver(store, receive_and_delete, chosen,
                             self.clock() + store.settings.lock_duration)
         store.owners[chosen] = receiver
-        self._receivers.add(receiver)
+        self._receivers[receiver] = None
         return receiver
 
     def session_locked_until(self, receiver: Receiver) -> float:
@@ -340,7 +340,7 @@ class ServiceBusState:
         if receiver.closed:
             return
         receiver.closed = True
-        self._receivers.discard(receiver)
+        self._receivers.pop(receiver, None)
         if receiver.session_id is not None:
             self._end_session(receiver)
 
