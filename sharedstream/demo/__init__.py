@@ -38,7 +38,6 @@ from sharedstream.engine.errors import SharedStreamError
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
-from sharedstream.store.sqlite import SqliteStore
 from sharedstream.testing.brokers import (  # for callers of the old names
     free_port,
     start_tansu,
@@ -294,7 +293,7 @@ async def _demo(broker: DemoBroker, config: Config, messages: int, workdir: Path
                                          else expected_counts(messages).dead_lettered)
     finally:
         await broker.close()
-    with SqliteStore(config.sqlite_path()) as store:
+    with config.store.open_store() as store:
         counts = store.counts()
         runs = Counter(run.dag_id for run in store.list_runs(limit=10_000_000))
     per_dag = ", ".join(f"{dag} {runs.get(dag, 0)}" for dag in ("ship", "reconcile", "notify"))
@@ -356,7 +355,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     try:
         config = _write_config(workdir)
-        with SqliteStore(config.sqlite_path()) as store:
+        with config.store.open_store(create=True) as store:
             store.migrate()
         broker = broker_class()
         where = broker.start(workdir)

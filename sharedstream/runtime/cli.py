@@ -3,10 +3,13 @@
 Commands: ``init`` (configuration file with a fresh encryption key, and the
 database), ``triggerer`` (run the watchers of a definitions file), ``triggers
 list``, ``events list``, ``runs list``, ``deadletters list`` (``--json`` for
-machines) and ``config show`` (the effective configuration, secrets
-masked). Every error a user can cause - bad configuration, a broken
-definitions file, an unusable store - is one line on stderr and exit status
-2, never a traceback.
+machines), ``db upgrade`` and ``db check`` (the schema of the metadata
+database) and ``config show`` (the effective configuration, secrets
+masked). Every command reaches the store through ``[store] url`` and the
+:class:`~sharedstream.store.MetadataStore` protocol, whatever the backend.
+Every error a user can cause - bad configuration, a broken definitions
+file, an unusable or out-of-date store - is one line on stderr and exit
+status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ from sharedstream.runtime.config import Config, load_config, write_default_confi
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
 from sharedstream.runtime.serde import unpack_kwargs
-from sharedstream.store.sqlite import SqliteStore
-from sharedstream.store.sqlite_files import require_database
+from sharedstream.store import MetadataStore, StoreError
 
 __all__ = ["main"]
 
@@ -85,6 +87,7 @@ examples:
   sharedstream triggerer --definitions defs.py    run the watchers of defs.py
   sharedstream runs list --dag ship --limit 20    the newest queued DAG runs of one DAG
   sharedstream deadletters list --json            raw events kept in the store's DLQ table
+  sharedstream db check                           is the database reachable and up to date?
   sharedstream demo                               everything against a local broker
 
 environment:
@@ -190,6 +193,16 @@ def _parser() -> argparse.ArgumentParser:
                                  help="at most this many (default: 100)")
         listing.set_defaults(handler=handler)
 
+    db = commands.add_parser("db", help="the metadata database's schema")
+    db_verbs = _Commands(db.add_subparsers(title="actions", required=True, metavar="ACTION"),
+                         anywhere)
+    db_verbs.add_parser(
+        "upgrade", help="apply the migrations the database lacks; print the versions"
+    ).set_defaults(handler=_db_upgrade)
+    db_verbs.add_parser(
+        "check", help="check that the database answers and its schema is current (exit 2 if not)"
+    ).set_defaults(handler=_db_check)
+
     config = commands.add_parser("config", help="inspect the configuration")
     verbs = _Commands(config.add_subparsers(title="actions", required=True, metavar="ACTION"),
                       anywhere)
@@ -206,10 +219,10 @@ def _init(args: argparse.Namespace) -> int:
     path = args.path or args.config or Path("sharedstream.toml")
     write_default_config(path, kwargs_key=generate_key(), store_url=args.db)
     config = load_config(path)
-    with SqliteStore(config.sqlite_path()) as store:
-        version = store.migrate()
     print(f"wrote {path} (with a new kwargs encryption key: keep it secret)")
-    print(f"database {config.sqlite_path()} ready (schema v{version})")
+    with config.store.open_store(create=True) as store:
+        version = store.migrate()
+        print(f"database {store.location} ready (schema v{version})")
     return 0
 
 
@@ -232,10 +245,42 @@ def _triggerer(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(run())
 
 
-def _open_store(config: Config) -> SqliteStore:
-    store = SqliteStore(require_database(config.sqlite_path()))
-    store.migrate()
+def _open_store(config: Config) -> MetadataStore:
+    """The configured store, migrated (the listing commands bring an old schema up to date)."""
+    store = config.store.open_store()
+    try:
+        store.migrate()
+    except BaseException:
+        store.close()
+        raise
     return store
+
+
+def _db_upgrade(args: argparse.Namespace, config: Config) -> int:
+    with config.store.open_store() as store:
+        before = store.schema_status()
+        if before.newer:
+            store.migrate()  # refuses, with the message that says what to do
+        after = store.migrate()
+        if before.current == after:
+            print(f"database {store.location}: schema v{after}, already up to date")
+        else:
+            print(f"database {store.location}: schema v{before.current} -> v{after}")
+    return 0
+
+
+def _db_check(args: argparse.Namespace, config: Config) -> int:
+    with config.store.open_store() as store:
+        status = store.schema_status()
+        if status.newer:
+            store.migrate()  # refuses: the database is newer than this sharedstream
+        if status.behind:
+            raise StoreError(
+                f"database {store.location} is at schema v{status.current}, this sharedstream "
+                f"needs v{status.latest}; run `sharedstream db upgrade`"
+            )
+        print(f"database {store.location}: reachable, schema v{status.current} (up to date)")
+    return 0
 
 
 def _triggers_list(args: argparse.Namespace, config: Config) -> int:

@@ -16,6 +16,8 @@ Invariants:
 - The secret (``store.kwargs_key``) never appears in an error message, and
   appears in :meth:`Config.as_dict` / :meth:`Config.to_toml` only when
   ``mask_secrets=False`` is asked for explicitly.
+- ``[store] url`` is ``sqlite:///path`` or ``postgresql://...`` (also
+  ``postgres://``); its password never appears in an error message either.
 - A relative ``sqlite:///`` path is made absolute at load time: against the
   config file's directory when the URL came from that file, otherwise against
   the working directory at the time of the call. Later ``chdir`` calls do not
@@ -35,9 +37,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.store import MetadataStore, open_store, redact_url
 
 __all__ = [
     "CONFIG_ENV_VAR",
@@ -62,7 +64,7 @@ DEFAULT_CONFIG_FILENAME = "sharedstream.toml"
 
 _MASK = "********"
 _SQLITE_PREFIX = "sqlite:///"
-_POSTGRES_PREFIXES = ("postgresql://", "postgresql+", "postgres://")
+_POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 _FERNET_KEY_BYTES = 32
 
 
@@ -127,7 +129,11 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
     "store": {
         "url": _OptionSpec(
             "store_url",
-            "Metadata database, sqlite:///path (relative to this file). PostgreSQL: not yet.",
+            "Metadata database: sqlite:///path (relative to this file), or "
+            "postgresql://user:password@host:port/database for several triggerers.",
+        ),
+        "pool_size": _OptionSpec(
+            "int", "PostgreSQL only: most connections the store's pool keeps open."
         ),
         "persist_batch_max": _OptionSpec(
             "int", "Most trigger events written in one transaction (group commit)."
@@ -158,17 +164,7 @@ def _invalid(section: str, option: str, shown: object, source: str, expected: st
     )
 
 
-def _redact_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url.split("://", 1)[0] + "://" + _MASK
-    if password is None:
-        return url
-    userinfo, _, hostinfo = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return parts._replace(netloc=f"{user}:{_MASK}@{hostinfo}").geturl()
+_redact_url = redact_url
 
 
 def _check_fernet_keys(value: str) -> bool:
@@ -218,17 +214,14 @@ def _convert_number(
 
 
 def _convert_store_url(option: str, raw: object, source: str) -> str:
-    expected = "expected sqlite:///path/to/file.db"
+    expected = "expected sqlite:///path/to/file.db or postgresql://user@host:port/database"
     if not isinstance(raw, str):
         raise _invalid("store", option, raw, source, expected)
     if raw.startswith(_POSTGRES_PREFIXES):
-        raise _invalid(
-            "store",
-            option,
-            _redact_url(raw),
-            source,
-            f"PostgreSQL is not supported yet; {expected}",
-        )
+        return raw
+    if raw.startswith("postgresql+"):
+        raise _invalid("store", option, _redact_url(raw), source,
+                       f"no driver suffix (psycopg is the driver); {expected}")
     path = raw.removeprefix(_SQLITE_PREFIX)
     if not raw.startswith(_SQLITE_PREFIX) or not path.strip() or path == ":memory:":
         raise _invalid("store", option, _redact_url(raw), source, expected)
@@ -310,13 +303,15 @@ class StoreConfig:
     """The ``[store]`` section: the metadata database and how events are persisted.
 
     ``url`` is ``sqlite:///path`` (a relative path is relative to the working
-    directory unless :func:`load_config` already made it absolute);
-    PostgreSQL URLs are refused as not supported yet. ``kwargs_key`` is the
+    directory unless :func:`load_config` already made it absolute) or
+    ``postgresql://user:password@host:port/database``; ``pool_size`` bounds
+    a PostgreSQL store's connections. ``kwargs_key`` is the
     secret: one Fernet key, or several separated by commas (the first
     encrypts, all decrypt), or ``None`` when unset. Validated on construction.
     """
 
     url: str = "sqlite:///sharedstream.db"
+    pool_size: int = 4
     persist_batch_max: int = 2000
     persist_linger_ms: float = 2.0
     switch_interval_ms: float = 0.5
@@ -333,6 +328,15 @@ class StoreConfig:
                 option="store.url",
             )
         return Path.cwd() / self.url.removeprefix(_SQLITE_PREFIX)
+
+    def open_store(self, *, create: bool = False) -> MetadataStore:
+        """The metadata store of ``url`` (:func:`sharedstream.store.open_store`), not migrated.
+
+        ``create`` lets an SQLite file be created (``init``, the demo).
+        Raises :class:`~sharedstream.store.StoreError` (one line, password
+        hidden) when it cannot be opened.
+        """
+        return open_store(self.url, create=create, pool_size=self.pool_size)
 
 
 @dataclass(frozen=True)
@@ -353,7 +357,9 @@ class Config:
         return self.store.sqlite_path()
 
     def as_dict(self, *, mask_secrets: bool = True) -> dict[str, dict[str, Any]]:
-        """Every option by section; a set secret shows as ``"********"`` unless unmasked.
+        """Every option by section; a set secret (and a URL's password) shows as ``"********"``.
+
+        Unless ``mask_secrets=False``.
 
         An unset secret is ``None`` either way. The result is a fresh dict.
         """
@@ -363,6 +369,8 @@ class Config:
             for option, value in values.items():
                 if mask_secrets and value is not None and f"{section}.{option}" in _SECRETS:
                     values[option] = _MASK
+                elif mask_secrets and f"{section}.{option}" == "store.url":
+                    values[option] = redact_url(value)  # a password in a PostgreSQL URL
             result[section] = values
         return result
 
@@ -579,9 +587,10 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     _check_backoff(setting("restart_backoff_initial"), setting("restart_backoff_max"))
 
     url = converted["store"].get("url", StoreConfig().url)
-    url_source = raw.get(("store", "url"), (None, "default"))[1]
-    base = file.parent if file is not None and url_source.startswith("file ") else Path.cwd()
-    converted["store"]["url"] = _SQLITE_PREFIX + str(base / url.removeprefix(_SQLITE_PREFIX))
+    if url.startswith(_SQLITE_PREFIX):
+        url_source = raw.get(("store", "url"), (None, "default"))[1]
+        base = file.parent if file is not None and url_source.startswith("file ") else Path.cwd()
+        converted["store"]["url"] = _SQLITE_PREFIX + str(base / url.removeprefix(_SQLITE_PREFIX))
 
     return Config(
         triggerer=TriggererConfig(**converted["triggerer"]),

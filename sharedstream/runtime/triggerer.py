@@ -37,6 +37,7 @@ whatever was not advanced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -44,7 +45,7 @@ import socket
 import sys
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -69,9 +70,16 @@ from sharedstream.runtime.serde import (
     pack_kwargs,
     unpack_kwargs,
 )
-from sharedstream.store.base import DagSpec, PendingEvent, TriggerRow, TriggerSpec, WatcherSpec
-from sharedstream.store.sqlite import SqliteStore
-from sharedstream.store.sqlite_files import TriggererLock, require_database
+from sharedstream.store import (
+    DagSpec,
+    MetadataStore,
+    PendingEvent,
+    TriggerRow,
+    TriggerSpec,
+    WatcherSpec,
+    WriteResult,
+    triggerer_guard,
+)
 
 __all__ = ["TriggerEnded", "Triggerer"]
 
@@ -138,8 +146,8 @@ class Triggerer:
             cohort_grace_period=tconf.shared_stream_cohort_grace_period,
         )
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharedstream-db")
-        self._store: SqliteStore | None = None
-        self._lock: TriggererLock | None = None
+        self._store: MetadataStore | None = None
+        self._guard = contextlib.ExitStack()  # what the store needs held while we run
         self.gate = PersistGate(
             write=partial(self._db, self._write),
             confirm=self.manager.confirm_persisted,
@@ -174,7 +182,7 @@ class Triggerer:
         Raises if the store cannot write it (the producer's ``advance`` then
         fails, its group restarts and the broker redelivers the raw event).
         """
-        new = await self._store_call("add_dead_letter", letter)
+        new = await self._db(self.store.add_dead_letter, letter)
         if new:
             self.progress.fallbacks += 1
             log.warning("kept %s of %s in the store's dead-letter table (%s); see "
@@ -187,23 +195,28 @@ class Triggerer:
         """Run ``fn(*args)`` on the single database thread (the store's connection lives there)."""
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
 
+    @property
+    def store(self) -> MetadataStore:
+        """The metadata store (``[store] url``); opened by :meth:`run` before anything uses it."""
+        if self._store is None:
+            raise SharedStreamError("the metadata store is not open (the triggerer is not running)")
+        return self._store
+
     def _open_store(self) -> int:
-        path = require_database(self.config.sqlite_path())
-        self._lock = TriggererLock(path)
-        self._lock.acquire()
-        self._store = SqliteStore(path)
-        return self._store.migrate()
+        """Open the store, hold what it needs held (SQLite: the one-triggerer lock), migrate."""
+        store = self.config.store.open_store()
+        try:
+            self._guard.enter_context(triggerer_guard(self.config.store.url))
+            version = store.migrate()
+        except BaseException:
+            store.close()
+            self._guard.close()
+            raise
+        self._store = store
+        return version
 
-    def _write(self, batch: Any) -> Any:
-        assert self._store is not None  # noqa: S101 - opened before any write
-        return self._store.write_events(batch)
-
-    def _call_store(self, method: str, *args: Any) -> Any:
-        assert self._store is not None  # noqa: S101 - opened before any call
-        return getattr(self._store, method)(*args)
-
-    async def _store_call(self, method: str, *args: Any) -> Any:
-        return await self._db(self._call_store, method, *args)
+    def _write(self, batch: Sequence[PendingEvent]) -> WriteResult:
+        return self.store.write_events(batch)
 
     # -- start-up ---------------------------------------------------------------
 
@@ -220,13 +233,12 @@ class Triggerer:
             for asset, name in t.watchers
         ]
         dags = [DagSpec(d.dag_id, d.schedule.to_tree()) for d in defs.dags.values()]
-        await self._store_call("sync_definitions", specs, watchers, dags)
-        rows: list[TriggerRow] = await self._store_call(
-            "active_triggers", self.config.triggerer.capacity
-        )
+        store = self.store
+        await self._db(store.sync_definitions, specs, watchers, dags)
+        rows = await self._db(store.active_triggers, self.config.triggerer.capacity)
         log.info(
             "store %s (schema v%d): %d assets, %d watchers -> %d triggers, %d DAGs; running %d",
-            self.config.sqlite_path(), version, len(defs.assets), len(watchers), len(specs),
+            store.location, version, len(defs.assets), len(watchers), len(specs),
             len(dags), len(rows),
         )
         self._preflight(rows)
@@ -290,8 +302,7 @@ class Triggerer:
                 loop.remove_signal_handler(signum)
             if self._store is not None:
                 await self._db(self._store.close)
-            if self._lock is not None:
-                self._lock.release()
+            self._guard.close()
             self._db_thread.shutdown(wait=True)
             sys.setswitchinterval(switch_interval)
         totals = self.manager.totals
@@ -384,7 +395,7 @@ class Triggerer:
         host = socket.gethostname()
         while True:
             try:
-                await self._store_call("heartbeat", self.triggerer_id, host, os.getpid())
+                await self._db(self.store.heartbeat, self.triggerer_id, host, os.getpid())
             except Exception:
                 # A missed heartbeat is reported and retried next interval; it
                 # does not stop the triggers.
@@ -443,8 +454,8 @@ class Triggerer:
                 log.error("not running trigger %d (%s): %s",  # noqa: TRY400 - the reason is it
                           row.id, row.classpath, exc)
                 await self._release(attempt)
-                await self._note("record_trigger_error", row.id, str(exc), "")
-                await self._note("set_trigger_state", row.id, "failed")
+                await self._note_error(row.id, str(exc), "")
+                await self._note_state(row.id, "failed")
                 self.progress.unrunnable += 1
                 return
             if attempt.member is None and delay:
@@ -466,9 +477,9 @@ class Triggerer:
                               type(exc).__name__, exc)
                 self._last_shared_error = exc
                 await self._release(attempt)
-                await self._note("record_trigger_error", row.id, f"{type(exc).__name__}: {exc}",
-                                 "".join(traceback.format_exception(exc)))
-                await self._note("set_trigger_state", row.id, "failed")
+                await self._note_error(row.id, f"{type(exc).__name__}: {exc}",
+                                       "".join(traceback.format_exception(exc)))
+                await self._note_state(row.id, "failed")
                 self.progress.unrunnable += 1
                 return
             except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
@@ -478,8 +489,8 @@ class Triggerer:
                     log.warning("trigger %d (%s) failed: %s: %s; restarting in %.1fs",
                                 row.id, row.classpath, type(exc).__name__, exc, backoff)
                 self._last_shared_error = exc
-                await self._note(
-                    "record_trigger_error", row.id, f"{type(exc).__name__}: {exc}",
+                await self._note_error(
+                    row.id, f"{type(exc).__name__}: {exc}",
                     "".join(traceback.format_exception(exc)),
                 )
             finally:
@@ -487,7 +498,7 @@ class Triggerer:
                 instruments().triggers_running.add(-1)
                 await self._cleanup(row.id, trigger)
             if finished:
-                await self._note("set_trigger_state", row.id, "finished")
+                await self._note_state(row.id, "finished")
                 return
             if loop.time() - started >= STABLE_AFTER:
                 backoff = tconf.restart_backoff_initial
@@ -495,17 +506,29 @@ class Triggerer:
             delay = backoff
             backoff = min(backoff * 2, tconf.restart_backoff_max)
 
-    async def _note(self, method: str, *args: Any) -> None:
+    async def _note_error(self, trigger_id: int, message: str, traceback_text: str) -> None:
+        """Record an error of the trigger (see :meth:`_note`)."""
+        store = self.store
+        await self._note("an error", trigger_id,
+                         partial(store.record_trigger_error, trigger_id, message, traceback_text))
+
+    async def _note_state(self, trigger_id: int, state: str) -> None:
+        """Record the trigger's new state (see :meth:`_note`)."""
+        store = self.store
+        await self._note(f"state {state}", trigger_id,
+                         partial(store.set_trigger_state, trigger_id, state))
+
+    async def _note(self, what: str, trigger_id: int, record: Callable[[], None]) -> None:
         """Record trigger bookkeeping in the store; a failure is logged, not raised.
 
         Losing an error note must not stop the supervisor (and with it the
         triggerer): the trigger keeps being supervised either way.
         """
         try:
-            await self._store_call(method, *args)
+            await self._db(record)
         except Exception:
             # Only the record is lost; the log line carries the same facts.
-            log.exception("could not record %s for trigger %s in the store", method, args[0])
+            log.exception("could not record %s for trigger %s in the store", what, trigger_id)
 
     async def _release(self, attempt: _Attempt) -> None:
         member, attempt.member = attempt.member, None

@@ -426,7 +426,7 @@ def test_init_says_what_to_do_instead(deployment: Deployment) -> None:
     assert again.returncode == 2
     assert "refusing to overwrite existing file" in again.stderr
     assert "pass --path to write a new one" in again.stderr
-    bad = d.cli("init", "--path", str(d.dir / "other.toml"), "--db", "postgres://db",
+    bad = d.cli("init", "--path", str(d.dir / "other.toml"), "--db", "mysql://db",
                 check=False)
     assert bad.returncode == 2
     assert "(from sharedstream init --db)" in bad.stderr

@@ -317,8 +317,10 @@ def test_direct_construction_is_validated_too() -> None:
     assert info.value.option == "triggerer.capacity"
     with pytest.raises(ConfigError, match="restart_backoff_max"):
         TriggererConfig(restart_backoff_initial=10.0, restart_backoff_max=5.0)
-    with pytest.raises(ConfigError, match="not supported yet"):
-        StoreConfig(url="postgresql://db/sharedstream")
+    with pytest.raises(ConfigError, match="no driver suffix"):
+        StoreConfig(url="postgresql+asyncpg://db/sharedstream")
+    with pytest.raises(ConfigError, match=r"\[store\] pool_size"):
+        StoreConfig(pool_size=0)
 
 
 # --- unknown names -------------------------------------------------------------
@@ -349,7 +351,8 @@ def test_top_level_option_points_to_its_section(tmp_path: Path) -> None:
 def test_unknown_file_option_without_a_close_match_lists_the_options(tmp_path: Path) -> None:
     path = write(tmp_path / "c.toml", "[store]\nzzz = 1\n")
     message = str(load_error(path))
-    assert ("expected one of: url, persist_batch_max, persist_linger_ms, switch_interval_ms, "
+    assert ("expected one of: url, pool_size, persist_batch_max, persist_linger_ms, "
+            "switch_interval_ms, "
             "kwargs_key") in message
 
 
@@ -419,11 +422,21 @@ def test_absolute_sqlite_path_is_kept(tmp_path: Path) -> None:
     assert load_config(path, environ={}).sqlite_path() == target
 
 
-def test_postgres_url_is_not_supported_yet_and_hides_the_password() -> None:
-    env = {"SHAREDSTREAM__STORE__URL": "postgresql://ss:hunter2@db:5432/sharedstream"}
+def test_a_postgres_url_is_kept_as_given_and_its_password_masked() -> None:
+    url = "postgresql://ss:hunter2@db:5432/sharedstream"
+    config = load_config(None, environ={"SHAREDSTREAM__STORE__URL": url,
+                                        "SHAREDSTREAM__STORE__POOL_SIZE": "8"})
+    assert (config.store.url, config.store.pool_size) == (url, 8)
+    assert config.as_dict()["store"]["url"] == "postgresql://ss:********@db:5432/sharedstream"
+    assert "hunter2" not in config.to_toml()
+    assert config.as_dict(mask_secrets=False)["store"]["url"] == url
+    assert load_config(None, environ={"SHAREDSTREAM__STORE__URL": "postgres://db/x"}).store.url
+
+
+def test_a_driver_suffix_is_refused_and_hides_the_password() -> None:
+    env = {"SHAREDSTREAM__STORE__URL": "postgresql+psycopg://ss:hunter2@db:5432/sharedstream"}
     error = load_error(environ=env)
     assert error.option == "store.url"
-    assert "not supported yet" in str(error)
     assert "[store] url" in str(error)
     assert "hunter2" not in str(error)
 
@@ -508,6 +521,6 @@ def test_default_file_refuses_bad_values_and_writes_nothing(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="kwargs_key") as info:
         write_default_config(path, kwargs_key="not-a-key", store_url="sqlite:///x.db")
     assert "not-a-key" not in str(info.value)
-    with pytest.raises(ConfigError, match="not supported yet"):
-        write_default_config(path, kwargs_key=KEY, store_url="postgresql://db/ss")
+    with pytest.raises(ConfigError, match="expected sqlite"):
+        write_default_config(path, kwargs_key=KEY, store_url="mysql://db/ss")
     assert not path.exists()
