@@ -422,6 +422,14 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     # -- deadlines -----------------------------------------------------------------------
 
     async def _nack(self, payloads: list[PubSubPayload]) -> None:
+        """Hand ``payloads`` back (deadline 0), their leases no longer renewed.
+
+        Most come from ``advance`` (renewal already stopped); a dead letter
+        that could not be kept - a poison message on arrival, say - comes
+        here straight from the stream, still renewed until now.
+        """
+        for payload in payloads:
+            self._settle_lease(payload.ack_id)
         log.info("nacking %d message(s) of %s: %s", len(payloads), self.subscription,
                  [p.message_id for p in payloads])
         async with self._deadlines:

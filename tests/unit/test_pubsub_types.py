@@ -56,3 +56,32 @@ def test_a_message_without_attributes_or_attempt() -> None:
     assert message.publish_time == "1970-01-01T00:00:00+00:00"
     message.attributes["mine"] = "1"  # each message has its own dict
     assert PubSubMessage("s", received).attributes == {}
+
+
+async def test_a_nacked_message_is_no_longer_renewed() -> None:
+    """A message nacked straight from the stream (a dead letter not kept) stops renewing.
+
+    Renewal would otherwise keep extending a lease Pub/Sub was told to end,
+    until ``max_lease_duration``.
+    """
+    from sharedstream.producers.pubsub import (  # noqa: PLC0415 - needs the SDK
+        PubSubPayload,
+        PubSubSettings,
+        PubSubSharedStreamProducer,
+    )
+
+    producer = PubSubSharedStreamProducer(PubSubSettings(project="p", subscription="s"))
+    changed: list[tuple[list[str], int]] = []
+
+    async def modify(ack_ids: list[str], seconds: int) -> list[str]:
+        changed.append((ack_ids, seconds))
+        return ack_ids
+
+    producer._modify = modify  # type: ignore[method-assign]  # the call to Pub/Sub only
+    received = types.ReceivedMessage.pb(types.ReceivedMessage(
+        ack_id="a-1", message=types.PubsubMessage(data=b"x", message_id="1")))
+    payload = PubSubPayload("a-1", ("message", "1"), PubSubMessage(producer.subscription, received))
+    producer._leases.hold("a-1", producer._leases.now() + 60)
+    await producer._nack([payload])
+    assert changed == [(["a-1"], 0)]
+    assert producer._leases.held() == {}
