@@ -30,6 +30,7 @@ PAGES = (
     "sqs.md",
     "testing.md",
     "pubsub.md",
+    "postgresql.md",
 )
 """The pages whose examples this suite owns."""
 
