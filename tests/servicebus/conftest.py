@@ -36,6 +36,7 @@ ENTITIES: Mapping[str, Any] = {
         _queue("poison", max_delivery_count=3),
         _queue("sessions", requires_session=True),
         _queue("session-lock", requires_session=True, lock_duration=2),
+        _queue("session-expiry", requires_session=True, lock_duration=LOCK_SECONDS),
     ],
     "topics": [{"name": "events", "subscriptions": [
         {"name": "all"},

@@ -282,6 +282,33 @@ async def test_a_session_lock_is_renewed_and_keeps_state(client: Any) -> None:
         await receiver.complete_message(message)
 
 
+async def test_an_expired_session_lock_hands_the_session_over_with_counts_raised(
+        client: Any, servicebus_connection_string: str) -> None:
+    await send(client, "session-expiry", [Message("first", session_id="s"),
+                                          Message("second", session_id="s")])
+    async with servicebus_aio.ServiceBusClient.from_connection_string(
+            servicebus_connection_string, retry_total=0) as once:
+        async with once.get_queue_receiver("session-expiry", session_id="s") as lapsed:
+            [held] = await receive(lapsed, 1)
+            await asyncio.sleep(LOCK_SECONDS + 0.3)
+            with pytest.raises(exceptions.SessionLockLostError):
+                await lapsed.complete_message(held)
+        next_session = servicebus.NEXT_AVAILABLE_SESSION
+        async with once.get_queue_receiver("session-expiry", session_id=next_session,
+                                           max_wait_time=2) as taker:
+            received = await receive(taker, 2)
+            assert [(str(m), m.delivery_count) for m in received] == [("first", 1),
+                                                                       ("second", 0)]
+            for message in received:
+                await taker.complete_message(message)
+        started = time.monotonic()
+        with pytest.raises(exceptions.OperationTimeoutError):  # no session has messages now
+            async with once.get_queue_receiver("session-expiry", session_id=next_session,
+                                               max_wait_time=1) as nobody:
+                await nobody.receive_messages(max_wait_time=0.3)
+        assert time.monotonic() - started < 5
+
+
 # -- topics ----------------------------------------------------------------------------------
 
 
