@@ -13,15 +13,15 @@ one (``AUTOINCREMENT``), and they follow statement order.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import cache
 from itertools import chain
 from typing import Any
 
-from sharedstream.store._write_plan import Definitions, load_definitions
+from sharedstream.store._write_plan import Definitions, load_definitions, plan_runs
 from sharedstream.store.base import (
     RUN_STATE_QUEUED,
     PendingEvent,
@@ -108,20 +108,6 @@ def insert_rows(
         inserted += cur.rowcount  # executemany sums the rows each execution inserted
         start = end
     return inserted
-
-
-@dataclass(slots=True)
-class _Queue:
-    """One DAG's pending queue while write_events runs, held in memory."""
-
-    # the asset event ids queued, ascending (the batch's ids exceed every stored one)
-    ids: list[int] = field(default_factory=list)
-    # the asset names among them: what the schedule is evaluated against
-    names: set[str] = field(default_factory=set)
-    # (asset event id, asset id) queued by this batch: rows to write at the end
-    unwritten: list[tuple[int, int]] = field(default_factory=list)
-    # whether asset_dag_queue holds rows of this queue (to delete when it is consumed)
-    in_table: bool = False
 
 
 def write_batch(
@@ -220,56 +206,36 @@ def _queue_and_run(
     ``stored_triggers`` holds the trigger id of each stored event, in batch
     order; the batch's asset events have consecutive ids from
     ``first_asset_event_id``, per event in the order of
-    ``defs.assets_by_trigger``. Per event: each asset event joins the queue
-    of every DAG of its asset, then each DAG it touched whose schedule the
-    queue satisfies gets a run consuming the whole queue. Returns the runs
-    created, as ``dag_id/run_id``, in creation order.
+    ``defs.assets_by_trigger``. The queue and run logic is
+    :func:`~sharedstream.store._write_plan.plan_runs`, shared with the
+    PostgreSQL store; this reads the queues it needs (the write lock is
+    ours, so nobody changes them meanwhile) and writes its plan. Returns the
+    runs created, as ``dag_id/run_id``, in creation order.
     """
-    # Queue changes are kept in memory and written once at the end (the
-    # write lock is ours, so nobody else sees or changes the queue
-    # meanwhile): an entry enqueued and consumed within the batch never
-    # touches the table. Runs are collected and inserted together too.
-    queues: dict[str, _Queue] = {}
-    consumed_from_table: list[str] = []  # dags whose table entries were consumed
-    runs: list[tuple[str, str, list[int]]] = []  # (dag id, run id, consumed ids)
+    per_event: list[tuple[int, range]] = []
     asset_event_id = first_asset_event_id
     for trigger_id in stored_triggers:
-        assets = defs.assets_by_trigger.get(trigger_id, ())
-        if trigger_id not in defs.scheduled_triggers:
-            asset_event_id += len(assets)
-            continue
-        touched: dict[str, _Queue] = {}  # in first-touched order
-        for asset_id, asset_name, dag_ids in assets:
-            for dag_id in dag_ids:
-                queue = queues.get(dag_id)
-                if queue is None:
-                    queue = queues[dag_id] = _load_queue(cur, dag_id)
-                queue.ids.append(asset_event_id)
-                queue.names.add(asset_name)
-                queue.unwritten.append((asset_event_id, asset_id))
-                touched[dag_id] = queue
-            asset_event_id += 1
-        for dag_id, queue in touched.items():
-            if defs.schedules[dag_id].satisfied(queue.names):
-                runs.append((dag_id, f"asset_triggered__{queue.ids[-1]:012d}", queue.ids))
-                if queue.in_table:
-                    consumed_from_table.append(dag_id)
-                queues[dag_id] = _Queue()
+        count = len(defs.assets_by_trigger.get(trigger_id, ()))
+        per_event.append((trigger_id, range(asset_event_id, asset_event_id + count)))
+        asset_event_id += count
+    stored_queues: dict[str, list[tuple[int, str]]] = {}
+    for dag_id, queued_id, name in cur.execute(
+        "SELECT q.dag_id, q.asset_event_id, a.name FROM asset_dag_queue q"
+        " JOIN assets a ON a.id = q.asset_id"
+        " WHERE q.dag_id IN (SELECT value FROM json_each(?))"
+        " ORDER BY q.dag_id, q.asset_event_id",
+        (json.dumps(defs.dags_of(stored_triggers)),),
+    ):
+        stored_queues.setdefault(str(dag_id), []).append((int(queued_id), str(name)))
+    plan = plan_runs(defs, per_event, stored_queues)
     cur.executemany(
         "DELETE FROM asset_dag_queue WHERE dag_id = ?",
-        [(dag_id,) for dag_id in consumed_from_table],
+        [(dag_id,) for dag_id in plan.consumed_from_table],
     )
-    insert_rows(
-        cur,
-        "INSERT INTO asset_dag_queue (dag_id, asset_event_id, asset_id)",
-        [
-            (dag_id, queued_id, asset_id)
-            for dag_id, queue in queues.items()
-            for queued_id, asset_id in queue.unwritten
-        ],
-    )
-    _create_runs(cur, runs, now)
-    return [f"{dag_id}/{run_id}" for dag_id, run_id, _ in runs]
+    insert_rows(cur, "INSERT INTO asset_dag_queue (dag_id, asset_event_id, asset_id)",
+                plan.queue_rows)
+    _create_runs(cur, plan.runs, now)
+    return [f"{dag_id}/{run_id}" for dag_id, run_id, _ in plan.runs]
 
 
 def _create_runs(cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int]]], now: str) -> None:
@@ -294,17 +260,3 @@ def _create_runs(cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int]]]
             for asset_event_id in consumed
         ],
     )
-
-
-def _load_queue(cur: sqlite3.Cursor, dag_id: str) -> _Queue:
-    """The DAG's queue as stored (call inside the write transaction)."""
-    queue = _Queue()
-    for asset_event_id, name in cur.execute(
-        "SELECT q.asset_event_id, a.name FROM asset_dag_queue q"
-        " JOIN assets a ON a.id = q.asset_id WHERE q.dag_id = ? ORDER BY q.asset_event_id",
-        (dag_id,),
-    ):
-        queue.ids.append(int(asset_event_id))
-        queue.names.add(str(name))
-    queue.in_table = bool(queue.ids)
-    return queue

@@ -158,7 +158,7 @@ def plan_runs(
                 touched[dag_id] = queue
         for dag_id, queue in touched.items():
             if defs.schedules[dag_id].satisfied(queue.names):
-                consumed = sorted(queue.ids)
+                consumed = queue.ids if len(queue.ids) == 1 else sorted(queue.ids)
                 runs.append((dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed))
                 if queue.in_table:
                     consumed_from_table.append(dag_id)
