@@ -10,7 +10,7 @@ reaches it with the connection string
 * :mod:`.model` - messages, correlation filters, entity settings, outcomes;
 * :mod:`.state` - queues, topics, subscriptions, locks, sessions and
   dead-letter sub-queues as a synchronous state machine with injected clocks
-  (no AMQP import);
+  (no AMQP import), over the records of :mod:`.store`;
 * :mod:`.config` - the entities to create at start (command line specs, a
   JSON document);
 * :mod:`.wire`, :mod:`.management`, :mod:`.service` - the AMQP side on
@@ -21,6 +21,6 @@ reaches it with the connection string
 
 Start it from tests with :func:`sharedstream.testing.brokers.servicebus_server`
 or the ``servicebus_connection_string`` fixture. Importing this package,
-:mod:`.model`, :mod:`.state` or :mod:`.config` imports no proton module; the
+:mod:`.model`, :mod:`.store`, :mod:`.state` or :mod:`.config` imports no proton module; the
 others do.
 """

@@ -50,7 +50,6 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sharedstream.testing.servicebus.model import (
@@ -67,98 +66,20 @@ from sharedstream.testing.servicebus.model import (
     Outcome,
     Refused,
 )
+from sharedstream.testing.servicebus.store import (
+    DEAD_LETTER_QUEUE,
+    Entry,
+    Lock,
+    Receiver,
+    Store,
+    StoreCounts,
+)
 
 __all__ = ["DEAD_LETTER_QUEUE", "MAX_DELIVERY_COUNT_EXCEEDED", "Receiver", "ServiceBusState",
            "StoreCounts"]
 
-DEAD_LETTER_QUEUE = "$DeadLetterQueue"
 MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 _SUBSCRIPTIONS = "subscriptions"
-_DEAD_LETTER_SETTINGS = EntitySettings(max_delivery_count=2**31 - 1)
-
-
-@dataclass(eq=False, slots=True)
-class _Entry:
-    message: Message
-    sequence_number: int
-    enqueued_time: float
-    delivery_count: int = 0
-    lock: _Lock | None = None
-    deferred: bool = False
-    extra_properties: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(eq=False, slots=True)
-class _Lock:
-    token: uuid.UUID
-    entry: _Entry
-    receiver: Receiver
-    deadline: float  # monotonic; a session's entries use the session's deadline instead
-
-
-@dataclass(eq=False, slots=True)
-class Receiver:
-    """One open receive link of a store: its mode and, on a session store, its session."""
-
-    store: _Store
-    receive_and_delete: bool
-    session_id: str | None = None
-    session_deadline: float = 0.0
-    """Monotonic deadline of the session lock (session receivers only)."""
-    closed: bool = False
-
-    @property
-    def path(self) -> str:
-        """The path of the store it reads."""
-        return self.store.path
-
-
-@dataclass(frozen=True, slots=True)
-class StoreCounts:
-    """Where a store's entries are (invariant 1): a read-only record."""
-
-    available: int
-    locked: int
-    deferred: int
-
-
-class _Store:
-    """A queue, a subscription or a dead-letter sub-queue (see the module's invariants)."""
-
-    def __init__(self, path: str, settings: EntitySettings,
-                 filters: Sequence[CorrelationFilter] = ()) -> None:
-        self.path, self.settings, self.filters = path, settings, tuple(filters)
-        self.entries: dict[int, _Entry] = {}  # by sequence number
-        self.heaps: dict[str | None, list[int]] = {}  # session id -> available seqs (lazy)
-        self.owners: dict[str, Receiver] = {}  # session id -> the receiver holding its lock
-        self.session_states: dict[str, bytes] = {}
-        self.dead_letter: _Store | None = None
-        if not path.endswith(DEAD_LETTER_QUEUE):
-            self.dead_letter = _Store(f"{path}/{DEAD_LETTER_QUEUE}", _DEAD_LETTER_SETTINGS)
-
-    def key(self, entry: _Entry) -> str | None:
-        return entry.message.session_id if self.settings.requires_session else None
-
-    def make_available(self, entry: _Entry) -> None:
-        heapq.heappush(self.heaps.setdefault(self.key(entry), []), entry.sequence_number)
-
-    def head(self, session: str | None) -> _Entry | None:
-        """The lowest available entry of ``session`` (stale heap items dropped)."""
-        heap = self.heaps.get(session)
-        while heap:
-            entry = self.entries.get(heap[0])
-            if entry is not None and entry.lock is None and not entry.deferred:
-                return entry
-            heapq.heappop(heap)
-        return None
-
-    def free_session(self) -> str | None:
-        """The unlocked session whose head is oldest, or ``None`` when no session has one."""
-        heads = ((entry.sequence_number, session) for session in list(self.heaps)
-                 if session is not None and session not in self.owners
-                 and (entry := self.head(session)) is not None)
-        best = min(heads, default=None)
-        return None if best is None else best[1]
 
 
 class ServiceBusState:
@@ -168,10 +89,10 @@ class ServiceBusState:
                  wall: Callable[[], float] = time.time,
                  on_available: Callable[[str], None] = lambda path: None) -> None:
         self.clock, self.wall, self.on_available = clock, wall, on_available
-        self._stores: dict[str, _Store] = {}  # lower-cased path -> store
-        self._topics: dict[str, list[_Store]] = {}  # lower-cased topic -> its subscriptions
+        self._stores: dict[str, Store] = {}  # lower-cased path -> store
+        self._topics: dict[str, list[Store]] = {}  # lower-cased topic -> its subscriptions
         self._sequences: dict[str, itertools.count[int]] = {}  # queue or topic -> numbers
-        self._locks: dict[uuid.UUID, _Lock] = {}
+        self._locks: dict[uuid.UUID, Lock] = {}
         self._deadlines: list[tuple[float, int, uuid.UUID]] = []  # lazy heap of lock deadlines
         self._receivers: dict[Receiver, None] = {}  # open receivers, oldest first
         self._ties = itertools.count()
@@ -181,7 +102,7 @@ class ServiceBusState:
     def create_queue(self, name: str, settings: EntitySettings | None = None) -> None:
         """Add a queue (and its dead-letter sub-queue); ``NOT_ALLOWED`` if the name is taken."""
         self._check_free(name)
-        store = _Store(name, settings or EntitySettings(), (CorrelationFilter(),))
+        store = Store(name, settings or EntitySettings(), (CorrelationFilter(),))
         self._add(store)
         self._sequences[name.lower()] = itertools.count(1)
 
@@ -204,7 +125,7 @@ class ServiceBusState:
         path = f"{topic}/Subscriptions/{name}"
         if path.lower() in self._stores:
             raise Refused(NOT_ALLOWED, f"subscription {path} already exists")
-        store = _Store(path, settings or EntitySettings(), filters)
+        store = Store(path, settings or EntitySettings(), filters)
         self._add(store)
         subscriptions.append(store)
 
@@ -230,12 +151,12 @@ class ServiceBusState:
         if name.lower() in self._stores or name.lower() in self._topics:
             raise Refused(NOT_ALLOWED, f"entity {name} already exists")
 
-    def _add(self, store: _Store) -> None:
+    def _add(self, store: Store) -> None:
         self._stores[store.path.lower()] = store
         if store.dead_letter is not None:
             self._stores[store.dead_letter.path.lower()] = store.dead_letter
 
-    def _store(self, path: str) -> _Store:
+    def _store(self, path: str) -> Store:
         parts = path.strip("/").split("/")
         if len(parts) >= 3 and parts[1].lower() == _SUBSCRIPTIONS:
             parts[1] = "Subscriptions"
@@ -265,7 +186,7 @@ class ServiceBusState:
             numbers.append(number)
             for store in targets:
                 if any(rule.matches(message) for rule in store.filters):
-                    self._enqueue(store, _Entry(message, number, now))
+                    self._enqueue(store, Entry(message, number, now))
                     touched.add(store.path)
         for touched_path in sorted(touched):
             self.on_available(touched_path)
@@ -275,7 +196,7 @@ class ServiceBusState:
         """``NOT_FOUND`` or ``NOT_ALLOWED`` unless :meth:`send` can send to ``path``."""
         self._targets(path)
 
-    def _targets(self, path: str) -> tuple[str, list[_Store]]:
+    def _targets(self, path: str) -> tuple[str, list[Store]]:
         key = path.strip("/").lower()
         subscriptions = self._topics.get(key)
         if subscriptions is not None:
@@ -285,7 +206,7 @@ class ServiceBusState:
             raise Refused(NOT_ALLOWED, f"cannot send to {path}: not a queue or topic")
         return key, [store]
 
-    def _enqueue(self, store: _Store, entry: _Entry) -> None:
+    def _enqueue(self, store: Store, entry: Entry) -> None:
         store.entries[entry.sequence_number] = entry
         store.make_available(entry)
 
@@ -356,7 +277,7 @@ class ServiceBusState:
         if receiver.receive_and_delete:
             del store.entries[entry.sequence_number]
             return self._delivery(entry, None, None)
-        lock = _Lock(uuid.uuid4(), entry, receiver,
+        lock = Lock(uuid.uuid4(), entry, receiver,
                      self.clock() + store.settings.lock_duration)
         entry.lock = lock
         self._locks[lock.token] = lock
@@ -366,7 +287,7 @@ class ServiceBusState:
         return self._delivery(entry, lock.token, None)
 
     @staticmethod
-    def _delivery(entry: _Entry, token: uuid.UUID | None, until: float | None) -> Delivery:
+    def _delivery(entry: Entry, token: uuid.UUID | None, until: float | None) -> Delivery:
         return Delivery(entry.message, entry.sequence_number, entry.enqueued_time,
                         entry.delivery_count, token, until,
                         MappingProxyType(dict(entry.extra_properties)))
@@ -432,7 +353,7 @@ class ServiceBusState:
         else:
             states[session_id] = value
 
-    def _live_lock(self, token: uuid.UUID) -> _Lock:
+    def _live_lock(self, token: uuid.UUID) -> Lock:
         lock = self._locks.get(token)
         if lock is not None and lock.receiver.session_id is not None and lock.receiver.closed:
             lock = None
@@ -441,11 +362,11 @@ class ServiceBusState:
                                              "expired, or the message has already been settled.")
         return lock
 
-    def _unlock(self, lock: _Lock) -> None:
+    def _unlock(self, lock: Lock) -> None:
         del self._locks[lock.token]
         lock.entry.lock = None
 
-    def _return(self, store: _Store, entry: _Entry, *, failed: bool) -> None:
+    def _return(self, store: Store, entry: Entry, *, failed: bool) -> None:
         """Make ``entry`` available again (counted when ``failed``), or dead-letter it."""
         if failed:
             entry.delivery_count += 1
@@ -457,7 +378,7 @@ class ServiceBusState:
         store.make_available(entry)
         self.on_available(store.path)
 
-    def _dead_letter(self, store: _Store, entry: _Entry, reason: str | None,
+    def _dead_letter(self, store: Store, entry: Entry, reason: str | None,
                      description: str | None) -> None:
         del store.entries[entry.sequence_number]
         if store.dead_letter is None:  # already a dead-letter queue: the message is dropped
@@ -467,7 +388,7 @@ class ServiceBusState:
             extra["DeadLetterReason"] = reason
         if description is not None:
             extra["DeadLetterErrorDescription"] = description
-        self._enqueue(store.dead_letter, _Entry(entry.message, entry.sequence_number,
+        self._enqueue(store.dead_letter, Entry(entry.message, entry.sequence_number,
                                                 entry.enqueued_time, extra_properties=extra))
         self.on_available(store.dead_letter.path)
 
