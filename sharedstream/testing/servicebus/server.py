@@ -31,6 +31,7 @@ from proton import Event, Handler
 from proton.reactor import Container
 
 from sharedstream.testing.servicebus import config
+from sharedstream.testing.servicebus.model import Refused
 from sharedstream.testing.servicebus.service import ServiceBusService
 from sharedstream.testing.servicebus.state import ServiceBusState
 
@@ -128,14 +129,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="a JSON entities document (see sharedstream.testing.servicebus."
                              "config), created before the --queue/--topic/--subscription ones")
     args = parser.parse_args(argv)
+    state = ServiceBusState()
     try:
         documents = [json.loads(args.config.read_text(encoding="utf-8"))] if args.config else []
         documents.append(config.document_from_specs(args.queue, args.topic, args.subscription))
-    except (OSError, ValueError) as exc:
-        parser.error(str(exc))
-    state = ServiceBusState()
-    for document in documents:
-        config.apply(state, document)
+        for document in documents:
+            config.apply(state, document)
+    except (OSError, ValueError, KeyError, Refused) as exc:
+        parser.error(f"entities: {exc!r}")
     control = ServerControl()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
