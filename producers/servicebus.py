@@ -145,9 +145,11 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._exit = contextlib.AsyncExitStack()
         self._claimed = False
         self._closed = False
+        # A round every second at most: a shorter lock seen on messages (see _shorter_lock)
+        # takes effect within a second, not after a quarter of the configured one.
         self._leases: LeaseKeeper[str] = LeaseKeeper(
             self._renew, lease=settings.lock_duration, batch_size=settings.settle_concurrency,
-            on_lost=self._forget)
+            tick=min(1.0, settings.lock_duration / 4), on_lost=self._forget)
         self._held: dict[str, ServiceBusPayload] = {}  # lock token -> payload, while renewed
         self._arrived: dict[str, float] = {}  # lock token -> when it arrived (max renewal)
         self._in_flight = InFlightLimit(settings.max_in_flight)
@@ -301,13 +303,14 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._arrived[token] = now
 
     def _shorter_lock(self, seen: float) -> None:
-        lease = max(5.0, round(seen))
+        """Plan renewals on a lock shorter than ``lock_duration``: the one the messages show."""
+        lease = max(1.0, seen)
         if lease < self._leases.lease:
-            self._leases.lease = lease
-            self._leases.renew_within = lease / 2
+            keeper = self._leases
+            keeper.lease, keeper.renew_within, keeper.tick = lease, lease / 2, max(0.2, lease / 4)
             if not self._lock_warned:
                 self._lock_warned = True
-                log.warning("the lock of %s lasts about %ds, less than lock_duration (%ds); "
+                log.warning("the lock of %s lasts about %.0fs, less than lock_duration (%ds); "
                             "renewing on that", self.entity, lease, self.settings.lock_duration)
 
     # -- sessions ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ for a server run in-process (``serve(..., state=...)``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import socket
@@ -106,7 +107,12 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     container.schedule(0, _Ticker(service, control, container))
     if ready is not None:
         ready(bound)
-    container.run()
+    try:
+        container.run()
+    finally:
+        acceptor.close()  # the listening socket: a server run in a thread must not leak it
+        with contextlib.suppress(OSError):
+            acceptor._selectable._delegate.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,217 @@
+"""Service Bus producer and trigger: the conformance suite on the kit's test server, and more."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("azure.servicebus")
+pytest.importorskip("proton")
+
+from azure.servicebus import ServiceBusMessage
+
+from sharedstream.engine.manager import SharedStreamManager
+from sharedstream.producers.servicebus import (
+    ServiceBusConfigError,
+    ServiceBusSharedStreamProducer,
+)
+from sharedstream.testing.conformance import ProducerConformance, Session
+from sharedstream.testing.harness import Stream, opened
+from sharedstream.testing.runner import eventually, eventually_async
+from sharedstream.testing.scripts import Script
+from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
+from tests.servicebus.harness import (
+    SHORT_LOCK,
+    ConformanceServiceBusTrigger,
+    ServiceBusHarness,
+    ThreadedServiceBusServer,
+)
+
+
+@pytest.fixture(scope="module")
+def threaded_servicebus_server() -> Iterator[ThreadedServiceBusServer]:
+    server = ThreadedServiceBusServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sessions", "plain"])
+async def harness(request: pytest.FixtureRequest,
+                  threaded_servicebus_server: ThreadedServiceBusServer,
+                  ) -> AsyncIterator[ServiceBusHarness]:
+    sessions = request.param == "sessions"
+    async with opened(ServiceBusHarness(threaded_servicebus_server, sessions=sessions)) as h:
+        yield h
+
+
+class TestServiceBusConformance(ProducerConformance):
+    """The shared producer conformance suite: session lanes and plain messages."""
+
+
+# -- Service Bus specifics, on the test server ------------------------------------------------
+
+
+@pytest.fixture
+async def plain(threaded_servicebus_server: ThreadedServiceBusServer,
+                ) -> AsyncIterator[ServiceBusHarness]:
+    async with opened(ServiceBusHarness(threaded_servicebus_server, sessions=False)) as h:
+        yield h
+
+
+@pytest.fixture
+async def sessions(threaded_servicebus_server: ThreadedServiceBusServer,
+                   ) -> AsyncIterator[ServiceBusHarness]:
+    async with opened(ServiceBusHarness(threaded_servicebus_server, sessions=True)) as h:
+        yield h
+
+
+def producer_of(queue: str) -> ServiceBusSharedStreamProducer:
+    producer = ConformanceServiceBusTrigger.last[queue]
+    assert isinstance(producer, ServiceBusSharedStreamProducer)
+    return producer
+
+
+async def test_sessions_keep_their_order_while_other_sessions_proceed(
+    sessions: ServiceBusHarness,
+) -> None:
+    """A failure holds its session only: its later messages come again after it, in order."""
+    stream = await sessions.create_stream()
+    session = Session(sessions, stream)
+    try:
+        healthy = session.run()
+        flaky = session.run(Script(fail={b"a1": 1}))
+        async with sessions.client.get_queue_sender(stream.name) as sender:
+            for n in range(4):  # interleaved: a0 b0 c0 a1 b1 c1 ...
+                for name in "abc":
+                    await sender.send_messages(ServiceBusMessage(f"{name}{n}", session_id=name))
+        sessions.sent[stream.name] = 12
+        await eventually_async(lambda: sessions.committed(stream), 12, what="all completed")
+        await eventually(lambda: len(set(flaky.values())) == 12, what="the flaky watcher")
+        for runner in (healthy, flaky):
+            seen = runner.values()
+            for name in "abc":
+                mine = [v for v in seen if v.startswith(name.encode())]
+                firsts = list(dict.fromkeys(mine))
+                assert firsts == [f"{name}{n}".encode() for n in range(4)], (name, mine)
+        session_a = [v for v in healthy.values() if v.startswith(b"a")]
+        rewind = session_a.index(b"a1", session_a.index(b"a1") + 1)  # a1 came again
+        expected = [b"a0", b"a1", b"a2", b"a3"]
+        assert session_a[:rewind] == expected[:rewind], session_a
+        assert session_a[rewind:] == expected[1:], "session a again from a1, in order"
+        assert sorted(v for v in healthy.values() if v.startswith((b"b", b"c"))) == sorted(
+            f"{name}{n}".encode() for n in range(4) for name in "bc")
+        assert await sessions.dead_letters(stream) == []
+    finally:
+        await session.close()
+
+
+async def test_a_watcher_slower_than_the_lock_causes_no_redelivery(
+    plain: ServiceBusHarness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The entity's lock (2 s) is shorter than lock_duration: renewal follows the real one."""
+    stream = Stream(name="short-lock", dead_letter="short-lock/$DeadLetterQueue", group="")
+    session = Session(plain, stream)
+    try:
+        slow = session.run(Script(delay=SHORT_LOCK * 2.5), lock_duration=60)
+        await plain.produce(stream, [b"slow"])
+        await eventually(lambda: slow.values() == [b"slow"], within=15, what="the slow watcher")
+        await eventually_async(lambda: plain.committed(stream), 1, what="completed")
+        assert slow.values() == [b"slow"], "delivered once: its lock was renewed"
+        assert slow.events[0].payload["delivery_count"] == 0
+        assert producer_of("short-lock").calls["RenewLock"] >= 2
+        assert "less than lock_duration" in caplog.text
+    finally:
+        await session.close()
+
+
+async def test_a_message_delivered_too_often_is_dead_lettered_on_arrival(
+    plain: ServiceBusHarness,
+) -> None:
+    """Poison by delivery count: never fanned out, dead-lettered with the reason, not lost."""
+    stream = await plain.create_stream()
+    await plain.produce(stream, [b"poison"])
+    async with plain.client.get_queue_receiver(stream.name, max_wait_time=2) as taker:
+        for _ in range(3):  # a consumer takes it and gives it back: delivery count 3
+            [message] = await taker.receive_messages(max_message_count=1, max_wait_time=2)
+            await taker.abandon_message(message)
+    session = Session(plain, stream)
+    try:
+        runner = session.run(max_redeliveries=1)
+        await eventually_async(lambda: plain.committed(stream), 1, what="dead-lettered")
+        [letter] = await plain.dead_letters(stream)
+        assert (letter.value, letter.reason) == (b"poison", "max_redeliveries")
+        assert letter.source == plain.raw_event_name(stream, 0)
+        await plain.produce(stream, [b"healthy"])
+        await eventually(lambda: runner.values() == [b"healthy"], what="the healthy message")
+        await eventually_async(lambda: plain.committed(stream), 2, what="both settled")
+    finally:
+        await session.close()
+
+
+async def test_watchers_of_a_topic_subscription_match_on_properties(
+    plain: ServiceBusHarness,
+) -> None:
+    """Two watchers of one subscription, one receiver: each fires for its tenant's messages."""
+    from sharedstream.testing.runner import SupervisedRunner  # noqa: PLC0415
+
+    manager = SharedStreamManager(ack_timeout=30.0)
+    kwargs: dict[str, Any] = {
+        "connection_string": plain.server.connection_string, "topic": "events",
+        "subscription": "all", "lock_duration": 5, "max_wait_time": 0.5, "payload_format": "json"}
+    runners = [SupervisedRunner(manager, ServiceBusSharedStreamTrigger(
+        **kwargs, match={"properties": {"tenant": tenant}}), n).start()
+        for n, tenant in enumerate(["t1", "t2"], 1)]
+    try:
+        async with plain.client.get_topic_sender("events") as sender:
+            await sender.send_messages([
+                ServiceBusMessage(json.dumps({"n": n}), application_properties={
+                    "tenant": "t1" if n % 2 else "t2"}) for n in range(6)])
+        await eventually(lambda: all(len(r.events) == 3 for r in runners), what="both tenants")
+        assert [e.payload["value"]["n"] for e in runners[0].events] == [1, 3, 5]
+        assert [e.payload["value"]["n"] for e in runners[1].events] == [0, 2, 4]
+        assert runners[0].events[0].payload["properties"] == {"tenant": "t1"}
+        await eventually(lambda: plain.server.unsettled("events/subscriptions/all") == 0,
+                         what="all completed")
+    finally:
+        for runner in runners:
+            await runner.stop()
+        await manager.stop_all()
+
+
+async def test_other_settings_on_one_entity_are_refused(plain: ServiceBusHarness) -> None:
+    """A second receiver of one queue with other settings would split it: refused on open."""
+    stream = await plain.create_stream()
+    kwargs = plain.trigger_kwargs(stream)
+    first = ServiceBusSharedStreamProducer(
+        ServiceBusSharedStreamTrigger(**kwargs).settings())
+    other = ServiceBusSharedStreamProducer(
+        ServiceBusSharedStreamTrigger(**{**kwargs, "max_messages": 7}).settings())
+    opened_stream = first.open_stream()
+    assert isinstance(opened_stream, AsyncGenerator)
+    try:
+        await plain.produce(stream, [b"m0"])
+        message, _ = await asyncio.wait_for(anext(opened_stream), 10)
+        assert message.body == b"m0"
+        with pytest.raises(ServiceBusConfigError, match="already consumed in this process"):
+            await anext(other.open_stream())
+    finally:
+        await opened_stream.aclose()
+        await first.aclose()
+        await other.aclose()
+
+
+async def test_a_missing_queue_is_one_clear_configuration_error(
+    plain: ServiceBusHarness,
+) -> None:
+    """No such queue: the poll ends with a configuration error naming it (not retried)."""
+    producer = ServiceBusSharedStreamProducer(ServiceBusSharedStreamTrigger(
+        connection_string=plain.server.connection_string, queue="no-such-queue").settings())
+    try:
+        with pytest.raises(ServiceBusConfigError, match=r"no-such-queue.*not found"):
+            await asyncio.wait_for(anext(producer.open_stream()), 30)
+    finally:
+        await producer.aclose()
