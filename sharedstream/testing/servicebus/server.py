@@ -16,7 +16,6 @@ for a server run in-process (``serve(..., state=...)``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import socket
@@ -110,9 +109,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     try:
         container.run()
     finally:
-        acceptor.close()  # the listening socket: a server run in a thread must not leak it
-        with contextlib.suppress(OSError):
-            acceptor._selectable._delegate.close()
+        acceptor.close()
+        listening.close()  # proton leaves it open: a server run in a thread must not leak it
 
 
 def main(argv: Sequence[str] | None = None) -> None:
