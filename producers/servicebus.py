@@ -190,8 +190,10 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     def _receiver(self, *, session: bool) -> Any:
         """A peek-lock receiver of the entity (of the next free session when ``session``)."""
         servicebus, s = _sdk("azure.servicebus"), self.settings
+        # No keep-alive pings: the receive loop is never idle for longer than max_wait_time
+        # (each receive call is link traffic), and the pinging task makes closing wait for it.
         kwargs: dict[str, Any] = {"receive_mode": servicebus.ServiceBusReceiveMode.PEEK_LOCK,
-                                  "prefetch_count": 0}
+                                  "prefetch_count": 0, "keep_alive": None}
         if session:
             kwargs.update(session_id=servicebus.NEXT_AVAILABLE_SESSION,
                           max_wait_time=s.max_wait_time)

@@ -153,7 +153,7 @@ class ServiceBusHarness:
         """Send ``values`` in order (on a session queue to ``session``, default :data:`SESSION`)."""
         if self.sessions:
             session = session or SESSION
-        async with self.client.get_queue_sender(stream.name) as sender:
+        async with self.client.get_queue_sender(stream.name, keep_alive=None) as sender:
             await sender.send_messages([ServiceBusMessage(value, session_id=session)
                                         for value in values])
         first = self.sent.get(stream.name, 0)
@@ -182,7 +182,8 @@ class ServiceBusHarness:
     async def dead_letters(self, stream: Stream) -> list[DeadLetter]:
         letters = self.letters.setdefault(stream.name, [])
         receiver = self.client.get_queue_receiver(
-            stream.name, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=0.5)
+            stream.name, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=0.5,
+            keep_alive=None)
         async with receiver:
             while received := await receiver.receive_messages(max_message_count=50,
                                                                max_wait_time=0.5):

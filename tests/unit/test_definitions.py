@@ -128,6 +128,16 @@ def test_registry_rebuilds_only_registered_classes(tmp_path: Path) -> None:
         sys.path.remove(str(tmp_path))
 
 
+def test_every_broker_trigger_is_registered_by_entry_point() -> None:
+    """A trigger stored by another definitions file can be rebuilt: each broker's is known."""
+    registry = TriggerRegistry()
+    registry.load_entry_points()
+    for module, name in [("kafka", "KafkaSharedStreamTrigger"), ("sqs", "SqsSharedStreamTrigger"),
+                         ("pubsub", "PubSubSharedStreamTrigger"),
+                         ("servicebus", "ServiceBusSharedStreamTrigger")]:
+        assert f"sharedstream.triggers.{module}.{name}" in registry, name
+
+
 def test_assets_are_identified_by_name_and_unassigned_dags_count(tmp_path: Path) -> None:
     path = write(tmp_path, '''
 Asset("orders", watchers=[AssetWatcher("w1", trigger=Watch("t"))])

@@ -11,6 +11,8 @@ however it ends (an error, ``KeyboardInterrupt``):
 * ``pubsub_server()`` - the kit's Google Pub/Sub test server
   (:mod:`sharedstream.testing.pubsub`): the ``"127.0.0.1:<port>"`` to put in
   ``PUBSUB_EMULATOR_HOST``;
+* ``servicebus_server()`` - the kit's Azure Service Bus test server
+  (:mod:`sharedstream.testing.servicebus`): its connection string;
 * ``kafka_container()``, ``localstack_container()`` - Kafka, LocalStack's SQS in
   Docker through testcontainers: the bootstrap, the endpoint URL.
 
@@ -51,6 +53,11 @@ from sharedstream.testing.brokers.process import (
     free_port,
 )
 from sharedstream.testing.brokers.pubsub import pubsub_server, start_pubsub, stop_pubsub
+from sharedstream.testing.brokers.servicebus import (
+    servicebus_server,
+    start_servicebus,
+    stop_servicebus,
+)
 from sharedstream.testing.brokers.tansu import start_tansu, stop_tansu, tansu_binary, tansu_broker
 
 __all__ = [
@@ -68,13 +75,16 @@ __all__ = [
     "localstack_container",
     "moto_server",
     "pubsub_server",
+    "servicebus_server",
     "start_fauxqs",
     "start_moto",
     "start_pubsub",
+    "start_servicebus",
     "start_tansu",
     "stop_fauxqs",
     "stop_moto",
     "stop_pubsub",
+    "stop_servicebus",
     "stop_tansu",
     "tansu_binary",
     "tansu_broker",
