@@ -298,13 +298,17 @@ class Triggerer:
                 await self._stop.wait()
                 await self._shutdown(supervisors, side, gate_task)
         finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
-            if self._store is not None:
-                await self._db(self._store.close)
-            self._guard.close()
-            self._db_thread.shutdown(wait=True)
-            sys.setswitchinterval(switch_interval)
+            try:
+                if self._store is not None:
+                    await self._db(self._store.close)
+                self._guard.close()
+                self._db_thread.shutdown(wait=True)
+                sys.setswitchinterval(switch_interval)
+            finally:
+                # Last: a signal while closing is still ours (a second one exits at once),
+                # never a KeyboardInterrupt through whoever runs this coroutine.
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(signum)
         totals = self.manager.totals
         log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued; "
                  "raw events rejected: %d, dead-lettered: %d (kept in the store: %d); "
