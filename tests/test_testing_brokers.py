@@ -33,6 +33,7 @@ from sharedstream.testing.brokers import (
     kafka_container,
     localstack_container,
     moto_server,
+    pubsub_container,
     tansu_broker,
 )
 from sharedstream.testing.brokers.fauxqs import (
@@ -258,7 +259,7 @@ def test_did_not_start_carries_the_tail_of_the_log(dying_tansu: Path) -> None:
 # -- containers without Docker ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("container", [kafka_container, localstack_container])
+@pytest.mark.parametrize("container", [kafka_container, localstack_container, pubsub_container])
 def test_containers_without_testcontainers_name_it(
     monkeypatch: pytest.MonkeyPatch,
     container: Callable[[], contextlib.AbstractContextManager[str]],

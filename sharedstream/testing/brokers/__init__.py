@@ -13,8 +13,9 @@ however it ends (an error, ``KeyboardInterrupt``):
   ``PUBSUB_EMULATOR_HOST``;
 * ``servicebus_server()`` - the kit's Azure Service Bus test server
   (:mod:`sharedstream.testing.servicebus`): its connection string;
-* ``kafka_container()``, ``localstack_container()`` - Kafka, LocalStack's SQS in
-  Docker through testcontainers: the bootstrap, the endpoint URL.
+* ``kafka_container()``, ``localstack_container()``, ``pubsub_container()`` -
+  Kafka, LocalStack's SQS and Google's Pub/Sub emulator in Docker through
+  testcontainers: the bootstrap, the endpoint URL, the emulator's host.
 
 What a broker needs but is missing raises :class:`BrokerNotInstalled`
 (:class:`NoDockerEngine` for the containers) with the install hint; a broker
@@ -38,6 +39,7 @@ from sharedstream.testing.brokers.containers import (
     docker_unavailable,
     kafka_container,
     localstack_container,
+    pubsub_container,
 )
 from sharedstream.testing.brokers.fauxqs import (
     ensure_fauxqs,
@@ -74,6 +76,7 @@ __all__ = [
     "kafka_container",
     "localstack_container",
     "moto_server",
+    "pubsub_container",
     "pubsub_server",
     "servicebus_server",
     "start_fauxqs",

@@ -1,6 +1,7 @@
 """Brokers in containers through testcontainers, when a Docker engine answers.
 
-For brokers that publish an image (Apache Kafka, LocalStack for SQS). The
+For brokers that publish an image (Apache Kafka, LocalStack for SQS,
+Google's Pub/Sub emulator from the gcloud CLI image). The
 ``testcontainers`` package is optional and imported only when a container is
 asked for; without it, or without a Docker engine, the context managers
 raise :class:`NoDockerEngine` *before* starting anything, with a message
@@ -15,23 +16,31 @@ import contextlib
 import importlib
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from sharedstream.testing.brokers.process import BrokerNotInstalled
+from sharedstream.testing.brokers.process import (
+    BrokerDidNotStart,
+    BrokerNotInstalled,
+    port_answers,
+)
 
 __all__ = [
     "KAFKA_IMAGE",
     "LOCALSTACK_IMAGE",
+    "PUBSUB_IMAGE",
     "NoDockerEngine",
     "containers_unavailable",
     "docker_unavailable",
     "kafka_container",
     "localstack_container",
+    "pubsub_container",
 ]
 
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 LOCALSTACK_IMAGE = "localstack/localstack:3.8"
+PUBSUB_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:emulators"
 
 
 class NoDockerEngine(BrokerNotInstalled):
@@ -112,5 +121,30 @@ def localstack_container(
     try:
         container.start(timeout=180)  # returns once LocalStack logs "Ready."
         yield str(container.get_url())
+    finally:
+        container.stop()
+
+
+@contextlib.contextmanager
+def pubsub_container(image: str = PUBSUB_IMAGE, *, project: str = "sharedstream",
+                     timeout: float = 180.0) -> Iterator[str]:
+    """Google's Pub/Sub emulator (``gcloud beta emulators pubsub``) for the ``with`` block.
+
+    Yields its ``host:port``, for ``PUBSUB_EMULATOR_HOST`` or a trigger's
+    ``emulator_host``; returns once the port accepts connections. Raises
+    :class:`NoDockerEngine` before starting anything when it cannot run.
+    """
+    container = _testcontainers_module("google").PubSubContainer(image=image, project=project)
+    try:
+        container.start()
+        host = str(container.get_pubsub_emulator_host())
+        name, _, port = host.rpartition(":")
+        deadline = time.monotonic() + timeout
+        while not port_answers(int(port), host=name):
+            if time.monotonic() > deadline:
+                raise BrokerDidNotStart(f"the Pub/Sub emulator container did not answer on "
+                                        f"{host} within {timeout:.0f} s")
+            time.sleep(0.5)
+        yield host
     finally:
         container.stop()

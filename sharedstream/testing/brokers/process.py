@@ -66,10 +66,10 @@ def free_port() -> int:
         return port
 
 
-def port_answers(port: int, timeout: float = 0.2) -> bool:
-    """Whether something accepts TCP connections on ``127.0.0.1:port``."""
+def port_answers(port: int, timeout: float = 0.2, *, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (loopback by default)."""
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError:
         return False
     return True
