@@ -31,13 +31,24 @@ class TriggererCli:
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    def start(self, index: int) -> subprocess.Popen[bytes]:
-        with (self.dir / f"triggerer-{index}.log").open("wb") as log:
+    def start(self, index: int, *, log_level: str | None = "WARNING",
+              ) -> subprocess.Popen[bytes]:
+        """``sharedstream triggerer`` on the definitions; stderr to ``triggerer-<index>.log``.
+
+        ``log_level``: ``--log-level`` (``None``: the command's default, INFO).
+        """
+        level = [] if log_level is None else ["--log-level", log_level]
+        with self.log_path(index).open("wb") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "sharedstream", "--config", str(self.config),
-                 "triggerer", "--definitions", str(self.definitions), "--log-level", "WARNING"],
+                 "triggerer", "--definitions", str(self.definitions), *level],
                 cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
             )
 
+    def log_path(self, index: int) -> Path:
+        """Where triggerer ``index`` writes its log."""
+        return self.dir / f"triggerer-{index}.log"
+
     def log(self, index: int) -> str:
-        return (self.dir / f"triggerer-{index}.log").read_text(errors="replace")
+        """Triggerer ``index``'s log so far."""
+        return self.log_path(index).read_text(errors="replace")

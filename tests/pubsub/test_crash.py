@@ -21,15 +21,12 @@ been stored but not yet acked.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -42,7 +39,6 @@ from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_SUBSCRIPTION,
 )
-from sharedstream.testing.brokers.process import free_port, stop_process
 from sharedstream.testing.brokers.pubsub import start_pubsub
 from tests.chaos_accounting import (
     DeadLetterRecord,
@@ -57,6 +53,15 @@ from tests.chaos_accounting import (
     watcher_triggers,
 )
 from tests.cli import ROOT, TriggererCli
+from tests.crash_kit import (
+    RestartableServer,
+    assert_one_line_and_non_zero_exit,
+    distinct,
+    kill,
+    running,
+    stop_cleanly,
+    wait_until,
+)
 from tests.no_loss_kit import REJECTED, broker_dead_letter
 from tests.pubsub.conftest import PROJECT, pubsub_v1
 
@@ -90,37 +95,10 @@ def watchers_for(region: str, data: bytes) -> list[str]:
     return ["orders/all", "eu_orders/eu"] if region == "eu" else ["orders/all"]
 
 
-class ServerProcess:
-    """The kit's Pub/Sub test server as a child process on one port, killable and restartable."""
-
-    def __init__(self, workdir: Path, *, state_file: Path | None = None) -> None:
-        self.workdir, self.state_file = workdir, state_file
-        self.port = free_port()
-        self.host = f"127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ServerProcess:
-        self.process, _ = start_pubsub(self.workdir, port=self.port, state_file=self.state_file)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: nothing flushed, no stream closed politely."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            stop_process(self.process)
-
-
-@contextlib.contextmanager
-def running_server(workdir: Path, *, state_file: Path | None = None) -> Iterator[ServerProcess]:
-    server = ServerProcess(workdir, state_file=state_file).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def pubsub_process(workdir: Path, *, state_file: Path | None = None) -> RestartableServer:
+    """The kit's Pub/Sub test server on a port of its own (``state_file``: ``--state-file``)."""
+    return RestartableServer(lambda port: start_pubsub(workdir, port=port,
+                                                       state_file=state_file)[0])
 
 
 class Deployment:
@@ -130,18 +108,20 @@ class Deployment:
     ``PUBSUB_EMULATOR_HOST`` naming the server, as the triggerer's are.
     """
 
-    def __init__(self, server: ServerProcess, workdir: Path, *, dead_letters: bool = True) -> None:
+    def __init__(self, server: RestartableServer, workdir: Path, *,
+                 dead_letters: bool = True) -> None:
         self.server = server
+        host = f"127.0.0.1:{server.port}"
         tag = uuid.uuid4().hex[:10]
         self.topic = f"projects/{PROJECT}/topics/t-{tag}"
         self.subscription = f"projects/{PROJECT}/subscriptions/s-{tag}"
         self.dlq = f"{self.topic}-dlq" if dead_letters else None
         self.dlq_reader = f"{self.subscription}-dlq-reader"
-        with mock.patch.dict(os.environ, {"PUBSUB_EMULATOR_HOST": server.host}):
+        with mock.patch.dict(os.environ, {"PUBSUB_EMULATOR_HOST": host}):
             self.publisher = pubsub_v1.PublisherClient()
             self.subscriber = pubsub_v1.SubscriberClient()
         self.sent: dict[str, int] = {}  # source (subscription/message id) -> index
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PUBSUB_EMULATOR_HOST": server.host,
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PUBSUB_EMULATOR_HOST": host,
                "PUBSUB_TEST_PROJECT": PROJECT, "PUBSUB_TEST_SUBSCRIPTION": self.subscription,
                "PUBSUB_TEST_DLQ": self.dlq or "", **TRIGGERER_ENV}
         self.cli = TriggererCli(workdir, env, DEFINITIONS)
@@ -169,11 +149,7 @@ class Deployment:
 
     def start(self, index: int) -> subprocess.Popen[bytes]:
         """``sharedstream triggerer`` (INFO logs to ``triggerer-<index>.log``)."""
-        with (self.cli.dir / f"triggerer-{index}.log").open("wb") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "sharedstream", "--config", str(self.cli.config),
-                 "triggerer", "--definitions", str(DEFINITIONS)],
-                cwd=self.cli.dir, env=self.cli.env, stdout=subprocess.DEVNULL, stderr=log)
+        return self.cli.start(index, log_level=None)
 
     def pull_once(self, subscription: str, timeout: float = 2.0) -> list[Any]:
         """One unary Pull with a short deadline: what it got (nothing within it: empty)."""
@@ -224,37 +200,6 @@ class Deployment:
         assert not problems, f"{context}: {len(self.sent)} messages\n  " + "\n  ".join(problems)
 
 
-def distinct(letters: list[DeadLetterRecord]) -> list[DeadLetterRecord]:
-    """One dead letter per source (a crash between publishing a letter and acking may repeat it)."""
-    return list({letter.source: letter for letter in letters}.values())
-
-
-def wait_until(condition: Callable[[], bool], within: float, what: str,
-               process: subprocess.Popen[bytes] | None = None, log: str = "") -> None:
-    """Poll ``condition`` every 50 ms for ``within`` s; fail saying ``what`` (or a dead process)."""
-    deadline = time.monotonic() + within
-    while not condition():
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"the triggerer exited ({process.returncode}) before {what}; "
-                                 f"{log}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out ({within:.0f} s) waiting for {what}; {log}")
-        time.sleep(0.05)
-
-
-def stop(process: subprocess.Popen[bytes], log: Path) -> None:
-    """SIGTERM ``process``; it must exit 0 within 30 s."""
-    process.send_signal(signal.SIGTERM)
-    code = process.wait(timeout=30)
-    assert code == 0, log.read_text(errors="replace")[-3000:]
-
-
-def kill(process: subprocess.Popen[bytes] | None) -> None:
-    if process is not None and process.poll() is None:
-        process.kill()
-        process.wait(timeout=10)
-
-
 # -- 1. the triggerer killed mid-stream -----------------------------------------------------
 
 KILL_TOTAL = 3000
@@ -263,7 +208,7 @@ KILL_TOTAL = 3000
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_sigkilled_triggerer_restarts_losing_and_duplicating_nothing(tmp_path: Path) -> None:
-    with running_server(tmp_path) as server:
+    with running(pubsub_process(tmp_path)) as server:
         d = Deployment(server, tmp_path)
         first = second = None
         try:
@@ -285,7 +230,7 @@ def test_a_sigkilled_triggerer_restarts_losing_and_duplicating_nothing(tmp_path:
             wait_until(lambda: count_stored_events(d.db) >= expected_events, 120,
                        "every event stored", second, str(log1))
             time.sleep(1.0)  # the last acks go out; a stray duplicate would show here too
-            stop(second, log1)
+            stop_cleanly(second, log1)
             # A dead letter is published, then its message acked: a kill in between
             # publishes it again on redelivery (at-least-once, as in Kafka's suite). Extra
             # copies are allowed here, and only here; every other check stays exact.
@@ -305,7 +250,7 @@ RESTART_TOTAL = 2000
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_server_restart_is_ridden_out_losing_and_duplicating_nothing(tmp_path: Path) -> None:
-    with running_server(tmp_path, state_file=tmp_path / "pubsub-state.json") as server:
+    with running(pubsub_process(tmp_path, state_file=tmp_path / "pubsub-state.json")) as server:
         d = Deployment(server, tmp_path)
         process = None
         try:
@@ -324,7 +269,7 @@ def test_a_server_restart_is_ridden_out_losing_and_duplicating_nothing(tmp_path:
             wait_until(lambda: count_stored_events(d.db) >= expected_events, 150,
                        "every event stored after the restart", process, str(log))
             time.sleep(1.0)
-            stop(process, log)
+            stop_cleanly(process, log)
             assert at_kill < expected_events, "everything was stored before the restart"
             # The same allowance as above: an ack lost with the server re-publishes a letter.
             d.account(distinct(d.dead_letters()), f"server killed with {at_kill} of "
@@ -346,24 +291,12 @@ RETRYING_FOR = 3.0
 
 @pytest.mark.timeout(60)
 def test_a_missing_subscription_is_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
-    with running_server(tmp_path) as server:
+    with running(pubsub_process(tmp_path)) as server:
         d = Deployment(server, tmp_path, dead_letters=False)
         try:
             d.publisher.create_topic(name=d.topic)  # the topic exists, the subscription not
             d.cli.run("init", "--path", str(d.cli.config))
-            process = d.start(0)
-            try:
-                code = process.wait(timeout=RETRYING_FOR)
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                kill(process)
-            lines = (tmp_path / "triggerer-0.log").read_text(errors="replace").splitlines()
-            naming = [line for line in lines if d.subscription in line]
-            assert code not in (None, 0), (f"still running (retrying) after {RETRYING_FOR} s; "
-                                           f"{len(lines)} log lines, {len(naming)} naming the "
-                                           f"subscription")
-            assert len(naming) == 1, naming
-            assert "Traceback" not in "\n".join(lines)
+            assert_one_line_and_non_zero_exit(d.start(0), tmp_path / "triggerer-0.log",
+                                              d.subscription, RETRYING_FOR)
         finally:
             d.close()
