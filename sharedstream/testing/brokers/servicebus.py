@@ -49,15 +49,18 @@ def _connection_string(port: int) -> str:
 
 
 def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None,
-                     port: int | None = None,
+                     port: int | None = None, state_file: Path | None = None,
                      timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
     """Start the test server on a loopback port; return it and its connection string.
 
     ``entities``: the queues, topics and subscriptions to create (an
     entities document, see :mod:`sharedstream.testing.servicebus.config`),
     written to ``workdir/servicebus-entities.json``. ``port``: a free one
-    unless given. Returns once the port accepts connections (the server
-    creates the entities before it binds). Its log is appended to
+    unless given (give the old one to restart a server in place).
+    ``state_file``: keep entities and messages there across a kill
+    (``--state-file``; where it exists, ``entities`` is not applied).
+    Returns once the port accepts connections (the server creates the
+    entities before it binds). Its log is appended to
     ``workdir/servicebus.log``. Raises :class:`BrokerNotInstalled` or
     :class:`~.process.BrokerDidNotStart` (the process already stopped; a
     malformed document is one way).
@@ -70,6 +73,8 @@ def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None
         document = workdir / "servicebus-entities.json"
         document.write_text(json.dumps(entities, indent=1), encoding="utf-8")
         command += ["--config", str(document)]
+    if state_file is not None:
+        command += ["--state-file", str(state_file)]
     process = start_process(
         "the Service Bus test server", command, log_path=workdir / "servicebus.log",
         ready=lambda: port_answers(chosen), timeout=timeout,

@@ -16,6 +16,8 @@ reaches it with the connection string
 * :mod:`.wire`, :mod:`.management`, :mod:`.service` - the AMQP side on
   ``python-qpid-proton``: encoded messages, the ``$management`` node, links,
   CBS, settlement and credit;
+* :mod:`.state_file` - the optional ``--state-file`` that keeps entities and
+  messages across a restart (locks are lost, as with a real outage);
 * :mod:`.server` - :func:`~.server.serve` and the command line
   ``python -m sharedstream.testing.servicebus --port N --queue orders ...``.
 

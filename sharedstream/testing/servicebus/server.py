@@ -10,7 +10,10 @@ for the test process's GIL.
 Entities are created before the port is bound, from an entities document
 (:mod:`.config`: ``--queue``, ``--topic``, ``--subscription``, ``--config
 FILE``), or later through the Python API of :class:`~.state.ServiceBusState`
-for a server run in-process (``serve(..., state=...)``).
+for a server run in-process (``serve(..., state=...)``). With ``--state-file
+PATH`` (:mod:`.state_file`) the state outlives the process: a server
+restarted on the same file has the last one's entities and messages, and
+the entities document applies only when the file does not exist yet.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from sharedstream.testing.servicebus import config
 from sharedstream.testing.servicebus.model import Refused
 from sharedstream.testing.servicebus.service import ServiceBusService
 from sharedstream.testing.servicebus.state import ServiceBusState
+from sharedstream.testing.servicebus.state_file import StateFile
 
 __all__ = ["ServerControl", "connection_string", "main", "serve"]
 
@@ -82,20 +86,24 @@ class _Ticker(Handler):
 
 def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | None = None,
           entities: Mapping[str, Any] | None = None, control: ServerControl | None = None,
-          ready: Callable[[int], None] | None = None) -> None:
+          ready: Callable[[int], None] | None = None, state_file: Path | None = None) -> None:
     """Serve on ``host:port`` (0 = any free port) until ``control`` asks to stop.
 
     ``state``: the broker state to serve (a new one when not given; create
     entities on it first, or from ``entities``, an entities document).
-    ``ready`` is called with the bound port once the server accepts
-    connections. Blocks the calling thread; every event and every state
-    change runs on it.
+    ``state_file``: if it exists, loaded into ``state`` (which must have no
+    entities; ``entities`` is then not applied); written after changes and
+    when the server stops (:mod:`.state_file`). ``ready`` is called with the
+    bound port once the server accepts connections. Blocks the calling
+    thread; every event and every state change runs on it.
     """
     state = state if state is not None else ServiceBusState()
-    if entities:
+    kept = None if state_file is None else StateFile(state_file)
+    restored = kept is not None and kept.load(state)
+    if entities and not restored:
         config.apply(state, entities)
     control = control or ServerControl()
-    service = ServiceBusService(state, state.clock)
+    service = ServiceBusService(state, state.clock, kept)
     container = Container(service)
     container.container_id = "sharedstream-servicebus-test-server"
     acceptor = container.listen(f"{host}:{port}")
@@ -111,6 +119,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     finally:
         acceptor.close()
         listening.close()  # proton leaves it open: a server run in a thread must not leak it
+        if kept is not None:
+            kept.save(state)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -132,12 +142,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=None,
                         help="a JSON entities document (see sharedstream.testing.servicebus."
                              "config), created before the --queue/--topic/--subscription ones")
+    parser.add_argument("--state-file", type=Path, default=None,
+                        help="keep entities and messages in this file across restarts (loaded "
+                             "on start if it exists - the entity options then do nothing - and "
+                             "written after changes)")
     args = parser.parse_args(argv)
     state = ServiceBusState()
+    restoring = args.state_file is not None and args.state_file.exists()
     try:
         documents = [json.loads(args.config.read_text(encoding="utf-8"))] if args.config else []
         documents.append(config.document_from_specs(args.queue, args.topic, args.subscription))
-        for document in documents:
+        for document in [] if restoring else documents:
             config.apply(state, document)
     except (OSError, ValueError, KeyError, Refused) as exc:
         parser.error(f"entities: {exc!r}")
@@ -149,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     started = time.monotonic()
-    serve(args.host, args.port, state=state, control=control, ready=lambda port: print(
-        f"listening on {args.host}:{port} ({time.monotonic() - started:.2f} s); connection "
-        f"string: {connection_string(args.host, port)}", file=sys.stderr, flush=True))
+    serve(args.host, args.port, state=state, control=control, state_file=args.state_file,
+          ready=lambda port: print(
+              f"listening on {args.host}:{port} ({time.monotonic() - started:.2f} s); "
+              f"connection string: {connection_string(args.host, port)}", file=sys.stderr,
+              flush=True))

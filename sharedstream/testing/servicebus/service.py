@@ -29,7 +29,9 @@ unsettled disposition from the client is applied, then echoed settled with
 the same outcome (``rejected`` without an error), or settled ``rejected``
 with ``message-lock-lost`` when the lock had ended. A drain request is
 answered once nothing more can be sent. An unknown entity is refused at
-attach with ``amqp:not-found``.
+attach with ``amqp:not-found``. With a :class:`~.state_file.StateFile`, a
+send is written before it is accepted and every other event that may have
+changed the state is written within the file's debounce (its invariants).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from sharedstream.testing.servicebus.model import (
     Refused,
 )
 from sharedstream.testing.servicebus.state import Receiver, ServiceBusState
+from sharedstream.testing.servicebus.state_file import StateFile
 
 __all__ = ["ServiceBusService"]
 
@@ -107,11 +110,15 @@ class ServiceBusService(Handler):
     """The server's event handler (see the module's docstring).
 
     ``clock`` must be the state's monotonic clock (attach waits use it).
+    ``state_file``: where the state is kept across restarts (``None``: in
+    memory only); :meth:`tick` writes what is due, the server writes the
+    rest when it stops.
     """
 
-    def __init__(self, state: ServiceBusState, clock: Callable[[], float]) -> None:
+    def __init__(self, state: ServiceBusState, clock: Callable[[], float],
+                 state_file: StateFile | None = None) -> None:
         super().__init__()
-        self.state, self.clock = state, clock
+        self.state, self.clock, self.state_file = state, clock, state_file
         self.management = Management(state)
         self._connections: dict[Any, _Connection] = {}
         self._waiting: list[_Waiting] = []
@@ -158,6 +165,7 @@ class ServiceBusService(Handler):
         if held is not None:
             for receiver in held.receivers.values():
                 self.state.close_receiver(receiver)
+            self._changed()
         self._waiting = [w for w in self._waiting if w.link.connection is not connection]
         self.settle_changes()
 
@@ -257,6 +265,7 @@ class ServiceBusService(Handler):
             receiver = held.receivers.pop(link, None) if isinstance(link, ProtonSender) else None
             if receiver is not None:
                 self.state.close_receiver(receiver)
+                self._changed()
             held.replies = {k: v for k, v in held.replies.items() if v is not link}
         self._waiting = [w for w in self._waiting if w.link is not link]
         if not link.state & Endpoint.LOCAL_CLOSED:
@@ -319,7 +328,13 @@ class ServiceBusService(Handler):
             self._attach_receiver(waiting.link, receiver)
 
     def tick(self) -> None:
-        """Expire locks and attach waits that are due; called by the server's timer."""
+        """Expire locks and attach waits that are due, write the state file if due.
+
+        Called by the server's timer.
+        """
+        due = self.state.next_due()
+        if due is not None and due <= self.clock():
+            self._changed()
         for receiver in self.state.expire():
             for held in self._connections.values():
                 for link, owned in list(held.receivers.items()):
@@ -332,6 +347,12 @@ class ServiceBusService(Handler):
             self._waiting.remove(waiting)
             self._refuse(waiting.link, TIMEOUT, "no session became available in time")
         self.settle_changes()
+        if self.state_file is not None:
+            self.state_file.save_if_due(self.state)
+
+    def _changed(self) -> None:
+        if self.state_file is not None:
+            self.state_file.changed()
 
     # -- deliveries -----------------------------------------------------------------
 
@@ -344,6 +365,7 @@ class ServiceBusService(Handler):
                 self._incoming(link, delivery)
         elif delivery.updated:
             self._disposition(link, delivery)
+        self._changed()  # a settlement, a management request (renewals too: cheap, debounced)
         self.settle_changes()
 
     def _incoming(self, link: ProtonReceiver, delivery: Delivery) -> None:
@@ -356,6 +378,8 @@ class ServiceBusService(Handler):
             else:
                 messages = [wire.message_facts(part) for part in wire.unpack(encoded)]
                 self.state.send(entity_path(address), messages)
+                if self.state_file is not None:  # accepted only once kept (invariant 2)
+                    self.state_file.save(self.state)
         except Refused as refused:
             delivery.local.condition = Condition(refused.condition, refused.description)
             delivery.update(Delivery.REJECTED)

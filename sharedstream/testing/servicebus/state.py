@@ -36,6 +36,11 @@ Invariants:
    release (the SDK handing back a prefetched message) is not counted.
 5. Whatever makes an entry available calls ``on_available`` with its store's
    path before returning, so the service can hand it to a waiting receiver.
+6. A :meth:`~ServiceBusState.snapshot` restored into a new state
+   (:meth:`~ServiceBusState.restore`) has the same entities, sequence
+   numbers, entries and session states; what was locked comes back
+   available with one more failed delivery (or dead-lettered by invariant
+   4), as Service Bus does once a lock is lost. Receivers are not kept.
 
 Time is two injected clocks: ``clock`` (monotonic seconds) for lock
 deadlines, ``wall`` (epoch seconds) for the times clients see. Deadlines are
@@ -71,12 +76,15 @@ from sharedstream.testing.servicebus.store import (
     Entry,
     Lock,
     Receiver,
+    SavedEntry,
+    SavedStore,
+    Snapshot,
     Store,
     StoreCounts,
 )
 
 __all__ = ["DEAD_LETTER_QUEUE", "MAX_DELIVERY_COUNT_EXCEEDED", "Receiver", "ServiceBusState",
-           "StoreCounts"]
+           "Snapshot", "StoreCounts"]
 
 MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 _SUBSCRIPTIONS = "subscriptions"
@@ -91,7 +99,7 @@ class ServiceBusState:
         self.clock, self.wall, self.on_available = clock, wall, on_available
         self._stores: dict[str, Store] = {}  # lower-cased path -> store
         self._topics: dict[str, list[Store]] = {}  # lower-cased topic -> its subscriptions
-        self._sequences: dict[str, itertools.count[int]] = {}  # queue or topic -> numbers
+        self._sequences: dict[str, int] = {}  # queue or topic -> its next sequence number
         self._locks: dict[uuid.UUID, Lock] = {}
         self._deadlines: list[tuple[float, int, uuid.UUID]] = []  # lazy heap of lock deadlines
         self._receivers: dict[Receiver, None] = {}  # open receivers, oldest first
@@ -104,13 +112,13 @@ class ServiceBusState:
         self._check_free(name)
         store = Store(name, settings or EntitySettings(), (CorrelationFilter(),))
         self._add(store)
-        self._sequences[name.lower()] = itertools.count(1)
+        self._sequences[name.lower()] = 1
 
     def create_topic(self, name: str) -> None:
         """Add a topic without subscriptions (what is sent to it then goes nowhere)."""
         self._check_free(name)
         self._topics[name.lower()] = []
-        self._sequences[name.lower()] = itertools.count(1)
+        self._sequences[name.lower()] = 1
 
     def create_subscription(self, topic: str, name: str, settings: EntitySettings | None = None,
                             filters: Sequence[CorrelationFilter] = (CorrelationFilter(),)) -> None:
@@ -182,7 +190,8 @@ class ServiceBusState:
                                            "needs a session id")
         numbers, now, touched = [], self.wall(), set()
         for message in batch:
-            number = next(self._sequences[key])
+            number = self._sequences[key]
+            self._sequences[key] = number + 1
             numbers.append(number)
             for store in targets:
                 if any(rule.matches(message) for rule in store.filters):
@@ -451,3 +460,53 @@ class ServiceBusState:
         for receiver in lost:
             self.close_receiver(receiver)
         return lost
+
+    # -- snapshots (the server's --state-file) ----------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """Entities, sequence numbers, entries and session states (invariant 6); no I/O."""
+        def saved(entry: Entry) -> SavedEntry:
+            return SavedEntry(entry.message, entry.sequence_number, entry.enqueued_time,
+                              entry.delivery_count, entry.deferred, entry.lock is not None,
+                              dict(entry.extra_properties))
+
+        def store(kept: Store) -> SavedStore:
+            letters = () if kept.dead_letter is None else kept.dead_letter.entries.values()
+            return SavedStore(kept.path, kept.settings, kept.filters,
+                              tuple(map(saved, kept.entries.values())),
+                              tuple(map(saved, letters)), dict(kept.session_states))
+
+        queues = tuple(store(s) for key, s in self._stores.items() if key in self._sequences)
+        return Snapshot(queues, {topic: tuple(map(store, subscriptions))
+                                 for topic, subscriptions in self._topics.items()},
+                        dict(self._sequences))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Load ``snapshot`` into this state, which must have no entity yet (invariant 6)."""
+        if self._stores or self._topics:
+            raise RuntimeError("restore() needs a state without entities")
+        for queue in snapshot.queues:
+            self.create_queue(queue.path, queue.settings)
+        for topic, subscriptions in snapshot.topics.items():
+            self.create_topic(topic)
+            for subscription in subscriptions:
+                name = subscription.path.split("/", 2)[2]
+                self.create_subscription(topic, name, subscription.settings,
+                                         subscription.filters)
+        self._sequences.update(snapshot.next_sequence)
+        for saved in (*snapshot.queues, *itertools.chain(*snapshot.topics.values())):
+            kept = self._store(saved.path)
+            kept.session_states.update(saved.session_states)
+            for store, entries in ((kept, saved.entries), (kept.dead_letter, saved.dead_letters)):
+                for item in entries:
+                    self._restore_entry(store, item)
+
+    def _restore_entry(self, store: Store | None, saved: SavedEntry) -> None:
+        if store is None:
+            return
+        entry = Entry(saved.message, saved.sequence_number, saved.enqueued_time,
+                      saved.delivery_count, deferred=saved.deferred,
+                      extra_properties=dict(saved.extra_properties))
+        store.entries[entry.sequence_number] = entry
+        if not entry.deferred:
+            self._return(store, entry, failed=saved.locked)

@@ -6,18 +6,24 @@ number, a heap of available sequence numbers per session (lazy: an item
 whose entry is gone, locked or deferred is dropped when met), and which
 receiver holds each session. Only :mod:`.state` changes them; see its
 invariants. No I/O, not thread-safe.
+
+Also the immutable records of a :class:`Snapshot` (what
+:meth:`~.state.ServiceBusState.snapshot` gives and
+:meth:`~.state.ServiceBusState.restore` loads): entities, entries and
+session states, without receivers or locks.
 """
 
 from __future__ import annotations
 
 import heapq
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sharedstream.testing.servicebus.model import CorrelationFilter, EntitySettings, Message
 
-__all__ = ["DEAD_LETTER_QUEUE", "Entry", "Lock", "Receiver", "Store", "StoreCounts"]
+__all__ = ["DEAD_LETTER_QUEUE", "Entry", "Lock", "Receiver", "SavedEntry", "SavedStore",
+           "Snapshot", "Store", "StoreCounts"]
 
 DEAD_LETTER_QUEUE = "$DeadLetterQueue"
 _DEAD_LETTER_SETTINGS = EntitySettings(max_delivery_count=2**31 - 1)
@@ -111,3 +117,42 @@ class Store:
                  and (entry := self.head(session)) is not None)
         best = min(heads, default=None)
         return None if best is None else best[1]
+
+
+@dataclass(frozen=True, slots=True)
+class SavedEntry:
+    """One entry of a :class:`SavedStore`; ``locked``: it was locked when saved."""
+
+    message: Message
+    sequence_number: int
+    enqueued_time: float
+    delivery_count: int
+    deferred: bool
+    locked: bool
+    extra_properties: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class SavedStore:
+    """A queue or subscription: settings, filters, entries and dead letters, session states."""
+
+    path: str
+    settings: EntitySettings
+    filters: tuple[CorrelationFilter, ...]
+    entries: tuple[SavedEntry, ...]
+    dead_letters: tuple[SavedEntry, ...]
+    session_states: Mapping[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A server's state without receivers or locks (see :meth:`.state.ServiceBusState.restore`).
+
+    ``topics``: each topic (lower-cased) and its subscriptions;
+    ``next_sequence``: the next sequence number of each queue and topic
+    (lower-cased).
+    """
+
+    queues: tuple[SavedStore, ...]
+    topics: Mapping[str, tuple[SavedStore, ...]]
+    next_sequence: Mapping[str, int]
