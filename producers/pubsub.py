@@ -79,9 +79,10 @@ from sharedstream.brokerkit.deadletters import (
     DeadLetterDesk,
 )
 from sharedstream.brokerkit.fingerprints import SourceClaims
+from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
-from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.redelivery import RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
@@ -186,9 +187,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         # worker gone for good must not leave advance or the pull waiting on it.
         self._workers: PollWorkers[PubSubPayload] = PollWorkers(
             on_broken=(self._acks.interrupt, self._in_flight.interrupt))
-        self._floors: dict[Hashable, str] = {}  # ordering-key lane -> message id holding it
-        self._failures: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)  # counted failures
-        self._bounced: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)  # deliveries not its own
+        self._floors: LaneFloors[str] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._client_id = uuid.uuid4().hex
 
     @property
@@ -320,8 +319,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             self._leases.hold(payload.ack_id, expires)
             self._arrived[payload.ack_id] = now
             attempt = message.delivery_attempt
-            if attempt is not None and self._redelivery.poisoned_on_arrival(
-                    attempt - self._bounced.get(message.message_id)):
+            if attempt is not None and self._floors.poisoned_on_arrival(message.message_id,
+                                                                        attempt):
                 # Delivered that often without resolving (crashes, lapses): never fan it out.
                 poison.append((payload, REASON_MAX_REDELIVERIES, ()))
                 continue
@@ -373,47 +372,25 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         acks: list[PubSubPayload] = []
         nacks: list[PubSubPayload] = []
         dispose: list[_Disposal] = []
-        floors = self._floors
+        place = self._floors.place
         for payload, outcome in batch:
             self._settle_lease(payload.ack_id)
-            message_id, lane = payload.message_id, payload.lane
-            floor = floors.get(lane)
-            if floor == message_id:
-                del floors[lane]
-            elif floor is not None:
-                self._bounced.add(message_id)
-                nacks.append(payload)
-                continue
-            if outcome.failed:
-                if self._redelivery.counts(outcome):
-                    failures = self._failures.add(message_id)
-                else:  # it only failed because a watcher died on another message
-                    self._bounced.add(message_id)
-                    failures = self._failures.get(message_id)
-                if self._redelivery.exhausted(failures):
-                    dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
-                    continue
-                nacks.append(payload)
-                if lane[0] == "key":
-                    floors[lane] = message_id
-                    if len(floors) > _MAX_HOLDS:
-                        del floors[next(iter(floors))]
-            elif outcome.rejected:
-                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
-            elif outcome.acked:
+            lane = payload.lane
+            where = place(lane, payload.message_id, outcome, ordered=lane[0] == "key")
+            if where == SETTLE:
                 acks.append(payload)
-            # else: fanned out to nobody: its lease lapses and Pub/Sub redelivers it
-        for payload in acks:
-            self._resolved(payload)
+            elif where in (AGAIN, BOUNCE):
+                nacks.append(payload)
+            elif where == POISON:
+                dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
+            elif where == REJECTED:
+                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
+            # else LEAVE: fanned out to nobody: its lease lapses and Pub/Sub redelivers it
         return acks, nacks, dispose
 
     def _settle_lease(self, ack_id: str) -> None:
         self._leases.settle(ack_id)
         self._arrived.pop(ack_id, None)
-
-    def _resolved(self, payload: PubSubPayload) -> None:
-        self._failures.forget(payload.message_id)
-        self._bounced.forget(payload.message_id)
 
     def _forget_leases(self, ack_ids: list[str]) -> None:
         for ack_id in ack_ids:
@@ -577,7 +554,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     async def _ack_disposed(self, payloads: list[PubSubPayload]) -> None:
         for payload in payloads:
             self._settle_lease(payload.ack_id)
-            self._resolved(payload)
+            self._floors.forget(payload.message_id)
         await self._acks.put(payloads)
 
     # -- closing -------------------------------------------------------------------------

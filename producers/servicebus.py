@@ -72,9 +72,10 @@ from sharedstream.brokerkit.deadletters import (
     DeadLetterDesk,
 )
 from sharedstream.brokerkit.fingerprints import SourceClaims
+from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
-from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.redelivery import RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
@@ -162,9 +163,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         # A worker gone for good must not leave advance or a receive loop waiting on it.
         self._workers: PollWorkers[ServiceBusPayload] = PollWorkers(
             on_broken=(self._completes.interrupt, self._in_flight.interrupt))
-        self._floors: dict[Hashable, int] = {}  # session lane -> sequence number holding it
-        self._failures: DeliveryTally[int] = DeliveryTally(_MAX_HOLDS)  # counted failures
-        self._bounced: DeliveryTally[int] = DeliveryTally(_MAX_HOLDS)  # deliveries not its own
+        self._floors: LaneFloors[int] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
         self._lock_warned = False
 
@@ -275,8 +274,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             lane: tuple[str, Hashable] = (("session", session) if session is not None
                                           else ("message", message.sequence_number))
             payload = ServiceBusPayload(lane, message, raw, receiver)
-            deliveries = message.delivery_count + 1 - self._bounced.get(message.sequence_number)
-            if self._redelivery.poisoned_on_arrival(deliveries):
+            if self._floors.poisoned_on_arrival(message.sequence_number,
+                                                message.delivery_count + 1):
                 # Delivered that often without resolving (crashes, lapses): never fan it out.
                 poison.append((payload, REASON_MAX_REDELIVERIES, ()))
                 continue
@@ -396,38 +395,21 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         completes: list[ServiceBusPayload] = []
         abandons: list[ServiceBusPayload] = []
         dispose: list[_Disposal] = []
-        floors = self._floors
+        place = self._floors.place
         for payload, outcome in batch:
             self._settled(payload)
-            number, lane = payload.message.sequence_number, payload.lane
-            floor = floors.get(lane)
-            if floor == number:
-                del floors[lane]
-            elif floor is not None:
-                self._bounced.add(number)
-                abandons.append(payload)
-                continue
-            if outcome.failed:
-                if self._redelivery.counts(outcome):
-                    failures = self._failures.add(number)
-                else:  # it only failed because a watcher died on another message
-                    self._bounced.add(number)
-                    failures = self._failures.get(number)
-                if self._redelivery.exhausted(failures):
-                    dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
-                    continue
-                abandons.append(payload)
-                if lane[0] == "session":
-                    floors[lane] = number
-                    if len(floors) > _MAX_HOLDS:
-                        del floors[next(iter(floors))]
-            elif outcome.rejected:
-                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
-            elif outcome.acked:
+            lane = payload.lane
+            where = place(lane, payload.message.sequence_number, outcome,
+                          ordered=lane[0] == "session")
+            if where == SETTLE:
                 completes.append(payload)
-                self._failures.forget(number)
-                self._bounced.forget(number)
-            else:  # fanned out to nobody: its lock lapses and Service Bus delivers it again
+            elif where in (AGAIN, BOUNCE):
+                abandons.append(payload)
+            elif where == POISON:
+                dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
+            elif where == REJECTED:
+                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
+            else:  # LEAVE: fanned out to nobody; its lock lapses and it is delivered again
                 self._done([payload])
         return completes, abandons, dispose
 
@@ -530,8 +512,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 log.error("dead-lettering %s of %s failed (%s: %s); it comes again",
                           number, self.entity, type(exc).__name__, exc)
                 continue
-            self._failures.forget(number)
-            self._bounced.forget(number)
+            self._floors.forget(number)
             self._letters.sent(f"{number}", f"{self.entity}/$DeadLetterQueue", reason, verdicts)
         self._done([payload for payload, _, _ in items])
 
