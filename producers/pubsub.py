@@ -159,6 +159,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     (also the OpenTelemetry counter ``sharedstream.broker.requests``).
     """
 
+    advances_lanes_together = True  # each message is settled on its own, lanes apart
+
     def __init__(self, settings: PubSubSettings) -> None:
         settings.validate()
         _sdk("google.pubsub_v1.services.subscriber")  # a missing extra fails here

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 __all__ = [
+    "MAX_ADVANCE_ITEMS",
     "AdvanceItem",
     "AdvanceOutcome",
     "DeadLetter",
@@ -37,6 +38,9 @@ __all__ = [
     "verdict_detail",
     "verdict_triggers",
 ]
+
+MAX_ADVANCE_ITEMS = 1000
+"""Most items in one :meth:`SharedStreamProducer.advance` call that carries several lanes."""
 
 
 class AdvanceOutcome(NamedTuple):
@@ -217,6 +221,18 @@ class SharedStreamProducer(abc.ABC):
     ``advance`` to total it up for the runtime.
     """
 
+    advances_lanes_together: bool = False
+    """Whether one :meth:`advance` call may carry several lanes' batches.
+
+    ``False`` (the default): each call is one lane's resolved prefix. A
+    producer that settles every message on its own, whatever its lane, may
+    say ``True``: the engine then hands it the resolved prefixes of every
+    ready lane in one call (each lane's items contiguous and in order, up
+    to :data:`MAX_ADVANCE_ITEMS` items), which saves a call per message
+    where most lanes hold one message (Pub/Sub and Service Bus messages
+    without an ordering key or session).
+    """
+
     @abc.abstractmethod
     def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """Connect and yield ``(raw_event, broker_payload)`` pairs, forever.
@@ -232,8 +248,9 @@ class SharedStreamProducer(abc.ABC):
         """Advance the broker for one lane's batch of fully resolved events.
 
         ``batch`` is never empty; its items are in fan-out order and are the
-        lane's contiguous resolved prefix. Within a lane the next batch comes
-        only after this call returned; across all lanes at most one call is
+        lane's contiguous resolved prefix (several lanes' prefixes, one after
+        another, when :attr:`advances_lanes_together` says so). Within a lane
+        the next batch comes only after this call returned; across all lanes at most one call is
         awaited at any moment. Committing the last item of a batch therefore
         never skips an unresolved event of that lane.
 

@@ -6,7 +6,10 @@ Invariants:
   per group and it awaits each call before taking the next batch).
 * A batch is a lane's contiguous resolved prefix, taken synchronously right
   before the call, so a lane's batches go out in fan-out order and the next
-  batch of a lane is only taken after the previous call returned.
+  batch of a lane is only taken after the previous call returned. For a
+  producer that ``advances_lanes_together``, one call carries the prefixes
+  of every ready lane (each contiguous and in order) up to
+  ``MAX_ADVANCE_ITEMS`` items.
 * Ready lanes are served oldest-ready first; a lane that becomes ready again
   queues behind the others, so no lane waits on another's unresolved head.
 * If ``advance`` raises, the pump reports it through ``on_failure`` (which
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import Counter
 
-from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer
+from sharedstream.engine.producer import MAX_ADVANCE_ITEMS, AdvanceItem, SharedStreamProducer
 from sharedstream.engine.resolution import ResolutionBook
 from sharedstream.engine.telemetry import instruments
 
@@ -90,6 +93,7 @@ class AdvancePump:
         book = self._book
         ready = book.ready
         metrics = instruments()
+        together = self._producer.advances_lanes_together
         while True:
             if not ready:
                 if self._stopping:
@@ -99,6 +103,9 @@ class AdvancePump:
                 continue
             lane = next(iter(ready))
             batch = book.take_batch(lane)
+            if together:  # every ready lane's prefix in one call, up to the cap
+                while ready and len(batch) < MAX_ADVANCE_ITEMS:
+                    batch += book.take_batch(next(iter(ready)))
             if not batch:
                 continue
             started = time.perf_counter()
@@ -111,9 +118,10 @@ class AdvancePump:
                 # advanced (at-least-once, never a silent skip).
                 log.exception(
                     "producer.advance raised; terminating shared stream %r "
-                    "(lane %r, batch of %d)",
+                    "(lane %r%s, batch of %d)",
                     book.key,
                     lane,
+                    " and others" if together else "",
                     len(batch),
                 )
                 self._on_failure(exc)

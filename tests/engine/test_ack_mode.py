@@ -248,6 +248,32 @@ async def test_lanes_do_not_wait_for_each_other_and_one_advance_is_in_flight(
     await manager.stop_all()
 
 
+async def test_a_producer_that_advances_lanes_together_gets_every_ready_lane_at_once(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(FeedProducer, "advances_lanes_together", True)
+    feed.lane_of = lambda payload: payload["lane"]
+    manager = SharedStreamManager()
+    gated = Runner(manager, FeedTrigger("f", "gated"), 1, auto_confirm=False).start()
+    feed.push(*[{"lane": lane, "n": n} for n in range(3) for lane in ("x", "y", "z")])
+    await eventually(lambda: len(gated.events) == 9)
+    held = gated.unconfirmed[:1]  # x0's event: lane x is not ready until it is confirmed
+    manager.confirm_persisted(gated.unconfirmed[1:])
+    await eventually(lambda: len(feed.advanced()) == 6)
+    assert len(feed.batches) == 1, "y and z in one call"
+    [batch] = feed.batches
+    lanes = [item.broker_payload["lane"] for item in batch]
+    assert sorted(lanes) == ["y"] * 3 + ["z"] * 3
+    for lane in ("y", "z"):  # each lane contiguous and in order
+        mine = [i for i, name in enumerate(lanes) if name == lane]
+        assert mine == list(range(mine[0], mine[0] + 3))
+        assert [batch[i].broker_payload["n"] for i in mine] == [0, 1, 2]
+    manager.confirm_persisted(held)
+    await eventually(lambda: len(feed.advanced()) == 9)
+    assert [p["n"] for p, _ in feed.advanced() if p["lane"] == "x"] == [0, 1, 2]
+    await manager.stop_all()
+
+
 class _LaneTrouble(FeedTrigger):
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
