@@ -250,9 +250,9 @@ class SharedStreamProducer(abc.ABC):
         ``batch`` is never empty; its items are in fan-out order and are the
         lane's contiguous resolved prefix (several lanes' prefixes, one after
         another, when :attr:`advances_lanes_together` says so). Within a lane
-        the next batch comes only after this call returned; across all lanes at most one call is
-        awaited at any moment. Committing the last item of a batch therefore
-        never skips an unresolved event of that lane.
+        the next batch comes only after this call returned; across all lanes
+        at most one call is awaited at any moment. Committing the last item
+        of a batch therefore never skips an unresolved event of that lane.
 
         If this raises, the whole group is terminated: every subscriber gets
         the exception, nothing further is advanced, and the broker redelivers
