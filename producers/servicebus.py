@@ -107,6 +107,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# The SDK logs every AMQP error it meets at INFO (a missing entity, each retried failure), and
+# the producer reports each one itself, wrapped and once; so the SDK's loggers, when nobody set
+# their level, show WARNING and up only (set "azure.servicebus" to DEBUG to see its chatter).
+_sdk_logger = logging.getLogger("azure.servicebus")
+if _sdk_logger.level == logging.NOTSET:
+    _sdk_logger.setLevel(logging.WARNING)
+
 _T = TypeVar("_T")
 _MAX_HOLDS = 4096
 _requests = metrics.get_meter("sharedstream.servicebus").create_counter(
