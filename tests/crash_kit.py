@@ -30,8 +30,16 @@ from pathlib import Path
 from sharedstream.testing.brokers.process import free_port, stop_process
 from tests.chaos_accounting import DeadLetterRecord
 
-__all__ = ["RestartableServer", "assert_one_line_and_non_zero_exit", "distinct", "kill",
-           "running", "stop_cleanly", "wait_until"]
+__all__ = ["TRIGGERER_ENV", "RestartableServer", "assert_one_line_and_non_zero_exit",
+           "distinct", "kill", "running", "stop_cleanly", "wait_until"]
+
+TRIGGERER_ENV = {
+    "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
+    "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.05",
+    "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_MAX": "0.5",
+    "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "10",
+}
+"""The crash suites' triggerer settings: quick restarts after an outage, bounded shutdown."""
 
 
 class RestartableServer:

@@ -54,6 +54,7 @@ from tests.chaos_accounting import (
 )
 from tests.cli import ROOT, TriggererCli
 from tests.crash_kit import (
+    TRIGGERER_ENV,
     RestartableServer,
     assert_one_line_and_non_zero_exit,
     distinct,
@@ -67,12 +68,6 @@ from tests.pubsub.conftest import PROJECT, pubsub_v1
 
 DEFINITIONS = Path(__file__).with_name("pubsub_defs.py")
 REGIONS = ("eu", "us", "apac")
-TRIGGERER_ENV = {
-    "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "10",
-    "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.05",
-    "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_MAX": "0.5",
-    "SHAREDSTREAM__TRIGGERER__SHUTDOWN_TIMEOUT": "10",
-}
 
 
 def message(index: int) -> tuple[str, bytes]:
