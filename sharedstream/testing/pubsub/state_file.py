@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from google.pubsub_v1 import types
 
+from sharedstream.testing.json_snapshots import read_snapshot, replace_snapshot
 from sharedstream.testing.pubsub.state import (
     Message,
     PubSubState,
@@ -66,19 +65,15 @@ class StateFile:
 
     def load(self, state: PubSubState) -> bool:
         """Restore ``state`` (still empty) from the file; ``False`` if there is no file yet."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        document = read_snapshot(self.path)
+        if document is None:
             return False
-        state.restore(_decode(json.loads(raw)))
+        state.restore(_decode(document))
         return True
 
     def save(self, state: PubSubState) -> None:
         """Write ``state``'s snapshot, replacing the file atomically."""
-        encoded = json.dumps(_encode(state.snapshot()), separators=(",", ":")).encode()
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(encoded)
-        temporary.replace(self.path)
+        replace_snapshot(self.path, _encode(state.snapshot()))
 
 
 def _encode(snapshot: Snapshot) -> dict[str, Any]:

@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from sharedstream.testing.json_snapshots import read_snapshot, replace_snapshot
 from sharedstream.testing.servicebus import wire
 from sharedstream.testing.servicebus.model import CorrelationFilter, EntitySettings
 from sharedstream.testing.servicebus.state import ServiceBusState, Snapshot
@@ -69,11 +68,10 @@ class StateFile:
 
     def load(self, state: ServiceBusState) -> bool:
         """Restore ``state`` (without entities) from the file; ``False`` if there is no file."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        document = read_snapshot(self.path)
+        if document is None:
             return False
-        state.restore(_decode(json.loads(raw)))
+        state.restore(_decode(document))
         return True
 
     def changed(self) -> None:
@@ -93,10 +91,7 @@ class StateFile:
 
     def save(self, state: ServiceBusState) -> None:
         """Write ``state``'s snapshot now, replacing the file atomically; nothing is pending."""
-        encoded = json.dumps(_encode(state.snapshot()), separators=(",", ":")).encode()
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(encoded)
-        temporary.replace(self.path)
+        replace_snapshot(self.path, _encode(state.snapshot()))
         self._due = None
         self.writes += 1
 
