@@ -2,10 +2,11 @@
 
 Commands: ``init`` (configuration file with a fresh encryption key, and the
 database), ``triggerer`` (run the watchers of a definitions file), ``triggers
-list``, ``events list``, ``runs list``, ``deadletters list`` (``--json`` for
-machines), ``db upgrade`` and ``db check`` (the schema of the metadata
-database) and ``config show`` (the effective configuration, secrets
-masked). Every command reaches the store through ``[store] url`` and the
+list``, ``triggerers list`` (who is alive and what each runs), ``events
+list``, ``runs list``, ``deadletters list`` (``--json`` for machines),
+``db upgrade`` and ``db check`` (the schema of the metadata database) and
+``config show`` (the effective configuration, secrets masked). Every
+command reaches the store through ``[store] url`` and the
 :class:`~sharedstream.store.MetadataStore` protocol, whatever the backend.
 Every error a user can cause - bad configuration, a broken definitions
 file, an unusable or out-of-date store - is one line on stderr and exit
@@ -20,7 +21,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ examples:
   sharedstream init                               write ./sharedstream.toml and a database
   sharedstream triggerer --definitions defs.py    run the watchers of defs.py
   sharedstream runs list --dag ship --limit 20    the newest queued DAG runs of one DAG
+  sharedstream triggerers list                    the triggerer processes: alive? running what?
   sharedstream deadletters list --json            raw events kept in the store's DLQ table
   sharedstream db check                           is the database reachable and up to date?
   sharedstream demo                               everything against a local broker
@@ -170,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
 
     for noun, what, handler, extra in (
         ("triggers", "triggers", _triggers_list, ()),
+        ("triggerers", "triggerer processes", _triggerers_list, ()),
         ("events", "events", _events_list, ("--asset", "--trigger", "--limit")),
         ("runs", "runs", _runs_list, ("--dag", "--asset", "--limit")),
         ("deadletters", "dead letters", _deadletters_list, ("--stream", "--limit")),
@@ -177,7 +180,7 @@ def _parser() -> argparse.ArgumentParser:
         group = commands.add_parser(noun, help=f"inspect stored {what}")
         verbs = _Commands(group.add_subparsers(title="actions", required=True,
                                                metavar="ACTION"), anywhere)
-        order = "by id" if noun == "triggers" else "newest first"
+        order = "by id" if noun in ("triggers", "triggerers") else "newest first"
         listing = verbs.add_parser("list", help=f"list {what}, {order}")
         listing.add_argument("--json", action="store_true", help="one JSON document on stdout")
         if "--asset" in extra:
@@ -293,6 +296,22 @@ def _triggers_list(args: argparse.Namespace, config: Config) -> int:
         for r in rows
     ]
     columns = ("id", "state", "events", "errors", "watchers", "classpath", "last_error")
+    return _emit(args, records, columns)
+
+
+def _triggerers_list(args: argparse.Namespace, config: Config) -> int:
+    threshold = config.triggerer.triggerer_health_check_threshold
+    with _open_store(config) as store:
+        rows = store.triggerers()
+    now = datetime.now(UTC)
+    records = [
+        {"id": r.id, "host": r.hostname, "pid": r.pid, "started_at": r.started_at,
+         "heartbeat_at": r.heartbeat_at,
+         "heartbeat_age": round((now - r.heartbeat_at).total_seconds(), 1),
+         "alive": r.alive(now, threshold), "triggers": list(r.running)}
+        for r in rows
+    ]
+    columns = ("id", "host", "pid", "alive", "heartbeat_at", "heartbeat_age", "triggers")
     return _emit(args, records, columns)
 
 

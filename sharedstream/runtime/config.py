@@ -116,6 +116,11 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
         "job_heartbeat_sec": _OptionSpec(
             "float", "Seconds between the triggerer's heartbeats in the metadata database."
         ),
+        "triggerer_health_check_threshold": _OptionSpec(
+            "float",
+            "Seconds after its last heartbeat a triggerer counts as dead: its standalone "
+            "triggers go to another triggerer (keep it several job_heartbeat_sec).",
+        ),
         "restart_backoff_initial": _OptionSpec(
             "float", "Seconds before the first restart of a trigger that failed."
         ),
@@ -285,6 +290,7 @@ class TriggererConfig:
     shared_stream_ack_timeout: float = 300.0
     shared_stream_cohort_grace_period: float = 0.0
     job_heartbeat_sec: float = 5.0
+    triggerer_health_check_threshold: float = 30.0
     restart_backoff_initial: float = 1.0
     restart_backoff_max: float = 300.0
     shutdown_timeout: float = 30.0

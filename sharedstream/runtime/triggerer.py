@@ -3,7 +3,12 @@
 Start-up registers the definitions in the metadata store (identical
 triggers collapse into one row), then runs up to ``capacity`` active
 triggers. A trigger with a shared-stream key subscribes through the
-:class:`SharedStreamManager`; any other runs its own ``run()``. Every event
+:class:`SharedStreamManager`, on every triggerer (the broker spreads the
+messages over them); any other (standalone) runs its own ``run()`` on the
+one triggerer the store assigns it to (:mod:`sharedstream.runtime.assignment`):
+each heartbeat renews this triggerer's lease, records what it runs, and
+claims the standalone triggers nobody live owns, up to the capacity the
+shared ones leave. Every event
 goes through the :class:`PersistGate`; in ack mode the broker is advanced
 only after the gate confirmed the event's seq.
 
@@ -59,6 +64,7 @@ from sharedstream.engine.membership import Membership
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.engine.telemetry import instruments
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
+from sharedstream.runtime.assignment import Assignment
 from sharedstream.runtime.config import Config
 from sharedstream.runtime.crypto import KwargsCipher
 from sharedstream.runtime.definitions import Definitions
@@ -71,6 +77,7 @@ from sharedstream.runtime.serde import (
     unpack_kwargs,
 )
 from sharedstream.store import (
+    Claim,
     DagSpec,
     MetadataStore,
     PendingEvent,
@@ -78,6 +85,7 @@ from sharedstream.store import (
     TriggerSpec,
     WatcherSpec,
     WriteResult,
+    serves_one_triggerer,
     triggerer_guard,
 )
 
@@ -165,6 +173,13 @@ class Triggerer:
         """What a second signal does, with the exit status (the demo cleans up first)."""
         self._stop = asyncio.Event()
         self._signals = 0
+        self._standalone: dict[int, TriggerRow] = {}  # candidates for this triggerer
+        self._shared: list[asyncio.Task[None]] = []
+        self._room = 0  # standalone triggers it may own (capacity left by the shared ones)
+        self._assignment: Assignment | None = None
+        self._claim_now = asyncio.Event()  # a standalone trigger ended: claim again at once
+        self._round_done = asyncio.Event()  # a claim round ended (the idle watch looks)
+        self._shared_ids: list[int] = []
 
     def _store_pressure(self, on: bool) -> None:
         """The gate is behind or the store failing: hold every stream's intake meanwhile."""
@@ -235,17 +250,25 @@ class Triggerer:
         dags = [DagSpec(d.dag_id, d.schedule.to_tree()) for d in defs.dags.values()]
         store = self.store
         await self._db(store.sync_definitions, specs, watchers, dags)
-        rows = await self._db(store.active_triggers, self.config.triggerer.capacity)
+        rows = await self._db(store.active_triggers, sys.maxsize)
+        shared_ids = self._preflight(rows)
+        capacity = self.config.triggerer.capacity
+        shared = [row for row in rows if row.id in shared_ids][:capacity]
+        self._standalone = {row.id: row for row in rows if row.id not in shared_ids}
+        self._room = capacity - len(shared)
         log.info(
-            "store %s (schema v%d): %d assets, %d watchers -> %d triggers, %d DAGs; running %d",
+            "store %s (schema v%d): %d assets, %d watchers -> %d triggers, %d DAGs; running %d "
+            "(%d shared-stream, %d standalone where assigned)",
             store.location, version, len(defs.assets), len(watchers), len(specs),
-            len(dags), len(rows),
+            len(dags), len(shared) + len(self._standalone), len(shared), len(self._standalone),
         )
-        self._preflight(rows)
-        return rows
+        log.info("this triggerer is %s (see `sharedstream triggerers list`)", self.triggerer_id)
+        return shared
 
-    def _preflight(self, rows: list[TriggerRow]) -> None:
+    def _preflight(self, rows: list[TriggerRow]) -> set[int]:
         """Build every trigger (and each stream's producer) once; refuse to start if one fails.
+
+        Returns the ids of the shared-stream triggers (the others are standalone).
 
         A trigger whose kwargs its class no longer accepts, or whose broker
         extra is not installed, would otherwise fail and back off forever:
@@ -255,19 +278,23 @@ class Triggerer:
         """
         names = {t.fingerprint: t.watchers for t in self.definitions.triggers.values()}
         problems = []
+        shared: set[int] = set()
         for row in rows:
             watchers = ", ".join(f"{asset}/{name}" for asset, name in names.get(
                 row.fingerprint, [])) or f"trigger {row.id}"
             try:
                 trigger = self._rehydrate(row)
-                if isinstance(trigger, BaseEventTrigger) and uses_ack_mode(type(trigger)) and (
+                if isinstance(trigger, BaseEventTrigger) and (
                         trigger.shared_stream_key() is not None):
-                    type(trigger).create_shared_stream_producer(trigger.serialize()[1])
+                    shared.add(row.id)
+                    if uses_ack_mode(type(trigger)):
+                        type(trigger).create_shared_stream_producer(trigger.serialize()[1])
             except (_Unrunnable, SharedStreamError, ImportError, TypeError, ValueError) as exc:
                 cause = exc.__cause__ if isinstance(exc, _Unrunnable) and exc.__cause__ else exc
                 problems.append(f"watcher {watchers} ({row.classpath}) cannot run: {cause}")
         if problems:
             raise SharedStreamError("; ".join(problems))
+        return shared
 
     # -- running ------------------------------------------------------------------
 
@@ -282,21 +309,27 @@ class Triggerer:
             # with the default 5 ms it waits that long whenever the loop is busy.
             sys.setswitchinterval(self.config.store.switch_interval_ms / 1000)
         try:
-            rows = await self._register()
+            shared = await self._register()
             async with asyncio.TaskGroup() as tasks:
                 gate_task = tasks.create_task(self.gate.run(), name="sharedstream-persist-gate")
-                side = [
-                    tasks.create_task(self._heartbeat(), name="sharedstream-heartbeat"),
-                    tasks.create_task(self._report_progress(), name="sharedstream-progress"),
-                ]
-                supervisors = [
+                self._shared = [
                     tasks.create_task(self._supervise(row), name=f"sharedstream-trigger[{row.id}]")
-                    for row in rows
+                    for row in shared
                 ]
-                side.append(tasks.create_task(self._stop_when_idle(supervisors),
-                                              name="sharedstream-idle-watch"))
+                self._shared_ids = [row.id for row in shared]
+                one = serves_one_triggerer(self.config.store.url)
+                lease = None if one else self.config.triggerer.triggerer_health_check_threshold
+                assignment = self._assignment = Assignment(
+                    partial(self._start_standalone, tasks), lease)
+                heartbeat = tasks.create_task(self._heartbeat(assignment, one),
+                                              name="sharedstream-heartbeat")
+                side = [
+                    tasks.create_task(self._report_progress(), name="sharedstream-progress"),
+                    tasks.create_task(self._stop_when_idle(assignment),
+                                      name="sharedstream-idle-watch"),
+                ]
                 await self._stop.wait()
-                await self._shutdown(supervisors, side, gate_task)
+                await self._shutdown(assignment, heartbeat, side, gate_task)
         finally:
             try:
                 if self._store is not None:
@@ -341,12 +374,16 @@ class Triggerer:
 
     async def _shutdown(
         self,
-        supervisors: list[asyncio.Task[None]],
+        assignment: Assignment,
+        heartbeat: asyncio.Task[None],
         side: list[asyncio.Task[None]],
         gate_task: asyncio.Task[None],
     ) -> None:
         budget = self.config.triggerer.shutdown_timeout
         self.manager.intake.close("stopping")  # from now on, only what is in flight
+        assignment.close()  # no standalone trigger starts from now on
+        heartbeat.cancel()  # nor is one claimed (the lease runs out, or is released below)
+        supervisors = [*self._shared, *assignment.tasks]
         try:
             async with asyncio.timeout(budget):
                 await self._finish_in_flight(budget / 2)
@@ -364,6 +401,17 @@ class Triggerer:
                 task.cancel()
         for task in side:
             task.cancel()
+        await self._release_standalone()
+
+    async def _release_standalone(self) -> None:
+        """Hand the standalone triggers back (a clean stop): others take them now, not later."""
+        if not self._standalone:
+            return
+        try:
+            await self._db(self.store.release_triggers, self.triggerer_id)
+        except Exception:
+            # Nothing is lost: they are taken over once this triggerer's heartbeat is stale.
+            log.exception("could not release this triggerer's standalone triggers")
 
     async def _finish_in_flight(self, within: float) -> None:
         """Wait until the watchers hold no raw event and the store has written everything.
@@ -380,10 +428,17 @@ class Triggerer:
             log.warning("stopping: watchers still held %d raw events after %.1fs; the broker "
                         "redelivers them", sum(q for _, _, q in self.manager.lag()), within)
 
-    async def _stop_when_idle(self, supervisors: list[asyncio.Task[None]]) -> None:
-        """Stop the triggerer once no trigger is left running (all finished or failed)."""
-        if supervisors:
-            await asyncio.wait(supervisors)
+    async def _stop_when_idle(self, assignment: Assignment) -> None:
+        """Stop the triggerer once no trigger is left to run (all finished or failed).
+
+        A standalone trigger another triggerer runs is still to run: this one
+        stands by to take it over.
+        """
+        if self._shared:
+            await asyncio.wait(self._shared)
+        while not assignment.idle:
+            self._round_done.clear()
+            await self._round_done.wait()
         if self._stop.is_set():
             return
         self._idle = True
@@ -394,17 +449,54 @@ class Triggerer:
             log.info("every trigger finished; nothing left to run")
         self._stop.set()
 
-    async def _heartbeat(self) -> None:
-        interval = self.config.triggerer.job_heartbeat_sec
+    def _start_standalone(self, tasks: asyncio.TaskGroup, trigger_id: int) -> asyncio.Task[None]:
+        """Supervise a standalone trigger the store assigned to this triggerer."""
+        task = tasks.create_task(self._supervise(self._standalone[trigger_id]),
+                                 name=f"sharedstream-trigger[{trigger_id}]")
+        task.add_done_callback(lambda _: self._claim_now.set())  # its end may free capacity
+        return task
+
+    def _beat(self, host: str, running: list[int], threshold: float) -> Claim:
+        """One claim round, on the database thread: heartbeat (the lease), then claim."""
+        store = self.store
+        store.heartbeat(self.triggerer_id, host, os.getpid(), running)
+        return store.claim_triggers(self.triggerer_id, sorted(self._standalone), self._room,
+                                    threshold)
+
+    async def _heartbeat(self, assignment: Assignment, alone: bool) -> None:
+        """Claim rounds every ``job_heartbeat_sec`` (at once after a standalone trigger ended).
+
+        ``alone`` (a store serving one triggerer, which holds its guard):
+        every other triggerer recorded is dead, so their triggers are taken at
+        once (threshold 0). A round that fails is logged and retried next
+        interval; it does not stop shared-stream triggers, but once the lease
+        of the last good round ends the standalone ones are stopped here
+        (:meth:`Assignment.expire`), since another triggerer may take them.
+        """
+        tconf = self.config.triggerer
+        interval = tconf.job_heartbeat_sec
+        threshold = 0.0 if alone else tconf.triggerer_health_check_threshold
         host = socket.gethostname()
+        loop = asyncio.get_running_loop()
         while True:
+            self._claim_now.clear()
+            began = loop.time()
+            running = sorted({*assignment.running, *(
+                row_id for row_id, task in zip(self._shared_ids, self._shared, strict=True)
+                if not task.done())})
+            beat = loop.run_in_executor(self._db_thread, self._beat, host, running, threshold)
             try:
-                await self._db(self.store.heartbeat, self.triggerer_id, host, os.getpid())
+                while not (await asyncio.wait({beat}, timeout=assignment.expire(loop.time())))[0]:
+                    pass  # late: expire() fenced the standalone triggers if the lease ended
+                assignment.apply(beat.result(), began)
             except Exception:
-                # A missed heartbeat is reported and retried next interval; it
-                # does not stop the triggers.
+                # A missed heartbeat: retried next interval; the lease (above) decides.
                 log.exception("heartbeat failed")
-            await asyncio.sleep(interval)
+            self._round_done.set()
+            wait = min(interval, assignment.expire(loop.time()) or interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._claim_now.wait()
 
     async def _report_progress(self, every: float = 10.0) -> None:
         last = 0

@@ -9,6 +9,7 @@ when a ``postgresql://`` URL is opened: it needs the ``postgres`` extra).
 from sharedstream.store.base import (
     RUN_STATE_QUEUED,
     TRIGGER_STATES,
+    Claim,
     DagSpec,
     EventRow,
     MetadataStore,
@@ -25,12 +26,13 @@ from sharedstream.store.base import (
     WriteResult,
     redact_url,
 )
-from sharedstream.store.factory import open_store, triggerer_guard
+from sharedstream.store.factory import open_store, serves_one_triggerer, triggerer_guard
 from sharedstream.store.sqlite import SqliteStore
 
 __all__ = [
     "RUN_STATE_QUEUED",
     "TRIGGER_STATES",
+    "Claim",
     "DagSpec",
     "EventRow",
     "MetadataStore",
@@ -48,5 +50,6 @@ __all__ = [
     "WriteResult",
     "open_store",
     "redact_url",
+    "serves_one_triggerer",
     "triggerer_guard",
 ]

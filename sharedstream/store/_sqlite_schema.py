@@ -117,7 +117,15 @@ _V2 = (
     "CREATE INDEX dead_letters_stream ON dead_letters (stream, id)",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
+# Several triggerers: who runs a standalone trigger (its owner's heartbeat is the
+# lease), and what each triggerer runs (a JSON list of trigger ids).
+_V3 = (
+    "ALTER TABLE triggers ADD COLUMN triggerer_id TEXT",
+    "CREATE INDEX triggers_triggerer ON triggers (triggerer_id)",
+    "ALTER TABLE triggerers ADD COLUMN running TEXT NOT NULL DEFAULT '[]'",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

@@ -53,6 +53,7 @@ __all__ = [
     "DEAD_LETTER_PAYLOAD_LIMIT",
     "RUN_STATE_QUEUED",
     "TRIGGER_STATES",
+    "Claim",
     "DagSpec",
     "DeadLetterRow",
     "EventRow",
@@ -248,13 +249,36 @@ class RunRow:
 
 @dataclass(frozen=True, slots=True)
 class TriggererRow:
-    """A triggerer process as last reported by :meth:`MetadataStore.heartbeat`."""
+    """A triggerer process as last reported by :meth:`MetadataStore.heartbeat`.
+
+    ``running`` is the ids of the triggers it said it runs, sorted.
+    """
 
     id: str
     hostname: str
     pid: int
     started_at: datetime
     heartbeat_at: datetime
+    running: tuple[int, ...] = ()
+
+    def alive(self, now: datetime, threshold: float) -> bool:
+        """Whether its last heartbeat is at most ``threshold`` seconds before ``now``."""
+        return (now - self.heartbeat_at).total_seconds() <= threshold
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What :meth:`MetadataStore.claim_triggers` left a triggerer with.
+
+    ``owned``: the candidate triggers it owns now (ids, sorted) - the ones
+    it must run, and the only ones. ``elsewhere``: how many other active
+    candidates it does not own (owned by live triggerers, being claimed by
+    one, or past its capacity): a triggerer with nothing owned but something
+    elsewhere is a standby, not idle.
+    """
+
+    owned: tuple[int, ...]
+    elsewhere: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,8 +436,41 @@ class MetadataStore(Protocol):
         """
         ...
 
-    def heartbeat(self, triggerer_id: str, hostname: str, pid: int) -> None:
-        """Record that the triggerer is alive (first call registers it)."""
+    def heartbeat(
+        self, triggerer_id: str, hostname: str, pid: int, running: Sequence[int] = ()
+    ) -> None:
+        """Record that the triggerer is alive and runs ``running`` (first call registers it).
+
+        The heartbeat is also the lease of every standalone trigger the
+        triggerer owns (see :meth:`claim_triggers`): a triggerer whose last
+        heartbeat is older than the health-check threshold loses them.
+        PostgreSQL stamps it with the server's clock, so leases do not
+        depend on the triggerers' clocks agreeing.
+        """
+        ...
+
+    def claim_triggers(
+        self, triggerer_id: str, candidates: Sequence[int], capacity: int, threshold: float
+    ) -> Claim:
+        """Assign standalone triggers to ``triggerer_id``, one transaction; returns what it owns.
+
+        Of the ``active`` triggers among ``candidates``: it keeps those it
+        owns, and takes (in id order, until it owns ``capacity``) those owned
+        by nobody or by a triggerer whose last heartbeat is more than
+        ``threshold`` seconds old. A trigger another triggerer is claiming at
+        the same moment is skipped, never waited for (PostgreSQL: ``FOR
+        UPDATE SKIP LOCKED``), so no trigger gets two owners. Called after
+        each heartbeat; idempotent. Raises :class:`StoreWriteError`
+        (retryable) and changes nothing on failure.
+        """
+        ...
+
+    def release_triggers(self, triggerer_id: str) -> None:
+        """Give up every trigger ``triggerer_id`` owns (a graceful stop), so others take them now.
+
+        One transaction; idempotent. Raises :class:`StoreWriteError` on failure
+        (the triggers are then taken over after the threshold instead).
+        """
         ...
 
     def triggerers(self) -> list[TriggererRow]:

@@ -26,6 +26,7 @@ __all__ = [
     "POSTGRES_SCHEMES",
     "SQLITE_PREFIX",
     "open_store",
+    "serves_one_triggerer",
     "sqlite_path",
     "triggerer_guard",
 ]
@@ -86,3 +87,12 @@ def triggerer_guard(url: str) -> contextlib.AbstractContextManager[object]:
     if path is None:
         return contextlib.nullcontext()
     return TriggererLock(path)
+
+
+def serves_one_triggerer(url: str) -> bool:
+    """Whether the store ``url`` names serves one triggerer only (SQLite, see the guard below).
+
+    A triggerer on such a store, holding the guard, knows every other
+    triggerer recorded in it is dead: it takes their triggers at once.
+    """
+    return sqlite_path(url) is not None

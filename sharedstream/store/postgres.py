@@ -42,6 +42,7 @@ from sharedstream.store._write_plan import Definitions
 from sharedstream.store.base import (
     DEAD_LETTER_PAYLOAD_LIMIT,
     TRIGGER_STATES,
+    Claim,
     DagSpec,
     DeadLetterRow,
     EventRow,
@@ -460,16 +461,22 @@ class PostgresStore:
 
     # -- triggerers -------------------------------------------------------------
 
-    def heartbeat(self, triggerer_id: str, hostname: str, pid: int) -> None:
-        """Record that the triggerer is alive; the first call also sets ``started_at``."""
-        now = datetime.now(UTC)
+    def heartbeat(
+        self, triggerer_id: str, hostname: str, pid: int, running: Sequence[int] = ()
+    ) -> None:
+        """Record that the triggerer is alive and what it runs, stamped with the server's clock.
+
+        The server's clock (``now()``), so that :meth:`claim_triggers` compares
+        heartbeats of triggerers on several machines with one clock. The first
+        call also sets ``started_at``.
+        """
         with self._write("heartbeat") as conn:
             conn.execute(
-                "INSERT INTO triggerers (id, hostname, pid, started_at, heartbeat_at)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+                "INSERT INTO triggerers (id, hostname, pid, started_at, heartbeat_at, running)"
+                " VALUES (%s, %s, %s, now(), now(), %s) ON CONFLICT (id) DO UPDATE SET"
                 "  hostname = excluded.hostname, pid = excluded.pid,"
-                "  heartbeat_at = excluded.heartbeat_at",
-                (triggerer_id, hostname, pid, now, now),
+                "  heartbeat_at = excluded.heartbeat_at, running = excluded.running",
+                (triggerer_id, hostname, pid, json.dumps(sorted(running))),
             )
 
     def triggerers(self) -> list[TriggererRow]:
@@ -481,11 +488,70 @@ class PostgresStore:
                 pid=int(row[2]),
                 started_at=_utc(row[3]),
                 heartbeat_at=_utc(row[4]),
+                running=tuple(int(i) for i in json.loads(row[5])),
             )
             for row in self._read(
-                "SELECT id, hostname, pid, started_at, heartbeat_at FROM triggerers ORDER BY id"
+                "SELECT id, hostname, pid, started_at, heartbeat_at, running FROM triggerers"
+                " ORDER BY id"
             )
         ]
+
+    def claim_triggers(
+        self, triggerer_id: str, candidates: Sequence[int], capacity: int, threshold: float
+    ) -> Claim:
+        """Keep and take standalone triggers; the rules of the protocol, in one transaction.
+
+        What it owns is read without locks (only a taker changes an owner, and
+        only once the owner's heartbeat is stale). What it may take is
+        selected ``FOR UPDATE SKIP LOCKED``: a row another triggerer is
+        claiming, or one whose ``events_stored`` a write is updating, is
+        skipped this round rather than waited for. A taken row is re-checked
+        under its lock (``READ COMMITTED`` re-evaluates the condition on the
+        newest version), so two claimers never both take it.
+        """
+        wanted = sorted(set(candidates))
+        with self._write("claim_triggers") as conn:
+            owned = [
+                int(trigger_id)
+                for (trigger_id,) in conn.execute(
+                    "SELECT id FROM triggers WHERE id = ANY(%s) AND state = 'active'"
+                    " AND triggerer_id = %s ORDER BY id",
+                    (wanted, triggerer_id),
+                )
+            ]
+            room = max(0, capacity - len(owned))
+            taken: list[int] = []
+            if room:
+                taken = [
+                    int(trigger_id)
+                    for (trigger_id,) in conn.execute(
+                        "SELECT t.id FROM triggers t WHERE t.id = ANY(%s) AND t.state = 'active'"
+                        " AND (t.triggerer_id IS NULL OR (t.triggerer_id != %s AND NOT EXISTS ("
+                        "  SELECT 1 FROM triggerers r WHERE r.id = t.triggerer_id"
+                        "  AND r.heartbeat_at > now() - make_interval(secs => %s))))"
+                        " ORDER BY t.id LIMIT %s FOR UPDATE OF t SKIP LOCKED",
+                        (wanted, triggerer_id, threshold, room),
+                    )
+                ]
+                if taken:
+                    conn.execute(
+                        "UPDATE triggers SET triggerer_id = %s WHERE id = ANY(%s)",
+                        (triggerer_id, taken),
+                    )
+            row = conn.execute(
+                "SELECT count(*) FROM triggers WHERE id = ANY(%s) AND state = 'active'",
+                (wanted,),
+            ).fetchone()
+        active = int(row[0]) if row else 0
+        mine = sorted([*owned, *taken])
+        return Claim(owned=tuple(mine), elsewhere=max(0, active - len(mine)))
+
+    def release_triggers(self, triggerer_id: str) -> None:
+        """Give up every trigger ``triggerer_id`` owns; idempotent."""
+        with self._write("release_triggers") as conn:
+            conn.execute(
+                "UPDATE triggers SET triggerer_id = NULL WHERE triggerer_id = %s", (triggerer_id,)
+            )
 
     # -- dead letters -----------------------------------------------------------
 

@@ -10,13 +10,13 @@ another thread than the one using it. Other processes and other instances
 may open the same file: writes serialize on SQLite's write lock, reads see
 what was committed.
 
-Schema (version 2; ``schema_version`` holds one row per applied migration)::
+Schema (version 3; ``schema_version`` holds one row per applied migration)::
 
     store_meta(key PK, value)                  definitions_generation counter
     triggers(id PK AUTOINCREMENT, fingerprint UNIQUE, classpath, kwargs_blob,
              state CHECK IN (active, finished, failed, orphaned),
              error_count, last_error, last_traceback, last_error_at,
-             created_at, events_stored)
+             created_at, events_stored, triggerer_id)   owner of a standalone one
     assets(id PK AUTOINCREMENT, name UNIQUE, created_at)
     watchers(asset_id -> assets, name, trigger_id -> triggers,
              PK (asset_id, name))
@@ -32,7 +32,7 @@ Schema (version 2; ``schema_version`` holds one row per applied migration)::
              UNIQUE (dag_id, run_id))
     dag_run_asset_events(dag_run_id -> dag_runs, asset_event_id -> asset_events,
                          PK both)
-    triggerers(id PK, hostname, pid, started_at, heartbeat_at)
+    triggerers(id PK, hostname, pid, started_at, heartbeat_at, running JSON)
     dead_letters(id PK AUTOINCREMENT, created_at, stream, source, reason,
                  triggers JSON, payload BLOB prefix, payload_size, headers JSON,
                  UNIQUE (stream, source, reason))   formats: _sqlite_dead_letters
@@ -70,7 +70,7 @@ import logging
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -90,6 +90,7 @@ from sharedstream.store._sqlite_events import (
 from sharedstream.store._sqlite_schema import MIGRATIONS
 from sharedstream.store.base import (
     TRIGGER_STATES,
+    Claim,
     DagSpec,
     DeadLetterRow,
     EventRow,
@@ -536,16 +537,18 @@ class SqliteStore:
 
     # -- triggerers -------------------------------------------------------------
 
-    def heartbeat(self, triggerer_id: str, hostname: str, pid: int) -> None:
-        """Record that the triggerer is alive; the first call also sets ``started_at``."""
+    def heartbeat(
+        self, triggerer_id: str, hostname: str, pid: int, running: Sequence[int] = ()
+    ) -> None:
+        """Record that the triggerer is alive and what it runs; the first sets ``started_at``."""
         now = _now()
         with self._write("heartbeat") as conn:
             conn.execute(
-                "INSERT INTO triggerers (id, hostname, pid, started_at, heartbeat_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+                "INSERT INTO triggerers (id, hostname, pid, started_at, heartbeat_at, running)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
                 "  hostname = excluded.hostname, pid = excluded.pid,"
-                "  heartbeat_at = excluded.heartbeat_at",
-                (triggerer_id, hostname, pid, now, now),
+                "  heartbeat_at = excluded.heartbeat_at, running = excluded.running",
+                (triggerer_id, hostname, pid, now, now, json.dumps(sorted(running))),
             )
 
     def triggerers(self) -> list[TriggererRow]:
@@ -557,11 +560,50 @@ class SqliteStore:
                 pid=int(row[2]),
                 started_at=_parse(row[3]),
                 heartbeat_at=_parse(row[4]),
+                running=tuple(int(i) for i in json.loads(row[5])),
             )
             for row in self._read(
-                "SELECT id, hostname, pid, started_at, heartbeat_at FROM triggerers ORDER BY id"
+                "SELECT id, hostname, pid, started_at, heartbeat_at, running FROM triggerers"
+                " ORDER BY id"
             )
         ]
+
+    def claim_triggers(
+        self, triggerer_id: str, candidates: Sequence[int], capacity: int, threshold: float
+    ) -> Claim:
+        """Keep and take standalone triggers; the rules of the protocol, in one transaction.
+
+        ``BEGIN IMMEDIATE`` serializes it with every other writer, so no
+        trigger gets two owners; a triggerer is alive when its heartbeat is
+        within ``threshold`` seconds of this machine's clock.
+        """
+        wanted = sorted(set(candidates))
+        cutoff = _fmt(datetime.now(UTC) - timedelta(seconds=threshold))
+        with self._write("claim_triggers") as conn:
+            rows = conn.execute(
+                "SELECT t.id, t.triggerer_id, t.triggerer_id IS NULL OR t.triggerer_id = ?"
+                "  OR NOT EXISTS (SELECT 1 FROM triggerers r WHERE r.id = t.triggerer_id"
+                "   AND r.heartbeat_at > ?)"
+                " FROM triggers t, json_each(?) c WHERE t.id = c.value AND t.state = 'active'"
+                " ORDER BY t.id",
+                (triggerer_id, cutoff, json.dumps(wanted)),
+            ).fetchall()
+            owned = [int(row[0]) for row in rows if row[1] == triggerer_id]
+            free = [int(row[0]) for row in rows if row[1] != triggerer_id and row[2]]
+            taken = free[: max(0, capacity - len(owned))]
+            conn.executemany(
+                "UPDATE triggers SET triggerer_id = ? WHERE id = ?",
+                [(triggerer_id, trigger_id) for trigger_id in taken],
+            )
+        mine = sorted([*owned, *taken])
+        return Claim(owned=tuple(mine), elsewhere=len(rows) - len(mine))
+
+    def release_triggers(self, triggerer_id: str) -> None:
+        """Give up every trigger ``triggerer_id`` owns; idempotent."""
+        with self._write("release_triggers") as conn:
+            conn.execute(
+                "UPDATE triggers SET triggerer_id = NULL WHERE triggerer_id = ?", (triggerer_id,)
+            )
 
     # -- dead letters -----------------------------------------------------------
 

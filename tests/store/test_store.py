@@ -22,7 +22,7 @@ from sharedstream.store import (
 )
 from tests.store.conftest import Backend
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def trig(name: str, blob: bytes = b"kw") -> TriggerSpec:
@@ -65,8 +65,9 @@ def test_migrate_is_idempotent_and_records_each_version(backend: Backend) -> Non
     assert again.migrate() == SCHEMA_VERSION
     assert again.counts() == {"triggers": 0, "trigger_events": 0, "asset_events": 0, "dag_runs": 0}
     status = again.schema_status()
-    assert (status.current, status.latest, status.behind, status.newer) == (2, 2, False, False)
-    assert backend.query("SELECT version FROM schema_version ORDER BY version") == [(1,), (2,)]
+    assert (status.current, status.latest, status.behind, status.newer) == (3, 3, False, False)
+    assert backend.query("SELECT version FROM schema_version ORDER BY version") == [
+        (1,), (2,), (3,)]
 
 
 def test_a_database_newer_than_the_code_is_refused(store: MetadataStore, backend: Backend) -> None:
@@ -513,7 +514,7 @@ def test_heartbeats(store: MetadataStore) -> None:
 def test_a_second_connection_sees_committed_data(store: MetadataStore, backend: Backend) -> None:
     ids = define(store, {"t": ["x"]}, {"d": asset("x")})
     with backend.open() as other:
-        assert other.migrate() == 2
+        assert other.migrate() == SCHEMA_VERSION
         store.write_events([ev(ids["t"], "k")])
         assert other.counts()["dag_runs"] == 1
         # the other connection writes too, with definitions synced elsewhere

@@ -30,6 +30,7 @@ AIRFLOW_TRIGGERER_DEFAULTS = {
     "shared_stream_ack_timeout": 300.0,
     "shared_stream_cohort_grace_period": 0.0,
     "job_heartbeat_sec": 5.0,
+    "triggerer_health_check_threshold": 30.0,
     "restart_backoff_initial": 1.0,
     "restart_backoff_max": 300.0,
     "shutdown_timeout": 30.0,
