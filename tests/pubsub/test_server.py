@@ -524,11 +524,11 @@ def test_a_state_file_keeps_topics_subscriptions_and_unacked_messages_across_a_k
     tmp_path: Path,
 ) -> None:
     """SIGKILL and a start on the same file: what was not acked comes again under its id."""
-    from tests.pubsub.test_crash import ServerProcess  # noqa: PLC0415 - a test's helper
+    from tests.pubsub.test_crash import pubsub_process  # noqa: PLC0415 - a test's helper
 
-    server = ServerProcess(tmp_path, state_file=tmp_path / "state.json").start()
+    server = pubsub_process(tmp_path, state_file=tmp_path / "state.json").start()
     try:
-        with mock.patch.dict(os.environ, {"PUBSUB_EMULATOR_HOST": server.host}):
+        with mock.patch.dict(os.environ, {"PUBSUB_EMULATOR_HOST": f"127.0.0.1:{server.port}"}):
             publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
         try:
             topic = f"projects/{PROJECT}/topics/kept"
