@@ -1,21 +1,28 @@
 """What the end-to-end benchmarks share: the messages, the expected events, the baseline's store.
 
-Every e2e benchmark (``kafka_e2e.py``, ``sqs_e2e.py``, ``pubsub_e2e.py``)
-pre-loads the same N JSON messages ``{"id": i, "bucket": i % 10, ...}``;
+Every e2e benchmark (``kafka_e2e.py``, ``sqs_e2e.py``, ``pubsub_e2e.py``,
+``servicebus_e2e.py``) pre-loads the same N JSON messages ``{"id": i,
+"bucket": i % 10, ...}``;
 watcher (or independent consumer) j keeps the messages of bucket ``j % 10``,
 so K of them store :func:`expected_events` events. The ``independent K``
 baseline - what users run today - stores its 1 in 10 with an
-:class:`IndependentStore` each.
+:class:`IndependentStore` each. Where a benchmark's consumers count their
+own acknowledgements (:data:`ACKED`), :func:`wait_acked` says when a case is
+done; :mod:`_e2e_report` turns the runs into the medians, ratios and files.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
+import sys
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +99,132 @@ class IndependentStore:
                 rows.append((self.index, source, partition, position, json.dumps(value)))
         if rows:
             await asyncio.to_thread(self.write, rows)
+
+
+
+@contextlib.contextmanager
+def independent_stores(path: Path, k: int, loads: Callable[[bytes], Any] = json.loads,
+                       ) -> Iterator[list[IndependentStore]]:
+    """K consumers' :class:`IndependentStore` on one SQLite file, closed when the block ends."""
+    stores = [IndependentStore(path, index, loads) for index in range(k)]
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            store.db.close()
+
+
+def stored_rows(path: Path) -> int:
+    """The events the independent consumers stored in ``path``, all of them."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        (count,) = db.execute("SELECT count(*) FROM events").fetchone()
+    return int(count)
+
+def say(text: str) -> None:
+    """A progress line on stderr (stdout carries the result table)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Progress:
+    """When the sources were done (s since the case started): the case is the slowest."""
+
+    first_ack_at: float | None = None
+    done_at: dict[str, float] = field(default_factory=dict)
+
+
+async def wait_acked(sources: list[str], messages: int, *, started: float, limit: float,
+                     label: str, ended: asyncio.Future[Any] | None = None,
+                     poll: float = 0.02) -> Progress:
+    """Poll :data:`ACKED` every ``poll`` s until each source counts N acks; report every second.
+
+    ``sources`` are what the consumers count under (a subscription, a queue);
+    ``ended`` is the consumers' task: its end before then fails the case, as
+    does ``limit`` seconds passing (``TimeoutError``).
+    """
+    progress = Progress()
+    last_report = 0.0
+    while True:
+        now = time.perf_counter() - started
+        if progress.first_ack_at is None and any(ACKED[s] for s in sources):
+            progress.first_ack_at = now
+        for s in sources:
+            if s not in progress.done_at and ACKED[s] >= messages:
+                progress.done_at[s] = now
+        if len(progress.done_at) == len(sources):
+            return progress
+        if ended is not None and ended.done():
+            raise RuntimeError(f"{label}: the consumers ended early ({ended.result()!r})")
+        slowest = min(ACKED[s] for s in sources)
+        if now - last_report >= 1.0:
+            last_report = now
+            say(f"  [{label} {now:5.1f}s] acked {slowest:>7}/{messages} "
+                f"(slowest of {len(sources)} source(s))")
+        if now > limit:
+            raise TimeoutError(f"{label}: {slowest}/{messages} acked after {limit:.0f}s")
+        await asyncio.sleep(poll)
+
+
+# -- the shared case: generated definitions, the in-process triggerer ------------------------
+
+
+class LabelledWatcher:
+    """Put before a broker's trigger class in a benchmark's generated definitions.
+
+    The runtime collapses identical watchers into one trigger, so watchers j
+    and j + 10 (equal filters) would be one; the ``watcher`` label, which is
+    not part of the shared-stream key, keeps all K distinct, as K users'
+    watchers would be.
+    """
+
+    def __init__(self, *, watcher: int, **kwargs: Any) -> None:
+        self.watcher = watcher  # before super(): a trigger's validation may call serialize()
+        super().__init__(**kwargs)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """The trigger's own classpath and kwargs, plus ``watcher``."""
+        classpath, kwargs = super().serialize()  # type: ignore[misc]  # the trigger class's
+        return classpath, {**kwargs, "watcher": self.watcher}
+
+
+def write_definitions(path: Path, header: str, common: dict[str, Any], k: int) -> None:
+    """``header`` (imports, a ``BenchWatcher`` class), then K watchers built from ``common``.
+
+    Watcher j matches ``bucket == j % 10`` and feeds asset ``bucket_j``.
+    """
+    path.write_text(
+        header + f"COMMON = {common!r}\n\n"
+        + "".join(
+            f"bucket_{j} = Asset('bucket_{j}', watchers=[AssetWatcher('w', "
+            f"trigger=BenchWatcher(**COMMON, watcher={j}, "
+            f"match={{'json': {{'bucket': {j % BUCKETS}}}}}))])\n"
+            for j in range(k)))
+
+
+async def run_triggerer(definitions: Path, sources: list[str], messages: int, *,
+                        label: str, limit: float) -> tuple[Progress, int]:
+    """The in-process triggerer on ``definitions`` until each source counts N acks.
+
+    Its config and SQLite store go next to ``definitions``. Returns the
+    progress and the trigger events stored; the triggerer is stopped and
+    awaited however the wait ends.
+    """
+    from _triggerer_config import make_config  # noqa: PLC0415 - the runtime, only here
+
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - user code
+    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415
+    from sharedstream.store.sqlite import SqliteStore  # noqa: PLC0415
+
+    config = make_config(definitions.parent)
+    triggerer = Triggerer(config, load_definitions(definitions))
+    started = time.perf_counter()
+    task = asyncio.create_task(triggerer.run(), name=f"e2e-triggerer-{label}")
+    try:
+        progress = await wait_acked(sources, messages, started=started, limit=limit,
+                                    label=label, ended=task)
+    finally:
+        triggerer.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    with SqliteStore(config.sqlite_path()) as store:
+        return progress, store.counts()["trigger_events"]

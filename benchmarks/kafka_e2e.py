@@ -64,7 +64,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _e2e import BUCKETS, IndependentStore, expected_events, message_body
+from _e2e import (
+    IndependentStore,
+    expected_events,
+    independent_stores,
+    message_body,
+    stored_rows,
+    write_definitions,
+)
 from _triggerer_config import make_config
 
 from sharedstream.brokerkit.codecs import DECODERS
@@ -271,23 +278,20 @@ async def run_independent(bootstrap: str, topic: str, ends: dict[int, int], mess
                           decoder: str = "stdlib") -> CaseResult:
     stop = asyncio.Event()
     db = workdir / f"{topic}.db"  # one per run of a case
-    stores = [IndependentStore(db, i, INDEPENDENT_JSON[decoder]) for i in range(k)]
     case = independent_case(k, decoder)
     groups = [f"{topic}.independent-{i}" for i in range(k)]
-    started = time.perf_counter()
-    tasks = [asyncio.create_task(consume_loop(bootstrap, topic, g, stop, kafka_handler(s)))
-             for g, s in zip(groups, stores, strict=True)]
-    try:
-        progress = await wait_committed(bootstrap, topic, ends, groups, started=started,
-                                        limit=limit, label=case)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks)
-        (stored,) = stores[0].db.execute("SELECT count(*) FROM events").fetchone()
-        for store in stores:
-            store.db.close()
+    with independent_stores(db, k, INDEPENDENT_JSON[decoder]) as stores:
+        started = time.perf_counter()
+        tasks = [asyncio.create_task(consume_loop(bootstrap, topic, g, stop, kafka_handler(s)))
+                 for g, s in zip(groups, stores, strict=True)]
+        try:
+            progress = await wait_committed(bootstrap, topic, ends, groups, started=started,
+                                            limit=limit, label=case)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
     expected = expected_events(messages, k)
-    return summarize(case, k, messages, progress, events=int(stored), expected=expected)
+    return summarize(case, k, messages, progress, events=stored_rows(db), expected=expected)
 
 
 def kafka_handler(store: IndependentStore) -> Callable[[list[Any]], Awaitable[None]]:
@@ -309,36 +313,17 @@ def independent_case(k: int, decoder: str) -> str:
     return f"independent {k}" if decoder == "stdlib" else f"independent {k} ({decoder} json)"
 
 
-WATCHER_CLASS = """
-class Watcher(KafkaSharedStreamTrigger):
-    \"\"\"The Kafka trigger; ``watcher`` only makes each one distinct.
+DEFINITIONS_HEADER = """\
+from _e2e import LabelledWatcher
 
-    Identical triggers are collapsed into one by the runtime: without it,
-    watchers j and j + 10 would be one trigger feeding two assets.
-    \"\"\"
+from sharedstream.definitions import Asset, AssetWatcher
+from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
 
-    def __init__(self, *, watcher, **kwargs):
-        super().__init__(**kwargs)
-        self.watcher = watcher
 
-    def serialize(self):
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "watcher": self.watcher}
+class BenchWatcher(LabelledWatcher, KafkaSharedStreamTrigger):
+    pass
+
 """
-
-
-def write_definitions(path: Path, bootstrap: str, topic: str, group: str, k: int) -> None:
-    common = {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
-              "payload_format": "json", "consumer_overrides": OVERRIDES}
-    path.write_text(
-        "from sharedstream.definitions import Asset, AssetWatcher\n"
-        "from sharedstream.triggers.kafka import KafkaSharedStreamTrigger\n\n"
-        f"COMMON = {common!r}\n"
-        f"{WATCHER_CLASS}\n"
-        + "".join(
-            f"bucket_{j} = Asset('bucket_{j}', watchers=[AssetWatcher('w', trigger=Watcher("
-            f"**COMMON, watcher={j}, match={{'json': {{'bucket': {j % BUCKETS}}}}}))])\n"
-            for j in range(k)))
 
 
 async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages: int, *,
@@ -350,7 +335,9 @@ async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages:
     casedir.mkdir()
     group = f"{topic}.shared"
     definitions = casedir / "bench_definitions.py"
-    write_definitions(definitions, bootstrap, topic, group, k)
+    write_definitions(definitions, DEFINITIONS_HEADER, {
+        "bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
+        "payload_format": "json", "consumer_overrides": OVERRIDES}, k)
     config = make_config(casedir)
     triggerer = Triggerer(config, load_definitions(definitions))
     started = time.perf_counter()

@@ -53,37 +53,38 @@ Usage: ``python benchmarks/pubsub_e2e.py [--messages N] [--quick] [--ks 1,10]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import csv
 import importlib
-import json
 import logging
-import math
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _e2e import ACKED, BUCKETS, IndependentStore, cpu_seconds, expected_events, message_body
-from _triggerer_config import make_config
+from _e2e import (
+    ACKED,
+    Progress,
+    cpu_seconds,
+    expected_events,
+    independent_stores,
+    message_body,
+    run_triggerer,
+    stored_rows,
+    wait_acked,
+    write_definitions,
+)
+from _e2e import say as _say
+from _e2e_rounds import CaseResult, Chart, parse_args, report, run_rounds
 
-from sharedstream.store.sqlite import SqliteStore
 from sharedstream.testing.brokers.pubsub import start_pubsub, stop_pubsub
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROJECT = "bench"
-POLL = 0.02  # seconds between checks of the ack counts
 PUBLISH_BATCH, PUBLISH_IN_FLIGHT = 1_000, 4
 MAX_IN_FLIGHT = 1000  # every stream's max_outstanding_messages: the shared trigger's default
 ACK_DEADLINE = 60
@@ -92,10 +93,6 @@ TARGETS: dict[str, float | None] = {
 """Same-round ratios reported; ``None``: no target (the ceiling, for reading the others)."""
 
 Handler = Callable[[Sequence[tuple[str, int, int, bytes]]], Awaitable[None]]
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def _sdk(name: str) -> Any:
@@ -152,43 +149,6 @@ async def leftover(host: str, subscription: str) -> int:
         response = await client.pull(subscription=subscription, max_messages=1_000,
                                      return_immediately=True, timeout=10)
     return len(response.received_messages)
-
-
-# -- progress -------------------------------------------------------------------------------
-
-
-@dataclass
-class Progress:
-    """When the subscriptions were done (s since the case started): the case is the slowest."""
-
-    first_ack_at: float | None = None
-    done_at: dict[str, float] = field(default_factory=dict)
-
-
-async def wait_acked(subscriptions: list[str], messages: int, *, started: float, limit: float,
-                     label: str, ended: asyncio.Future[Any] | None = None) -> Progress:
-    """Poll :data:`ACKED` until every subscription counts N acks; report every second."""
-    progress = Progress()
-    last_report = 0.0
-    while True:
-        now = time.perf_counter() - started
-        if progress.first_ack_at is None and any(ACKED[s] for s in subscriptions):
-            progress.first_ack_at = now
-        for s in subscriptions:
-            if s not in progress.done_at and ACKED[s] >= messages:
-                progress.done_at[s] = now
-        if len(progress.done_at) == len(subscriptions):
-            return progress
-        if ended is not None and ended.done():
-            raise RuntimeError(f"{label}: the consumers ended early ({ended.result()!r})")
-        slowest = min(ACKED[s] for s in subscriptions)
-        if now - last_report >= 1.0:
-            last_report = now
-            _say(f"  [{label} {now:5.1f}s] acked {slowest:>7}/{messages} "
-                 f"(slowest of {len(subscriptions)} subscription(s))")
-        if now > limit:
-            raise TimeoutError(f"{label}: {slowest}/{messages} acked after {limit:.0f}s")
-        await asyncio.sleep(POLL)
 
 
 # -- raw and independent: a streaming pull, acks on the stream ------------------------------------
@@ -289,7 +249,7 @@ async def run_client(host: str, subscription: str, messages: int, *, limit: floa
 
 
 DEFINITIONS_HEADER = """\
-from _e2e import ACKED
+from _e2e import ACKED, LabelledWatcher
 
 from sharedstream.definitions import Asset, AssetWatcher
 from sharedstream.producers.pubsub import PubSubSharedStreamProducer
@@ -305,17 +265,7 @@ class CountingProducer(PubSubSharedStreamProducer):
         return retry
 
 
-class BenchWatcher(PubSubSharedStreamTrigger):
-    \"\"\"A Pub/Sub watcher with a label: identical filters stay distinct triggers.\"\"\"
-
-    def __init__(self, *, watcher, **kwargs):
-        self.watcher = watcher
-        super().__init__(**kwargs)
-
-    def serialize(self):
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "watcher": self.watcher}
-
+class BenchWatcher(LabelledWatcher, PubSubSharedStreamTrigger):
     @classmethod
     def create_shared_stream_producer(cls, kwargs):
         return CountingProducer(cls._settings_from(kwargs))
@@ -323,72 +273,19 @@ class BenchWatcher(PubSubSharedStreamTrigger):
 """
 
 
-def write_definitions(path: Path, common: dict[str, Any], k: int) -> None:
-    """K watchers on one subscription; watcher j matches ``bucket == j % 10``."""
-    path.write_text(
-        DEFINITIONS_HEADER + f"COMMON = {common!r}\n\n"
-        + "".join(
-            f"bucket_{j} = Asset('bucket_{j}', watchers=[AssetWatcher('w', "
-            f"trigger=BenchWatcher(**COMMON, watcher={j}, "
-            f"match={{'json': {{'bucket': {j % BUCKETS}}}}}))])\n"
-            for j in range(k)))
-
-
 async def run_shared(host: str, subscription: str, messages: int, *, k: int, casedir: Path,
                      limit: float) -> tuple[Progress, int]:
     """The in-process triggerer until N acks; returns the progress and the events stored."""
-    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
-    from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415
-
     definitions = casedir / "bench_definitions.py"
-    write_definitions(definitions, {
+    write_definitions(definitions, DEFINITIONS_HEADER, {
         "project": PROJECT, "subscription": subscription, "emulator_host": host,
         "max_in_flight": MAX_IN_FLIGHT, "ack_deadline": ACK_DEADLINE, "payload_format": "json",
     }, k)
-    config = make_config(casedir)
-    triggerer = Triggerer(config, load_definitions(definitions))
-    started = time.perf_counter()
-    task = asyncio.create_task(triggerer.run(), name=f"pubsub-e2e-triggerer-{k}")
-    try:
-        progress = await wait_acked([subscription], messages, started=started, limit=limit,
-                                    label=f"shared {k}", ended=task)
-    finally:
-        triggerer.request_stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    with SqliteStore(config.sqlite_path()) as store:
-        return progress, store.counts()["trigger_events"]
+    return await run_triggerer(definitions, [subscription], messages, label=f"shared {k}",
+                               limit=limit)
 
 
 # -- a case ---------------------------------------------------------------------------------
-
-
-@dataclass
-class CaseResult:
-    case: str
-    k: int
-    messages: int
-    round: int
-    seconds: float
-    first_ack_s: float | None
-    events: int
-    expected_events: int
-    leftover: int
-    bench_cpu_s: float
-    server_cpu_s: float | None
-
-    @property
-    def per_s(self) -> float:
-        return self.messages / self.seconds if self.seconds else math.nan
-
-    def row(self) -> dict[str, Any]:
-        return {"case": self.case, "k": self.k, "round": self.round, "messages": self.messages,
-                "msgs_per_s": round(self.per_s, 1), "seconds": round(self.seconds, 3),
-                "first_ack_s": None if self.first_ack_s is None else round(self.first_ack_s, 3),
-                "events_stored": self.events, "events_expected": self.expected_events,
-                "left_after": self.leftover, "bench_cpu_s": round(self.bench_cpu_s, 2),
-                "server_cpu_s": None if self.server_cpu_s is None
-                else round(self.server_cpu_s, 2)}
 
 
 async def run_case(host: str, server_pid: int, kind: str, k: int, *, round_: int, n: int,
@@ -412,15 +309,10 @@ async def run_case(host: str, server_pid: int, kind: str, k: int, *, round_: int
                                             casedir=casedir, limit=limit)
         expected = expected_events(messages, k)
     else:
-        stores = [IndependentStore(workdir / f"{name}.db", j) for j in range(k)]
-        try:
+        with independent_stores(workdir / f"{name}.db", k) as stores:
             progress = await run_streams(host, subscriptions, [s.handle for s in stores],
                                          messages, label=label, limit=limit)
-            (stored,) = stores[0].db.execute("SELECT count(*) FROM events").fetchone()
-        finally:
-            for store in stores:
-                store.db.close()
-        events, expected = int(stored), expected_events(messages, k)
+        events, expected = stored_rows(workdir / f"{name}.db"), expected_events(messages, k)
     cpu, server1 = time.process_time() - cpu0, cpu_seconds(server_pid)
     left = sum([await leftover(host, s) for s in subscriptions])
     result = CaseResult(label, k, messages, round_, max(progress.done_at.values()),
@@ -431,141 +323,18 @@ async def run_case(host: str, server_pid: int, kind: str, k: int, *, round_: int
     return result
 
 
-# -- the report -----------------------------------------------------------------------------
-
-
-def median_runs(runs: list[CaseResult]) -> list[CaseResult]:
-    """Per case, the run with the median msgs/s (the lower middle one for an even count)."""
-    grouped: dict[str, list[CaseResult]] = {}
-    for run in runs:
-        grouped.setdefault(run.case, []).append(run)
-    return [sorted(group, key=lambda r: r.per_s)[(len(group) - 1) // 2]
-            for group in grouped.values()]
-
-
-def round_ratios(runs: list[CaseResult]) -> dict[str, list[float]]:
-    """Each target's ratio, round by round (the two cases ran minutes apart at most)."""
-    by = {(r.round, r.case): r for r in runs}
-    out: dict[str, list[float]] = {}
-    for name in TARGETS:
-        top, bottom = name.split(" / ")
-        for round_ in sorted({r.round for r in runs}):
-            a, b = by.get((round_, top)), by.get((round_, bottom))
-            if a is not None and b is not None:
-                out.setdefault(name, []).append(round(a.per_s / b.per_s, 3))
-    return out
-
-
-def verdicts(runs: list[CaseResult]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name, values in round_ratios(runs).items():
-        target, median = TARGETS[name], round(statistics.median(values), 3)
-        out[name] = {"target": "none" if target is None else f">= {target}", "rounds": values,
-                     "median": median,
-                     "verdict": "-" if target is None else "MET" if median >= target
-                     else "NOT MET"}
-    return out
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib  # noqa: PLC0415 - only needed for the plot
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    xs = list(range(len(rows)))
-    bars = ax.bar(xs, [r["msgs_per_s"] or 0 for r in rows], 0.6,
-                  color=["C7" if r["case"] in ("raw", "client")
-                         else "C0" if r["case"].startswith("shared") else "C1" for r in rows])
-    ax.bar_label(bars, fmt="{:,.0f}", fontsize="small")
-    client = next((r for r in rows if r["case"] == "client"), None)
-    if client is not None:
-        ax.axhline(client["msgs_per_s"] * (TARGETS["shared 10 / client"] or 0), color="grey",
-                   linestyle=":", linewidth=1,
-                   label="80% of the client loop (target for shared 10)")
-        ax.legend(fontsize="small")
-    ax.set_xticks(xs, [r["case"] for r in rows])
-    ax.set_ylabel("messages/s, publish -> acked")
-    ax.set_title(f"Pub/Sub end to end (kit's test server, {rows[0]['messages']:,} JSON "
-                 "messages, 1 in 10 stored per watcher)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def write_results(out: Path, stem: str, args: argparse.Namespace, runs: list[CaseResult],
-                  load: dict[str, list[float]]) -> None:
-    results = median_runs(runs)
-    rows = [r.row() for r in results]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({
-        "python": sys.version.split()[0], "machine": platform.machine(),
-        "cpus": os.cpu_count(), "broker": "sharedstream.testing.pubsub (own process)",
-        "messages": args.messages, "ks": args.ks, "repeat": args.repeat,
-        "max_in_flight": MAX_IN_FLIGHT, "load_average": load,
-        "done_when": "each consumer counted N acks (raw/independent: ack ids written on the "
-                     "stream; client: message.ack() calls; shared: ack ids of Acknowledge "
-                     "calls that returned), then a final Pull(return_immediately) after the "
-                     "consumers stopped got nothing",
-        "rows": rows, "runs": [r.row() for r in runs], "targets": verdicts(runs)},
-        indent=2) + "\n")
-    with (out / f"{stem}.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(rows, out / f"{stem}.png")
-
-
-def print_table(runs: list[CaseResult]) -> None:
-    print("| case | msgs/s | wall s | first ack s | events stored | CPU s (bench / server) |")
-    print("|---|--:|--:|--:|--:|--:|")
-    for r in median_runs(runs):
-        server = "-" if r.server_cpu_s is None else f"{r.server_cpu_s:.1f}"
-        print(f"| {r.case} | {r.per_s:,.0f} | {r.seconds:.2f} | {r.first_ack_s or 0:.2f} | "
-              f"{r.events:,} / {r.expected_events:,} | {r.bench_cpu_s:.1f} / {server} |")
-    for name, verdict in verdicts(runs).items():
-        print(f"{name}: {verdict['median']:.2f} (rounds: "
-              f"{', '.join(f'{v:.2f}' for v in verdict['rounds'])}; target "
-              f"{verdict['target']}) -> {verdict['verdict']}")
-
-
 # -- main -----------------------------------------------------------------------------------
 
 
-async def run_all(args: argparse.Namespace, host: str, server_pid: int,
-                  workdir: Path) -> list[CaseResult]:
-    """Every case ``--repeat`` times, round-robin: noise falls on every case alike."""
+def case_list(ks: list[int]) -> list[tuple[str, int]]:
     cases = [("raw", 1), ("client", 1)]
-    for k in args.ks:
+    for k in ks:
         cases += [("shared", k), ("independent", k)]
-    runs = []
-    for round_ in range(args.repeat):
-        for n, (kind, k) in enumerate(cases):
-            runs.append(await run_case(host, server_pid, kind, k, round_=round_, n=n,
-                                       messages=args.messages, workdir=workdir,
-                                       limit=args.timeout))
-    return runs
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--messages", type=int, default=20_000, help="per case (default 20,000)")
-    parser.add_argument("--quick", action="store_true",
-                        help="3,000 messages; writes pubsub_e2e-quick.*")
-    parser.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10],
-                        help="watcher counts, comma-separated (default 1,10)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="runs per case, round-robin; the median run is reported")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
-    parser.add_argument("--output-dir", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.messages = 3_000
-    return args
+    return cases
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, (__doc__ or "").splitlines()[0], quick_messages=3_000)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix="sharedstream-pubsub-e2e-"))
@@ -574,20 +343,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _say(f"the Pub/Sub test server (pid {process.pid}) on {host}; {args.messages} "
              f"messages per case; in {workdir}")
-        runs = asyncio.run(run_all(args, host, process.pid, workdir))
+
+        async def run_one(kind: str, k: int, round_: int, n: int) -> CaseResult:
+            return await run_case(host, process.pid, kind, k, round_=round_, n=n,
+                                  messages=args.messages, workdir=workdir, limit=args.timeout)
+
+        runs = asyncio.run(run_rounds(case_list(args.ks), args.repeat, run_one))
     finally:
         stop_pubsub(process)
         shutil.rmtree(workdir, ignore_errors=True)
     load["end"] = list(os.getloadavg())
-    write_results(args.output_dir, "pubsub_e2e-quick" if args.quick else "pubsub_e2e", args,
-                  runs, load)
-    print_table(runs)
-    bad = [f"{r.case} #{r.round}" for r in runs
-           if r.events != r.expected_events or r.leftover]
-    if bad:
-        _say(f"error: wrong event counts or messages left in {', '.join(bad)}")
-        return 1
-    return 0
+    return report(
+        args, "pubsub_e2e", runs, targets=TARGETS, chart=Chart(
+            f"Pub/Sub end to end (kit's test server, {args.messages:,} JSON messages, "
+            "1 in 10 stored per watcher)", "messages/s, publish -> acked", ("raw", "client"),
+            ("client", TARGETS["shared 10 / client"] or 0,
+             "80% of the client loop (target for shared 10)")),
+        about={"broker": "sharedstream.testing.pubsub (own process)",
+               "max_in_flight": MAX_IN_FLIGHT, "load_average": load,
+               "done_when": "each consumer counted N acks (raw/independent: ack ids written on "
+                            "the stream; client: message.ack() calls; shared: ack ids of "
+                            "Acknowledge calls that returned), then a final "
+                            "Pull(return_immediately) after the consumers stopped got nothing"})
 
 
 if __name__ == "__main__":

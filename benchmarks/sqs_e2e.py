@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _e2e import BUCKETS, cpu_seconds, expected_events, message_body
+from _e2e import cpu_seconds, expected_events, message_body, write_definitions
 from _fauxqs import CREDENTIALS, REGION, FauxqsError, start_fauxqs, stop_fauxqs
 from _producers_seen import PRODUCERS
 from _triggerer_config import make_config
@@ -372,23 +372,14 @@ async def run_raw(backend: Backend, monitor: Any, queue_url: str, messages: int,
 
 
 DEFINITIONS_HEADER = """\
+from _e2e import LabelledWatcher
 from _producers_seen import PRODUCERS
 
 from sharedstream.definitions import Asset, AssetWatcher
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
 
 
-class BenchWatcher(SqsSharedStreamTrigger):
-    \"\"\"An SQS watcher with a label: identical filters stay distinct triggers.\"\"\"
-
-    def __init__(self, *, watcher, **kwargs):
-        self.watcher = watcher  # before super(): its validation calls serialize()
-        super().__init__(**kwargs)
-
-    def serialize(self):
-        classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "watcher": self.watcher}
-
+class BenchWatcher(LabelledWatcher, SqsSharedStreamTrigger):
     @classmethod
     def create_shared_stream_producer(cls, kwargs):
         producer = super().create_shared_stream_producer(kwargs)
@@ -398,23 +389,6 @@ class BenchWatcher(SqsSharedStreamTrigger):
 """
 
 
-def write_definitions(path: Path, common: dict[str, Any], k: int) -> None:
-    """K watchers on one queue; watcher j matches ``bucket == j % 10``.
-
-    Identical watchers collapse into one trigger when definitions load, so
-    watchers j and j + 10 would be one trigger; the ``watcher`` label (which
-    is not part of the shared-stream key) keeps all K distinct, as K users'
-    watchers would be.
-    """
-    path.write_text(
-        DEFINITIONS_HEADER + f"COMMON = {common!r}\n\n"
-        + "".join(
-            f"bucket_{j} = Asset('bucket_{j}', watchers=[AssetWatcher('w', "
-            f"trigger=BenchWatcher(**COMMON, watcher={j}, "
-            f"match={{'json': {{'bucket': {j % BUCKETS}}}}}))])\n"
-            for j in range(k)))
-
-
 async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: int, *, k: int,
                      concurrency: int, casedir: Path,
                      limit: float) -> CaseResult:
@@ -422,7 +396,7 @@ async def run_shared(backend: Backend, monitor: Any, queue_url: str, messages: i
     from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415
 
     definitions = casedir / "bench_definitions.py"
-    write_definitions(definitions, {
+    write_definitions(definitions, DEFINITIONS_HEADER, {
         "queue": queue_url, "region_name": REGION, "endpoint_url": backend.endpoint_url,
         "credentials": dict(CREDENTIALS), "wait_time_seconds": WAIT_TIME_SECONDS,
         "max_messages": 10, "receive_concurrency": concurrency, "payload_format": "json",
