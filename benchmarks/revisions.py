@@ -32,7 +32,7 @@ from typing import Any
 from _revisions import export_revision
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SCRIPTS = ("kafka_e2e.py", "sqs_e2e.py")
+SCRIPTS = ("kafka_e2e.py", "sqs_e2e.py", "pubsub_e2e.py")
 
 
 def run_once(tree: Path, script: str, args: Sequence[str], out: Path) -> list[dict[str, Any]]:
