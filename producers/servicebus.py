@@ -141,6 +141,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     the OpenTelemetry counter ``sharedstream.broker.requests``).
     """
 
+    advances_lanes_together = True  # each message is settled on its own, lanes apart
+
     def __init__(self, settings: ServiceBusSettings) -> None:
         settings.validate()
         _sdk("azure.servicebus.aio")  # a missing extra fails here
@@ -469,29 +471,43 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         """Complete a chunk; returns what failed transiently (the sender retries it)."""
         failed = await self._settle_each(
             "Complete", chunk, lambda p: p.receiver.complete_message(p.received))
-        retry = [(p, f"{type(exc).__name__}: {exc}") for p, exc in failed if transient(exc)]
+        retry = [(p, _said(exc)) for p, exc in failed if transient(exc)]
         again = {id(p) for p, _ in retry}
-        for payload, exc in failed:
-            if id(payload) not in again:
-                self._complete_lost(payload, f"{type(exc).__name__}: {exc}")
+        self._report(logging.WARNING, "completing", [
+            (p, _said(exc)) for p, exc in failed if id(p) not in again],
+            "Service Bus delivers them again and their events are skipped as duplicates")
         self._done([p for p in chunk if id(p) not in again])
         return retry
 
     def _complete_lost(self, payload: ServiceBusPayload, detail: str) -> None:
-        log.warning("completing %s of %s did not take (%s); Service Bus delivers it again and "
-                    "its events are skipped as duplicates", payload.message.sequence_number,
-                    self.entity, detail)
+        """The settle sender gave a completion up after its retries."""
+        self._report(logging.WARNING, "completing", [(payload, detail)],
+                     "Service Bus delivers it again and its events are skipped as duplicates")
         self._done([payload])
+
+    def _report(self, level: int, what: str, failed: Sequence[tuple[ServiceBusPayload, str]],
+                then: str) -> None:
+        """Log a batch of failed settlements as one line (sequence numbers, first reason).
+
+        After an outage they fail in hundreds, and a line per message would
+        say the same thing each time.
+        """
+        if not failed:
+            return
+        numbers = [p.message.sequence_number for p, _ in failed]
+        shown = ", ".join(map(str, numbers[:10])) + (" ..." if len(numbers) > 10 else "")
+        reasons = {detail for _, detail in failed}
+        log.log(level, "%s %d message(s) of %s did not take (%s%s): %s; %s", what,
+                len(failed), self.entity, failed[0][1],
+                f", and {len(reasons) - 1} other error(s)" if len(reasons) > 1 else "", shown, then)
 
     async def _abandon(self, payloads: list[ServiceBusPayload]) -> None:
         log.info("abandoning %d message(s) of %s: %s", len(payloads), self.entity,
                  [p.message.sequence_number for p in payloads])
         failed = await self._settle_each(
             "Abandon", payloads, lambda p: p.receiver.abandon_message(p.received))
-        for payload, exc in failed:
-            log.warning("abandoning %s of %s failed (%s: %s); its lock lapses and it comes "
-                        "again", payload.message.sequence_number, self.entity,
-                        type(exc).__name__, exc)
+        self._report(logging.WARNING, "abandoning", [(p, _said(exc)) for p, exc in failed],
+                     "their locks lapse and they come again")
         self._done(payloads)
 
     async def _dispose(self, items: list[_Disposal]) -> None:
@@ -511,13 +527,12 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         for payload, _, _ in items:
             self._settled(payload)
         failed = await self._settle_each("DeadLetter", [p for p, _, _ in items], dead_letter)
-        refused = {id(p): exc for p, exc in failed}
+        refused = {id(p) for p, _ in failed}
+        self._report(logging.ERROR, "dead-lettering", [(p, _said(exc)) for p, exc in failed],
+                     "their locks lapse, they come again and are dead-lettered then")
         for payload, reason, verdicts in items:
             number = payload.message.sequence_number
-            exc = refused.get(id(payload))
-            if exc is not None:
-                log.error("dead-lettering %s of %s failed (%s: %s); it comes again",
-                          number, self.entity, type(exc).__name__, exc)
+            if id(payload) in refused:
                 continue
             self._floors.forget(number)
             self._letters.sent(f"{number}", f"{self.entity}/$DeadLetterQueue", reason, verdicts)
@@ -535,9 +550,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         failed = await self._settle_each(
             "RenewLock", payloads, lambda p: p.receiver.renew_message_lock(p.received))
         lost = {p.key for p, _ in failed}
-        for payload, exc in failed:
-            log.info("renewing the lock of %s of %s failed (%s)", payload.message.sequence_number,
-                     self.entity, type(exc).__name__)
+        self._report(logging.INFO, "renewing the lock of", [(p, _said(exc)) for p, exc in failed],
+                     "tried again next round until the lock expires")
         return [t for t in due if t not in lost]
 
     # -- closing -------------------------------------------------------------------------
@@ -561,3 +575,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             if self._client is not None:
                 await self._client.close()
 
+
+def _said(exc: BaseException) -> str:
+    """``Type: first line`` of an error, for a log line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__

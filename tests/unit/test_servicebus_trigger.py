@@ -95,3 +95,38 @@ def test_dead_letter_details_name_the_outcome_and_the_triggers() -> None:
     _, long = dead_letter_details("rejected", [Verdict(trigger_id=1, resolution="rejected",
                                                        reason="x" * 5000)])
     assert len(long) == 1024
+
+
+class _ShutReceiver:
+    """A receiver whose handler is gone: every settlement raises, as the SDK's does."""
+
+    async def complete_message(self, message: object) -> None:
+        raise ValueError("The handler has already been shutdown. Please use ServiceBusClient "
+                         "to create a new instance.")
+
+
+async def test_failed_completions_are_one_line_and_counted_off_their_session_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After an outage hundreds of completions fail alike: one warning, not one per message."""
+    pytest.importorskip("azure.servicebus")
+    from sharedstream.producers._servicebus_types import (  # noqa: PLC0415
+        ServiceBusMessage,
+        ServiceBusPayload,
+    )
+    from sharedstream.producers.servicebus import (  # noqa: PLC0415
+        ServiceBusSharedStreamProducer,
+    )
+
+    producer = ServiceBusSharedStreamProducer(trigger(sessions=True).settings())
+    receiver = _ShutReceiver()
+    producer._open[id(receiver)] = 50
+    chunk = [ServiceBusPayload(("session", "s"), ServiceBusMessage(
+        "orders", sequence_number=n, body=b""), object(), receiver) for n in range(1, 51)]
+    with caplog.at_level("WARNING", logger="sharedstream.producers.servicebus"):
+        retry = await producer._send_completes(chunk)
+    assert retry == []
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("completing 50 message(s) of orders did not take (ValueError: ")
+    assert "1, 2, 3, 4, 5, 6, 7, 8, 9, 10 ..." in line
+    assert producer._open[id(receiver)] == 0, "each counted off its session once"
