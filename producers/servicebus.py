@@ -357,9 +357,17 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 await receiver.close()
 
     async def _keep_session(self, receiver: Any) -> None:
-        """Renew the session's lock every half lock while it is open."""
+        """Renew the session's lock once half of what is left of it has passed, while open.
+
+        Planned on the lock the session shows (``locked_until_utc``), never
+        on more than ``lock_duration``.
+        """
         while True:
-            await asyncio.sleep(self._leases.lease / 2)
+            left = float(self._leases.lease)
+            until = receiver.session.locked_until_utc
+            if until is not None:
+                left = min(left, (until - datetime.now(UTC)).total_seconds())
+            await asyncio.sleep(max(0.2, left / 2))
             await self._call("RenewSessionLock", receiver.session.renew_lock)
 
     # -- the engine's calls --------------------------------------------------------------

@@ -55,6 +55,8 @@ class ThreadedServiceBusServer:
         # Entities of the Service Bus specific tests (tests/servicebus/test_servicebus.py).
         self.state.create_queue("short-lock", EntitySettings(lock_duration=SHORT_LOCK,
                                                              max_delivery_count=100))
+        self.state.create_queue("short-session-lock", EntitySettings(
+            lock_duration=SHORT_LOCK, max_delivery_count=100, requires_session=True))
         self.state.create_topic("events")
         self.state.create_subscription("events", "all", EntitySettings(
             lock_duration=LOCK_SECONDS, max_delivery_count=100))

@@ -128,6 +128,24 @@ async def test_a_watcher_slower_than_the_lock_causes_no_redelivery(
         await session.close()
 
 
+async def test_a_watcher_slower_than_the_session_lock_causes_no_redelivery(
+    sessions: ServiceBusHarness,
+) -> None:
+    """The session's lock (2 s) is renewed on what the session shows, not on lock_duration."""
+    stream = Stream(name="short-session-lock", dead_letter=None, group="")
+    session = Session(sessions, stream)
+    try:
+        slow = session.run(Script(delay=SHORT_LOCK * 2.5), lock_duration=60)
+        await sessions.produce(stream, [b"slow"])
+        await eventually(lambda: slow.values() == [b"slow"], within=15, what="the slow watcher")
+        await eventually_async(lambda: sessions.committed(stream), 1, what="completed")
+        assert slow.values() == [b"slow"], "delivered once: the session lock held"
+        assert slow.events[0].payload["delivery_count"] == 0
+        assert producer_of("short-session-lock").calls["RenewSessionLock"] >= 2
+    finally:
+        await session.close()
+
+
 async def test_a_message_delivered_too_often_is_dead_lettered_on_arrival(
     plain: ServiceBusHarness,
 ) -> None:
