@@ -17,12 +17,18 @@ from sharedstream.engine.errors import (
     SubscriberOverflow,
 )
 from sharedstream.engine.events import TriggerEvent
-from sharedstream.engine.manager import SharedStreamManager
+from sharedstream.engine.manager import (
+    DEFAULT_ACK_TIMEOUT,
+    DEFAULT_SUBSCRIBER_QUEUE_MAX,
+    SharedStreamManager,
+)
 from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 from sharedstream.engine.stream import reject_shared_stream_event
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
 
 __all__ = [
+    "DEFAULT_ACK_TIMEOUT",
+    "DEFAULT_SUBSCRIBER_QUEUE_MAX",
     "AckTimeout",
     "AdvanceItem",
     "AdvanceOutcome",

@@ -28,9 +28,15 @@ from sharedstream.engine.pump import StreamTotals
 from sharedstream.engine.seqs import SeqRouter
 from sharedstream.engine.trigger import BaseEventTrigger
 
-__all__ = ["SharedStreamManager"]
+__all__ = ["DEFAULT_ACK_TIMEOUT", "DEFAULT_SUBSCRIBER_QUEUE_MAX", "SharedStreamManager"]
 
 log = logging.getLogger("sharedstream.stream")
+
+DEFAULT_SUBSCRIBER_QUEUE_MAX = 1024
+"""Raw events a subscriber may have pending before it is failed (``max_subscriber_queue``)."""
+
+DEFAULT_ACK_TIMEOUT = 300.0
+"""Seconds every subscriber has to resolve a raw event in ack mode (``ack_timeout``)."""
 
 
 class SharedStreamManager:
@@ -44,15 +50,19 @@ class SharedStreamManager:
         triggers re-subscribing together all make the first snapshot.
     :param clock: monotonic clock in seconds for ack deadlines (injectable
         for tests).
+    :param log: the logger of the manager's own lines (Airflow passes the
+        triggerer's); any object with the ``logging.Logger`` methods, by
+        default the ``sharedstream.stream`` logger. The groups log there too.
     """
 
     def __init__(
         self,
         *,
-        max_subscriber_queue: int = 1024,
-        ack_timeout: float = 300.0,
+        max_subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE_MAX,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT,
         cohort_grace_period: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        log: Any = None,
     ) -> None:
         if max_subscriber_queue < 1:
             raise ValueError(f"max_subscriber_queue must be >= 1, got {max_subscriber_queue}")
@@ -64,6 +74,9 @@ class SharedStreamManager:
         self._ack_timeout = ack_timeout
         self._cohort_grace_period = cohort_grace_period
         self._clock = clock
+        self.log: Any = (
+            log if log is not None else logging.getLogger("sharedstream.stream"))
+        """Where the manager's own lines go (``log=``)."""
         self._groups: dict[Hashable, StreamGroup] = {}
         self._rosters: dict[Hashable, dict[Hashable, Membership]] = {}
         # Persist-confirmation seqs are unique per manager, shared by all groups.
@@ -164,7 +177,7 @@ class SharedStreamManager:
         for member in self._rosters.get(key, {}).values():
             member.attach(group)
         self._groups[key] = group
-        log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
+        self.log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
         return group
 
     async def release(self, member: Membership) -> None:
@@ -267,7 +280,7 @@ class SharedStreamManager:
         if group.is_empty():
             del self._groups[key]
             await group.stop()
-            log.debug("shared stream %r stopped: last subscriber left", key)
+            self.log.debug("shared stream %r stopped: last subscriber left", key)
 
     async def stop_all(self) -> None:
         """Stop every group (triggerer shutdown): evict all, then stop each in turn.

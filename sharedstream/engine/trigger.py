@@ -19,11 +19,13 @@ code written for Airflow ports by changing its imports only:
 from __future__ import annotations
 
 import abc
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.payload_json import dumps
 
 if TYPE_CHECKING:
     from sharedstream.engine.producer import SharedStreamProducer
@@ -90,6 +92,23 @@ class BaseEventTrigger(BaseTrigger):
     * :meth:`filter_shared_stream` - turn the shared raw events into this
       trigger's own events. The same filter works in both modes.
     """
+
+    @staticmethod
+    def hash(classpath: str, kwargs: dict[str, Any]) -> int:
+        """A hash identifying the trigger built from ``classpath`` and ``kwargs`` (Airflow's).
+
+        Airflow uses it to tell event-driven triggers apart: two watchers
+        with the same classpath and kwargs are the same trigger. Unlike
+        Python's ``hash()`` of text (salted per process), the value is the
+        same in every process and on every machine: the first 8 bytes
+        (signed) of a BLAKE2b digest of the classpath and the kwargs rendered
+        as JSON with sorted keys (see :mod:`sharedstream.engine.payload_json`),
+        so the order of the kwargs does not matter. Raises ``TypeError`` for
+        a kwarg value that has no JSON form. Pure; safe from any thread.
+        """
+        text = f"{classpath}\0{dumps(kwargs, sort_keys=True)}".encode()
+        digest = hashlib.blake2b(text, digest_size=8).digest()
+        return int.from_bytes(digest, "big", signed=True)
 
     def shared_stream_key(self) -> Hashable | None:
         """Identify the upstream this trigger can share, or ``None`` to run ``run()`` alone.

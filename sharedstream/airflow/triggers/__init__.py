@@ -1,0 +1,1 @@
+"""Mirror of the ``airflow.triggers`` package (see :mod:`sharedstream.airflow`)."""
