@@ -37,6 +37,7 @@ __all__ = [
     "ServiceBusProducerError",
     "ServiceBusRequestError",
     "ServiceBusSettings",
+    "credential_of",
     "dead_letter_details",
     "namespace_of",
     "read_message",
@@ -110,9 +111,15 @@ def namespace_of(connection_string: str) -> str:
 class ServiceBusSettings:
     """Everything the shared receiver needs; built from a trigger's kwargs."""
 
-    connection_string: str
+    connection_string: str | None = None
     """``Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...`` (a secret:
-    only its namespace and a digest are ever shown or put in a key)."""
+    only its namespace and a digest are ever shown or put in a key); or:"""
+    namespace: str | None = None
+    """The fully qualified namespace (``orders.servicebus.windows.net``), with ``credential``."""
+    credential: Mapping[str, str] | None = None
+    """With ``namespace``: ``{"shared_access_key_name": ..., "shared_access_key": ...}``,
+    ``{"sas_token": ...}``, or ``None`` for Microsoft Entra ID through azure-identity's
+    ``DefaultAzureCredential`` (managed identity, workload identity, the Azure CLI...)."""
     queue: str | None = None
     topic: str | None = None
     subscription: str | None = None
@@ -146,9 +153,11 @@ class ServiceBusSettings:
         return f"{self.topic}/Subscriptions/{self.subscription}"
 
     @property
-    def namespace(self) -> str:
-        """The namespace host of the connection string."""
-        return namespace_of(self.connection_string)
+    def namespace_host(self) -> str:
+        """The namespace host: of the connection string, or ``namespace``."""
+        if self.connection_string is not None:
+            return namespace_of(self.connection_string)
+        return str(self.namespace).strip().lower().split("://", 1)[-1].rstrip("/")
 
     def validate(self) -> None:
         """Raise :class:`ServiceBusConfigError` for settings that cannot work."""
@@ -158,10 +167,18 @@ class ServiceBusSettings:
             ints=("max_sessions", "max_messages", "max_in_flight", "lock_duration",
                   "max_lock_renewal",
                   "max_redeliveries", "settle_concurrency", "retries"),
-            texts=("connection_string", "queue", "topic", "subscription"),
+            texts=("connection_string", "namespace", "queue", "topic", "subscription"),
             numbers=("max_wait_time", "retry_backoff"),
             rules=lambda: [
-                (bool(self.connection_string), "connection_string is required"),
+                ((self.connection_string is None) != (self.namespace is None),
+                 "give either connection_string or namespace (with credential), not both"),
+                (self.connection_string is None or bool(self.connection_string),
+                 "connection_string is empty"),
+                (self.credential is None or self.namespace is not None,
+                 "credential goes with namespace (a connection string holds its own key)"),
+                (self.credential is None or _credential_kind(self.credential) is not None,
+                 "credential must be {'shared_access_key_name': ..., 'shared_access_key': ...} "
+                 "or {'sas_token': ...} (or None: DefaultAzureCredential)"),
                 ((self.queue is None) != (self.topic is None),
                  "give either queue or topic (with subscription), not both"),
                 ((self.topic is None) == (self.subscription is None),
@@ -183,15 +200,16 @@ class ServiceBusSettings:
                 (self.retries >= 0 and self.retry_backoff >= 0,
                  "retries and retry_backoff must be >= 0"),
             ])
-        self.namespace  # noqa: B018 - raises when the connection string names none
+        self.namespace_host  # noqa: B018 - raises when the connection string names none
 
     def identity(self) -> tuple[str, str]:
         """Which entity this is: the namespace host and the entity path (case-insensitive)."""
-        return (self.namespace, self.entity_path.lower())
+        return (self.namespace_host, self.entity_path.lower())
 
     def connection_digest(self) -> str:
         """A short digest of the connection string, safe to log and to put in a key."""
-        return secret_digest({"connection_string": self.connection_string})
+        return secret_digest({"connection_string": self.connection_string or "",
+                              **dict(self.credential or {})})
 
     def fingerprint(self) -> str:
         """A digest of every setting (the connection string included, never shown)."""
@@ -200,6 +218,33 @@ class ServiceBusSettings:
     def retry_policy(self) -> RetryPolicy:
         """``retries`` and ``retry_backoff`` as the kit's policy."""
         return RetryPolicy(self.retries, self.retry_backoff)
+
+
+def _credential_kind(credential: Mapping[str, str]) -> str | None:
+    """``"named_key"``, ``"sas"``, or ``None`` when ``credential`` is neither shape."""
+    if not isinstance(credential, Mapping) or not all(
+            type(value) is str and value for value in credential.values()):
+        return None
+    keys = set(credential)
+    if keys == {"shared_access_key_name", "shared_access_key"}:
+        return "named_key"
+    if keys == {"sas_token"}:
+        return "sas"
+    return None
+
+
+def credential_of(settings: ServiceBusSettings, core_credentials: Any) -> Any:
+    """The SDK credential for ``settings.namespace``, or ``None`` for DefaultAzureCredential.
+
+    ``core_credentials`` is ``azure.core.credentials``.
+    """
+    credential = settings.credential
+    if credential is None:
+        return None
+    if _credential_kind(credential) == "sas":
+        return core_credentials.AzureSasCredential(credential["sas_token"])
+    return core_credentials.AzureNamedKeyCredential(credential["shared_access_key_name"],
+                                                    credential["shared_access_key"])
 
 
 Property = str | bytes | int | float | bool | None

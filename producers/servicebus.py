@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
@@ -87,6 +88,7 @@ from sharedstream.producers._servicebus_types import (
     ServiceBusProducerError,
     ServiceBusRequestError,
     ServiceBusSettings,
+    credential_of,
     dead_letter_details,
     namespace_of,
     read_message,
@@ -152,6 +154,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._letters = DeadLetterDesk(self, stream=f"servicebus {self.entity}",
                                        setting="dead-letter queue", logger=log)
         self._client: Any = None
+        self._identity: Any = None  # DefaultAzureCredential, when the producer made one
         self._exit = contextlib.AsyncExitStack()
         self._claimed = False
         self._closed = False
@@ -184,12 +187,31 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     # -- connection ----------------------------------------------------------------------
 
     def _connect(self) -> None:
-        """Create the client (no I/O until a receiver opens)."""
-        aio = _sdk("azure.servicebus.aio")
+        """Create the client (no I/O until a receiver opens).
+
+        From the connection string; or for ``namespace`` with the given key
+        or SAS token, or else Microsoft Entra ID (azure-identity's
+        ``DefaultAzureCredential``, closed with the producer).
+        """
+        aio, s = _sdk("azure.servicebus.aio"), self.settings
+        retry = {"retry_total": s.retries, "retry_backoff_factor": s.retry_backoff}
+        if s.connection_string is None:
+            credential = credential_of(s, _sdk("azure.core.credentials"))
+            if credential is None:
+                try:
+                    identity = importlib.import_module("azure.identity.aio")
+                except ImportError:
+                    raise ServiceBusConfigError(
+                        f"namespace {s.namespace!r} without a credential signs in with "
+                        "Microsoft Entra ID, which needs azure-identity: pip install "
+                        "azure-identity (or give a credential)") from None
+                credential = self._identity = identity.DefaultAzureCredential()
+            self._client = aio.ServiceBusClient(fully_qualified_namespace=s.namespace_host,
+                                                credential=credential, **retry)
+            return
         try:
             self._client = aio.ServiceBusClient.from_connection_string(
-                self.settings.connection_string, retry_total=self.settings.retries,
-                retry_backoff_factor=self.settings.retry_backoff)
+                s.connection_string, **retry)
         except ValueError as exc:  # the SDK's own check of the string; never show the string
             raise ServiceBusConfigError(
                 f"connection_string for {self.entity!r} is not usable: "
@@ -582,6 +604,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             await self._exit.aclose()
             if self._client is not None:
                 await self._client.close()
+            if self._identity is not None:
+                await self._identity.close()
 
 
 def _said(exc: BaseException) -> str:

@@ -32,7 +32,6 @@ from sharedstream.brokerkit.fingerprints import fingerprint
 from sharedstream.brokerkit.trigger import BrokerTrigger
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.servicebus import (
-    ServiceBusConfigError,
     ServiceBusMessage,
     ServiceBusSettings,
     ServiceBusSharedStreamProducer,
@@ -40,6 +39,7 @@ from sharedstream.producers.servicebus import (
 
 __all__ = ["PAYLOAD_FORMATS", "ServiceBusSharedStreamTrigger"]
 
+_CONNECTION = ("connection_string", "namespace", "credential")
 _ENTITY = ("queue", "topic", "subscription")
 _CONSUMER_SETTINGS = ("sessions", "max_sessions", "max_messages", "max_wait_time",
                       "max_in_flight", "lock_duration", "max_lock_renewal", "max_redeliveries",
@@ -55,7 +55,10 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
 
     :param connection_string: the namespace's connection string (kept
         encrypted with the trigger's kwargs; only its namespace and a digest
-        enter the shared-stream key).
+        enter the shared-stream key); or :param namespace: the fully qualified
+        namespace with :param credential: ``{"shared_access_key_name": ...,
+        "shared_access_key": ...}``, ``{"sas_token": ...}``, or ``None`` for
+        Microsoft Entra ID (azure-identity's ``DefaultAzureCredential``).
     :param queue: a queue name; or :param topic: and :param subscription:
         a topic and one of its subscriptions.
     :param sessions: the entity requires sessions: each session is a lane
@@ -88,7 +91,9 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
     def __init__(
         self,
         *,
-        connection_string: str,
+        connection_string: str | None = None,
+        namespace: str | None = None,
+        credential: dict[str, str] | None = None,
         queue: str | None = None,
         topic: str | None = None,
         subscription: str | None = None,
@@ -106,6 +111,7 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
     ) -> None:
         super().__init__(payload_format=payload_format, match=match)
         self.connection_string = connection_string
+        self.namespace, self.credential = namespace, credential
         self.queue, self.topic, self.subscription = queue, topic, subscription
         self.sessions = sessions
         self.max_sessions = max_sessions
@@ -120,7 +126,7 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """The receiver's constructor kwargs (all but ``payload_format`` and ``match``)."""
-        names = ("connection_string", *_ENTITY, *_CONSUMER_SETTINGS)
+        names = (*_CONNECTION, *_ENTITY, *_CONSUMER_SETTINGS)
         return {name: getattr(self, name) for name in names}
 
     def settings(self) -> ServiceBusSettings:
@@ -129,13 +135,11 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
 
     @staticmethod
     def _settings_from(kwargs: Mapping[str, Any]) -> ServiceBusSettings:
-        if "connection_string" not in kwargs:
-            raise ServiceBusConfigError("missing Service Bus trigger setting 'connection_string'")
-        defaults = ServiceBusSettings(connection_string="")
-        chosen: dict[str, Any] = {name: kwargs.get(name) for name in _ENTITY}
+        defaults = ServiceBusSettings()
+        chosen: dict[str, Any] = {name: kwargs.get(name) for name in (*_CONNECTION, *_ENTITY)}
         chosen.update({name: kwargs.get(name, getattr(defaults, name))
                        for name in _CONSUMER_SETTINGS})
-        settings = ServiceBusSettings(connection_string=kwargs["connection_string"], **chosen)
+        settings = ServiceBusSettings(**chosen)
         settings.validate()
         return settings
 

@@ -65,13 +65,48 @@ def test_a_topic_subscription_is_an_entity_path() -> None:
     ({"sessions": "yes"}, "sessions must be True or False"),
     ({"max_wait_time": "5"}, "max_wait_time must be a number, got str"),
     ({"connection_string": "SharedAccessKey=x"}, "connection_string has no Endpoint"),
-    ({"connection_string": ""}, "connection_string is required"),
+    ({"connection_string": ""}, "connection_string is empty"),
+    ({"connection_string": None}, "give either connection_string or namespace"),
+    ({"namespace": "orders-ns.servicebus.windows.net"},
+     "give either connection_string or namespace"),
+    ({"credential": {"sas_token": "t"}}, "credential goes with namespace"),
+    ({"connection_string": None, "namespace": "n.servicebus.windows.net",
+      "credential": {"password": "hunter2"}}, "credential must be"),
+    ({"connection_string": None, "namespace": "n.servicebus.windows.net",
+      "credential": {"sas_token": 7}}, "credential must be"),
 ])
 def test_bad_settings_are_refused_with_the_reason(kwargs: dict[str, Any], problem: str) -> None:
     with pytest.raises(ServiceBusConfigError, match="^" + problem.replace("(", r"\(")
                        .replace(")", r"\)").replace(".", r"\.")) as caught:
         trigger(**kwargs)
     assert "hunter2" not in str(caught.value)
+
+
+def test_a_namespace_with_a_credential_is_the_same_entity_by_name() -> None:
+    """Namespace + key: the same identity as a connection string to it; keys never shown."""
+    import azure.core.credentials as core  # noqa: PLC0415
+    from azure.core.credentials import (  # noqa: PLC0415 - the SDK's own credential types
+        AzureNamedKeyCredential,
+        AzureSasCredential,
+    )
+
+    from sharedstream.producers._servicebus_types import credential_of  # noqa: PLC0415
+
+    keyed = trigger(connection_string=None, namespace="Orders-NS.servicebus.windows.net",
+                    credential={"shared_access_key_name": "listen",
+                                "shared_access_key": "hunter2"})
+    settings = keyed.settings()
+    assert settings.identity() == trigger().settings().identity()
+    assert "hunter2" not in repr(keyed.shared_stream_key())
+    named = credential_of(settings, core)
+    assert isinstance(named, AzureNamedKeyCredential)
+    assert named.named_key == ("listen", "hunter2")
+    sas = trigger(connection_string=None, namespace="orders-ns.servicebus.windows.net",
+                  credential={"sas_token": "SharedAccessSignature sr=x"})
+    assert isinstance(credential_of(sas.settings(), core), AzureSasCredential)
+    entra = trigger(connection_string=None, namespace="orders-ns.servicebus.windows.net")
+    assert credential_of(entra.settings(), core) is None  # DefaultAzureCredential at connect
+    assert len({t.shared_stream_key() for t in (keyed, sas, entra)}) == 3
 
 
 def test_serialize_round_trips() -> None:
@@ -130,3 +165,20 @@ async def test_failed_completions_are_one_line_and_counted_off_their_session_onc
     assert line.startswith("completing 50 message(s) of orders did not take (ValueError: ")
     assert "1, 2, 3, 4, 5, 6, 7, 8, 9, 10 ..." in line
     assert producer._open[id(receiver)] == 0, "each counted off its session once"
+
+
+def test_entra_id_without_azure_identity_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("azure.servicebus")
+    import sys  # noqa: PLC0415
+
+    from sharedstream.producers.servicebus import (  # noqa: PLC0415
+        ServiceBusSharedStreamProducer,
+    )
+
+    monkeypatch.setitem(sys.modules, "azure.identity.aio", None)
+    producer = ServiceBusSharedStreamProducer(trigger(
+        connection_string=None, namespace="orders-ns.servicebus.windows.net").settings())
+    with pytest.raises(ServiceBusConfigError, match=r"needs azure-identity: pip install"):
+        producer._connect()
