@@ -14,6 +14,7 @@ pytest.importorskip("proton")
 
 from azure.servicebus import ServiceBusMessage
 
+from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.manager import SharedStreamManager
 from sharedstream.producers.servicebus import (
     ServiceBusConfigError,
@@ -21,7 +22,7 @@ from sharedstream.producers.servicebus import (
 )
 from sharedstream.testing.conformance import ProducerConformance, Session
 from sharedstream.testing.harness import Stream, opened
-from sharedstream.testing.runner import eventually, eventually_async
+from sharedstream.testing.runner import SupervisedRunner, eventually, eventually_async
 from sharedstream.testing.scripts import Script
 from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
 from tests.servicebus.harness import (
@@ -174,8 +175,6 @@ async def test_watchers_of_a_topic_subscription_match_on_properties(
     plain: ServiceBusHarness,
 ) -> None:
     """Two watchers of one subscription, one receiver: each fires for its tenant's messages."""
-    from sharedstream.testing.runner import SupervisedRunner  # noqa: PLC0415
-
     manager = SharedStreamManager(ack_timeout=30.0)
     kwargs: dict[str, Any] = {
         "connection_string": plain.server.connection_string, "topic": "events",
@@ -233,3 +232,45 @@ async def test_a_missing_queue_is_one_clear_configuration_error(
             await asyncio.wait_for(anext(producer.open_stream()), 30)
     finally:
         await producer.aclose()
+
+
+class _SlowOnFirstDelivery(ServiceBusSharedStreamTrigger):
+    """Spends 8 s on a message's first delivery, none on a redelivery."""
+
+    async def filter_shared_stream(
+        self, shared_stream: AsyncIterator[Any]
+    ) -> AsyncIterator[TriggerEvent]:
+        async for message in shared_stream:
+            if message.delivery_count == 0:
+                await asyncio.sleep(8)
+            yield TriggerEvent({"delivery_count": message.delivery_count})
+
+
+@pytest.mark.slow
+async def test_a_lost_lock_is_a_redelivery_stored_once_never_a_loss(
+    plain: ServiceBusHarness,
+) -> None:
+    """Renewal stops at max_lock_renewal; the lock lapses; the copy that comes is the same event.
+
+    The 2 s lock is renewed for 5 s, then lost while the watcher still
+    works (8 s). Service Bus delivers the message again (delivery count 1);
+    both copies' events have one name (a store keeps one), the first
+    copy's completion does not take, the second's does: nothing is lost,
+    nothing is dead-lettered.
+    """
+    manager = SharedStreamManager(ack_timeout=30.0)
+    runner = SupervisedRunner(manager, _SlowOnFirstDelivery(
+        connection_string=plain.server.connection_string, queue="short-lock",
+        lock_duration=5, max_lock_renewal=5, max_wait_time=0.5), 1).start()
+    stream = Stream(name="short-lock", dead_letter=None, group="")
+    try:
+        await plain.produce(stream, [b"slow"])
+        await eventually(lambda: len(runner.events) == 2, within=20, what="both deliveries")
+        await eventually(lambda: plain.server.unsettled("short-lock") == 0, within=10,
+                         what="completed")
+        assert sorted(e.payload["delivery_count"] for e in runner.events) == [0, 1]
+        assert len(set(runner.names)) == 1, "one name for both copies: stored once"
+        assert await plain.dead_letters(stream) == []
+    finally:
+        await runner.stop()
+        await manager.stop_all()
