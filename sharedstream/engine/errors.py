@@ -82,9 +82,14 @@ class PollTerminated(SharedStreamError):
 
 
 class StreamStopped(SharedStreamError):
-    """The group was stopped (``stop_all``) while this subscriber was still attached.
+    """The group was stopped (``stop_all``) or the member left its stream.
 
-    What it had resolved was advanced first; the rest will be redelivered.
+    Never raised into trigger code: after a stop, a subscriber's iterator
+    waits until its task is cancelled (Airflow's shutdown; see
+    :mod:`sharedstream.engine.stream`). It is what
+    ``Membership.run_attempt`` raises, before any filter runs, once the
+    member left or the manager stopped. What was resolved was advanced
+    first; the rest will be redelivered.
     """
 
     retryable = True

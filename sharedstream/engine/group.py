@@ -257,8 +257,9 @@ class StreamGroup:
         """Cancel the poll and wait until it advanced what was resolved and closed the producer.
 
         The caller must have evicted the group already. Subscribers still
-        attached then get :class:`StreamStopped` instead of waiting forever.
-        Idempotent.
+        attached are marked :class:`StreamStopped`, which their iterators do
+        not raise: they wait for their owner to cancel them (see
+        :mod:`sharedstream.engine.stream`). Idempotent.
         """
         task = self._task
         if task is not None and not task.done():

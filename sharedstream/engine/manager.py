@@ -285,8 +285,12 @@ class SharedStreamManager:
     async def stop_all(self) -> None:
         """Stop every group (triggerer shutdown): evict all, then stop each in turn.
 
-        Subscribers still attached get :class:`StreamStopped` from their
-        iterator once their group has advanced what was resolved.
+        Each group advances what was resolved and closes its producer before
+        this returns. As in Airflow, nothing is raised into subscribers still
+        attached: their iterators wait until the tasks consuming them are
+        cancelled, so trigger code sees shutdown as ``CancelledError``. The
+        caller owns those tasks and must cancel them (before or after this
+        call; the triggerer cancels them first).
         """
         for roster in self._rosters.values():
             for member in roster.values():

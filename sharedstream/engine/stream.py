@@ -6,6 +6,14 @@ poll's failure) once one is set. In ack mode, pulling the next raw event is
 what moves the subscriber past the previous one (see
 :mod:`sharedstream.engine.resolution`).
 
+Shutdown is the one end that is not raised (Airflow's semantics): once the
+group was stopped (:class:`StreamStopped`), a pull waits until the task
+consuming the iterator is cancelled, by whoever owns it. Trigger code thus
+sees shutdown as ``asyncio.CancelledError``, never as an exception an
+``except Exception`` around its loop would catch. The triggerer and the
+testing kit's runner cancel the tasks they own at shutdown, so none waits
+forever there; code that runs filters in its own tasks must do the same.
+
 :func:`reject_shared_stream_event` finds the subscriber through a context
 variable that the ack iterator sets in the task consuming it, so a reject
 works from anywhere in the filter's task and nowhere else.
@@ -20,6 +28,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from sharedstream.engine.ack_subscriber import AckSubscriber
+from sharedstream.engine.errors import StreamStopped
 from sharedstream.engine.fanout import FanOut, Subscriber
 from sharedstream.engine.resolution import ResolutionBook
 
@@ -66,11 +75,24 @@ async def _park(sub: Subscriber, fanout: FanOut) -> None:
         sub.waiter = None
 
 
+async def _wait_for_owner(error: BaseException) -> None:
+    """The group was stopped: wait until the consuming task is cancelled; else raise ``error``.
+
+    Waits only for :class:`StreamStopped` (shutdown reaches trigger code as
+    cancellation, as in Airflow); any other terminal error returns at once
+    for the caller to raise.
+    """
+    if isinstance(error, StreamStopped):
+        await asyncio.get_running_loop().create_future()  # completed by nobody: cancelled
+
+
 async def fast_stream(sub: Subscriber, fanout: FanOut) -> AsyncGenerator[Any, None]:
     """Raw events of a fast-path subscriber, in broadcast order.
 
-    Raises the subscriber's terminal error once set. Ends only by raising
-    or by the consuming task being cancelled.
+    Raises the subscriber's terminal error once set, except
+    :class:`StreamStopped`: after a stop it waits to be cancelled (see the
+    module docstring). Ends only by raising or by the consuming task being
+    cancelled.
     """
     inbox = sub.inbox
     popleft = inbox.popleft
@@ -81,6 +103,7 @@ async def fast_stream(sub: Subscriber, fanout: FanOut) -> AsyncGenerator[Any, No
                 fanout.relieve(sub)
             yield item
         elif sub.error is not None:
+            await _wait_for_owner(sub.error)
             raise sub.error
         else:
             await _park(sub, fanout)
@@ -97,7 +120,8 @@ async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncGenerator
 
     A durable subscriber may consume through several of these in turn (one
     per attempt of its filter); an attempt interrupted by the ack watchdog
-    raises the interrupt at its next pull.
+    raises the interrupt at its next pull. Like :func:`fast_stream`, it
+    waits to be cancelled after its group was stopped.
     """
     owner = (book, sub)
     fanout = book.fanout
@@ -110,6 +134,7 @@ async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncGenerator
                     _window_owner.set(owner)
                 yield record.raw
             elif sub.error is not None:
+                await _wait_for_owner(sub.error)
                 raise sub.error
             else:
                 await _park(sub, fanout)

@@ -36,6 +36,9 @@ class SupervisedRunner:
 
     The runner owns one task (started by :meth:`start`, named after the
     trigger id); :meth:`stop` cancels and awaits it, then leaves the stream.
+    Call it at shutdown, before or after the manager's ``stop_all``: as in
+    Airflow, a filter of a stopped stream waits for that cancellation
+    (it sees ``CancelledError``, never an exception).
     """
 
     def __init__(
