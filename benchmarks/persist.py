@@ -2,7 +2,8 @@
 
 Runs the runtime's :class:`PersistGate` against a real SQLite store (WAL,
 ``synchronous=FULL``) on its own database thread, exactly as the triggerer
-does, and compares two policies in the same run:
+does, and compares these policies in the same run (``persist_stores.py``
+runs the same measurement, :func:`run_policy`, on SQLite and PostgreSQL):
 
 * ``group`` - the default group commit (``[store] persist_batch_max``
   events per transaction at most, ``persist_linger_ms`` linger);
@@ -43,28 +44,41 @@ from typing import Any
 from sharedstream.runtime.config import StoreConfig
 from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.serde import pack_kwargs
-from sharedstream.store.base import DagSpec, PendingEvent, TriggerSpec, WatcherSpec, WriteResult
-from sharedstream.store.sqlite import SqliteStore
+from sharedstream.store import (
+    DagSpec,
+    MetadataStore,
+    PendingEvent,
+    TriggerSpec,
+    WatcherSpec,
+    WriteResult,
+    open_store,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 async def run_policy(
     name: str, events: int, batch_max: int, linger: float, rate: float | None,
-    *, busy: bool = False, switch_interval: float | None = None,
+    *, busy: bool = False, switch_interval: float | None = None, url: str | None = None,
 ) -> dict[str, Any]:
     """Push ``events`` through a gate with this policy; return throughput and latency.
 
     ``rate`` paces the producer (events/s offered); ``None`` offers as fast as
     the gate takes them (saturation: latency is then mostly queueing).
     ``busy`` adds a task that keeps the loop busy; ``switch_interval`` (s)
-    is set for the run (``None``: Python's current one).
+    is set for the run (``None``: Python's current one). ``url`` names an
+    empty store to write to (a fresh PostgreSQL database, say); ``None``: a
+    new SQLite file in a temporary directory, removed afterwards.
     """
     previous = sys.getswitchinterval()
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     try:
-        return await _run_policy(name, events, batch_max, linger, rate, busy=busy)
+        if url is not None:
+            return await _run_policy(name, events, batch_max, linger, rate, busy=busy, url=url)
+        with tempfile.TemporaryDirectory() as tmp:
+            return await _run_policy(name, events, batch_max, linger, rate, busy=busy,
+                                     url=f"sqlite:///{Path(tmp) / 'b.db'}")
     finally:
         sys.setswitchinterval(previous)
 
@@ -79,55 +93,55 @@ async def _spin() -> None:
 
 
 async def _run_policy(
-    name: str, events: int, batch_max: int, linger: float, rate: float | None, *, busy: bool
+    name: str, events: int, batch_max: int, linger: float, rate: float | None, *, busy: bool,
+    url: str,
 ) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-db")
-        loop = asyncio.get_running_loop()
-        store: SqliteStore = await loop.run_in_executor(db, SqliteStore, Path(tmp) / "b.db")
-        await loop.run_in_executor(db, store.migrate)
-        ids = await loop.run_in_executor(
-            db,
-            store.sync_definitions,
-            [TriggerSpec("fp", "bench.Trigger", b"kwargs")],
-            [WatcherSpec("orders", "w", "fp")],
-            [DagSpec("process", {"asset": "orders"})],
-        )
-        trigger_id = ids["fp"]
-        put_at: dict[int, float] = {}
-        latencies: list[float] = []
-        done = asyncio.Event()
+    db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-db")
+    loop = asyncio.get_running_loop()
+    store: MetadataStore = await loop.run_in_executor(db, lambda: open_store(url, create=True))
+    await loop.run_in_executor(db, store.migrate)
+    ids = await loop.run_in_executor(
+        db,
+        store.sync_definitions,
+        [TriggerSpec("fp", "bench.Trigger", b"kwargs")],
+        [WatcherSpec("orders", "w", "fp")],
+        [DagSpec("process", {"asset": "orders"})],
+    )
+    trigger_id = ids["fp"]
+    put_at: dict[int, float] = {}
+    latencies: list[float] = []
+    done = asyncio.Event()
 
-        async def write(batch: Sequence[PendingEvent]) -> WriteResult:
-            return await loop.run_in_executor(db, store.write_events, batch)
+    async def write(batch: Sequence[PendingEvent]) -> WriteResult:
+        return await loop.run_in_executor(db, store.write_events, batch)
 
-        def confirm(seqs: list[int]) -> None:
-            now = time.perf_counter()
-            latencies.extend(now - put_at.pop(seq) for seq in seqs)
-            if len(latencies) == events:
-                done.set()
+    def confirm(seqs: list[int]) -> None:
+        now = time.perf_counter()
+        latencies.extend(now - put_at.pop(seq) for seq in seqs)
+        if len(latencies) == events:
+            done.set()
 
-        gate = PersistGate(write=write, confirm=confirm, batch_max=batch_max, linger=linger)
-        writer = asyncio.create_task(gate.run())
-        spinner = asyncio.create_task(_spin()) if busy else None
-        payload = pack_kwargs({"payload": {"order": 1, "amount": 100}})
-        started = time.perf_counter()
-        for seq in range(events):
-            put_at[seq] = time.perf_counter()
-            await gate.put(PendingEvent(trigger_id, f"k/{seq}", payload), seq)
-            if rate is not None:
-                await asyncio.sleep(max(0.0, started + (seq + 1) / rate - time.perf_counter()))
-            elif seq % 64 == 63:
-                await asyncio.sleep(0)  # producers interleave with the writer, as in the triggerer
-        await done.wait()
-        elapsed = time.perf_counter() - started
-        if spinner is not None:
-            spinner.cancel()
-        gate.stop()
-        await writer
-        counts = await loop.run_in_executor(db, store.counts)
-        await loop.run_in_executor(db, store.close)
-        db.shutdown()
+    gate = PersistGate(write=write, confirm=confirm, batch_max=batch_max, linger=linger)
+    writer = asyncio.create_task(gate.run())
+    spinner = asyncio.create_task(_spin()) if busy else None
+    payload = pack_kwargs({"payload": {"order": 1, "amount": 100}})
+    started = time.perf_counter()
+    for seq in range(events):
+        put_at[seq] = time.perf_counter()
+        await gate.put(PendingEvent(trigger_id, f"k/{seq}", payload), seq)
+        if rate is not None:
+            await asyncio.sleep(max(0.0, started + (seq + 1) / rate - time.perf_counter()))
+        elif seq % 64 == 63:
+            await asyncio.sleep(0)  # producers interleave with the writer, as in the triggerer
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    if spinner is not None:
+        spinner.cancel()
+    gate.stop()
+    await writer
+    counts = await loop.run_in_executor(db, store.counts)
+    await loop.run_in_executor(db, store.close)
+    db.shutdown()
     latencies.sort()
 
     def pct(p: float) -> float:
