@@ -111,7 +111,7 @@ _V1 = (
 )
 
 # Dead letters: triggers and headers as JSON text, in the SQLite store's formats
-# (see sharedstream.store._sqlite_dead_letters).
+# (see sharedstream.store._rows).
 _V2 = (
     f"""CREATE TABLE dead_letters (
         id {_ID},

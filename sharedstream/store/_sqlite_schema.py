@@ -100,7 +100,7 @@ _V1 = (
     ) WITHOUT ROWID""",
 )
 
-# Dead letters (see sharedstream.store._sqlite_dead_letters for the column formats).
+# Dead letters (see sharedstream.store._rows for the column formats).
 _V2 = (
     """CREATE TABLE dead_letters (
         id INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -23,7 +23,6 @@ be in commit order), times as ``TIMESTAMPTZ``.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -38,9 +37,22 @@ from psycopg_pool import ConnectionPool
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.store._postgres_events import definitions, write_batch
 from sharedstream.store._postgres_schema import MIGRATION_LOCK, MIGRATIONS
+from sharedstream.store._rows import (
+    COUNTS_SQL,
+    DEAD_LETTER_COLUMNS,
+    TRIGGER_COLUMNS,
+    TRIGGERERS_SQL,
+    WATCHERS_SQL,
+    check_limit,
+    counts_of,
+    dead_letter_row,
+    dead_letter_values,
+    trigger_row,
+    triggerer_row,
+    watcher_names,
+)
 from sharedstream.store._write_plan import Definitions
 from sharedstream.store.base import (
-    DEAD_LETTER_PAYLOAD_LIMIT,
     TRIGGER_STATES,
     Claim,
     DagSpec,
@@ -64,39 +76,8 @@ __all__ = ["MIGRATIONS", "PostgresStore"]
 
 log = logging.getLogger("sharedstream.store")
 
-_TRIGGER_COLUMNS = (
-    "id, fingerprint, classpath, kwargs_blob, state, error_count, last_error,"
-    " last_traceback, last_error_at, created_at, events_stored"
-)
-_DEAD_LETTER_COLUMNS = (
-    "id, created_at, stream, source, reason, triggers, payload, payload_size, headers"
-)
-
-
 def _utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
-
-
-def _trigger_row(row: Sequence[Any], watchers: tuple[str, ...] = ()) -> TriggerRow:
-    return TriggerRow(
-        id=int(row[0]),
-        fingerprint=str(row[1]),
-        classpath=str(row[2]),
-        kwargs_blob=bytes(row[3]),
-        state=str(row[4]),
-        error_count=int(row[5]),
-        last_error=row[6],
-        last_traceback=row[7],
-        last_error_at=None if row[8] is None else _utc(row[8]),
-        created_at=_utc(row[9]),
-        events_stored=int(row[10]),
-        watchers=watchers,
-    )
-
-
-def _check_limit(limit: int) -> None:
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -380,32 +361,27 @@ class PostgresStore:
 
     def active_triggers(self, limit: int) -> list[TriggerRow]:
         """At most ``limit`` triggers in state ``active``, by id."""
-        _check_limit(limit)
+        check_limit(limit)
         rows = self._read(
-            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE state = 'active'"  # noqa: S608
+            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE state = 'active'"  # noqa: S608
             " ORDER BY id LIMIT %s",
             (limit,),
         )
-        return [_trigger_row(row) for row in rows]
+        return [trigger_row(row, _utc) for row in rows]
 
     def get_trigger(self, trigger_id: int) -> TriggerRow | None:
         """The trigger with this id, or ``None``."""
         rows = self._read(
-            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE id = %s",  # noqa: S608
+            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE id = %s",  # noqa: S608
             (trigger_id,),
         )
-        return _trigger_row(rows[0]) if rows else None
+        return trigger_row(rows[0], _utc) if rows else None
 
     def list_triggers(self) -> list[TriggerRow]:
         """Every trigger, by id, with the ``asset/watcher`` names that use it."""
-        rows = self._read(f"SELECT {_TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
-        watchers: dict[int, list[str]] = {}
-        for trigger_id, asset, name in self._read(
-            "SELECT w.trigger_id, a.name, w.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
-            " ORDER BY a.name, w.name"
-        ):
-            watchers.setdefault(int(trigger_id), []).append(f"{asset}/{name}")
-        return [_trigger_row(row, tuple(watchers.get(int(row[0]), ()))) for row in rows]
+        rows = self._read(f"SELECT {TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
+        watchers = watcher_names(self._read(WATCHERS_SQL))
+        return [trigger_row(row, _utc, watchers.get(int(row[0]), ())) for row in rows]
 
     def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
         """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
@@ -481,20 +457,7 @@ class PostgresStore:
 
     def triggerers(self) -> list[TriggererRow]:
         """Every triggerer that ever sent a heartbeat, by id."""
-        return [
-            TriggererRow(
-                id=str(row[0]),
-                hostname=str(row[1]),
-                pid=int(row[2]),
-                started_at=_utc(row[3]),
-                heartbeat_at=_utc(row[4]),
-                running=tuple(int(i) for i in json.loads(row[5])),
-            )
-            for row in self._read(
-                "SELECT id, hostname, pid, started_at, heartbeat_at, running FROM triggerers"
-                " ORDER BY id"
-            )
-        ]
+        return [triggerer_row(row, _utc) for row in self._read(TRIGGERERS_SQL)]
 
     def claim_triggers(
         self, triggerer_id: str, candidates: Sequence[int], capacity: int, threshold: float
@@ -559,7 +522,7 @@ class PostgresStore:
         """Keep the letter unless its ``(stream, source, reason)`` is kept; ``True`` if new.
 
         One transaction, durable when it returns; formats as in the SQLite
-        store (:mod:`sharedstream.store._sqlite_dead_letters`). A failure
+        store (:mod:`sharedstream.store._rows`). A failure
         rolls back and raises :class:`StoreWriteError` (``retryable``).
         """
         with self._write("add_dead_letter") as conn:
@@ -567,48 +530,20 @@ class PostgresStore:
                 "INSERT INTO dead_letters (created_at, stream, source, reason, triggers, payload,"
                 " payload_size, headers) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (stream, source, reason) DO NOTHING",
-                (
-                    datetime.now(UTC),
-                    letter.stream,
-                    letter.source,
-                    letter.reason,
-                    json.dumps([str(trigger) for trigger in letter.triggers]),
-                    bytes(letter.payload[:DEAD_LETTER_PAYLOAD_LIMIT]),
-                    len(letter.payload),
-                    json.dumps([
-                        [name, base64.b64encode(value).decode("ascii")]
-                        for name, value in letter.headers
-                    ]),
-                ),
+                dead_letter_values(letter, datetime.now(UTC)),
             )
             return cur.rowcount == 1
 
     def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
         """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
-        _check_limit(limit)
+        check_limit(limit)
         where, params = ("", [limit]) if stream is None else ("WHERE stream = %s", [stream, limit])
         rows = self._read(
-            f"SELECT {_DEAD_LETTER_COLUMNS} FROM dead_letters {where}"  # noqa: S608 - constants
+            f"SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters {where}"  # noqa: S608 - constants
             " ORDER BY id DESC LIMIT %s",
             params,
         )
-        return [
-            DeadLetterRow(
-                id=int(row[0]),
-                created_at=_utc(row[1]),
-                stream=str(row[2]),
-                source=str(row[3]),
-                reason=str(row[4]),
-                triggers=tuple(str(trigger) for trigger in json.loads(row[5])),
-                payload=bytes(row[6]),
-                payload_size=int(row[7]),
-                headers=tuple(
-                    (str(name), base64.b64decode(value, validate=True))
-                    for name, value in json.loads(row[8])
-                ),
-            )
-            for row in rows
-        ]
+        return [dead_letter_row(row, _utc) for row in rows]
 
     # -- read API for the CLI ---------------------------------------------------
 
@@ -616,7 +551,7 @@ class PostgresStore:
         self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
     ) -> list[EventRow]:
         """Trigger events, newest first, optionally of one trigger and/or one asset."""
-        _check_limit(limit)
+        check_limit(limit)
         where: list[str] = []
         params: list[Any] = []
         if trigger_id is not None:
@@ -653,7 +588,7 @@ class PostgresStore:
         self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
     ) -> list[RunRow]:
         """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
-        _check_limit(limit)
+        check_limit(limit)
         where: list[str] = []
         params: list[Any] = []
         if dag_id is not None:
@@ -693,13 +628,5 @@ class PostgresStore:
 
     def counts(self) -> dict[str, int]:
         """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
-        (row,) = self._read(
-            "SELECT (SELECT count(*) FROM triggers), (SELECT count(*) FROM trigger_events),"
-            " (SELECT count(*) FROM asset_events), (SELECT count(*) FROM dag_runs)"
-        )
-        return {
-            "triggers": int(row[0]),
-            "trigger_events": int(row[1]),
-            "asset_events": int(row[2]),
-            "dag_runs": int(row[3]),
-        }
+        (row,) = self._read(COUNTS_SQL)
+        return counts_of(row)

@@ -35,7 +35,7 @@ Schema (version 3; ``schema_version`` holds one row per applied migration)::
     triggerers(id PK, hostname, pid, started_at, heartbeat_at, running JSON)
     dead_letters(id PK AUTOINCREMENT, created_at, stream, source, reason,
                  triggers JSON, payload BLOB prefix, payload_size, headers JSON,
-                 UNIQUE (stream, source, reason))   formats: _sqlite_dead_letters
+                 UNIQUE (stream, source, reason))   formats: _rows
 
 Datetimes are ISO-8601 text in UTC with microseconds
 (``2025-01-02T03:04:05.123456+00:00``), so text order is time order.
@@ -76,11 +76,19 @@ from types import TracebackType
 from typing import Any, Self
 
 from sharedstream.engine.producer import DeadLetter
-from sharedstream.store._sqlite_dead_letters import (
+from sharedstream.store._rows import (
+    COUNTS_SQL,
+    TRIGGER_COLUMNS,
+    TRIGGERERS_SQL,
+    WATCHERS_SQL,
+    check_limit,
+    counts_of,
     dead_letter_row,
-    dead_letters_query,
-    insert_dead_letter,
+    trigger_row,
+    triggerer_row,
+    watcher_names,
 )
+from sharedstream.store._sqlite_dead_letters import dead_letters_query, insert_dead_letter
 from sharedstream.store._sqlite_events import (
     Definitions,
     StaleDefinitions,
@@ -111,12 +119,6 @@ __all__ = ["MIGRATIONS", "SqliteStore"]
 
 log = logging.getLogger("sharedstream.store")
 
-_TRIGGER_COLUMNS = (
-    "id, fingerprint, classpath, kwargs_blob, state, error_count, last_error,"
-    " last_traceback, last_error_at, created_at, events_stored"
-)
-
-
 def _now() -> str:
     return _fmt(datetime.now(UTC))
 
@@ -127,28 +129,6 @@ def _fmt(moment: datetime) -> str:
 
 def _parse(text: str) -> datetime:
     return datetime.fromisoformat(text)
-
-
-def _trigger_row(row: Sequence[Any], watchers: tuple[str, ...] = ()) -> TriggerRow:
-    return TriggerRow(
-        id=int(row[0]),
-        fingerprint=str(row[1]),
-        classpath=str(row[2]),
-        kwargs_blob=bytes(row[3]),
-        state=str(row[4]),
-        error_count=int(row[5]),
-        last_error=row[6],
-        last_traceback=row[7],
-        last_error_at=None if row[8] is None else _parse(row[8]),
-        created_at=_parse(row[9]),
-        events_stored=int(row[10]),
-        watchers=watchers,
-    )
-
-
-def _check_limit(limit: int) -> None:
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
 
 
 class SqliteStore:
@@ -433,31 +413,26 @@ class SqliteStore:
 
     def active_triggers(self, limit: int) -> list[TriggerRow]:
         """At most ``limit`` triggers in state ``active``, by id."""
-        _check_limit(limit)
+        check_limit(limit)
         rows = self._read(
-            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE state = 'active' ORDER BY id LIMIT ?",  # noqa: S608
+            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE state = 'active' ORDER BY id LIMIT ?",  # noqa: S608
             (limit,),
         )
-        return [_trigger_row(row) for row in rows]
+        return [trigger_row(row, _parse) for row in rows]
 
     def get_trigger(self, trigger_id: int) -> TriggerRow | None:
         """The trigger with this id, or ``None``."""
         rows = self._read(
-            f"SELECT {_TRIGGER_COLUMNS} FROM triggers WHERE id = ?",  # noqa: S608
+            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE id = ?",  # noqa: S608
             (trigger_id,),
         )
-        return _trigger_row(rows[0]) if rows else None
+        return trigger_row(rows[0], _parse) if rows else None
 
     def list_triggers(self) -> list[TriggerRow]:
         """Every trigger, by id, with the ``asset/watcher`` names that use it."""
-        rows = self._read(f"SELECT {_TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
-        watchers: dict[int, list[str]] = {}
-        for trigger_id, asset, name in self._read(
-            "SELECT w.trigger_id, a.name, w.name FROM watchers w JOIN assets a ON a.id = w.asset_id"
-            " ORDER BY a.name, w.name"
-        ):
-            watchers.setdefault(int(trigger_id), []).append(f"{asset}/{name}")
-        return [_trigger_row(row, tuple(watchers.get(int(row[0]), ()))) for row in rows]
+        rows = self._read(f"SELECT {TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
+        watchers = watcher_names(self._read(WATCHERS_SQL))
+        return [trigger_row(row, _parse, watchers.get(int(row[0]), ())) for row in rows]
 
     def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
         """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
@@ -553,20 +528,7 @@ class SqliteStore:
 
     def triggerers(self) -> list[TriggererRow]:
         """Every triggerer that ever sent a heartbeat, by id."""
-        return [
-            TriggererRow(
-                id=str(row[0]),
-                hostname=str(row[1]),
-                pid=int(row[2]),
-                started_at=_parse(row[3]),
-                heartbeat_at=_parse(row[4]),
-                running=tuple(int(i) for i in json.loads(row[5])),
-            )
-            for row in self._read(
-                "SELECT id, hostname, pid, started_at, heartbeat_at, running FROM triggerers"
-                " ORDER BY id"
-            )
-        ]
+        return [triggerer_row(row, _parse) for row in self._read(TRIGGERERS_SQL)]
 
     def claim_triggers(
         self, triggerer_id: str, candidates: Sequence[int], capacity: int, threshold: float
@@ -619,8 +581,9 @@ class SqliteStore:
 
     def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
         """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
-        _check_limit(limit)
-        return [dead_letter_row(row) for row in self._read(*dead_letters_query(limit, stream))]
+        check_limit(limit)
+        return [dead_letter_row(row, _parse)
+                for row in self._read(*dead_letters_query(limit, stream))]
 
     # -- read API for the CLI ---------------------------------------------------
 
@@ -631,7 +594,7 @@ class SqliteStore:
 
         ``asset`` keeps the events that produced an asset event of that asset.
         """
-        _check_limit(limit)
+        check_limit(limit)
         where: list[str] = []
         params: list[Any] = []
         if trigger_id is not None:
@@ -668,7 +631,7 @@ class SqliteStore:
         self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
     ) -> list[RunRow]:
         """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
-        _check_limit(limit)
+        check_limit(limit)
         where: list[str] = []
         params: list[Any] = []
         if dag_id is not None:
@@ -708,13 +671,5 @@ class SqliteStore:
 
     def counts(self) -> dict[str, int]:
         """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
-        (row,) = self._read(
-            "SELECT (SELECT count(*) FROM triggers), (SELECT count(*) FROM trigger_events),"
-            " (SELECT count(*) FROM asset_events), (SELECT count(*) FROM dag_runs)"
-        )
-        return {
-            "triggers": int(row[0]),
-            "trigger_events": int(row[1]),
-            "asset_events": int(row[2]),
-            "dag_runs": int(row[3]),
-        }
+        (row,) = self._read(COUNTS_SQL)
+        return counts_of(row)
