@@ -67,12 +67,10 @@ import asyncio
 import logging
 import os
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
-from opentelemetry import metrics
-
+from sharedstream.brokerkit.calls import BrokerCalls
 from sharedstream.brokerkit.deadletters import (
     REASON_MAX_REDELIVERIES,
     REASON_REJECTED,
@@ -134,11 +132,6 @@ _MAX_HOLDS = 4096
 _HEARTBEAT = 30.0
 """Seconds between the empty requests that keep an idle stream open (as the SDK's client)."""
 _CALL_TIMEOUT = 30.0
-_requests = metrics.get_meter("sharedstream.pubsub").create_counter(
-    "sharedstream.broker.requests",
-    unit="{request}",
-    description="Broker API calls made by producers, by broker and operation",
-)
 
 _sdk = OptionalSdk(broker="Pub/Sub", package="google.pubsub_v1", extra="pubsub",
                    error=PubSubConfigError)
@@ -166,7 +159,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         _sdk("google.pubsub_v1.services.subscriber")  # a missing extra fails here
         self.settings = settings
         self.subscription = settings.subscription_path
-        self.calls: Counter[str] = Counter()
+        self.calls = BrokerCalls("pubsub")
         self._letters = DeadLetterDesk(self, stream=f"pubsub {self.subscription}",
                                        setting="dead_letter_topic", logger=log)
         self._subscriber: Any = None
@@ -228,8 +221,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         exceptions = _sdk("google.api_core.exceptions")
 
         async def attempt() -> _T:
-            self.calls[operation] += 1
-            _requests.add(1, {"broker": "pubsub", "operation": operation})
+            self.calls.count(operation)
             return await call()
 
         try:
@@ -458,8 +450,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         """
         exceptions = _sdk("google.api_core.exceptions")
         ack_ids = [p.ack_id for p in chunk]
-        self.calls["Acknowledge"] += 1
-        _requests.add(1, {"broker": "pubsub", "operation": "Acknowledge"})
+        self.calls.count("Acknowledge")
         try:
             await self._subscriber.acknowledge(subscription=self.subscription, ack_ids=ack_ids,
                                                retry=None, timeout=_CALL_TIMEOUT)

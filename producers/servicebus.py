@@ -59,14 +59,12 @@ import asyncio
 import contextlib
 import importlib
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from opentelemetry import metrics
-
 from sharedstream.brokerkit.batches import in_batches
+from sharedstream.brokerkit.calls import BrokerCalls
 from sharedstream.brokerkit.deadletters import (
     REASON_MAX_REDELIVERIES,
     REASON_REJECTED,
@@ -118,11 +116,6 @@ if _sdk_logger.level == logging.NOTSET:
 
 _T = TypeVar("_T")
 _MAX_HOLDS = 4096
-_requests = metrics.get_meter("sharedstream.servicebus").create_counter(
-    "sharedstream.broker.requests",
-    unit="{request}",
-    description="Broker API calls made by producers, by broker and operation",
-)
 
 _sdk = OptionalSdk(broker="Service Bus", package="azure.servicebus", extra="servicebus",
                    error=ServiceBusConfigError)
@@ -150,7 +143,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         _sdk("azure.servicebus.aio")  # a missing extra fails here
         self.settings = settings
         self.entity = settings.entity_path
-        self.calls: Counter[str] = Counter()
+        self.calls = BrokerCalls("servicebus")
         self._letters = DeadLetterDesk(self, stream=f"servicebus {self.entity}",
                                        setting="dead-letter queue", logger=log)
         self._client: Any = None
@@ -234,8 +227,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """One SDK call (counted), its errors wrapped (see :func:`sdk_error`)."""
-        self.calls[operation] += 1
-        _requests.add(1, {"broker": "servicebus", "operation": operation})
+        self.calls.count(operation)
         servicebus_exceptions = _sdk("azure.servicebus.exceptions")
         try:
             return await call()
@@ -481,8 +473,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                            settle: Callable[[ServiceBusPayload], Awaitable[None]]) -> list[
                                tuple[ServiceBusPayload, BaseException]]:
         """Settle each payload, ``settle_concurrency`` at a time; the ones that raised."""
-        self.calls[operation] += len(payloads)
-        _requests.add(len(payloads), {"broker": "servicebus", "operation": operation})
+        self.calls.count(operation, len(payloads))
         failed: list[tuple[ServiceBusPayload, BaseException]] = []
 
         async def chunk(part: Sequence[ServiceBusPayload]) -> None:

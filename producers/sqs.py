@@ -56,14 +56,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
-from opentelemetry import metrics
-
 from sharedstream import __version__
 from sharedstream.brokerkit.batches import in_batches
+from sharedstream.brokerkit.calls import BrokerCalls
 from sharedstream.brokerkit.deadletters import (
     REASON_MAX_REDELIVERIES,
     REASON_REJECTED,
@@ -126,11 +124,6 @@ _MAX_HOLDS = 4096
 _SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
 """The system attributes read (all of them cost parsing time on every receive)."""
 _CONCURRENT_BATCHES = 8
-_requests = metrics.get_meter("sharedstream.sqs").create_counter(
-    "sharedstream.broker.requests",
-    unit="{request}",
-    description="Broker API calls made by producers, by broker and operation",
-)
 
 _sdk = OptionalSdk(broker="SQS", package="aiobotocore", extra="sqs", error=SqsConfigError)
 
@@ -165,7 +158,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         settings.validate()
         _sdk("aiobotocore.session")  # a missing extra is a clear error here, not at connect
         self.settings = settings
-        self.calls: Counter[str] = Counter()
+        self.calls = BrokerCalls("sqs")
         self._letters = DeadLetterDesk(self, stream=f"sqs {queue_name(settings.queue)}",
                                        setting="dead_letter_queue", logger=log)
         self._refusals: dict[str, str] = {}  # message id -> why the DLQ refused it
@@ -209,8 +202,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         """One SQS API call (counted), its SDK errors wrapped (see :func:`sdk_error`)."""
         method: Callable[..., Awaitable[dict[str, Any]]] = getattr(
             self._client, OPERATIONS[operation])
-        self.calls[operation] += 1
-        _requests.add(1, {"broker": "sqs", "operation": operation})
+        self.calls.count(operation)
         exceptions = _sdk("botocore.exceptions")
         try:
             return await method(**kwargs)

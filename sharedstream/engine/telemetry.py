@@ -115,6 +115,7 @@ class Instruments:
     pauses: Counter
     subscriber_lag: ObservableGauge
     lane_outstanding: ObservableGauge
+    broker_requests: Counter
 
 
 @cache
@@ -195,5 +196,10 @@ def instruments() -> Instruments:
             callbacks=[_lane_outstanding],
             unit="{event}",
             description="Raw events fanned out and not yet advanced, per lane",
+        ),
+        broker_requests=meter.create_counter(
+            "sharedstream.broker.requests",
+            unit="{request}",
+            description="Broker API calls made by producers, by broker and operation",
         ),
     )

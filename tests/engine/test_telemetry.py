@@ -60,3 +60,25 @@ async def test_outstanding_events_and_head_of_line_age_are_observed(
     await eventually(lambda: len(feed.advanced()) == 3)
     assert points(reader, "sharedstream.engine.events.outstanding")[""] == 0
     await manager.stop_all()
+
+
+def test_broker_calls_are_counted_by_operation_and_reported(
+    reader: InMemoryMetricReader,
+) -> None:
+    """The kit's call counter: readable from the producer, and the OpenTelemetry counter."""
+    from sharedstream.brokerkit.calls import BrokerCalls  # noqa: PLC0415
+
+    calls = BrokerCalls("kit-test")
+    calls.count("Receive")
+    calls.count("Complete", 3)
+    assert calls == {"Receive": 1, "Complete": 3}
+    data = reader.get_metrics_data()
+    assert data is not None
+    reported = {
+        str(point.attributes["operation"]): getattr(point, "value", 0)
+        for resource in data.resource_metrics for scope in resource.scope_metrics
+        for metric in scope.metrics if metric.name == "sharedstream.broker.requests"
+        for point in metric.data.data_points
+        if point.attributes and point.attributes.get("broker") == "kit-test"
+    }
+    assert reported == {"Receive": 1, "Complete": 3}
