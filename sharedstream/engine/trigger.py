@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import abc
 import hashlib
-import logging
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.keyvalue_log import KeyValueLogger, key_value_logger
 from sharedstream.engine.payload_json import dumps
 
 if TYPE_CHECKING:
@@ -46,10 +46,15 @@ class BaseTrigger(abc.ABC):
         self.trigger_id: int | None = None
 
     @property
-    def log(self) -> logging.Logger:
-        """A logger named after the trigger's class (Airflow's ``self.log``)."""
+    def log(self) -> KeyValueLogger:
+        """A logger named after the trigger's class (Airflow's ``self.log``).
+
+        Takes structlog-style key-values as Airflow's does,
+        ``self.log.info("matched", topic=topic)``, as well as everything a
+        ``logging.Logger`` takes (see :mod:`sharedstream.engine.keyvalue_log`).
+        """
         cls = type(self)
-        return logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
+        return key_value_logger(f"{cls.__module__}.{cls.__qualname__}")
 
     @abc.abstractmethod
     def serialize(self) -> tuple[str, dict[str, Any]]:

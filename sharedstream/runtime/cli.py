@@ -239,7 +239,7 @@ def _triggerer(args: argparse.Namespace, config: Config) -> int:
     from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415 - only this command needs it
 
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, config.logging.format)
     definitions = load_definitions(args.definitions)
 
     async def run() -> int:

@@ -47,6 +47,7 @@ __all__ = [
     "ENV_PREFIX",
     "Config",
     "ConfigError",
+    "LoggingConfig",
     "StoreConfig",
     "TriggererConfig",
     "load_config",
@@ -92,10 +93,11 @@ class ConfigError(SharedStreamError):
 class _OptionSpec:
     """How one option is parsed, bounded and described."""
 
-    kind: Literal["int", "float", "store_url", "secret"]
+    kind: Literal["int", "float", "store_url", "secret", "choice"]
     help: str
     minimum: float = 0
     strict: bool = True  # value must be > minimum; otherwise >= minimum
+    choices: tuple[str, ...] = ()  # kind "choice": the accepted words (any case)
 
 
 _SPECS: dict[str, dict[str, _OptionSpec]] = {
@@ -155,6 +157,14 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
         "kwargs_key": _OptionSpec(
             "secret",
             "SECRET. Fernet key(s) encrypting trigger kwargs at rest; comma-separated to rotate.",
+        ),
+    },
+    "logging": {
+        "format": _OptionSpec(
+            "choice",
+            "Log lines: text (one readable line each) or json (one JSON object per line, "
+            "with timestamp, level, logger, message and the key-values as fields).",
+            choices=("text", "json"),
         ),
     },
 }
@@ -240,6 +250,11 @@ def _convert(
     spec = _SPECS[section][option]
     if spec.kind == "store_url":
         return _convert_store_url(option, raw, source)
+    if spec.kind == "choice":
+        if not isinstance(raw, str) or raw.lower() not in spec.choices:
+            raise _invalid(section, option, raw, source,
+                           f"expected one of: {', '.join(spec.choices)}")
+        return raw.lower()
     if spec.kind == "secret":
         if not isinstance(raw, str) or not _check_fernet_keys(raw):
             # Never echo a secret, not even inside a mistyped value.
@@ -266,7 +281,9 @@ def _check_backoff(initial: _Setting, maximum: _Setting) -> None:
     raise _invalid("triggerer", "restart_backoff_max", high_shown, high_source, expected)
 
 
-def _validate_fields(instance: TriggererConfig | StoreConfig, section: str) -> None:
+def _validate_fields(
+    instance: TriggererConfig | StoreConfig | LoggingConfig, section: str
+) -> None:
     """Validate a directly constructed section; ints given for floats become floats."""
     for item in dataclasses.fields(instance):
         value = getattr(instance, item.name)
@@ -346,6 +363,21 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class LoggingConfig:
+    """The ``[logging]`` section: how the triggerer writes its log lines.
+
+    ``format`` is ``"text"`` (the default) or ``"json"`` (one JSON object per
+    line; see :class:`sharedstream.runtime.logs.JsonFormatter`). Validated
+    on construction; stored in lower case.
+    """
+
+    format: str = "text"
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "logging")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole, validated configuration of one process.
 
@@ -356,6 +388,7 @@ class Config:
 
     triggerer: TriggererConfig = field(default_factory=TriggererConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     source: dict[str, str] = field(default_factory=dict)
 
     def sqlite_path(self) -> Path:
@@ -601,6 +634,7 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     return Config(
         triggerer=TriggererConfig(**converted["triggerer"]),
         store=StoreConfig(**converted["store"]),
+        logging=LoggingConfig(**converted["logging"]),
         source={f"{section}.{option}": source for (section, option), (_, source) in raw.items()},
     )
 

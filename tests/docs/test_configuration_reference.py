@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from sharedstream.runtime.config import Config, StoreConfig, TriggererConfig
+from sharedstream.runtime.config import Config, LoggingConfig, StoreConfig, TriggererConfig
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-SECTIONS: dict[str, type[TriggererConfig | StoreConfig]] = {
+SECTIONS: dict[str, type[TriggererConfig | StoreConfig | LoggingConfig]] = {
     "triggerer": TriggererConfig,
     "store": StoreConfig,
+    "logging": LoggingConfig,
 }
 
 _ROW = re.compile(r"^\| `(?P<option>[a-z_]+)` \| [^|]+ \| (?P<default>[^|]+?) \|", re.MULTILINE)

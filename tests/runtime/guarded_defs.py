@@ -2,6 +2,7 @@
 
 What the filter saw at the end is appended to ``GUARDED_SEEN`` (one line:
 ``caught <Error>`` or ``cancelled``), and ``cleanup`` appends ``cleanup``.
+Each match is logged structlog-style (``self.log.info("matched", order_id=...)``).
 Importing ``filelog_defs`` for its trigger brings its watchers along; they
 share the stream and do not matter here. (Small local file writes; blocking
 calls in async code are deliberate.)
@@ -37,6 +38,7 @@ class GuardedFileLogTrigger(FileLogTrigger):
             try:
                 async for message in shared_stream:
                     if isinstance(message, dict) and message.get("kind") in self.kinds:
+                        self.log.info("matched", order_id=message["id"], kind=message["kind"])
                         yield TriggerEvent({"id": message["id"], "kind": message["kind"]})
             except Exception as exc:  # noqa: BLE001 - the habit under test
                 self.log.warning("the stream failed: %s", exc)

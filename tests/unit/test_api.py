@@ -113,7 +113,8 @@ def test_default_hooks_fail_with_messages_naming_the_class() -> None:
     with pytest.raises(NotImplementedError, match="does not implement filter_shared_stream"):
         asyncio.run(first(trigger.filter_shared_stream(_Fast.open_shared_stream({}))))
     assert trigger.log.name.endswith("_Fast")
-    assert isinstance(trigger.log, logging.Logger)
+    assert isinstance(trigger.log, logging.LoggerAdapter)  # over the class's stdlib logger
+    assert trigger.log.logger is logging.getLogger(trigger.log.name)
 
 
 # The class below is written exactly as for Airflow 3.3; only the imports at

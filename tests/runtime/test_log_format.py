@@ -1,0 +1,43 @@
+"""The triggerer's log lines, text and JSON, with a trigger logging structlog-style.
+
+A real ``sharedstream triggerer`` runs ``guarded_defs.py``, whose filter logs
+``self.log.info("matched", order_id=..., kind=...)`` for every order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.runtime.conftest import Deployment, wait_for
+
+GUARDED = Path(__file__).with_name("guarded_defs.py")
+
+
+def run_and_stop(d: Deployment) -> str:
+    d.env["GUARDED_SEEN"] = str(d.dir / "seen.txt")
+    d.append(*({"kind": "order", "amount": n} for n in range(3)))
+    proc = d.start(GUARDED)
+    wait_for(lambda: d.committed() == 2, what="the three orders committed")
+    assert d.stop(proc) == 0
+    return d.stderr()
+
+
+def test_text_lines_render_a_triggers_key_values(deployment: Deployment) -> None:
+    log = run_and_stop(deployment)
+    assert "GuardedFileLogTrigger: matched order_id=2 kind=order" in log
+    assert "SIGTERM: stopping" in log  # the runtime's own %-style lines, unchanged
+
+
+def test_json_lines_carry_the_key_values_as_fields(deployment: Deployment) -> None:
+    deployment.env["SHAREDSTREAM__LOGGING__FORMAT"] = "json"
+    lines = [json.loads(line) for line in run_and_stop(deployment).splitlines()]
+    matched = [line for line in lines if line["message"] == "matched"]
+    assert [line["order_id"] for line in matched] == [0, 1, 2]
+    first = matched[0]
+    assert list(first)[:4] == ["timestamp", "level", "logger", "message"]
+    assert first["level"] == "info"
+    assert first["logger"].endswith("guarded_defs.GuardedFileLogTrigger")
+    assert first["kind"] == "order"
+    assert first["timestamp"].endswith("Z")
+    assert any(line["message"].startswith("SIGTERM: stopping") for line in lines)
