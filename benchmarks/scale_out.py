@@ -19,7 +19,8 @@ triggerers join included) and ``steady msgs/s`` from the first observed
 commit. CPU seconds are read from ``/proc`` for the triggerers, the
 PostgreSQL server (postmaster, its live backends and the reaped ones),
 Tansu, and the whole machine (busy share of all cores over the case; what
-none of these used is ``other``: other people's work on a shared machine).
+none of these used is ``other``: other people's work on a shared machine);
+the WAL PostgreSQL wrote over the case is ``wal_mb``.
 
 Checks (exit status 1 when one fails, after the results are written): the
 group had T members when everything was committed; ``sharedstream
@@ -213,6 +214,15 @@ async def group_members(bootstrap: str, group: str) -> int:
     return len(members)
 
 
+def wal_position(admin: str) -> int:
+    """The cluster's current WAL position in bytes (``pg_current_wal_lsn()``)."""
+    import psycopg  # noqa: PLC0415 - the postgres extra
+
+    with psycopg.connect(admin) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    return int(row[0]) if row else 0
+
+
 def stored_per_trigger(url: str) -> tuple[list[int], int]:
     """Each trigger's stored events (sorted) and the distinct idempotency keys in the database."""
     import psycopg  # noqa: PLC0415 - the postgres extra
@@ -249,6 +259,7 @@ async def run_case(args: argparse.Namespace, bootstrap: str, admin: str, meter: 
         cluster = TriggererCluster(casedir, url, BENCH_ENVIRONMENT,
                                    pythonpath=[BENCHMARKS, ROOT])
         try:
+            wal_at_start = wal_position(admin)
             meter.start()
             started = time.perf_counter()
             procs = [cluster.start(i, definitions, log_level="WARNING")
@@ -267,6 +278,7 @@ async def run_case(args: argparse.Namespace, bootstrap: str, admin: str, meter: 
             watcher.cancel()
             progress = waiter.result()
             cpu = meter.stop()
+            cpu["wal_mb"] = round((wal_position(admin) - wal_at_start) / 1e6, 1)
             triggerer_cpu = [round(cpu_seconds(p.pid) or 0.0, 2) for p in procs]
             # What else ran on the machine meanwhile (other people's work on a shared VM).
             cpu["other"] = round(max(0.0, cpu["machine_busy_s"] - sum(triggerer_cpu) - sum(
