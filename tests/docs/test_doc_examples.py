@@ -32,6 +32,7 @@ PAGES = (
     "pubsub.md",
     "servicebus.md",
     "postgresql.md",
+    "airflow.md",
 )
 """The pages whose examples this suite owns."""
 

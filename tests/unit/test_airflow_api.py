@@ -127,7 +127,8 @@ def test_the_manager_accepts_a_log() -> None:
 MIRRORED = {
     "airflow.triggers.base": ["BaseEventTrigger", "BaseTrigger", "TriggerEvent"],
     "airflow.triggers.shared_stream": [
-        "DEFAULT_ACK_TIMEOUT", "DEFAULT_SUBSCRIBER_QUEUE_MAX", "AdvanceItem", "AdvanceOutcome",
+        "DEFAULT_ACK_TIMEOUT", "DEFAULT_SUBSCRIBER_QUEUE_MAX", "AckTimeout", "AdvanceItem",
+        "AdvanceOutcome",
         "SharedStreamManager", "SharedStreamProducer", "SubscriberOverflow",
         "reject_shared_stream_event",
     ],

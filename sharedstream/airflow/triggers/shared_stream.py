@@ -6,7 +6,7 @@ The objects are :mod:`sharedstream`'s own; :class:`SubscriberOverflow` is
 public here on purpose (see ``docs/airflow.md``).
 """
 
-from sharedstream.engine.errors import SubscriberOverflow
+from sharedstream.engine.errors import AckTimeout, SubscriberOverflow
 from sharedstream.engine.manager import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_SUBSCRIBER_QUEUE_MAX,
@@ -18,6 +18,7 @@ from sharedstream.engine.stream import reject_shared_stream_event
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
     "DEFAULT_SUBSCRIBER_QUEUE_MAX",
+    "AckTimeout",
     "AdvanceItem",
     "AdvanceOutcome",
     "SharedStreamManager",
