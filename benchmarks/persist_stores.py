@@ -151,12 +151,13 @@ def plot(rows: list[dict[str, Any]], stores: Sequence[str], path: Path) -> None:
     left.set_ylabel("events stored per second")
     left.set_title("throughput, offered as fast as possible")
     left.legend()
-    xs = [f"{label}\n{store}" for label in labels for store in stores]
+    xs = [f"{label.replace(' @', chr(10) + '@')}\n{store}" for label in labels
+          for store in stores]
     for j, metric in enumerate(("confirm_ms_p50", "confirm_ms_p95", "confirm_ms_p99")):
         right.bar([x + j * 0.27 for x in range(len(xs))],
                   [cell[label, store][metric] for label in labels for store in stores], 0.27,
                   label=metric.removeprefix("confirm_ms_"))
-    right.set_xticks([x + 0.27 for x in range(len(xs))], xs, fontsize=6)
+    right.set_xticks([x + 0.27 for x in range(len(xs))], xs, fontsize=7)
     right.set_yscale("log")
     right.set_ylabel("put -> confirm_persisted (ms)")
     right.set_title("confirmation latency (medians of the rounds)")
