@@ -21,6 +21,8 @@ Import what you need from its modules; none of them is imported by the
   managers (Tansu, moto, fauxqs; Kafka and LocalStack containers when Docker
   answers); :mod:`sharedstream.testing.fixtures` - the same as pytest fixtures
   (opt in with ``pytest_plugins = ["sharedstream.testing.fixtures"]``).
+* :mod:`sharedstream.testing.triggerers` - :class:`TriggererCluster`: several
+  ``sharedstream triggerer`` processes (the real CLI) on one store.
 """
 
 from __future__ import annotations
