@@ -4,7 +4,8 @@ The summary line must carry exactly the counts :func:`sharedstream.demo.expected
 derives from the deterministic generator (``reconcile`` within its bounds: it
 depends on the interleaving), and every progress line must be either the
 broker's waiting phase or its advanced count. Used by the demo test of each
-broker (``tests/kafka/test_demo_and_crash.py``, ``tests/pubsub/test_demo.py``).
+broker (``tests/kafka/test_demo_and_crash.py``, ``tests/pubsub/test_demo.py``,
+``tests/servicebus/test_demo.py``).
 """
 
 from __future__ import annotations
@@ -99,3 +100,14 @@ def check_interrupted_demo(broker: str, signals: int, *, started: str, progress:
         found = re.match(r"interrupted: (\d+) messages", out)
         assert found, out
         assert 0 < int(found.group(1)) < 200_000
+
+
+def check_missing_sdk(broker: str, module: str, error: str) -> None:
+    """``demo --broker BROKER`` with ``module`` hidden: exit 2, and ``error`` is all it prints."""
+    hide_sdk = (f"import sys; sys.modules[{module!r}] = None; "
+                "from sharedstream.runtime.cli import main; "
+                f"sys.exit(main(['demo', '--broker', {broker!r}, '--messages', '5']))")
+    result = subprocess.run([sys.executable, "-c", hide_sdk], cwd=ROOT, capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"sharedstream: error: {error}"]

@@ -1,7 +1,8 @@
 """``sharedstream demo``: the whole pipeline against a broker started locally.
 
 Starts the broker of ``--broker`` (Tansu for ``kafka``, the testing kit's
-Pub/Sub test server for ``pubsub``), writes a configuration like
+Pub/Sub test server for ``pubsub``, its Service Bus test server for
+``servicebus``), writes a configuration like
 ``sharedstream init``, runs the triggerer in-process on
 :mod:`sharedstream.demo.definitions` (four watchers with different filters on
 one stream, three DAGs), produces N JSON records (every 50th malformed, to
@@ -10,8 +11,8 @@ prints a summary once the broker counts every record as done. Ctrl-C stops
 cleanly at any time; the broker is always stopped.
 
 Everything here is broker-neutral; what differs per broker is a
-:class:`~sharedstream.demo.brokers.DemoBroker` (:mod:`.kafka`, :mod:`.pubsub`),
-picked by name from :data:`~sharedstream.demo.brokers.DEMO_BROKERS`.
+:class:`~sharedstream.demo.brokers.DemoBroker` (:mod:`.kafka`, :mod:`.pubsub`,
+:mod:`.servicebus`), picked by name from :data:`~sharedstream.demo.brokers.DEMO_BROKERS`.
 """
 
 from __future__ import annotations

@@ -21,15 +21,18 @@ module and one line in :data:`DEMO_BROKERS`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-__all__ = ["DEMO_BROKERS", "DemoBroker", "WatcherTriggers", "demo_broker"]
+from sharedstream.engine.errors import SharedStreamError
+
+__all__ = ["DEMO_BROKERS", "DemoBroker", "WatcherTriggers", "demo_broker", "require_modules"]
 
 TOPIC = "demo.orders"
-"""The stream of the demo (a Kafka topic, a Pub/Sub topic and subscription)."""
+"""The stream of the demo (a Kafka topic, a Pub/Sub topic and subscription, a Service Bus queue)."""
 DEAD_LETTERS = f"{TOPIC}.dlq"
 
 
@@ -95,9 +98,25 @@ class DemoBroker(Protocol):
         """Close the clients :meth:`create_stream` opened; the broker keeps running."""
 
 
+def require_modules(modules: Sequence[str], *, support: str, hint: str) -> None:
+    """Check that a broker's SDK is installed, for :meth:`DemoBroker.check_installed`.
+
+    Raises ``SharedStreamError`` ("the demo needs ``support`` support:
+    ``hint``") unless every module of ``modules`` can be found; none is imported.
+    """
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package (google, azure) is missing
+            found = False
+        if not found:
+            raise SharedStreamError(f"the demo needs {support} support: {hint}")
+
+
 DEMO_BROKERS: Mapping[str, str] = {
     "kafka": "sharedstream.demo.kafka:KafkaDemoBroker",
     "pubsub": "sharedstream.demo.pubsub:PubSubDemoBroker",
+    "servicebus": "sharedstream.demo.servicebus:ServiceBusDemoBroker",
 }
 """``--broker`` name -> its :class:`DemoBroker` (imported when chosen)."""
 

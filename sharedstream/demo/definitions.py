@@ -3,11 +3,12 @@
 Pass it to ``sharedstream triggerer --definitions`` against your own broker
 too; it reads which broker and where from the environment:
 
-* ``SHAREDSTREAM_DEMO_BROKER`` - ``kafka`` (the default) or ``pubsub``: the
-  trigger class and its connection kwargs come from that broker's
-  :meth:`~sharedstream.demo.brokers.DemoBroker.watcher_triggers`
-* ``SHAREDSTREAM_DEMO_TOPIC`` - the topic, and on Pub/Sub the subscription
-  (default ``demo.orders``); rejected records go to ``<topic>.dlq``
+* ``SHAREDSTREAM_DEMO_BROKER`` - ``kafka`` (the default), ``pubsub`` or
+  ``servicebus``: the trigger class and its connection kwargs come from that
+  broker's :meth:`~sharedstream.demo.brokers.DemoBroker.watcher_triggers`
+* ``SHAREDSTREAM_DEMO_TOPIC`` - the topic, and on Pub/Sub the subscription, on
+  Service Bus the queue (default ``demo.orders``); rejected records go to
+  ``<topic>.dlq`` (on Service Bus: the queue's dead-letter sub-queue)
 * Kafka: ``SHAREDSTREAM_DEMO_BOOTSTRAP`` - ``host:port`` (default
   ``127.0.0.1:9092``), ``SHAREDSTREAM_DEMO_GROUP`` - the consumer group (default
   ``sharedstream-demo``), ``SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS`` - the group
@@ -15,11 +16,13 @@ too; it reads which broker and where from the environment:
 * Pub/Sub: ``SHAREDSTREAM_DEMO_PROJECT`` (default ``sharedstream-demo``),
   ``SHAREDSTREAM_DEMO_PUBSUB_HOST`` - an emulator's ``host:port`` (default: none,
   Pub/Sub itself)
+* Service Bus: ``SHAREDSTREAM_DEMO_SERVICEBUS_CONNECTION_STRING`` - the
+  namespace's connection string
 
 The records are JSON objects ``{"id": n, "kind": "order"|"refund", "amount": n}``
 of a region (``eu``, ``us``, ``apac``: the Kafka key, the Pub/Sub ``region``
-attribute). All four watchers share one consumer: they differ only in what they
-match.
+attribute, the Service Bus ``region`` application property). All four
+watchers share one consumer: they differ only in what they match.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sharedstream.demo import demo_message
-from sharedstream.demo.brokers import DEAD_LETTERS, TOPIC, WatcherTriggers
+from sharedstream.demo.brokers import DEAD_LETTERS, TOPIC, WatcherTriggers, require_modules
 from sharedstream.engine.errors import SharedStreamError
 
 __all__ = ["INSTALL_HINT", "PROJECT", "PubSubDemoBroker"]
@@ -67,13 +67,7 @@ class PubSubDemoBroker:
     @classmethod
     def check_installed(cls) -> None:
         """``google-cloud-pubsub`` (with grpcio), or one line with :data:`INSTALL_HINT`."""
-        for module in ("grpc", "google.pubsub_v1"):
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except ModuleNotFoundError:  # the parent package (google) is missing
-                found = False
-            if not found:
-                raise SharedStreamError(f"the demo needs Pub/Sub support: {INSTALL_HINT}")
+        require_modules(("grpc", "google.pubsub_v1"), support="Pub/Sub", hint=INSTALL_HINT)
 
     @classmethod
     def watcher_triggers(cls, environ: Mapping[str, str]) -> WatcherTriggers:

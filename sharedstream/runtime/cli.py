@@ -150,7 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     init.set_defaults(handler=_init)
 
     demo = commands.add_parser(
-        "demo", help="run the pipeline against a broker started locally (Kafka or Pub/Sub)"
+        "demo", help="run the pipeline against a broker started locally (Kafka, Pub/Sub or "
+        "Service Bus)"
     )
     demo.add_argument("--messages", type=_positive, default=2000, metavar="N",
                       help="records to produce (default: 2000)")
@@ -159,8 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-level", type=_log_level, default="ERROR", metavar="LEVEL",
                       help=f"logging level: {', '.join(LOG_LEVELS)} (default: error)")
     demo.add_argument("--broker", default="kafka", metavar="NAME",
-                      help="the broker to start and run on: kafka (Tansu, the default) or "
-                      "pubsub (the testing kit's Pub/Sub test server)")
+                      help="the broker to start and run on: kafka (Tansu, the default), "
+                      "pubsub or servicebus (the testing kit's Pub/Sub and Service Bus test "
+                      "servers)")
     demo.set_defaults(handler=_demo)
 
     triggerer = commands.add_parser("triggerer", help="run the watchers of a definitions file")

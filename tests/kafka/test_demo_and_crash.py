@@ -34,7 +34,8 @@ def test_an_unknown_broker_is_one_line_listing_the_valid_ones() -> None:
     result = run_demo_cli("--broker", "sqs", "--messages", "5", timeout=30)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "sharedstream: error: --broker 'sqs': the demo runs on kafka, pubsub only for now"]
+        "sharedstream: error: --broker 'sqs': the demo runs on kafka, pubsub, servicebus "
+        "only for now"]
 
 
 @pytest.mark.usefixtures("kafka_bootstrap")

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo_accounting import ROOT, check_demo_run, check_interrupted_demo, run_demo_cli
+from tests.demo_accounting import (
+    ROOT,
+    check_demo_run,
+    check_interrupted_demo,
+    check_missing_sdk,
+    run_demo_cli,
+)
 
 
 def test_the_pubsub_demo_runs_to_completion_with_the_expected_counts() -> None:
@@ -25,14 +31,8 @@ def test_the_pubsub_demo_runs_to_completion_with_the_expected_counts() -> None:
 
 
 def test_without_the_pubsub_sdk_the_demo_is_one_line_naming_the_extra() -> None:
-    hide_sdk = ("import sys; sys.modules['google.pubsub_v1'] = None; "
-                "from sharedstream.runtime.cli import main; "
-                "sys.exit(main(['demo', '--broker', 'pubsub', '--messages', '5']))")
-    result = subprocess.run([sys.executable, "-c", hide_sdk], cwd=ROOT, capture_output=True,
-                            text=True, timeout=30, check=False)
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
-        "sharedstream: error: the demo needs Pub/Sub support: pip install 'sharedstream[pubsub]'"]
+    check_missing_sdk("pubsub", "google.pubsub_v1",
+                      "the demo needs Pub/Sub support: pip install 'sharedstream[pubsub]'")
 
 
 @pytest.mark.parametrize("signals", [1, 2])
