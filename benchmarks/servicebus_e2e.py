@@ -223,8 +223,8 @@ from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
 class CountingProducer(ServiceBusSharedStreamProducer):
     \"\"\"The Service Bus producer, counting the completions that did not raise.\"\"\"
 
-    async def _settle_each(self, operation, payloads, settle):
-        failed = await super()._settle_each(operation, payloads, settle)
+    async def _settle_each(self, operation, payloads, settle, **options):
+        failed = await super()._settle_each(operation, payloads, settle, **options)
         if operation == "Complete":
             ACKED[self.entity] += len(payloads) - len(failed)
         return failed

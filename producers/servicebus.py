@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
@@ -116,6 +117,10 @@ if _sdk_logger.level == logging.NOTSET:
 
 _T = TypeVar("_T")
 _MAX_HOLDS = 4096
+_GLANCE = 0.05
+_COMPLETE_TURN = 500
+"""Completions sent in one turn of a receiver's link at most."""
+"""Seconds a receive waits while settlements may be queued behind it (see _receive_loop)."""
 
 _sdk = OptionalSdk(broker="Service Bus", package="azure.servicebus", extra="servicebus",
                    error=ServiceBusConfigError)
@@ -160,8 +165,10 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._arrived: dict[str, float] = {}  # lock token -> when it arrived (max renewal)
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
+        # Completions go one at a time in turns of the link (see _link): one sender takes
+        # every queued completion, up to _COMPLETE_TURN, per turn.
         self._completes: SettleSender[ServiceBusPayload] = SettleSender(
-            self._send_completes, batch_size=settings.settle_concurrency, senders=2,
+            self._send_completes, batch_size=_COMPLETE_TURN, senders=1,
             policy=settings.retry_policy(), retry_on=ServiceBusRequestError,
             on_given_up=self._complete_lost)
         # The receive loops (one, or one per session), the completers and the renewals.
@@ -170,6 +177,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             on_broken=(self._completes.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[int] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
+        self._links: dict[int, asyncio.Lock] = {}  # id(receiver) -> its link's turn (_link)
         self._lock_warned = False
 
     @property
@@ -275,9 +283,17 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         while True:
             await in_flight.room(s.max_messages)
             in_flight.take(s.max_messages)  # reserve room for a full receive
+            # Settlements and renewals wait for the link while a receive holds it: with
+            # anything received and unsettled, only a glance; else max_wait_time, at most a
+            # quarter of a lock.
+            busy = (self._open.get(id(receiver)) if session is not None
+                    else self._held or not self._completes.idle)
+            wait = _GLANCE if busy else min(s.max_wait_time, self._leases.lease / 4)
             try:
-                received = await self._call("Receive", lambda: receiver.receive_messages(
-                    max_message_count=s.max_messages, max_wait_time=s.max_wait_time))
+                async with self._link(receiver):
+                    received = await self._call("Receive", functools.partial(
+                        receiver.receive_messages, max_message_count=s.max_messages,
+                        max_wait_time=wait))
             finally:
                 in_flight.release(s.max_messages)
             in_flight.take(len(received))
@@ -368,6 +384,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                             "not settled comes again", session, self.entity)
             finally:
                 self._open.pop(id(receiver), None)
+                self._links.pop(id(receiver), None)
                 await receiver.close()
 
     async def _keep_session(self, receiver: Any) -> None:
@@ -469,12 +486,46 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
 
     # -- settlements ---------------------------------------------------------------------
 
+    def _link(self, receiver: Any) -> asyncio.Lock:
+        """The lock of ``receiver``'s link: one receive or one run of settlements at a time.
+
+        The SDK waits for a settlement's echo (and a receive for its
+        messages) by polling the receiver's connection, and overlapping
+        waits queue behind each other's polls (a completion behind a pending
+        receive took ~100 ms instead of 0.3 ms on the test server): taking
+        turns is much faster. ``asyncio.Lock`` is fair, so receiving and
+        settling alternate under load.
+        """
+        lock = self._links.get(id(receiver))
+        if lock is None:
+            lock = self._links[id(receiver)] = asyncio.Lock()
+        return lock
+
     async def _settle_each(self, operation: str, payloads: Sequence[ServiceBusPayload],
-                           settle: Callable[[ServiceBusPayload], Awaitable[None]]) -> list[
-                               tuple[ServiceBusPayload, BaseException]]:
-        """Settle each payload, ``settle_concurrency`` at a time; the ones that raised."""
+                           settle: Callable[[ServiceBusPayload], Awaitable[None]], *,
+                           in_turn: bool = False) -> list[tuple[ServiceBusPayload, BaseException]]:
+        """Settle each payload; the ones that raised.
+
+        ``in_turn`` (completions, renewals: the volume): one at a time,
+        holding the receiver's link (see :meth:`_link`). Otherwise (abandons
+        and dead-letterings: rare) ``settle_concurrency`` at a time while a
+        receive may be pending: a message handed back must go to that
+        receive, in the session's order, not arrive between two receives.
+        """
         self.calls.count(operation, len(payloads))
         failed: list[tuple[ServiceBusPayload, BaseException]] = []
+        if in_turn:
+            by_receiver: dict[int, list[ServiceBusPayload]] = {}
+            for payload in payloads:
+                by_receiver.setdefault(id(payload.receiver), []).append(payload)
+            for group in by_receiver.values():
+                async with self._link(group[0].receiver):
+                    for payload in group:
+                        try:
+                            await settle(payload)
+                        except Exception as exc:  # noqa: BLE001 - the caller reports them
+                            failed.append((payload, exc))
+            return failed
 
         async def chunk(part: Sequence[ServiceBusPayload]) -> None:
             results = await asyncio.gather(*(settle(p) for p in part), return_exceptions=True)
@@ -491,7 +542,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             tuple[ServiceBusPayload, str]]:
         """Complete a chunk; returns what failed transiently (the sender retries it)."""
         failed = await self._settle_each(
-            "Complete", chunk, lambda p: p.receiver.complete_message(p.received))
+            "Complete", chunk, lambda p: p.receiver.complete_message(p.received), in_turn=True)
         retry = [(p, _said(exc)) for p, exc in failed if transient(exc)]
         again = {id(p) for p, _ in retry}
         self._report(logging.WARNING, "completing", [
@@ -569,7 +620,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                         limit)
         payloads = [self._held[t] for t in due]
         failed = await self._settle_each(
-            "RenewLock", payloads, lambda p: p.receiver.renew_message_lock(p.received))
+            "RenewLock", payloads, lambda p: p.receiver.renew_message_lock(p.received),
+            in_turn=True)
         lost = {p.key for p, _ in failed}
         self._report(logging.INFO, "renewing the lock of", [(p, _said(exc)) for p, exc in failed],
                      "tried again next round until the lock expires")
