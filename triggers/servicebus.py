@@ -73,8 +73,8 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         longer renewed.
     :param max_redeliveries: failed deliveries of one message tolerated
         before it is dead-lettered.
-    :param settle_concurrency: completions, abandons and dead-letterings in
-        flight at once.
+    :param settle_concurrency: abandons and dead-letterings in flight at
+        once (completions go one at a time, in turns with receiving).
     :param payload_format: ``bytes`` (as is), ``utf-8``, ``json`` or ``msgpack``.
     :param match: ``{"properties": {name: value}, "json": {"a.b": value}}``
         (application properties; every given condition must hold).
