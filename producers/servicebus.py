@@ -345,13 +345,10 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     def _shorter_lock(self, seen: float) -> None:
         """Plan renewals on a lock shorter than ``lock_duration``: the one the messages show."""
         lease = max(1.0, seen)
-        if lease < self._leases.lease:
-            keeper = self._leases
-            keeper.lease, keeper.renew_within, keeper.tick = lease, lease / 2, max(0.2, lease / 4)
-            if not self._lock_warned:
-                self._lock_warned = True
-                log.warning("the lock of %s lasts about %.0fs, less than lock_duration (%ds); "
-                            "renewing on that", self.entity, lease, self.settings.lock_duration)
+        if self._leases.shorten(lease) and not self._lock_warned:
+            self._lock_warned = True
+            log.warning("the lock of %s lasts about %.0fs, less than lock_duration (%ds); "
+                        "renewing on that", self.entity, lease, self.settings.lock_duration)
 
     # -- sessions ------------------------------------------------------------------------
 

@@ -98,6 +98,20 @@ class LeaseKeeper(Generic[K]):
         """Start renewing ``key``, whose lease expires at ``expires_at`` (keeper's clock)."""
         self._expiry[key] = expires_at
 
+    def shorten(self, lease: float) -> bool:
+        """Plan on a shorter ``lease`` from now on (the broker showed one); whether it was shorter.
+
+        ``renew_within`` and ``tick`` keep their proportions to it (half and
+        a quarter, the tick at least 0.2 s and never longer than before).
+        A longer ``lease`` changes nothing.
+        """
+        if lease >= self.lease:
+            return False
+        self.lease = lease
+        self.renew_within = lease / 2
+        self.tick = min(self.tick, max(0.2, lease / 4))
+        return True
+
     def settle(self, key: K) -> None:
         """Stop renewing ``key`` (advanced or released). Idempotent; never waits."""
         self._expiry.pop(key, None)

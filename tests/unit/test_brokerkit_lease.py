@@ -171,3 +171,16 @@ async def test_run_renews_every_tick_under_the_guard(broker: Broker, clock: Cloc
     assert ticks == [2.0] * 7  # a quarter of the lease; rounds at t = 2, 4, ..., 12
     # Due once less than half the lease is left: at t=6 (expires at 8) and t=12 (at 14).
     assert len(broker.calls) == 2, "renewed when due, not every tick"
+
+
+def test_a_shorter_lease_replans_renewal_and_a_longer_one_changes_nothing() -> None:
+    async def renew(keys: object) -> list[str]:
+        return []
+
+    keeper: LeaseKeeper[str] = LeaseKeeper(renew, lease=60, batch_size=10, tick=1.0)
+    assert not keeper.shorten(90)
+    assert (keeper.lease, keeper.renew_within, keeper.tick) == (60, 30, 1.0)
+    assert keeper.shorten(2.0)
+    assert (keeper.lease, keeper.renew_within, keeper.tick) == (2.0, 1.0, 0.5)
+    assert keeper.shorten(0.4)
+    assert keeper.tick == 0.2
