@@ -136,7 +136,25 @@ _V3 = (
     "ALTER TABLE triggerers ADD COLUMN running TEXT NOT NULL DEFAULT '[]'",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
+# Time-based scheduling: each DAG's serialized timetable, its bounds and the
+# schedule loop's bookkeeping (see sharedstream.store._dag_schedules); runs
+# carry their type, logical date and data interval. An asset-triggered run
+# leaves them NULL (its run_after is its created_at).
+_V4 = (
+    "ALTER TABLE dags ADD COLUMN timetable TEXT, ADD COLUMN timetable_summary TEXT,"
+    " ADD COLUMN start_date TIMESTAMPTZ, ADD COLUMN end_date TIMESTAMPTZ,"
+    " ADD COLUMN catchup BOOLEAN NOT NULL DEFAULT false,"
+    " ADD COLUMN last_interval_start TIMESTAMPTZ, ADD COLUMN last_interval_end TIMESTAMPTZ,"
+    " ADD COLUMN next_logical_date TIMESTAMPTZ, ADD COLUMN next_interval_start TIMESTAMPTZ,"
+    " ADD COLUMN next_interval_end TIMESTAMPTZ, ADD COLUMN next_run_after TIMESTAMPTZ,"
+    " ADD COLUMN next_run_id TEXT, ADD COLUMN revision BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE dag_runs ADD COLUMN run_type TEXT NOT NULL DEFAULT 'asset_triggered'"
+    " CHECK (run_type IN ('asset_triggered', 'scheduled', 'manual')),"
+    " ADD COLUMN logical_date TIMESTAMPTZ, ADD COLUMN data_interval_start TIMESTAMPTZ,"
+    " ADD COLUMN data_interval_end TIMESTAMPTZ, ADD COLUMN run_after TIMESTAMPTZ",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

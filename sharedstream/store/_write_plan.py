@@ -76,7 +76,9 @@ def load_definitions(conn: _Executes, generation: int) -> Definitions:
         dags_by_asset.setdefault(int(asset_id), []).append(str(dag_id))
     schedules = {
         str(dag_id): Schedule.parse(json.loads(text), where=f"dag {dag_id!r}: schedule")
-        for dag_id, text in conn.execute("SELECT dag_id, schedule FROM dags")
+        for dag_id, text in conn.execute(  # 'null': a DAG only time schedules
+            "SELECT dag_id, schedule FROM dags WHERE schedule != 'null'"
+        )
     }
     return Definitions(
         generation=generation,

@@ -28,9 +28,17 @@ Contracts every backend keeps:
    every event of the batch is durable. On any failure it raises
    :class:`StoreWriteError` (``retryable``) and stores nothing of the batch.
 3. Run ids are deterministic: ``asset_triggered__{N:012d}`` where ``N`` is the
-   largest asset event id the run consumed; ``(dag_id, run_id)`` is unique.
+   largest asset event id the run consumed, and a time-based run's id is
+   its timetable's (``scheduled__<logical date>``); ``(dag_id, run_id)`` is
+   unique, and queuing a time-based run whose id is stored queues nothing.
 4. All datetimes are timezone-aware UTC.
-5. A *dead letter* (a raw event the broker's own dead-letter destination
+5. A time-scheduled DAG's *bookkeeping* (its last automated data interval,
+   its next run, and a ``revision`` bumped by every change of either or of
+   its schedule) changes only in the transaction that queues its runs
+   (:meth:`MetadataStore.queue_timed_runs`, a compare-and-set on
+   ``revision``) or that changes its schedule (:meth:`sync_definitions`),
+   so a run is queued once even when several triggerers decide at once.
+6. A *dead letter* (a raw event the broker's own dead-letter destination
    refused for good, see :class:`~sharedstream.engine.producer.DeadLetter`) is kept
    once per ``(stream, source, reason)``, with at most
    :data:`DEAD_LETTER_PAYLOAD_LIMIT` bytes of its payload and the payload's
@@ -52,18 +60,22 @@ from sharedstream.engine.producer import DeadLetter
 __all__ = [
     "DEAD_LETTER_PAYLOAD_LIMIT",
     "RUN_STATE_QUEUED",
+    "RUN_TYPES",
     "TRIGGER_STATES",
     "Claim",
+    "DagRow",
     "DagSpec",
     "DeadLetterRow",
     "EventRow",
     "MetadataStore",
     "PendingEvent",
+    "QueuedRuns",
     "RunRow",
     "Schedule",
     "SchemaStatus",
     "StoreError",
     "StoreWriteError",
+    "TimedRun",
     "TriggerRow",
     "TriggerSpec",
     "TriggererRow",
@@ -77,6 +89,9 @@ TRIGGER_STATES = frozenset({"active", "finished", "failed", "orphaned"})
 
 RUN_STATE_QUEUED = "queued"
 """The state of a DAG run created by :meth:`MetadataStore.write_events`."""
+
+RUN_TYPES = frozenset({"asset_triggered", "scheduled", "manual"})
+"""Every value :attr:`RunRow.run_type` can take (Airflow's names)."""
 
 DEAD_LETTER_PAYLOAD_LIMIT = 256 * 1024
 """Most payload bytes :meth:`MetadataStore.add_dead_letter` keeps (a prefix); 256 KiB.
@@ -163,10 +178,79 @@ class WatcherSpec:
 
 @dataclass(frozen=True, slots=True)
 class DagSpec:
-    """A DAG scheduled on assets; ``schedule`` is a tree :class:`Schedule` accepts."""
+    """A DAG as the definitions file declares it.
+
+    ``schedule`` is its asset condition, a tree :class:`Schedule` accepts, or
+    ``None`` when no asset schedules it. ``timetable`` is its serialized
+    timetable (JSON-able; the store keeps it as text and never looks
+    inside), or ``None`` when no time does; ``summary`` says the timetable
+    in a few words for listings. ``start_date``/``end_date`` (aware) bound
+    its time-based runs; ``catchup`` says whether missed ones are queued.
+    """
 
     dag_id: str
-    schedule: dict[str, Any]
+    schedule: dict[str, Any] | None
+    timetable: dict[str, Any] | None = None
+    summary: str | None = None
+    start_date: datetime | None = None
+    end_date: datetime | None = None
+    catchup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TimedRun:
+    """A time-based run: its deterministic id, logical date, data interval and run-after time.
+
+    ``run_after`` is the earliest moment it may be queued.
+    """
+
+    run_id: str
+    logical_date: datetime
+    data_interval_start: datetime
+    data_interval_end: datetime
+    run_after: datetime
+    run_type: str = "scheduled"
+
+
+@dataclass(frozen=True, slots=True)
+class DagRow:
+    """A stored DAG with its time-schedule bookkeeping.
+
+    ``timetable`` and ``summary`` are ``None`` for a DAG no time schedules.
+    ``last_interval`` is the data interval of the last time-based run the
+    schedule loop queued (``None`` before the first); ``next_run`` is the
+    next one as the loop last computed it (``None`` when not computed yet
+    or when the timetable has no more runs). ``revision`` is what
+    :meth:`MetadataStore.queue_timed_runs` compares. ``last_run_id`` /
+    ``last_run_at`` are the DAG's newest run of any type.
+    """
+
+    dag_id: str
+    schedule: dict[str, Any] | None
+    timetable: dict[str, Any] | None
+    summary: str | None
+    start_date: datetime | None
+    end_date: datetime | None
+    catchup: bool
+    last_interval: tuple[datetime, datetime] | None
+    next_run: TimedRun | None
+    revision: int
+    last_run_id: str | None = None
+    last_run_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRuns:
+    """What :meth:`MetadataStore.queue_timed_runs` did.
+
+    ``applied`` is false when the DAG's revision had moved (another
+    triggerer queued first, or its schedule changed, or it is gone): then
+    nothing was written. ``queued`` lists the run ids inserted, in order
+    (a run id already stored is skipped).
+    """
+
+    applied: bool
+    queued: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +320,13 @@ class EventRow:
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
-    """A DAG run with the asset events it consumed (ids ascending, asset names sorted)."""
+    """A DAG run with the asset events it consumed (ids ascending, asset names sorted).
+
+    ``run_type`` is one of :data:`RUN_TYPES`. A time-based run has its
+    logical date and data interval; an asset-triggered one has neither
+    (``None``). ``run_after`` is when it became due (an asset-triggered
+    run: when it was queued).
+    """
 
     id: int
     dag_id: str
@@ -245,6 +335,11 @@ class RunRow:
     created_at: datetime
     asset_event_ids: tuple[int, ...]
     assets: tuple[str, ...]
+    run_type: str = "asset_triggered"
+    logical_date: datetime | None = None
+    data_interval_start: datetime | None = None
+    data_interval_end: datetime | None = None
+    run_after: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +497,34 @@ class MetadataStore(Protocol):
         assets its schedule still mentions. Every asset mentioned is
         registered. Bad definitions raise :class:`StoreError` and change
         nothing.
+
+        Time-schedule bookkeeping: a DAG whose timetable, start date, end
+        date and catchup are unchanged keeps it as it was (revision too). A
+        change of any of them keeps the last automated data interval (the
+        new timetable continues after it, as Airflow does), forgets the next
+        run and bumps the revision. A DAG new to the store starts from the
+        data interval of its newest stored ``scheduled`` run, if any (a DAG
+        removed and added back queues no run twice).
+        """
+        ...
+
+    def list_dags(self) -> list[DagRow]:
+        """Every DAG, by id, with its time-schedule bookkeeping and newest run."""
+        ...
+
+    def queue_timed_runs(
+        self, dag_id: str, revision: int, runs: Sequence[TimedRun], next_run: TimedRun | None
+    ) -> QueuedRuns:
+        """Queue a DAG's due time-based runs and advance its bookkeeping, in one transaction.
+
+        A compare-and-set: only if the DAG's stored revision is still
+        ``revision`` (PostgreSQL: checked under a lock on its row, so a
+        triggerer racing another waits, then finds the revision moved and
+        writes nothing). Then each run is inserted in order unless its run
+        id is stored already, the last automated data interval becomes the
+        last run's (unchanged if ``runs`` is empty), the next run becomes
+        ``next_run`` and the revision is bumped. Idempotent by run id. On
+        failure raises :class:`StoreWriteError` and changes nothing.
         """
         ...
 

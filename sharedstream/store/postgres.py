@@ -35,6 +35,14 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from sharedstream.engine.producer import DeadLetter
+from sharedstream.store._dag_schedules import (
+    RUN_COLUMNS,
+    Dialect,
+    list_dags,
+    queue_runs,
+    sync_dags,
+    timed_fields,
+)
 from sharedstream.store._postgres_events import definitions, write_batch
 from sharedstream.store._postgres_schema import MIGRATION_LOCK, MIGRATIONS
 from sharedstream.store._rows import (
@@ -55,15 +63,18 @@ from sharedstream.store._write_plan import Definitions
 from sharedstream.store.base import (
     TRIGGER_STATES,
     Claim,
+    DagRow,
     DagSpec,
     DeadLetterRow,
     EventRow,
     PendingEvent,
+    QueuedRuns,
     RunRow,
     Schedule,
     SchemaStatus,
     StoreError,
     StoreWriteError,
+    TimedRun,
     TriggererRow,
     TriggerRow,
     TriggerSpec,
@@ -78,6 +89,17 @@ log = logging.getLogger("sharedstream.store")
 
 def _utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
+
+
+DIALECT = Dialect(param="%s", write_time=_utc, read_time=_utc, lock=" FOR UPDATE")
+"""Times as ``TIMESTAMPTZ``; a DAG row being changed is locked."""
+
+
+def _timed(row: Any) -> dict[str, Any]:
+    """The time-based fields of a :meth:`PostgresStore.list_runs` row (after its 7 columns)."""
+    fields = timed_fields(row[7:], DIALECT)
+    fields["run_after"] = fields["run_after"] or _utc(row[4])
+    return fields
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -260,12 +282,15 @@ class PostgresStore:
             seen_watchers.add((watcher.asset, watcher.name))
             referenced.add(watcher.trigger_fingerprint)
         schedules: dict[str, Schedule] = {}
+        seen_dags: set[str] = set()
         for dag in dags:
-            if dag.dag_id in schedules:
+            if dag.dag_id in seen_dags:
                 raise StoreError(f"dag {dag.dag_id!r} is defined twice")
-            schedules[dag.dag_id] = Schedule.parse(
-                dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
-            )
+            seen_dags.add(dag.dag_id)
+            if dag.schedule is not None:  # None: only time schedules it
+                schedules[dag.dag_id] = Schedule.parse(
+                    dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
+                )
         asset_names = sorted({w.asset for w in watchers}.union(
             *(schedule.assets for schedule in schedules.values())
         ))
@@ -330,16 +355,7 @@ class PostgresStore:
                     "INSERT INTO watchers (asset_id, name, trigger_id) VALUES (%s, %s, %s)",
                     [(asset_ids[w.asset], w.name, ids[w.trigger_fingerprint]) for w in watchers],
                 )
-            conn.execute(
-                "DELETE FROM dags WHERE NOT (dag_id = ANY(%s))", (sorted(schedules),)
-            )
-            if dags:
-                conn.cursor().executemany(
-                    "INSERT INTO dags (dag_id, schedule, updated_at) VALUES (%s, %s, %s)"
-                    " ON CONFLICT (dag_id) DO UPDATE SET"
-                    "  schedule = excluded.schedule, updated_at = excluded.updated_at",
-                    [(d.dag_id, json.dumps(d.schedule, sort_keys=True), now) for d in dags],
-                )
+            sync_dags(conn, DIALECT, dags, now)
             conn.execute("DELETE FROM dag_schedule_assets")
             pairs = [
                 (dag_id, asset_ids[name])
@@ -608,7 +624,8 @@ class PostgresStore:
             "   WHERE l.dag_run_id = r.id),"
             " array(SELECT DISTINCT a.name FROM dag_run_asset_events l"
             "   JOIN asset_events ae ON ae.id = l.asset_event_id"
-            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id)"
+            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id),"
+            f" {RUN_COLUMNS}"
             " FROM dag_runs r"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY r.id DESC LIMIT %s"
@@ -620,11 +637,35 @@ class PostgresStore:
                 run_id=str(row[2]),
                 state=str(row[3]),
                 created_at=_utc(row[4]),
+                **_timed(row),
                 asset_event_ids=tuple(sorted(int(i) for i in row[5])),
                 assets=tuple(sorted(row[6])),
             )
             for row in self._read(sql, [*params, limit])
         ]
+
+    # -- time-based schedules ---------------------------------------------------
+
+    def list_dags(self) -> list[DagRow]:
+        """Every DAG, by id, with its time-schedule bookkeeping and newest run."""
+        pool = self._connections()
+        try:
+            with pool.connection() as conn:
+                return list_dags(conn, DIALECT)
+        except psycopg.Error as exc:
+            raise StoreError(f"reading {self.location} failed: {exc}") from exc
+
+    def queue_timed_runs(
+        self, dag_id: str, revision: int, runs: Sequence[TimedRun], next_run: TimedRun | None
+    ) -> QueuedRuns:
+        """Queue due time-based runs and advance the bookkeeping if ``revision`` is current.
+
+        The DAG's row is locked (``FOR UPDATE``) before the revision is
+        compared: a second triggerer waits for the first to commit, then
+        finds the revision moved and writes nothing.
+        """
+        with self._write("queue_timed_runs") as conn:
+            return queue_runs(conn, DIALECT, dag_id, revision, runs, next_run, datetime.now(UTC))
 
     def counts(self) -> dict[str, int]:
         """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""

@@ -10,7 +10,7 @@ another thread than the one using it. Other processes and other instances
 may open the same file: writes serialize on SQLite's write lock, reads see
 what was committed.
 
-Schema (version 3; ``schema_version`` holds one row per applied migration)::
+Schema (version 4; ``schema_version`` holds one row per applied migration)::
 
     store_meta(key PK, value)                  definitions_generation counter
     triggers(id PK AUTOINCREMENT, fingerprint UNIQUE, classpath, kwargs_blob,
@@ -20,7 +20,9 @@ Schema (version 3; ``schema_version`` holds one row per applied migration)::
     assets(id PK AUTOINCREMENT, name UNIQUE, created_at)
     watchers(asset_id -> assets, name, trigger_id -> triggers,
              PK (asset_id, name))
-    dags(dag_id PK, schedule JSON, updated_at)
+    dags(dag_id PK, schedule JSON ('null': time only), updated_at,
+         timetable JSON, timetable_summary, start_date, end_date, catchup,
+         last_interval_*, next_*, revision)   bookkeeping: _dag_schedules
     dag_schedule_assets(dag_id -> dags CASCADE, asset_id -> assets, PK both)
     trigger_events(id PK AUTOINCREMENT, trigger_id -> triggers,
                    idem_key UNIQUE (NULLs never collide), payload BLOB, created_at)
@@ -29,7 +31,8 @@ Schema (version 3; ``schema_version`` holds one row per applied migration)::
     asset_dag_queue(dag_id -> dags CASCADE, asset_event_id -> asset_events,
                     asset_id -> assets, PK (dag_id, asset_event_id))
     dag_runs(id PK AUTOINCREMENT, dag_id, run_id, state, created_at,
-             UNIQUE (dag_id, run_id))
+             run_type, logical_date, data_interval_start, data_interval_end,
+             run_after, UNIQUE (dag_id, run_id))
     dag_run_asset_events(dag_run_id -> dag_runs, asset_event_id -> asset_events,
                          PK both)
     triggerers(id PK, hostname, pid, started_at, heartbeat_at, running JSON)
@@ -76,6 +79,14 @@ from types import TracebackType
 from typing import Any, Self
 
 from sharedstream.engine.producer import DeadLetter
+from sharedstream.store._dag_schedules import (
+    RUN_COLUMNS,
+    Dialect,
+    list_dags,
+    queue_runs,
+    sync_dags,
+    timed_fields,
+)
 from sharedstream.store._rows import (
     COUNTS_SQL,
     TRIGGER_COLUMNS,
@@ -99,15 +110,18 @@ from sharedstream.store._sqlite_schema import MIGRATIONS
 from sharedstream.store.base import (
     TRIGGER_STATES,
     Claim,
+    DagRow,
     DagSpec,
     DeadLetterRow,
     EventRow,
     PendingEvent,
+    QueuedRuns,
     RunRow,
     Schedule,
     SchemaStatus,
     StoreError,
     StoreWriteError,
+    TimedRun,
     TriggererRow,
     TriggerRow,
     TriggerSpec,
@@ -129,6 +143,17 @@ def _fmt(moment: datetime) -> str:
 
 def _parse(text: str) -> datetime:
     return datetime.fromisoformat(text)
+
+
+DIALECT = Dialect(param="?", write_time=_fmt, read_time=_parse, lock="")
+"""Times as ISO text; no row lock (the ``BEGIN IMMEDIATE`` writer is alone)."""
+
+
+def _timed(row: Any) -> dict[str, Any]:
+    """The time-based fields of a :meth:`SqliteStore.list_runs` row (after its 7 columns)."""
+    fields = timed_fields(row[7:], DIALECT)
+    fields["run_after"] = fields["run_after"] or _parse(row[4])
+    return fields
 
 
 class SqliteStore:
@@ -302,12 +327,15 @@ class SqliteStore:
             seen_watchers.add((watcher.asset, watcher.name))
             referenced.add(watcher.trigger_fingerprint)
         schedules: dict[str, Schedule] = {}
+        seen_dags: set[str] = set()
         for dag in dags:
-            if dag.dag_id in schedules:
+            if dag.dag_id in seen_dags:
                 raise StoreError(f"dag {dag.dag_id!r} is defined twice")
-            schedules[dag.dag_id] = Schedule.parse(
-                dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
-            )
+            seen_dags.add(dag.dag_id)
+            if dag.schedule is not None:  # None: only time schedules it
+                schedules[dag.dag_id] = Schedule.parse(
+                    dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
+                )
         asset_names = {w.asset for w in watchers}.union(
             *(schedule.assets for schedule in schedules.values())
         )
@@ -371,16 +399,7 @@ class SqliteStore:
                 "INSERT INTO watchers (asset_id, name, trigger_id) VALUES (?, ?, ?)",
                 [(asset_ids[w.asset], w.name, ids[w.trigger_fingerprint]) for w in watchers],
             )
-            conn.execute(
-                "DELETE FROM dags WHERE dag_id NOT IN (SELECT value FROM json_each(?))",
-                (json.dumps(sorted(schedules)),),
-            )
-            conn.executemany(
-                "INSERT INTO dags (dag_id, schedule, updated_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (dag_id) DO UPDATE SET"
-                "  schedule = excluded.schedule, updated_at = excluded.updated_at",
-                [(dag.dag_id, json.dumps(dag.schedule, sort_keys=True), now) for dag in dags],
-            )
+            sync_dags(conn, DIALECT, dags, _parse(now))
             conn.execute("DELETE FROM dag_schedule_assets")
             conn.executemany(
                 "INSERT INTO dag_schedule_assets (dag_id, asset_id) VALUES (?, ?)",
@@ -651,7 +670,8 @@ class SqliteStore:
             "   WHERE l.dag_run_id = r.id),"
             " (SELECT json_group_array(a.name) FROM dag_run_asset_events l"
             "   JOIN asset_events ae ON ae.id = l.asset_event_id"
-            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id)"
+            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id),"
+            f" {RUN_COLUMNS}"
             " FROM dag_runs r"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY r.id DESC LIMIT ?"
@@ -663,11 +683,33 @@ class SqliteStore:
                 run_id=str(row[2]),
                 state=str(row[3]),
                 created_at=_parse(row[4]),
+                **_timed(row),
                 asset_event_ids=tuple(sorted(int(i) for i in json.loads(row[5]))),
                 assets=tuple(sorted(set(json.loads(row[6])))),
             )
             for row in self._read(sql, [*params, limit])
         ]
+
+    # -- time-based schedules ---------------------------------------------------
+
+    def list_dags(self) -> list[DagRow]:
+        """Every DAG, by id, with its time-schedule bookkeeping and newest run."""
+        conn = self._connection()
+        try:
+            return list_dags(conn, DIALECT)
+        except sqlite3.Error as exc:
+            raise StoreError(f"reading {self.path} failed: {exc}") from exc
+
+    def queue_timed_runs(
+        self, dag_id: str, revision: int, runs: Sequence[TimedRun], next_run: TimedRun | None
+    ) -> QueuedRuns:
+        """Queue due time-based runs and advance the bookkeeping if ``revision`` is current.
+
+        ``BEGIN IMMEDIATE`` makes the compare-and-set and the inserts one
+        writer's: no other connection changes the DAG in between.
+        """
+        with self._write("queue_timed_runs") as conn:
+            return queue_runs(conn, DIALECT, dag_id, revision, runs, next_run, datetime.now(UTC))
 
     def counts(self) -> dict[str, int]:
         """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""

@@ -51,11 +51,11 @@ def store(db_path: Path) -> Iterator[SqliteStore]:
 def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     assert not db_path.parent.exists()
     with SqliteStore(db_path) as s:
-        assert s.migrate() == len(MIGRATIONS) == 3
-        assert s.migrate() == 3
+        assert s.migrate() == len(MIGRATIONS) == 4
+        assert s.migrate() == 4
     assert db_path.is_file()
     with SqliteStore(db_path) as again:
-        assert again.migrate() == 3
+        assert again.migrate() == 4
         assert again.counts() == {
             "triggers": 0,
             "trigger_events": 0,
@@ -64,7 +64,8 @@ def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
         }
     raw = sqlite3.connect(db_path)
     try:
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,), (3,)]
+        versions = raw.execute("SELECT version FROM schema_version").fetchall()
+        assert versions == [(1,), (2,), (3,), (4,)]
     finally:
         raw.close()
 
