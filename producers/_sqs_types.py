@@ -168,6 +168,12 @@ class SqsSettings:
     then as many rounds of ours (a delete some entries of which failed)."""
     retry_backoff: float = 0.2
     """Seconds before our first retry round; doubles each round, capped at 2 s."""
+    verify: bool | str | None = None
+    """TLS verification of the endpoint: ``None`` (botocore's default), ``False``
+    (off), or the path of a CA bundle."""
+    client_config: Mapping[str, Any] = field(default_factory=dict)
+    """Further botocore ``Config`` options (``proxies``, ``connect_timeout``, ...);
+    they replace the producer's own values of the same options."""
 
     def validate(self) -> None:
         """Raise :class:`SqsConfigError` for settings that cannot work.
@@ -199,6 +205,8 @@ class SqsSettings:
             queue_name(self.dead_letter_queue) == queue_name(self.queue)
         ):
             raise SqsConfigError("dead_letter_queue must not be the consumed queue")
+        if self.verify is not None and type(self.verify) not in (bool, str):
+            raise SqsConfigError(f"verify must be a bool or a CA bundle path, got {self.verify!r}")
         unknown = set(self.credentials) - {"aws_access_key_id", "aws_secret_access_key",
                                             "aws_session_token"}
         if unknown:

@@ -214,21 +214,23 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     async def _connect(self) -> None:
         s = self.settings
         session = _sdk("aiobotocore.session").get_session()
-        config = _sdk("aiobotocore.config").AioConfig(
-            connect_timeout=5,
-            read_timeout=s.wait_time_seconds + 10,
-            retries={"mode": "standard", "max_attempts": s.retries + 1},
-            max_pool_connections=s.receive_concurrency + s.delete_concurrency + 4,
+        config = _sdk("aiobotocore.config").AioConfig(**{
+            "connect_timeout": 5,
+            "read_timeout": s.wait_time_seconds + 10,
+            "retries": {"mode": "standard", "max_attempts": s.retries + 1},
+            "max_pool_connections": s.receive_concurrency + s.delete_concurrency + 4,
             # Two per-request costs the SDK pays in Python on every call, about a
             # fifth of its CPU per call together: checking the request against
             # the model (ours are built here from validated settings) and
             # rebuilding the User-Agent header twice (a fixed one instead).
-            parameter_validation=False,
-            user_agent=f"sharedstream/{__version__} aiobotocore/{_sdk().__version__}",
-        )
+            "parameter_validation": False,
+            "user_agent": f"sharedstream/{__version__} aiobotocore/{_sdk().__version__}",
+            **dict(s.client_config),
+        })
+        extra: dict[str, Any] = {} if s.verify is None else {"verify": s.verify}
         self._client = await self._exit.enter_async_context(session.create_client(
             "sqs", region_name=s.region_name, endpoint_url=s.endpoint_url, config=config,
-            **dict(s.credentials),
+            **dict(s.credentials), **extra,
         ))
         self._url = await self._resolve(s.queue)
         if s.dead_letter_queue is not None:

@@ -3,7 +3,8 @@
 * the engine (``sharedstream.engine``) imports only itself and the standard
   library (and the OpenTelemetry API for its instruments);
 * the store and the broker kit import only the engine and themselves;
-* core (everything under ``sharedstream`` but the broker modules, the demo and
+* core (everything under ``sharedstream`` but the broker modules - with the
+  Airflow providers' mirrors, ``sharedstream.airflow.providers`` - the demo and
   the testing kit) imports no broker module, no demo or testing code and no
   broker SDK, not even inside a function; the declared exceptions are the
   CLI's ``demo`` command, which imports the demo when it is run, and the
@@ -28,7 +29,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sharedstream"
 OUTSIDE_CORE = ("sharedstream.producers", "sharedstream.triggers", "sharedstream.demo",
-                "sharedstream.testing")
+                "sharedstream.testing", "sharedstream.airflow.providers")
 BROKER_SDKS = ("aiokafka", "kafka", "aiobotocore", "botocore", "boto3", "moto", "google",
                "azure", "proton", "asyncpg", "psycopg", "testcontainers")
 ALLOWED = {

@@ -1,0 +1,1 @@
+"""Mirror of the ``airflow.providers`` package (see :mod:`sharedstream.airflow`)."""

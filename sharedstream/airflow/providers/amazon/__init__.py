@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.amazon`` (see :mod:`sharedstream.airflow`)."""

@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.amazon.aws``: its SQS shared-stream trigger only."""

@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.amazon.aws.triggers`` (see :mod:`sharedstream.airflow`)."""

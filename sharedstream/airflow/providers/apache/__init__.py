@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.apache`` (see :mod:`sharedstream.airflow`)."""

@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.apache.kafka``: its shared-stream trigger only."""

@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.apache.kafka.triggers`` (see :mod:`sharedstream.airflow`)."""

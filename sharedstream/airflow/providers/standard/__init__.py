@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.standard`` (see :mod:`sharedstream.airflow`)."""

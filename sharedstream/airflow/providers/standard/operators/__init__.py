@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.standard.operators`` (see :mod:`sharedstream.airflow`)."""

@@ -1,0 +1,276 @@
+"""The provider-compatible Kafka and SQS triggers, without a broker: shapes and connections.
+
+What a definitions file written for Airflow's providers relies on - the
+constructor's defaults, ``serialize``, the shared-stream key, the default
+filter's payloads - and how a connection becomes our producer's settings:
+confluent-kafka keys honoured, refused (one line) or ignored (one warning),
+AWS login/password/extra with the trigger's arguments winning. Connections
+come from ``AIRFLOW_CONN_*`` variables set with ``monkeypatch``; building a
+producer connects to nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sharedstream.airflow.providers.amazon.aws import _aws_connection
+from sharedstream.airflow.providers.amazon.aws.triggers import shared_stream as sqs_mirror
+from sharedstream.airflow.providers.apache.kafka._confluent_config import consumer_config
+from sharedstream.airflow.providers.apache.kafka.triggers import shared_stream as kafka_mirror
+from sharedstream.engine.events import TriggerEvent
+from sharedstream.producers.kafka import KafkaConfigError
+from sharedstream.producers.sqs import SqsConfigError
+
+pytest.importorskip("aiokafka")
+pytest.importorskip("aiobotocore")
+
+BASE = {"bootstrap.servers": "b1:9092,b2:9092", "group.id": "orders",
+        "enable.auto.commit": False}
+
+
+async def collect(filter_stream: AsyncIterator[TriggerEvent]) -> list[Any]:
+    return [event.payload async for event in filter_stream]
+
+
+async def items(*values: Any) -> AsyncIterator[Any]:
+    for value in values:
+        yield value
+
+
+# -- Kafka: the trigger ----------------------------------------------------------------------
+
+
+def test_kafka_trigger_has_the_providers_defaults_serialize_and_key() -> None:
+    trigger = kafka_mirror.KafkaSharedStreamTrigger(topics=["b", "a"])
+    classpath, kwargs = trigger.serialize()
+    assert classpath == ("sharedstream.airflow.providers.apache.kafka.triggers.shared_stream."
+                         "KafkaSharedStreamTrigger")
+    assert kwargs == {"topics": ["a", "b"], "kafka_config_id": "kafka_default",
+                      "poll_timeout": 1.0, "dlq_topic": None}
+    assert trigger.shared_stream_key() == ("kafka-shared-stream", ("a", "b"), "kafka_default")
+    assert kafka_mirror.KafkaSharedStreamTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+def test_a_kafka_subclass_serializes_under_its_own_classpath() -> None:
+    class Mine(kafka_mirror.KafkaSharedStreamTrigger):
+        pass
+
+    classpath, _ = Mine(topics=["a"]).serialize()
+    assert classpath.endswith(".Mine")
+
+
+@pytest.mark.parametrize(("kwargs", "problem"), [
+    ({"topics": []}, "topics must be a non-empty list"),
+    ({"topics": "orders"}, "topics must be a non-empty list"),
+    ({"topics": ["a"], "poll_timeout": 0}, "poll_timeout must be a positive"),
+    ({"topics": ["a"], "dlq_topic": "a"}, "dlq_topic must not be one of the consumed topics"),
+])
+def test_kafka_trigger_refuses_arguments_no_stream_can_run_with(
+    kwargs: dict[str, Any], problem: str,
+) -> None:
+    with pytest.raises(KafkaConfigError, match=problem):
+        kafka_mirror.KafkaSharedStreamTrigger(**kwargs)
+
+
+async def test_kafka_default_filter_fires_decoded_values_and_passes_others_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    trigger = kafka_mirror.KafkaSharedStreamTrigger(topics=["a"])
+    stream = items(b"caf\xc3\xa9", None, b"\xff", b"{}")
+    assert await collect(trigger.filter_shared_stream(stream)) == ["café", None, "{}"]
+    # Not UTF-8: rejected (outside an ack-mode window, rejecting only warns).
+    assert "outside an ack-mode binding window" in caplog.text
+
+
+async def test_kafka_run_is_refused() -> None:
+    with pytest.raises(NotImplementedError, match="shared stream only"):
+        await anext(kafka_mirror.KafkaSharedStreamTrigger(topics=["a"]).run())
+
+
+# -- Kafka: the connection -------------------------------------------------------------------
+
+
+def test_confluent_keys_map_onto_our_consumer() -> None:
+    config = consumer_config("k", {
+        **BASE, "client.id": "me", "auto.offset.reset": "largest",
+        "session.timeout.ms": "6000", "isolation.level": "read_committed",
+        "security.protocol": "sasl_plaintext", "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": "u", "sasl.password": "p",
+    })
+    assert (config.bootstrap_servers, config.group_id, config.client_id) == (
+        "b1:9092,b2:9092", "orders", "me")
+    assert config.overrides == {"auto_offset_reset": "latest", "session_timeout_ms": 6000,
+                                "isolation_level": "read_committed"}
+    assert config.security == {"security_protocol": "SASL_PLAINTEXT",
+                               "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "u",
+                               "sasl_plain_password": "p"}
+    assert config.ignored == ()
+
+
+def test_ssl_settings_build_a_context() -> None:
+    config = consumer_config("k", {**BASE, "security.protocol": "SSL",
+                                   "ssl.endpoint.identification.algorithm": "none"})
+    context = config.security["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.check_hostname is False
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    missing = {**BASE, "security.protocol": "SSL", "ssl.ca.location": "/no/such/ca.pem"}
+    with pytest.raises(KafkaConfigError, match="cannot load the SSL files"):
+        consumer_config("k", missing)
+
+
+@pytest.mark.parametrize(("extra", "problem"), [
+    ({**BASE, "enable.auto.commit": "true"}, "must set enable.auto.commit=false"),
+    ({**BASE, "enable.auto.commit": True}, "must set enable.auto.commit=false"),
+    ({"group.id": "g"}, "bootstrap.servers is required"),
+    ({"bootstrap.servers": "b:1"}, "group.id is required"),
+    ({**BASE, "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"},
+     "sasl.mechanism 'OAUTHBEARER' is not supported"),
+    ({**BASE, "security.protocol": "SASL_SSL", "sasl.kerberos.service.name": "kafka"},
+     "sasl.kerberos.service.name cannot be honoured"),
+    ({**BASE, "ssl.ca.location": "/ca.pem"}, "security.protocol is PLAINTEXT"),
+    ({**BASE, "session.timeout.ms": "soon"}, "session.timeout.ms: 'soon' is not a valid int"),
+])
+def test_confluent_settings_we_cannot_honour_are_one_line_errors(
+    extra: dict[str, Any], problem: str,
+) -> None:
+    with pytest.raises(KafkaConfigError, match=problem) as raised:
+        consumer_config("kafka_x", extra)
+    assert str(raised.value).startswith("Kafka connection 'kafka_x': ")
+    assert "\n" not in str(raised.value)
+
+
+def test_tuning_keys_without_an_equivalent_are_listed_for_one_warning() -> None:
+    config = consumer_config("k", {**BASE, "statistics.interval.ms": 0, "debug": "all"})
+    assert config.ignored == ("debug", "statistics.interval.ms")
+
+
+def test_the_kafka_producer_reads_the_connection_when_built(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    trigger = kafka_mirror.KafkaSharedStreamTrigger(
+        topics=["b", "a"], kafka_config_id="kafka_unit", poll_timeout=0.25, dlq_topic="dlq")
+    _, kwargs = trigger.serialize()  # built before the connection exists: nothing is read
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_UNIT", json.dumps({
+        "conn_type": "kafka", "extra": {**BASE, "linger.ms": 5}}))
+    with caplog.at_level(logging.WARNING):
+        producer = kafka_mirror.KafkaSharedStreamTrigger.create_shared_stream_producer(kwargs)
+    assert isinstance(producer, kafka_mirror.KafkaSharedStreamProducer)
+    settings = producer.settings
+    assert (settings.topics, settings.group_id, settings.dead_letter_topic,
+            settings.poll_timeout_ms) == (("a", "b"), "orders", "dlq", 250)
+    assert producer.consumer_config()["enable_auto_commit"] is False
+    warnings = [r.getMessage() for r in caplog.records if "linger.ms" in r.getMessage()]
+    assert warnings == ["Kafka connection 'kafka_unit': linger.ms have no effect on "
+                        "sharedstream's Kafka client and are ignored"]
+
+
+def test_a_missing_kafka_connection_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_NOWHERE", raising=False)
+    with pytest.raises(KafkaConfigError, match="kafka_nowhere") as raised:
+        kafka_mirror.KafkaSharedStreamProducer(topics=["a"], kafka_config_id="kafka_nowhere")
+    assert "\n" not in str(raised.value)
+
+
+# -- SQS ---------------------------------------------------------------------------------------
+
+QUEUE = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
+
+
+def test_sqs_trigger_has_the_providers_defaults_serialize_and_key() -> None:
+    trigger = sqs_mirror.SqsSharedStreamTrigger(sqs_queue=QUEUE)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == ("sharedstream.airflow.providers.amazon.aws.triggers.shared_stream."
+                         "SqsSharedStreamTrigger")
+    assert kwargs == {"sqs_queue": QUEUE, "aws_conn_id": "aws_default", "max_messages": 10,
+                      "wait_time_seconds": 20, "visibility_timeout": 120, "region_name": None,
+                      "verify": None, "botocore_config": None}
+    assert trigger.shared_stream_key() == ("sqs-shared-stream", QUEUE, "aws_default", None)
+
+
+@pytest.mark.parametrize(("kwargs", "problem"), [
+    ({"sqs_queue": ""}, "sqs_queue must be a queue URL"),
+    ({"sqs_queue": QUEUE, "max_messages": 11}, "max_messages must be within 1..10"),
+    ({"sqs_queue": QUEUE, "wait_time_seconds": 21}, "wait_time_seconds must be within 0..20"),
+])
+def test_sqs_trigger_refuses_unusable_receive_settings(
+    kwargs: dict[str, Any], problem: str,
+) -> None:
+    with pytest.raises(SqsConfigError, match=problem):
+        sqs_mirror.SqsSharedStreamTrigger(**kwargs)
+
+
+async def test_sqs_default_filter_fires_each_body() -> None:
+    trigger = sqs_mirror.SqsSharedStreamTrigger(sqs_queue=QUEUE)
+    assert await collect(trigger.filter_shared_stream(items("a", "{}"))) == ["a", "{}"]
+
+
+def test_aws_connection_fields_and_the_triggers_arguments_over_them() -> None:
+    env = {"AIRFLOW_CONN_AWS_UNIT": json.dumps({
+        "conn_type": "aws", "login": "AKID", "password": "secret", "extra": {
+            "aws_session_token": "tok", "region_name": "eu-west-2", "verify": False,
+            "service_config": {"sqs": {"endpoint_url": "http://sqs.local"}},
+            "config_kwargs": {"connect_timeout": 3, "read_timeout": 40}, "retries": 2}})}
+    client = _aws_connection.client_settings(
+        aws_conn_id="aws_unit", sqs_queue=QUEUE, region_name="us-west-1",
+        botocore_config={"read_timeout": 50}, environ=env)
+    assert client.credentials == {"aws_access_key_id": "AKID",
+                                  "aws_secret_access_key": "secret",
+                                  "aws_session_token": "tok"}
+    assert (client.region_name, client.endpoint_url, client.verify) == (
+        "us-west-1", "http://sqs.local", False)
+    assert client.client_config == {"connect_timeout": 3, "read_timeout": 50}
+    assert client.ignored == ("retries",)
+
+
+def test_without_a_connection_botocores_chain_and_region_apply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    none = _aws_connection.client_settings(aws_conn_id=None, sqs_queue=QUEUE, environ={})
+    assert (none.credentials, none.region_name) == ({}, "eu-west-1")  # the URL's region
+    with caplog.at_level(logging.WARNING):
+        default = _aws_connection.client_settings(
+            aws_conn_id="aws_default", sqs_queue="http://localhost/q",
+            environ={"AWS_DEFAULT_REGION": "ap-south-1"})
+    assert (default.credentials, default.region_name) == ({}, "ap-south-1")
+    assert "AWS connection 'aws_default' is not defined" in caplog.text
+    with pytest.raises(SqsConfigError, match="aws_typo"):
+        _aws_connection.client_settings(aws_conn_id="aws_typo", sqs_queue=QUEUE, environ={})
+
+
+@pytest.mark.parametrize(("extra", "problem"), [
+    ({"role_arn": "arn:aws:iam::1:role/x"}, "role_arn cannot be honoured"),
+    ({"profile_name": "dev"}, "profile_name cannot be honoured"),
+    ({"endpoint_url": 5}, "endpoint_url must be text"),
+])
+def test_aws_extras_we_cannot_honour_are_one_line_errors(
+    extra: dict[str, Any], problem: str,
+) -> None:
+    env = {"AIRFLOW_CONN_AWS_X": json.dumps({"conn_type": "aws", "extra": extra})}
+    with pytest.raises(SqsConfigError, match=problem):
+        _aws_connection.client_settings(aws_conn_id="aws_x", sqs_queue=QUEUE, environ=env)
+
+
+def test_the_sqs_producer_reads_the_connection_when_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_UNIT",
+                       "aws://AKID:se%2Fcret@/?region_name=eu-central-1"
+                       "&endpoint_url=http%3A%2F%2F127.0.0.1%3A5000")
+    trigger = sqs_mirror.SqsSharedStreamTrigger(sqs_queue=QUEUE, aws_conn_id="aws_unit",
+                                                max_messages=5, visibility_timeout=60)
+    _, kwargs = trigger.serialize()
+    producer = sqs_mirror.SqsSharedStreamTrigger.create_shared_stream_producer(
+        {**kwargs, "added_by_a_subclass": 1})
+    assert isinstance(producer, sqs_mirror.SqsSharedStreamProducer)
+    settings = producer.settings
+    assert (settings.queue, settings.region_name, settings.endpoint_url, settings.max_messages,
+            settings.visibility_timeout) == (QUEUE, "eu-central-1", "http://127.0.0.1:5000", 5, 60)
+    assert settings.credentials == {"aws_access_key_id": "AKID",
+                                    "aws_secret_access_key": "se/cret"}
