@@ -23,6 +23,7 @@ from sharedstream.airflow.providers.amazon.aws import _aws_connection
 from sharedstream.airflow.providers.amazon.aws.triggers import shared_stream as sqs_mirror
 from sharedstream.airflow.providers.apache.kafka._confluent_config import consumer_config
 from sharedstream.airflow.providers.apache.kafka.triggers import shared_stream as kafka_mirror
+from sharedstream.connections import Connection, ConnectionNotFound, InvalidConnection
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.producers.kafka import KafkaConfigError
 from sharedstream.producers.sqs import SqsConfigError
@@ -32,6 +33,10 @@ pytest.importorskip("aiobotocore")
 
 BASE = {"bootstrap.servers": "b1:9092,b2:9092", "group.id": "orders",
         "enable.auto.commit": False}
+
+
+def kafka(extra: dict[str, Any], conn_id: str = "k") -> Connection:
+    return Connection(conn_id=conn_id, conn_type="kafka", extra=extra, source="a test")
 
 
 async def collect(filter_stream: AsyncIterator[TriggerEvent]) -> list[Any]:
@@ -97,12 +102,12 @@ async def test_kafka_run_is_refused() -> None:
 
 
 def test_confluent_keys_map_onto_our_consumer() -> None:
-    config = consumer_config("k", {
+    config = consumer_config(kafka({
         **BASE, "client.id": "me", "auto.offset.reset": "largest",
         "session.timeout.ms": "6000", "isolation.level": "read_committed",
         "security.protocol": "sasl_plaintext", "sasl.mechanisms": "SCRAM-SHA-512",
         "sasl.username": "u", "sasl.password": "p",
-    })
+    }))
     assert (config.bootstrap_servers, config.group_id, config.client_id) == (
         "b1:9092,b2:9092", "orders", "me")
     assert config.overrides == {"auto_offset_reset": "latest", "session_timeout_ms": 6000,
@@ -114,15 +119,15 @@ def test_confluent_keys_map_onto_our_consumer() -> None:
 
 
 def test_ssl_settings_build_a_context() -> None:
-    config = consumer_config("k", {**BASE, "security.protocol": "SSL",
-                                   "ssl.endpoint.identification.algorithm": "none"})
+    config = consumer_config(kafka({**BASE, "security.protocol": "SSL",
+                                    "ssl.endpoint.identification.algorithm": "none"}))
     context = config.security["ssl_context"]
     assert isinstance(context, ssl.SSLContext)
     assert context.check_hostname is False
     assert context.verify_mode == ssl.CERT_REQUIRED
     missing = {**BASE, "security.protocol": "SSL", "ssl.ca.location": "/no/such/ca.pem"}
-    with pytest.raises(KafkaConfigError, match="cannot load the SSL files"):
-        consumer_config("k", missing)
+    with pytest.raises(InvalidConnection, match="cannot load the SSL files"):
+        consumer_config(kafka(missing))
 
 
 @pytest.mark.parametrize(("extra", "problem"), [
@@ -140,14 +145,14 @@ def test_ssl_settings_build_a_context() -> None:
 def test_confluent_settings_we_cannot_honour_are_one_line_errors(
     extra: dict[str, Any], problem: str,
 ) -> None:
-    with pytest.raises(KafkaConfigError, match=problem) as raised:
-        consumer_config("kafka_x", extra)
-    assert str(raised.value).startswith("Kafka connection 'kafka_x': ")
+    with pytest.raises(InvalidConnection, match=problem) as raised:
+        consumer_config(kafka(extra, "kafka_x"))
+    assert str(raised.value).startswith("invalid connection 'kafka_x' (from a test): ")
     assert "\n" not in str(raised.value)
 
 
 def test_tuning_keys_without_an_equivalent_are_listed_for_one_warning() -> None:
-    config = consumer_config("k", {**BASE, "statistics.interval.ms": 0, "debug": "all"})
+    config = consumer_config(kafka({**BASE, "statistics.interval.ms": 0, "debug": "all"}))
     assert config.ignored == ("debug", "statistics.interval.ms")
 
 
@@ -173,7 +178,7 @@ def test_the_kafka_producer_reads_the_connection_when_built(
 
 def test_a_missing_kafka_connection_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_NOWHERE", raising=False)
-    with pytest.raises(KafkaConfigError, match="kafka_nowhere") as raised:
+    with pytest.raises(ConnectionNotFound, match="kafka_nowhere") as raised:
         kafka_mirror.KafkaSharedStreamProducer(topics=["a"], kafka_config_id="kafka_nowhere")
     assert "\n" not in str(raised.value)
 
@@ -240,7 +245,7 @@ def test_without_a_connection_botocores_chain_and_region_apply(
             environ={"AWS_DEFAULT_REGION": "ap-south-1"})
     assert (default.credentials, default.region_name) == ({}, "ap-south-1")
     assert "AWS connection 'aws_default' is not defined" in caplog.text
-    with pytest.raises(SqsConfigError, match="aws_typo"):
+    with pytest.raises(ConnectionNotFound, match="aws_typo"):
         _aws_connection.client_settings(aws_conn_id="aws_typo", sqs_queue=QUEUE, environ={})
 
 
@@ -253,7 +258,7 @@ def test_aws_extras_we_cannot_honour_are_one_line_errors(
     extra: dict[str, Any], problem: str,
 ) -> None:
     env = {"AIRFLOW_CONN_AWS_X": json.dumps({"conn_type": "aws", "extra": extra})}
-    with pytest.raises(SqsConfigError, match=problem):
+    with pytest.raises(InvalidConnection, match=problem):
         _aws_connection.client_settings(aws_conn_id="aws_x", sqs_queue=QUEUE, environ=env)
 
 

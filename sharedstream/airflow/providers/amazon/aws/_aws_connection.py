@@ -18,9 +18,10 @@ error (a typo there would otherwise run with the wrong identity).
 
 Extras that would change *who* the client is and that we cannot honour
 (``role_arn``, ``assume_role_method``, ``profile_name``, ...) are refused
-with :class:`~sharedstream.producers.sqs.SqsConfigError`; other extras are
-ignored, named in :attr:`ClientSettings.ignored` for one warning. Nothing
-here connects or imports the SDK.
+with :class:`~sharedstream.connections.InvalidConnection` (a configuration
+error of the stream: its triggers are marked failed, other streams run on);
+other extras are ignored, named in :attr:`ClientSettings.ignored` for one
+warning. Nothing here connects or imports the SDK.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sharedstream.connections import ConnectionNotFound, InvalidConnection, get_connection
-from sharedstream.producers.sqs import SqsConfigError
+from sharedstream.connections import (
+    Connection,
+    ConnectionNotFound,
+    InvalidConnection,
+    get_connection,
+)
 
 __all__ = ["DEFAULT_CONN_ID", "ClientSettings", "client_settings"]
 
@@ -77,86 +82,87 @@ def client_settings(
 ) -> ClientSettings:
     """The client settings for ``sqs_queue``: the connection's, the trigger's arguments over them.
 
-    Raises :class:`SqsConfigError` (one line, naming the connection) for a
-    connection that is not defined (other than ``aws_default``) or
-    malformed, or that asks for an identity we cannot assume. Reads the
-    environment (and, through :func:`get_connection`, the config file's
+    Raises :class:`ConnectionNotFound` for a connection that is not defined
+    (other than ``aws_default``) and :class:`InvalidConnection` (one line,
+    naming the connection) for one that is malformed or asks for an
+    identity we cannot assume: configuration errors of the stream. Reads
+    the environment (and, through :func:`get_connection`, the config file's
     connections); call it when the producer is built, not at definitions load.
     """
     env = os.environ if environ is None else environ
-    extra: Mapping[str, Any] = {}
-    credentials: dict[str, str] = {}
+    connection = Connection(conn_id=str(aws_conn_id))  # none: no fields, no extra
     if aws_conn_id is not None:
         try:
             connection = get_connection(aws_conn_id, environ=env)
-        except ConnectionNotFound as exc:
+        except ConnectionNotFound:
             if aws_conn_id != DEFAULT_CONN_ID:
-                raise SqsConfigError(str(exc)) from exc
+                raise
             log.warning("AWS connection %r is not defined; using botocore's default credentials "
                         "and region", aws_conn_id)
-        except InvalidConnection as exc:
-            raise SqsConfigError(str(exc)) from exc
-        else:
-            extra = connection.extra_dejson
-            credentials = _credentials(aws_conn_id, connection.login, connection.password, extra)
-    refused = sorted(_IDENTITY & set(extra))
+    fields = _Fields(connection)
+    refused = sorted(_IDENTITY & set(fields.extra))
     if refused:
-        raise SqsConfigError(
-            f"AWS connection {aws_conn_id!r}: {', '.join(refused)} cannot be honoured by "
-            "sharedstream's SQS client (it assumes no roles and reads no profiles); give "
-            "the credentials themselves, or none for botocore's default chain")
-    config = dict(_mapping(aws_conn_id, extra, "config_kwargs"))
+        raise fields.invalid(
+            f"{', '.join(refused)} cannot be honoured by sharedstream's SQS client (it assumes "
+            "no roles and reads no profiles); give the credentials themselves, or none for "
+            "botocore's default chain")
+    config = dict(fields.mapping("config_kwargs"))
     config.update(botocore_config or {})
     return ClientSettings(
-        region_name=(region_name or _text(aws_conn_id, extra, "region_name")
+        region_name=(region_name or fields.text("region_name")
                      or _default_region(env, sqs_queue)),
-        endpoint_url=_endpoint(aws_conn_id, extra),
-        credentials=credentials,
-        verify=verify if verify is not None else extra.get("verify"),
+        endpoint_url=fields.endpoint(),
+        credentials=fields.credentials(),
+        verify=verify if verify is not None else fields.extra.get("verify"),
         client_config=config,
-        ignored=tuple(sorted(set(extra) - _HONOURED)),
+        ignored=tuple(sorted(set(fields.extra) - _HONOURED)),
     )
 
 
-def _credentials(
-    conn_id: str | None, login: str | None, password: str | None, extra: Mapping[str, Any],
-) -> dict[str, str]:
-    key_id = login or _text(conn_id, extra, "aws_access_key_id")
-    secret = password or _text(conn_id, extra, "aws_secret_access_key")
-    if bool(key_id) != bool(secret):
-        raise SqsConfigError(f"AWS connection {conn_id!r}: an access key id needs its secret "
-                             "access key (login and password), and the other way round")
-    if not key_id or not secret:
-        return {}
-    credentials = {"aws_access_key_id": key_id, "aws_secret_access_key": secret}
-    token = _text(conn_id, extra, "aws_session_token")
-    if token:
-        credentials["aws_session_token"] = token
-    return credentials
+class _Fields:
+    """Typed reads of one connection's fields and extra; a wrong type is an InvalidConnection."""
 
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.extra = connection.extra_dejson
 
-def _endpoint(conn_id: str | None, extra: Mapping[str, Any]) -> str | None:
-    service = _mapping(conn_id, extra, "service_config").get("sqs") or {}
-    if not isinstance(service, Mapping):
-        raise SqsConfigError(f"AWS connection {conn_id!r}: service_config.sqs must be an object")
-    endpoint = service.get("endpoint_url") or extra.get("endpoint_url")
-    if endpoint is not None and not isinstance(endpoint, str):
-        raise SqsConfigError(f"AWS connection {conn_id!r}: endpoint_url must be text")
-    return endpoint or None
+    def invalid(self, problem: str) -> InvalidConnection:
+        return InvalidConnection(self.connection.conn_id, self.connection.source, problem)
 
+    def text(self, key: str) -> str | None:
+        value = self.extra.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.invalid(f"{key} must be text, got {type(value).__name__}")
+        return value or None
 
-def _text(conn_id: str | None, extra: Mapping[str, Any], key: str) -> str | None:
-    value = extra.get(key)
-    if value is not None and not isinstance(value, str):
-        raise SqsConfigError(f"AWS connection {conn_id!r}: {key} must be text, got {value!r}")
-    return value or None
+    def mapping(self, key: str) -> Mapping[str, Any]:
+        value = self.extra.get(key) or {}
+        if not isinstance(value, Mapping):
+            raise self.invalid(f"{key} must be an object")
+        return value
 
+    def credentials(self) -> dict[str, str]:
+        key_id = self.connection.login or self.text("aws_access_key_id")
+        secret = self.connection.password or self.text("aws_secret_access_key")
+        if bool(key_id) != bool(secret):
+            raise self.invalid("an access key id needs its secret access key (login and "
+                               "password), and the other way round")
+        if not key_id or not secret:
+            return {}
+        credentials = {"aws_access_key_id": key_id, "aws_secret_access_key": secret}
+        token = self.text("aws_session_token")
+        if token:
+            credentials["aws_session_token"] = token
+        return credentials
 
-def _mapping(conn_id: str | None, extra: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = extra.get(key) or {}
-    if not isinstance(value, Mapping):
-        raise SqsConfigError(f"AWS connection {conn_id!r}: {key} must be an object")
-    return value
+    def endpoint(self) -> str | None:
+        service = self.mapping("service_config").get("sqs") or {}
+        if not isinstance(service, Mapping):
+            raise self.invalid("service_config.sqs must be an object")
+        endpoint = service.get("endpoint_url") or self.extra.get("endpoint_url")
+        if endpoint is not None and not isinstance(endpoint, str):
+            raise self.invalid("endpoint_url must be text")
+        return endpoint or None
 
 
 def _default_region(environ: Mapping[str, str], queue: str) -> str:

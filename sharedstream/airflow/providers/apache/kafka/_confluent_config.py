@@ -17,9 +17,11 @@ whose settings have other names and, for a few features, no equivalent.
 4. **ignored** - everything else (tuning, logging, callbacks): listed in
    :attr:`ConsumerConfig.ignored` for one warning.
 
-A refusal is a :class:`~sharedstream.producers.kafka.KafkaConfigError` with
-one line naming the connection and the key. Nothing here connects or
-imports aiokafka; the SSL context is built with the standard library.
+A refusal is an :class:`~sharedstream.connections.InvalidConnection` (a
+configuration error of the stream: its triggers are marked failed, other
+streams run on) with one line naming the connection, where it was read and
+the key. Nothing here connects or imports aiokafka; the SSL context is
+built with the standard library.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sharedstream.producers.kafka import KafkaConfigError
+from sharedstream.connections import Connection, InvalidConnection
 
 __all__ = ["HONOURED", "ConsumerConfig", "consumer_config"]
 
@@ -95,19 +97,19 @@ class ConsumerConfig:
     """Keys accepted but without effect here, sorted (for one warning)."""
 
 
-def consumer_config(conn_id: str, extra: Mapping[str, Any]) -> ConsumerConfig:
-    """Translate the confluent-kafka config ``extra`` of connection ``conn_id``.
+def consumer_config(connection: Connection) -> ConsumerConfig:
+    """Translate the confluent-kafka config in ``connection``'s extra.
 
-    Raises :class:`KafkaConfigError` (one line, naming ``conn_id`` and the
-    key) for a missing ``bootstrap.servers`` or ``group.id``,
+    Raises :class:`InvalidConnection` (one line, naming the connection and
+    the key) for a missing ``bootstrap.servers`` or ``group.id``,
     ``enable.auto.commit`` true, a value of the wrong type, or a security
     setting that cannot be honoured. Pure, apart from reading the SSL files
     the config names.
     """
-    where = f"Kafka connection {conn_id!r}"
+    extra = connection.extra_dejson
 
-    def refuse(reason: str) -> KafkaConfigError:
-        return KafkaConfigError(f"{where}: {reason}")
+    def refuse(reason: str) -> InvalidConnection:
+        return InvalidConnection(connection.conn_id, connection.source, reason)
 
     def text(key: str) -> str | None:
         value = extra.get(key)
@@ -160,7 +162,7 @@ def consumer_config(conn_id: str, extra: Mapping[str, Any]) -> ConsumerConfig:
 
 def _security(
     extra: Mapping[str, Any], text: Callable[[str], str | None],
-    refuse: Callable[[str], KafkaConfigError],
+    refuse: Callable[[str], InvalidConnection],
 ) -> dict[str, Any]:
     """The aiokafka security kwargs of ``extra`` (protocol, SASL, an SSL context)."""
     protocol = (text("security.protocol") or "PLAINTEXT").upper()
@@ -184,7 +186,7 @@ def _security(
 
 def _ssl_context(
     extra: Mapping[str, Any], text: Callable[[str], str | None],
-    refuse: Callable[[str], KafkaConfigError],
+    refuse: Callable[[str], InvalidConnection],
 ) -> ssl.SSLContext:
     files = {name: text(key) for key, name in _SSL_FILES.items()}
     try:

@@ -32,6 +32,7 @@ import logging
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
+from sharedstream.airflow._said_once import SaidOnce
 from sharedstream.airflow.providers.amazon.aws._aws_connection import client_settings
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
@@ -51,6 +52,8 @@ It is our producer's payload: the group id is on its ``message``
 
 STREAM_KIND = "sqs-shared-stream"
 """The first element of every shared-stream key of this trigger."""
+
+_IGNORED_SAID = SaidOnce()  # each connection's ignored extras are named once per process
 
 _PRODUCER_ARGS = ("sqs_queue", "aws_conn_id", "max_messages", "wait_time_seconds",
                   "visibility_timeout", "region_name", "verify", "botocore_config")
@@ -73,7 +76,8 @@ class SqsSharedStreamProducer(_ours.SqsSharedStreamProducer):
 
     Built by :meth:`SqsSharedStreamTrigger.create_shared_stream_producer`
     in the triggerer. The constructor reads ``aws_conn_id``; it raises
-    :class:`~sharedstream.producers.sqs.SqsConfigError` (one line) when the
+    :class:`~sharedstream.connections.ConnectionNotFound` or
+    :class:`~sharedstream.connections.InvalidConnection` (one line) when the
     connection is missing (except ``aws_default``: botocore's default chain)
     or unusable, which fails the stream's triggers for good and leaves other
     streams running. Extras without effect here are named in one warning.
@@ -96,7 +100,7 @@ class SqsSharedStreamProducer(_ours.SqsSharedStreamProducer):
         client = client_settings(aws_conn_id=aws_conn_id, sqs_queue=sqs_queue,
                                  region_name=region_name, verify=verify,
                                  botocore_config=botocore_config)
-        if client.ignored:
+        if client.ignored and _IGNORED_SAID.first(aws_conn_id, client.ignored):
             log.warning("AWS connection %r: %s have no effect on sharedstream's SQS client and "
                         "are ignored", aws_conn_id, ", ".join(client.ignored))
         super().__init__(_ours.SqsSettings(

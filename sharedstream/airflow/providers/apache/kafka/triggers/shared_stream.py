@@ -35,8 +35,9 @@ import logging
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
+from sharedstream.airflow._said_once import SaidOnce
 from sharedstream.airflow.providers.apache.kafka._confluent_config import consumer_config
-from sharedstream.connections import ConnectionNotFound, InvalidConnection, get_connection
+from sharedstream.connections import get_connection
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.engine.stream import reject_shared_stream_event
@@ -56,6 +57,8 @@ its ``message`` (and ``epoch`` names the assignment it was read under).
 
 STREAM_KIND = "kafka-shared-stream"
 """The first element of every shared-stream key of this trigger."""
+
+_IGNORED_SAID = SaidOnce()  # each connection's ignored keys are named once per process
 
 
 def _check(topics: Sequence[str], poll_timeout: float, dlq_topic: str | None) -> list[str]:
@@ -78,9 +81,10 @@ class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
     Built by :meth:`KafkaSharedStreamTrigger.create_shared_stream_producer`
     in the triggerer. The constructor looks up ``kafka_config_id`` and
     translates its confluent-kafka config; it raises
-    :class:`~sharedstream.producers.kafka.KafkaConfigError` (one line) when
-    the connection is missing or a setting is refused, which fails the
-    stream's triggers for good and leaves other streams running. Keys
+    :class:`~sharedstream.connections.ConnectionNotFound` or
+    :class:`~sharedstream.connections.InvalidConnection` (one line) when the
+    connection is missing or a setting is refused, which fails the stream's
+    triggers for good and leaves other streams running. Keys
     without effect here are named in one warning. Everything else - the
     outcome policy, commits, dead letters - is the parent's.
     """
@@ -94,12 +98,8 @@ class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
         dlq_topic: str | None = None,
     ) -> None:
         sorted_topics = _check(topics, poll_timeout, dlq_topic)
-        try:
-            connection = get_connection(kafka_config_id)
-        except (ConnectionNotFound, InvalidConnection) as exc:
-            raise _ours.KafkaConfigError(str(exc)) from exc
-        config = consumer_config(kafka_config_id, connection.extra_dejson)
-        if config.ignored:
+        config = consumer_config(get_connection(kafka_config_id))
+        if config.ignored and _IGNORED_SAID.first(kafka_config_id, config.ignored):
             log.warning("Kafka connection %r: %s have no effect on sharedstream's Kafka client "
                         "and are ignored", kafka_config_id, ", ".join(config.ignored))
         super().__init__(_ours.KafkaSettings(
