@@ -36,10 +36,18 @@ reaches the benchmark through this module, which both import once.
 """
 
 
-def message_body(index: int) -> str:
-    """Message ``index`` as JSON; ``bucket`` is what the watchers match on."""
-    return json.dumps({"id": index, "bucket": index % BUCKETS, "kind": "order",
-                       "amount": (index * 37) % 1000})
+def message_body(index: int, customers: int | None = None) -> str:
+    """Message ``index`` as JSON; ``bucket`` is what the watchers match on.
+
+    With ``customers``, it also names one of that many customers
+    (``index % customers``): what selective watchers match on (see
+    :func:`write_definitions`).
+    """
+    body: dict[str, Any] = {"id": index, "bucket": index % BUCKETS, "kind": "order",
+                            "amount": (index * 37) % 1000}
+    if customers is not None:
+        body["customer"] = index % customers
+    return json.dumps(body)
 
 
 def expected_events(messages: int, k: int) -> int:
@@ -187,17 +195,23 @@ class LabelledWatcher:
         return classpath, {**kwargs, "watcher": self.watcher}
 
 
-def write_definitions(path: Path, header: str, common: dict[str, Any], k: int) -> None:
+def write_definitions(path: Path, header: str, common: dict[str, Any], k: int, *,
+                      selective: bool = False) -> None:
     """``header`` (imports, a ``BenchWatcher`` class), then K watchers built from ``common``.
 
-    Watcher j matches ``bucket == j % 10`` and feeds asset ``bucket_j``.
+    Watcher j matches ``bucket == j % 10`` and feeds asset ``bucket_j``; with
+    ``selective``, it matches ``customer == j`` instead (one customer each,
+    for messages made with ``message_body(i, customers=K)``).
     """
+    def match(j: int) -> str:
+        return f"{{'customer': {j}}}" if selective else f"{{'bucket': {j % BUCKETS}}}"
+
     path.write_text(
         header + f"COMMON = {common!r}\n\n"
         + "".join(
             f"bucket_{j} = Asset('bucket_{j}', watchers=[AssetWatcher('w', "
             f"trigger=BenchWatcher(**COMMON, watcher={j}, "
-            f"match={{'json': {{'bucket': {j % BUCKETS}}}}}))])\n"
+            f"match={{'json': {match(j)}}}))])\n"
             for j in range(k)))
 
 

@@ -61,6 +61,8 @@ class Api:
     trigger_base: type[Any]
     producer_base: type[Any]
     trigger_event: Callable[[Any], Any]
+    keyed_prefilter: Callable[[Any, Callable[[Any], Any], Any], Any] | None = None
+    """Ours only: ``KeyedPrefilter(shape, select, wanted)``; Airflow's engine has no prefilter."""
 
 
 def _dist_version(name: str) -> str:
@@ -94,6 +96,7 @@ def load_api(impl: str) -> Api:
             trigger_base=ours.BaseEventTrigger,
             producer_base=ours.SharedStreamProducer,
             trigger_event=ours.TriggerEvent,
+            keyed_prefilter=importlib.import_module("sharedstream.engine.fanout").KeyedPrefilter,
         )
     if impl == "airflow":
         shared = importlib.import_module("airflow.triggers.shared_stream")
@@ -232,20 +235,46 @@ def build_trigger_class(api: Api, stats: Stats, *, ack: bool) -> type[Any]:
     :func:`build_producer_class`. The filter emits a ``TriggerEvent`` for
     every raw event with ``raw % emit_every == 0`` and counts the raw events
     it saw; a subscriber that saw all of them reports itself done.
+
+    Selective workload (``modulus > 0``): trigger ``i`` wants the raw events
+    with ``raw % modulus == i`` (one customer, one tenant, one device) and
+    emits one event for each. The filter tests that itself, so it is the
+    same code on both engines; ours also declares it as a keyed prefilter
+    (one selection per raw event for all subscribers, then a dict lookup),
+    so its filter only sees the raw events it wants. Airflow's engine has no
+    prefilter: every filter sees every raw event.
     """
     trigger_event = api.trigger_event
     base_init = api.trigger_base.__init__
     producer_class = build_producer_class(api, stats) if ack else None
 
-    def init(self: Any, *, n_events: int, batch: int, emit_every: int) -> None:
+    keyed_prefilter = api.keyed_prefilter
+
+    def init(
+        self: Any, *, n_events: int, batch: int, emit_every: int, modulus: int = 0, wanted: int = 0
+    ) -> None:
         base_init(self)
         self.n_events = n_events
         self.batch = batch
         self.emit_every = emit_every
+        self.modulus = modulus
+        self.wanted = wanted
+        # How many raw events this filter is handed: with a prefilter, only its own.
+        prefiltered = modulus and keyed_prefilter is not None
+        self.expected_seen = len(range(wanted, n_events, modulus)) if prefiltered else n_events
 
     def serialize(self: Any) -> tuple[str, dict[str, Any]]:
-        kwargs = {"n_events": self.n_events, "batch": self.batch, "emit_every": self.emit_every}
+        kwargs = {
+            "n_events": self.n_events, "batch": self.batch, "emit_every": self.emit_every,
+            "modulus": self.modulus, "wanted": self.wanted,
+        }  # fmt: skip
         return f"{__name__}.FanoutBenchTrigger", kwargs
+
+    def shared_stream_prefilter(self: Any) -> Any:
+        if not self.modulus or keyed_prefilter is None:
+            return None
+        modulus = self.modulus
+        return keyed_prefilter(("residue", modulus), lambda raw: raw % modulus, self.wanted)
 
     def run(self: Any) -> AsyncIterator[Any]:
         raise NotImplementedError("the benchmark trigger only runs through a shared stream")
@@ -274,13 +303,17 @@ def build_trigger_class(api: Api, stats: Stats, *, ack: bool) -> type[Any]:
         self: Any, shared_stream: AsyncIterator[Any]
     ) -> AsyncIterator[Any]:
         emit_every = self.emit_every
-        n_events = self.n_events
+        modulus, wanted = self.modulus, self.wanted
+        expected_seen = self.expected_seen
         seen = 0
         async for raw in shared_stream:
             seen += 1
-            if raw % emit_every == 0:
+            if modulus:
+                if raw % modulus == wanted:
+                    yield trigger_event(raw)
+            elif raw % emit_every == 0:
                 yield trigger_event(raw)
-            if seen == n_events:
+            if seen == expected_seen:
                 stats.subscribers_done += 1
                 if not ack and stats.subscribers_done == stats.subscribers:
                     stats.finish()
@@ -293,6 +326,8 @@ def build_trigger_class(api: Api, stats: Stats, *, ack: bool) -> type[Any]:
             shared_stream_key=shared_stream_key,
             filter_shared_stream=filter_shared_stream,
         )
+        if keyed_prefilter is not None:
+            ns["shared_stream_prefilter"] = shared_stream_prefilter
         if ack:
             ns["create_shared_stream_producer"] = classmethod(create_shared_stream_producer)
         else:
@@ -365,6 +400,8 @@ class Config:
     emit_every: int
     batch: int
     trigger_event: str = "native"
+    selective: bool = False
+    """Trigger ``i`` of K wants only the raw events ``raw % K == i`` (see build_trigger_class)."""
 
 
 class Confirmer:
@@ -425,7 +462,11 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
     triggers = []
     for trigger_id in range(config.subscribers):
         trigger = trigger_class(
-            n_events=config.n_events, batch=config.batch, emit_every=config.emit_every
+            n_events=config.n_events,
+            batch=config.batch,
+            emit_every=config.emit_every,
+            modulus=config.subscribers if config.selective else 0,
+            wanted=trigger_id,
         )
         trigger.trigger_id = trigger_id
         triggers.append(trigger)
@@ -468,10 +509,13 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
     teardown = time.perf_counter() - t1
 
     pairs = config.n_events * config.subscribers
-    emitted_per_sub = len(range(0, config.n_events, config.emit_every))
+    if config.selective:  # every raw event is wanted by exactly one subscriber
+        emitted_expected = config.n_events
+    else:
+        emitted_expected = len(range(0, config.n_events, config.emit_every)) * config.subscribers
     checks = {
         "subscribers_done": stats.subscribers_done == config.subscribers,
-        "emitted": stats.emitted == emitted_per_sub * config.subscribers,
+        "emitted": stats.emitted == emitted_expected,
     }
     if ack:
         checks["advanced"] = stats.advanced == config.n_events
@@ -483,6 +527,8 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
         "module_file": api.module_file,
         "mode": config.mode,
         "emit_every": config.emit_every,
+        "workload": "selective" if config.selective else "broadcast",
+        "prefilter": bool(config.selective and api.keyed_prefilter is not None),
         "subscribers": config.subscribers,
         "events": config.n_events,
         "batch": config.batch,
@@ -523,9 +569,16 @@ def _parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--emit-every", type=int, default=10)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--trigger-event", choices=["native", "plain"], default="native")
+    parser.add_argument(
+        "--selective",
+        action="store_true",
+        help="trigger i of K wants only the raw events with raw %% K == i (keyed prefilter)",
+    )
     args = parser.parse_args(argv)
     if args.subscribers < 1 or args.events < 1 or args.emit_every < 1 or args.batch < 1:
         parser.error("--subscribers, --events, --emit-every and --batch must be >= 1")
+    if args.selective and args.events < args.subscribers:
+        parser.error("--selective needs --events >= --subscribers (every trigger wants one)")
     return Config(
         impl=args.impl,
         mode=args.mode,
@@ -534,6 +587,7 @@ def _parse_args(argv: Sequence[str] | None) -> Config:
         emit_every=args.emit_every,
         batch=args.batch,
         trigger_event=args.trigger_event,
+        selective=args.selective,
     )
 
 

@@ -19,6 +19,14 @@ every partition's committed offset (read by a separate consumer's
   (own connection, WAL, ``synchronous=FULL``, one transaction per batch) and
   then committing the batch's offsets.
 
+Selective watchers (``--selective``, issue 19's K = 1000 case): each record
+also names one of K customers (``i % K``) and watcher j matches
+``customer == j``, so every record is stored exactly once whatever K, and
+the watchers' declarative matches share one keyed prefilter (one JSON
+selection per record routes it to the one watcher that wants it). Only
+``raw`` and ``shared K`` run: K independent consumers of 1000 are not a
+baseline anyone runs. Results go to ``kafka_e2e-selective.*``.
+
 Two rates per case: ``msgs/s`` counts the whole time, group join included;
 ``steady msgs/s`` starts each group's clock at its first observed commit
 (join and first batch excluded; see docs/benchmarks.md).
@@ -109,7 +117,8 @@ async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
         await admin.close()
 
 
-async def produce(bootstrap: str, topic: str, messages: int, partitions: int) -> dict[int, int]:
+async def produce(bootstrap: str, topic: str, messages: int, partitions: int,
+                  customers: int | None = None) -> dict[int, int]:
     """Pre-produce the records; return the end offset of each partition."""
     aiokafka = _aiokafka()
     producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False,
@@ -120,7 +129,7 @@ async def produce(bootstrap: str, topic: str, messages: int, partitions: int) ->
         for start in range(0, messages, 500):
             futures = []
             for i in range(start, min(start + 500, messages)):
-                value = message_body(i).encode()
+                value = message_body(i, customers).encode()
                 futures.append(await producer.send(topic, value, partition=i % partitions))
             for meta in await asyncio.gather(*futures):
                 # The acknowledged offsets, not end_offsets(): Tansu's high watermark lags.
@@ -327,7 +336,7 @@ class BenchWatcher(LabelledWatcher, KafkaSharedStreamTrigger):
 
 
 async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages: int, *,
-                     k: int, workdir: Path, limit: float) -> CaseResult:
+                     k: int, workdir: Path, limit: float, selective: bool = False) -> CaseResult:
     from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415
 
@@ -337,7 +346,7 @@ async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages:
     definitions = casedir / "bench_definitions.py"
     write_definitions(definitions, DEFINITIONS_HEADER, {
         "bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
-        "payload_format": "json", "consumer_overrides": OVERRIDES}, k)
+        "payload_format": "json", "consumer_overrides": OVERRIDES}, k, selective=selective)
     config = make_config(casedir)
     triggerer = Triggerer(config, load_definitions(definitions))
     started = time.perf_counter()
@@ -356,7 +365,7 @@ async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages:
             await task
     with SqliteStore(config.sqlite_path()) as store:
         events = store.counts()["trigger_events"]
-    expected = expected_events(messages, k)
+    expected = messages if selective else expected_events(messages, k)
     return summarize(f"shared {k}", k, messages, progress, events=events,
                      expected=expected)
 
@@ -364,7 +373,8 @@ async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages:
 # -- output -------------------------------------------------------------------------------
 
 
-def plot(rows: list[dict[str, Any]], path: Path, broker: str) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, broker: str,
+         stored: str = "1 in 10 stored per watcher") -> None:
     import matplotlib  # noqa: PLC0415 - only needed for the plot
 
     matplotlib.use("Agg")
@@ -382,7 +392,7 @@ def plot(rows: list[dict[str, Any]], path: Path, broker: str) -> None:
     ax.set_ylabel("messages/s, produce -> committed offset")
     name = "Tansu" if broker == "tansu" else f"Kafka {KAFKA_IMAGE.rsplit(':', 1)[1]}"
     ax.set_title(f"Kafka end to end ({name}, {rows[0]['messages']:,} JSON records, "
-                 "1 in 10 stored per watcher)")
+                 f"{stored})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -394,11 +404,14 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
     runs: dict[str, list[CaseResult]] = {}
     cases: list[tuple[str, int, str]] = [("raw", 1, "")]
     for k in args.ks:
-        cases += [("shared", k, "")] + [("independent", k, d) for d in args.independent_json]
+        cases += [("shared", k, "")]
+        if not args.selective:
+            cases += [("independent", k, d) for d in args.independent_json]
     for n, (kind, k, decoder) in enumerate(cases * args.repeat):
         topic = f"bench.e2e.{n}.{kind}-{k}"
         await create_topic(bootstrap, topic, args.partitions)
-        ends = await produce(bootstrap, topic, messages, args.partitions)
+        customers = (k if kind == "shared" else max(args.ks)) if args.selective else None
+        ends = await produce(bootstrap, topic, messages, args.partitions, customers)
         label = ("raw" if kind == "raw" else f"shared {k}" if kind == "shared"
                  else independent_case(k, decoder))
         _say(f"{label}: {sum(ends.values())} records on {topic} ({args.partitions} partitions)")
@@ -406,7 +419,7 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
             result = await run_raw(bootstrap, topic, ends, messages, args.timeout)
         elif kind == "shared":
             result = await run_shared(bootstrap, topic, ends, messages, k=k, workdir=workdir,
-                                      limit=args.timeout)
+                                      limit=args.timeout, selective=args.selective)
         else:
             result = await run_independent(bootstrap, topic, ends, messages, k=k,
                                            workdir=workdir, limit=args.timeout, decoder=decoder)
@@ -444,20 +457,24 @@ def ratios(results: list[CaseResult]) -> dict[str, float]:
 
 def write_results(out: Path, stem: str, broker: str, partitions: int,
                   results: list[CaseResult], *, independent_json: Sequence[str] = ("stdlib",),
-                  ) -> None:
+                  selective: bool = False) -> None:
     rows = [r.row() for r in results]
     rat = ratios(results)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps({
         "python": sys.version.split()[0], "machine": platform.machine(), "broker": broker,
         "partitions": partitions, "independent_json": list(independent_json),
+        "workload": "selective (watcher j matches customer == j)" if selective
+        else "watcher j matches bucket == j % 10",
         "rows": rows,
         "ratios": {k: None if math.isnan(v) else v for k, v in rat.items()}}, indent=2))
     with (out / f"{stem}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out / f"{stem}.png", broker)
+    plot(rows, out / f"{stem}.png", broker,
+         "watcher j keeps customer j: each record stored once" if selective
+         else "1 in 10 stored per watcher")
     print(f"\n{broker}:\n")
     print("| case | msgs/s | wall s | join s | steady msgs/s | events stored |")
     print("|---|--:|--:|--:|--:|--:|")
@@ -495,9 +512,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="how the independent consumers decode JSON, comma-separated, one "
                         "case each: stdlib (json.loads, the default: what users write) and/or "
                         "fast (sharedstream's msgspec decoder)")
-    parser.add_argument("--name", default="kafka_e2e",
-                        help="stem of the result files (default kafka_e2e)")
+    parser.add_argument("--name", default=None,
+                        help="stem of the result files (default kafka_e2e, or "
+                        "kafka_e2e-selective with --selective)")
+    parser.add_argument("--selective", action="store_true",
+                        help="watcher j of K matches one customer (customer == j): every record "
+                        "stored once; raw and shared K only")
     args = parser.parse_args(argv)
+    args.name = args.name or ("kafka_e2e-selective" if args.selective else "kafka_e2e")
     messages = 3_000 if args.quick else args.messages
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -524,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         stem = args.name if broker == "tansu" else f"{args.name}-testcontainers"
         write_results(args.output_dir, stem + suffix, broker, args.partitions, results,
-                      independent_json=args.independent_json)
+                      independent_json=args.independent_json, selective=args.selective)
         bad += [f"{r.case} ({broker})" for r in results
                 if any(run.events != run.expected_events for run in r.repeats)]
     if bad:

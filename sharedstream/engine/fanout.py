@@ -193,7 +193,8 @@ class FanOut:
     """
 
     __slots__ = (
-        "_filtered", "_high_water", "_inboxes", "_plain", "_room", "_shapes", "blocked_on",
+        "_filtered", "_high_water", "_inboxes", "_plain", "_room", "_shapes", "_single",
+        "blocked_on",
         "capacity", "crowded", "durable", "live", "parked", "skipped",
     )  # fmt: skip
 
@@ -204,12 +205,16 @@ class FanOut:
         self._high_water = max(1, capacity // 2)
         self.live: list[Subscriber] = []
         self._inboxes: list[deque[Any]] = []
-        self.parked: list[Subscriber] = []
+        # Insertion-ordered set: a woken subscriber leaves it in O(1) (see _deliver).
+        self.parked: dict[Subscriber, None] = {}
         self.crowded = False
         self.skipped = 0
         self._filtered = 0  # live subscribers with an accept test
         self._plain: list[Subscriber] = []  # live, outside any shape (accept may be None)
         self._shapes: dict[Hashable, _Shape] = {}  # live, KeyedPrefilter tests by shape
+        # The only shape when no subscriber is outside one (the usual case: N watchers
+        # of one field), else None; kept by _regroup so broadcasts need not look.
+        self._single: tuple[Hashable, _Shape] | None = None
         self.durable: list[Subscriber] = []  # live durable subscribers
         self.blocked_on: Subscriber | None = None  # the full durable inbox the poll waits on
         self._room: asyncio.Future[None] | None = None
@@ -240,7 +245,7 @@ class FanOut:
         self.crowded = crowded
         self.skipped = 0
         if self.parked:
-            parked, self.parked = self.parked, []
+            parked, self.parked = self.parked, {}
             for sub in parked:
                 sub.wake()
         if full is None:
@@ -252,8 +257,9 @@ class FanOut:
 
     def _broadcast_filtered(self, item: Any, raw: Any) -> list[Subscriber] | None:
         """:meth:`broadcast` when some subscriber has an ``accept`` test."""
-        if not self._plain and len(self._shapes) == 1:  # the usual case: N watchers, 1 field
-            ((shape_key, shape),) = self._shapes.items()
+        single = self._single
+        if single is not None:  # the usual case: N watchers of one field
+            shape_key, shape = single
             try:
                 got = shape.select(raw)
             except Exception:  # noqa: BLE001 - logged with its traceback
@@ -298,7 +304,13 @@ class FanOut:
         """Move a shape's members (their tests switched off) to the plain loop."""
         members = self._shapes.pop(shape_key).members
         self._plain.extend(members)
+        self._regroup()
         return members
+
+    def _regroup(self) -> None:
+        """Refresh ``_single`` after the plain list or the shapes changed."""
+        shapes = self._shapes
+        self._single = next(iter(shapes.items())) if len(shapes) == 1 and not self._plain else None
 
     def _deliver(
         self, item: Any, receivers: list[Subscriber], skipped: int
@@ -307,6 +319,7 @@ class FanOut:
         capacity = self.capacity
         crowded = False
         overflowed: list[Subscriber] | None = None
+        parked = self.parked
         for sub in receivers:
             inbox = sub.inbox
             if len(inbox) >= high_water:
@@ -317,12 +330,16 @@ class FanOut:
                     continue
                 crowded = True
             inbox.append(item)
-            if sub.waiter is not None:
-                sub.wake()
+            waiter = sub.waiter
+            if waiter is not None:  # Subscriber.wake, inlined: once per delivery
+                sub.waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+                # Per receiver, not a sweep of every parked subscriber: at K = 1000
+                # selective watchers a sweep per raw event was most of the work.
+                parked.pop(sub, None)
         self.crowded = crowded
         self.skipped = skipped
-        if self.parked:  # those woken above (or failed) need no wake-up any more
-            self.parked = [sub for sub in self.parked if sub.waiter is not None]
         if overflowed is not None:
             for sub in overflowed:
                 self.drop(sub)
@@ -393,12 +410,13 @@ class FanOut:
         keyed = _shape_of(sub.accept)
         if keyed is None:
             self._plain.append(sub)
-            return
-        shape_key, wanted = keyed
-        shape = self._shapes.get(shape_key)
-        if shape is None:
-            shape = self._shapes[shape_key] = _Shape(_keyed(sub).select)
-        shape.add(sub, wanted)
+        else:
+            shape_key, wanted = keyed
+            shape = self._shapes.get(shape_key)
+            if shape is None:
+                shape = self._shapes[shape_key] = _Shape(_keyed(sub).select)
+            shape.add(sub, wanted)
+        self._regroup()
 
     def drop(self, sub: Subscriber) -> None:
         """Stop broadcasting to ``sub``. Idempotent."""
@@ -419,6 +437,7 @@ class FanOut:
                     shape.remove(sub, wanted)
                     if not shape.members:
                         del self._shapes[shape_key]
+                self._regroup()
                 return
 
     def fail_all(self, error: BaseException) -> None:
@@ -427,6 +446,6 @@ class FanOut:
         self.durable = []
         self._wake_poll()
         self._filtered = 0
-        self._plain, self._shapes = [], {}
+        self._plain, self._shapes, self._single = [], {}, None
         for sub in subs:
             sub.set_error(error)

@@ -68,7 +68,7 @@ async def _park(sub: Subscriber, fanout: FanOut) -> None:
     """Wait until the subscriber's inbox gets an item or its error is set."""
     waiter = asyncio.get_running_loop().create_future()
     sub.waiter = waiter
-    fanout.parked.append(sub)
+    fanout.parked[sub] = None
     try:
         await waiter
     finally:

@@ -266,3 +266,28 @@ async def test_a_keyed_subscriber_that_leaves_stops_receiving(feed: Feed) -> Non
     assert feed.advanced()[2:] == [(21, AdvanceOutcome(1, 0, 0)), (2, AdvanceOutcome(1, 0, 0))]
     await other_one.stop()
     await manager.stop_all()
+
+
+async def test_selective_deliveries_keep_the_parked_set_to_the_waiting_subscribers(
+    feed: Feed,
+) -> None:
+    """A keyed delivery wakes its receiver and takes it off the parked set, nothing else.
+
+    With many selective watchers each raw event wakes one of them; the set of
+    parked subscribers must neither keep woken ones (it would grow without
+    bound) nor be swept whole on every raw event (cost per event growing with K).
+    """
+    manager = SharedStreamManager()
+    select = Selections()
+    runners = [Runner(manager, Bucket("f", f"b{j}", j, select), j).start() for j in range(10)]
+    for round_end in range(30, 301, 30):
+        feed.push(*range(round_end - 30, round_end))
+        await eventually(lambda: len(feed.advanced()) == round_end)  # noqa: B023 - awaited here
+        await settle()
+        [group] = manager._groups.values()  # the state under test
+        parked = group.fanout.parked
+        assert len(parked) == 10  # every one of them is waiting again, each listed once
+        assert all(sub.waiter is not None for sub in parked)
+    for j, runner in enumerate(runners):
+        assert runner.raws() == [n for n in range(300) if n % 10 == j]
+    await manager.stop_all()
