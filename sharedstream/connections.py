@@ -58,7 +58,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from sharedstream.engine.errors import SharedStreamError
+from sharedstream.brokerkit.errors import BrokerConfigError
 
 __all__ = [
     "CONN_ENV_PREFIXES",
@@ -95,11 +95,14 @@ _SECRET_WORDS = frozenset({"sas", "pwd"})
 _SECRET_VALUE = re.compile(r"(sharedaccesskey|accountkey|sharedaccesssignature)\s*=", re.I)
 
 
-class ConnectionNotFound(SharedStreamError):
+class ConnectionNotFound(BrokerConfigError):
     """No connection with this id in any place :func:`get_connection` looks.
 
     The message is one line naming the conn id, both environment variables
-    and the config file's section. Not retryable: the same environment and
+    and the config file's section. A configuration error of the stream
+    (a :class:`~sharedstream.brokerkit.errors.BrokerConfigError`, hence a
+    ``SharedStreamError``): the triggerer marks the stream's triggers failed
+    instead of restarting them. Not retryable: the same environment and
     configuration give the same answer.
     """
 
@@ -113,12 +116,13 @@ class ConnectionNotFound(SharedStreamError):
         self.conn_id = conn_id
 
 
-class InvalidConnection(SharedStreamError):
-    """A connection's URI, JSON or config table is malformed.
+class InvalidConnection(BrokerConfigError):
+    """A connection's URI, JSON or config table is malformed, or unusable by its trigger.
 
     The message is one line: conn id, source, what is wrong; never the
     password or the raw value. ``key`` is the offending field when there is
-    one (for the config file's "did you mean"). Not retryable.
+    one (for the config file's "did you mean"). A configuration error, like
+    :class:`ConnectionNotFound`. Not retryable.
     """
 
     retryable = False

@@ -4,8 +4,10 @@ Commands: ``init`` (configuration file with a fresh encryption key, and the
 database), ``triggerer`` (run the watchers of a definitions file), ``triggers
 list``, ``triggerers list`` (who is alive and what each runs), ``events
 list``, ``runs list``, ``deadletters list`` (``--json`` for machines),
-``db upgrade`` and ``db check`` (the schema of the metadata database) and
-``config show`` (the effective configuration, secrets masked). Every
+``db upgrade`` and ``db check`` (the schema of the metadata database),
+``config show`` (the effective configuration, secrets masked) and
+``connections list`` / ``connections get ID`` (the Airflow-style
+connections of the config file and the environment, masked). Every
 command reaches the store through ``[store] url`` and the
 :class:`~sharedstream.store.MetadataStore` protocol, whatever the backend.
 Every error a user can cause - bad configuration, a broken definitions
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -26,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from sharedstream import __version__
+from sharedstream.connections import Connection, env_connections, get_connection
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.runtime.config import Config, load_config, write_default_config
+from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
 from sharedstream.runtime.serde import unpack_kwargs
@@ -96,6 +101,9 @@ environment:
   SHAREDSTREAM_CONFIG                   the configuration file (like --config)
   SHAREDSTREAM__<SECTION>__<OPTION>     overrides one option, e.g.
                                         SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT=60
+  SHAREDSTREAM_CONN_<ID>, AIRFLOW_CONN_<ID>
+                                        a connection (URI or JSON), found before the
+                                        config file's [connections.<id>]
   (`sharedstream config show` prints the effective configuration and where each value came from)
 
 exit status:
@@ -208,13 +216,29 @@ def _parser() -> argparse.ArgumentParser:
         "check", help="check that the database answers and its schema is current (exit 2 if not)"
     ).set_defaults(handler=_db_check)
 
+    _add_config_commands(commands, anywhere)
+    return parser
+
+
+def _add_config_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -> None:
+    """``config show`` and ``connections list`` / ``connections get ID``."""
     config = commands.add_parser("config", help="inspect the configuration")
     verbs = _Commands(config.add_subparsers(title="actions", required=True, metavar="ACTION"),
                       anywhere)
     show = verbs.add_parser("show", help="the effective configuration, secrets masked")
     show.add_argument("--json", action="store_true", help="JSON instead of TOML")
     show.set_defaults(handler=_config_show)
-    return parser
+
+    connections = commands.add_parser(
+        "connections", help="inspect the Airflow-style connections (secrets masked)")
+    verbs = _Commands(connections.add_subparsers(title="actions", required=True,
+                                                 metavar="ACTION"), anywhere)
+    listing = verbs.add_parser("list", help="every connection: environment, then config file")
+    listing.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    listing.set_defaults(handler=_connections_list)
+    get = verbs.add_parser("get", help="the connection a trigger with conn_id=ID would use")
+    get.add_argument("conn_id", metavar="ID")
+    get.set_defaults(handler=_connections_get)
 
 
 # -- commands -----------------------------------------------------------------------
@@ -358,11 +382,32 @@ def _deadletters_list(args: argparse.Namespace, config: Config) -> int:
     return _emit(args, records, columns)
 
 
+def _effective_connections(config: Config) -> dict[str, Connection]:
+    """The config file's connections, overlaid by the environment's (which are found first)."""
+    return {**config.connections, **{conn.conn_id: conn for conn in env_connections()}}
+
+
 def _config_show(args: argparse.Namespace, config: Config) -> int:
+    shown = dataclasses.replace(config, connections=_effective_connections(config))
     if args.json:
-        print(json.dumps(config.as_dict(mask_secrets=True), indent=2, default=str))
+        document = shown.as_dict(mask_secrets=True)
+        for conn_id, entry in document.get("connections", {}).items():
+            entry["source"] = shown.connections[conn_id].source
+        print(json.dumps(document, indent=2, default=str))
     else:
-        print(config.to_toml(mask_secrets=True), end="")
+        print(shown.to_toml(mask_secrets=True), end="")
+    return 0
+
+
+def _connections_list(args: argparse.Namespace, config: Config) -> int:
+    records = [conn.masked() for conn in _effective_connections(config).values()]
+    records.sort(key=lambda record: record["conn_id"])
+    return _emit(args, records, ("conn_id", "conn_type", "host", "port", "login", "source"))
+
+
+def _connections_get(args: argparse.Namespace, config: Config) -> int:
+    install_connections(config.connections, config.file)
+    print(json.dumps(get_connection(args.conn_id).masked(), indent=2))
     return 0
 
 

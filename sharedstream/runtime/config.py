@@ -22,6 +22,9 @@ Invariants:
   config file's directory when the URL came from that file, otherwise against
   the working directory at the time of the call. Later ``chdir`` calls do not
   move the database.
+- The file's ``[connections.<conn_id>]`` tables become :attr:`Config.connections`
+  (:mod:`sharedstream.runtime.config_connections`); a connection's password
+  and secret-looking extra keys are masked like the secret option.
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sharedstream.connections import Connection, InvalidConnection
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.config_connections import (
+    connections_as_dict,
+    read_connections,
+    render_connections,
+)
 from sharedstream.store import MetadataStore, open_store, redact_url
 
 __all__ = [
@@ -383,13 +392,17 @@ class Config:
 
     ``source`` maps ``"section.option"`` to where a value that did not come
     from the defaults was read (``"file /abs/path"`` or ``"env NAME"``);
-    options left at their defaults are absent from it.
+    options left at their defaults are absent from it. ``connections`` are
+    the file's ``[connections.<conn_id>]`` tables by conn id (each says its
+    own source); ``file`` is the file read, if any.
     """
 
     triggerer: TriggererConfig = field(default_factory=TriggererConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     source: dict[str, str] = field(default_factory=dict)
+    connections: Mapping[str, Connection] = field(default_factory=dict)
+    file: Path | None = None
 
     def sqlite_path(self) -> Path:
         """The SQLite database file (absolute); :class:`ConfigError` for other URLs."""
@@ -400,7 +413,9 @@ class Config:
 
         Unless ``mask_secrets=False``.
 
-        An unset secret is ``None`` either way. The result is a fresh dict.
+        An unset secret is ``None`` either way. Connections, when there are
+        any, are under ``"connections"`` by conn id, with only the fields
+        that are set. The result is a fresh dict.
         """
         result: dict[str, dict[str, Any]] = {}
         for section in _SPECS:
@@ -411,6 +426,9 @@ class Config:
                 elif mask_secrets and f"{section}.{option}" == "store.url":
                     values[option] = redact_url(value)  # a password in a PostgreSQL URL
             result[section] = values
+        if self.connections:
+            result["connections"] = connections_as_dict(self.connections,
+                                                        mask_secrets=mask_secrets)
         return result
 
     def to_toml(self, *, mask_secrets: bool = True) -> str:
@@ -421,8 +439,11 @@ class Config:
         as ``"********"``, which is readable but not a valid key.
         """
         values = self.as_dict(mask_secrets=mask_secrets)
+        values.pop("connections", None)
         notes = {key: f"from {where}" for key, where in self.source.items()}
-        return _render_toml(values, header=["sharedstream configuration"], trailing=notes)
+        text = _render_toml(values, header=["sharedstream configuration"], trailing=notes)
+        lines = render_connections(self.connections, mask_secrets=mask_secrets)
+        return text + "".join(line + "\n" for line in lines)
 
 
 def _toml_string(text: str) -> str:
@@ -499,16 +520,30 @@ def _read_toml(path: Path) -> dict[str, Any]:
         ) from exc
 
 
-def _file_values(path: Path) -> _RawValues:
+def _file_connections(document: dict[str, Any], path: Path) -> dict[str, Connection]:
+    """Take the ``[connections]`` section out of ``document`` and read it."""
+    section = document.pop("connections", {})
+    source = f"file {path}"
+    if not isinstance(section, dict):
+        raise ConfigError(f"[connections] in {source} must hold [connections.<conn_id>] tables, "
+                          f"got a {type(section).__name__}", option="connections", source=source)
+    try:
+        return read_connections(section, path)
+    except InvalidConnection as exc:
+        option = ".".join(["connections", exc.conn_id, *([exc.key] if exc.key else [])])
+        raise ConfigError(str(exc), option=option, source=source) from None
+
+
+def _file_values(document: dict[str, Any], path: Path) -> _RawValues:
     source = f"file {path}"
     raw: _RawValues = {}
-    for section, table in _read_toml(path).items():
+    for section, table in document.items():
         if section not in _SPECS:
             owners = [name for name, specs in _SPECS.items() if section in specs]
             hint = (
                 f"options go in a section: [{owners[0]}] {section}"
                 if owners
-                else _suggest(section, list(_SPECS))
+                else _suggest(section, [*_SPECS, "connections"])
             )
             raise ConfigError(
                 f"unknown section [{section}] in {source}: {hint}", option=section, source=source
@@ -610,7 +645,9 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     """
     env = os.environ if environ is None else environ
     file = _pick_file(path, env)
-    raw = _file_values(file) if file is not None else {}
+    document = _read_toml(file) if file is not None else {}
+    connections = _file_connections(document, file) if file is not None else {}
+    raw = _file_values(document, file) if file is not None else {}
     raw |= _env_values(env)
 
     converted: dict[str, dict[str, Any]] = {section: {} for section in _SPECS}
@@ -636,6 +673,8 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
         store=StoreConfig(**converted["store"]),
         logging=LoggingConfig(**converted["logging"]),
         source={f"{section}.{option}": source for (section, option), (_, source) in raw.items()},
+        connections=connections,
+        file=file,
     )
 
 

@@ -57,6 +57,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from sharedstream.brokerkit.errors import BrokerConfigError
+from sharedstream.connections import ConnectionNotFound, InvalidConnection
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.manager import SharedStreamManager
@@ -66,6 +67,7 @@ from sharedstream.engine.telemetry import instruments
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
 from sharedstream.runtime.assignment import Assignment
 from sharedstream.runtime.config import Config
+from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import KwargsCipher
 from sharedstream.runtime.definitions import Definitions
 from sharedstream.runtime.persist import PersistGate
@@ -141,6 +143,8 @@ class Triggerer:
             )
         self.config = config
         self.definitions = definitions
+        # Triggers given a conn_id find the file's [connections.*] when their producer is built.
+        install_connections(config.connections, config.file)
         self.cipher = KwargsCipher(config.store.kwargs_key)
         self.registry = TriggerRegistry()
         self.registry.load_entry_points()
@@ -289,6 +293,10 @@ class Triggerer:
                     shared.add(row.id)
                     if uses_ack_mode(type(trigger)):
                         type(trigger).create_shared_stream_producer(trigger.serialize()[1])
+            except (ConnectionNotFound, InvalidConnection) as exc:
+                # The environment's fault, not the definitions': this stream is marked failed
+                # when it starts (its producer raises the same), the others run.
+                log.error("watcher %s (%s) cannot run: %s", watchers, row.classpath, exc)  # noqa: TRY400
             except (_Unrunnable, SharedStreamError, ImportError, TypeError, ValueError) as exc:
                 cause = exc.__cause__ if isinstance(exc, _Unrunnable) and exc.__cause__ else exc
                 problems.append(f"watcher {watchers} ({row.classpath}) cannot run: {cause}")
