@@ -8,17 +8,21 @@ imported (assigned to a name or not)::
     Dag("reconcile", schedule=orders & refunds)   # both must have new events
     Dag("notify", schedule=orders | refunds)      # either one
     Dag("audit", schedule=[orders, refunds])      # a list means all of them
+    Dag("nightly", schedule="0 2 * * *", start_date=datetime(2026, 1, 1, tzinfo=UTC))
+    Dag("tick", schedule=timedelta(minutes=5))    # or a Timetable, or AssetOrTimeSchedule
 
 :func:`load_definitions` imports the file, collects every :class:`Asset` and
 :class:`Dag` it defines, checks them (unknown assets, duplicate names,
-triggers that cannot serialize) and reports any problem as one
-:class:`DefinitionsError` naming the file, the object and the reason.
+triggers and timetables that cannot be stored) and reports any problem as
+one :class:`DefinitionsError` naming the file, the object and the reason.
 Identical watcher triggers (same class path and kwargs) collapse into one
-trigger: they are the same upstream filter.
+trigger: they are the same upstream filter. A file needs at least one
+watcher or one Dag (a file of time-scheduled DAGs alone is useful).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
 import sys
 import traceback
@@ -28,9 +32,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dateutil.relativedelta import relativedelta
+
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
 from sharedstream.runtime.serde import SerializationError, kwargs_fingerprint, pack_kwargs
+from sharedstream.timetables.base import (
+    Timetable,
+    TimetableRegistry,
+    classpath_of,
+    deserialize_timetable,
+    serialize_timetable,
+    timetable_for,
+)
 
 __all__ = [
     "Asset",
@@ -42,6 +56,7 @@ __all__ = [
     "DefinitionsError",
     "WatchedTrigger",
     "load_definitions",
+    "timetable_registry",
 ]
 
 _building: list[object] | None = None
@@ -156,30 +171,99 @@ class AssetWatcher:
 
 
 class Dag:
-    """A DAG scheduled on assets: each time its schedule is satisfied, one run is queued.
+    """A DAG the runtime queues runs of: on assets, on time, or on either (Airflow's ``DAG``).
 
-    ``schedule`` is an :class:`Asset`, a list of assets (all of them must
-    have new events), or an expression built with ``|`` (any) and ``&`` (all).
+    ``schedule`` is one of:
+
+    * an :class:`Asset`, a non-empty list of assets (all of them must have
+      new events) or an expression built with ``|`` (any) and ``&`` (all);
+    * a cron expression or preset (``"0 2 * * *"``, ``"@daily"``; a
+      ``CronTriggerTimetable`` in the timezone of ``start_date``, else UTC),
+      a ``timedelta`` or ``relativedelta`` (a ``DeltaTriggerTimetable``), or
+      any :class:`~sharedstream.timetables.base.Timetable`;
+    * an ``AssetOrTimeSchedule`` (its timetable and its asset condition
+      each queue their own runs, whichever comes first);
+    * ``None``: nothing queues runs of it (listed, never scheduled).
+
+    ``start_date`` and ``end_date`` (timezone-aware; a naive one is refused)
+    bound its time-based runs; ``catchup`` (default ``False``, as in Airflow
+    3) queues the runs missed since the last one, in order. Raises
+    :class:`DefinitionsError` (one line naming the DAG) for anything else.
+
+    After construction: :attr:`asset_condition` is the condition the asset
+    path evaluates (or ``None``), :attr:`timetable` the timetable the
+    schedule loop asks (or ``None``), and :attr:`schedule` the condition, the
+    timetable, or ``None``.
     """
 
-    def __init__(self, dag_id: str, *, schedule: Schedule) -> None:
+    def __init__(
+        self,
+        dag_id: str,
+        *,
+        schedule: Schedule | str | dt.timedelta | relativedelta | Timetable | None,
+        start_date: dt.datetime | None = None,
+        end_date: dt.datetime | None = None,
+        catchup: bool = False,
+    ) -> None:
         if not isinstance(dag_id, str) or not dag_id:
             raise DefinitionsError(f"Dag id must be a non-empty string, got {dag_id!r}")
         self.dag_id = dag_id
+        self.start_date = _aware(dag_id, "start_date", start_date)
+        self.end_date = _aware(dag_id, "end_date", end_date)
+        if self.start_date and self.end_date and self.end_date < self.start_date:
+            raise DefinitionsError(
+                f"Dag {dag_id!r}: end_date {self.end_date.isoformat()} is before start_date "
+                f"{self.start_date.isoformat()}"
+            )
+        if not isinstance(catchup, bool):
+            raise DefinitionsError(f"Dag {dag_id!r}: catchup must be True or False, "
+                                   f"got {catchup!r}")
+        self.catchup = catchup
+        self.asset_condition: _Condition | None = None
+        self.timetable: Timetable | None = None
         if isinstance(schedule, _Condition):
-            self.schedule: _Condition = schedule
+            self.asset_condition = schedule
         elif isinstance(schedule, (list, tuple)) and schedule:
-            self.schedule = AssetAll(*schedule)
-        else:
+            self.asset_condition = AssetAll(*schedule)
+        elif isinstance(schedule, str | dt.timedelta | relativedelta | Timetable):
+            self.timetable = self._timetable(schedule)
+            condition = self.timetable.asset_condition  # an AssetOrTimeSchedule's
+            self.asset_condition = condition if isinstance(condition, _Condition) else None
+        elif schedule is not None:
             raise DefinitionsError(
                 f"Dag {dag_id!r}: schedule must be an Asset, a non-empty list of assets, "
-                f"or an expression with | and &, got {schedule!r}"
+                f"an expression with | and &, a cron expression, a timedelta, a Timetable "
+                f"or None, got {schedule!r}"
             )
+        self.schedule: _Condition | Timetable | None = (
+            self.asset_condition if self.timetable is None else self.timetable)
         if _building is not None:
             _building.append(self)
 
+    def _timetable(self, schedule: str | dt.timedelta | relativedelta | Timetable) -> Timetable:
+        # A cron schedule runs in the start date's timezone (Airflow's rule).
+        zone = self.start_date.tzinfo if self.start_date is not None else None
+        try:
+            return timetable_for(schedule, timezone=zone or "UTC")
+        except SharedStreamError as exc:
+            raise DefinitionsError(f"Dag {self.dag_id!r}: {exc}") from exc
+
     def __repr__(self) -> str:
         return f"Dag({self.dag_id!r})"
+
+
+def _aware(dag_id: str, what: str, value: dt.datetime | None) -> dt.datetime | None:
+    """``value`` as given (aware), or a :class:`DefinitionsError` for a naive or non-datetime."""
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise DefinitionsError(f"Dag {dag_id!r}: {what} must be a datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise DefinitionsError(
+            f"Dag {dag_id!r}: {what} {value.isoformat()} has no timezone; give an aware "
+            "datetime (e.g. datetime(2026, 1, 1, tzinfo=UTC))"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -202,15 +286,22 @@ class Definitions:
     dags: dict[str, Dag]
     triggers: dict[str, WatchedTrigger]
     trigger_classes: dict[str, type[BaseTrigger]]
+    timetable_classes: dict[str, type[Timetable]] = field(default_factory=dict)
+    """The timetable classes the file defines, by class path (registered like its triggers)."""
+    timetables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each time-scheduled DAG's serialized timetable (``serialize_timetable``), by dag id."""
 
 
 def load_definitions(path: Path) -> Definitions:
     """Import the definitions file at ``path`` and check what it declares.
 
     Raises :class:`DefinitionsError` (one line, naming the file, the object
-    and the reason) if the file is missing or fails to import, declares no
-    asset, names an asset that is not defined in it, reuses a name, or holds
-    a watcher whose trigger is not an event trigger or cannot be serialized.
+    and the reason) if the file is missing or fails to import, declares
+    neither a watcher nor a Dag, names an asset that is not defined in it,
+    reuses a name, holds a watcher whose trigger is not an event trigger or
+    cannot be serialized, or a Dag whose timetable cannot be stored and
+    rebuilt (its class must be a built-in, defined in the file, or
+    registered under the ``sharedstream.timetables`` entry-point group).
     """
     path = Path(path).resolve()
     module, built = _import_file(path)
@@ -228,10 +319,11 @@ def load_definitions(path: Path) -> Definitions:
             if value.dag_id in dags:
                 raise DefinitionsError(f"{path}: Dag id {value.dag_id!r} is used twice")
             dags[value.dag_id] = value
-    if not any(watchers.values()):
-        raise DefinitionsError(f"{path}: defines no Asset with a watcher; nothing to watch")
+    if not any(watchers.values()) and not dags:
+        raise DefinitionsError(
+            f"{path}: defines no Asset with a watcher and no Dag; nothing to watch or schedule")
     for dag in dags.values():
-        for asset in dag.schedule.assets():
+        for asset in dag.asset_condition.assets() if dag.asset_condition else ():
             if not watchers.get(asset.name):
                 raise DefinitionsError(
                     f"{path}: Dag {dag.dag_id!r} is scheduled on asset {asset.name!r}, which "
@@ -247,7 +339,45 @@ def load_definitions(path: Path) -> Definitions:
     }
     for watched in triggers.values():
         classes.setdefault(watched.classpath, watched.trigger_class)
-    return Definitions(path, assets, dags, triggers, classes)
+    timetable_classes = {
+        classpath_of(cls): cls
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, Timetable)
+        and cls.__module__ == module.__name__
+    }
+    timetables = _check_timetables(path, dags, timetable_classes)
+    return Definitions(path, assets, dags, triggers, classes, timetable_classes, timetables)
+
+
+def timetable_registry(classes: dict[str, type[Timetable]]) -> TimetableRegistry:
+    """The built-in and installed timetable classes (entry points) and ``classes``."""
+    registry = TimetableRegistry()
+    registry.load_entry_points()
+    for classpath, cls in classes.items():
+        registry.register(classpath, cls)
+    return registry
+
+
+def _check_timetables(
+    path: Path, dags: dict[str, Dag], classes: dict[str, type[Timetable]]
+) -> dict[str, dict[str, Any]]:
+    """Each timetable serialized, checked to come back from a registered class."""
+    registry = timetable_registry(classes)
+    stored: dict[str, dict[str, Any]] = {}
+    for dag in dags.values():
+        if dag.timetable is None:
+            continue
+        try:
+            data = serialize_timetable(dag.timetable)
+            deserialize_timetable(data, registry)
+        except Exception as exc:
+            # Whatever the user's (or a plugin's) timetable raised: one line naming the DAG.
+            raise DefinitionsError(
+                f"{path}: Dag {dag.dag_id!r}: its timetable {type(dag.timetable).__qualname__} "
+                f"cannot be stored: {type(exc).__name__}: {exc}"
+            ) from exc
+        stored[dag.dag_id] = data
+    return stored
 
 
 def _import_file(path: Path) -> tuple[ModuleType, list[object]]:

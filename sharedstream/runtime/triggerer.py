@@ -72,6 +72,7 @@ from sharedstream.runtime.crypto import KwargsCipher
 from sharedstream.runtime.definitions import Definitions
 from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.registry import TriggerRegistry
+from sharedstream.runtime.schedule_loop import dag_specs
 from sharedstream.runtime.serde import (
     SerializationError,
     pack_event_payload,
@@ -80,7 +81,6 @@ from sharedstream.runtime.serde import (
 )
 from sharedstream.store import (
     Claim,
-    DagSpec,
     MetadataStore,
     PendingEvent,
     TriggerRow,
@@ -251,7 +251,7 @@ class Triggerer:
             for t in defs.triggers.values()
             for asset, name in t.watchers
         ]
-        dags = [DagSpec(d.dag_id, d.schedule.to_tree()) for d in defs.dags.values()]
+        dags = dag_specs(defs)
         store = self.store
         await self._db(store.sync_definitions, specs, watchers, dags)
         rows = await self._db(store.active_triggers, sys.maxsize)

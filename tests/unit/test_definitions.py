@@ -80,7 +80,7 @@ dag = Dag("one", schedule=orders)
         ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t"))])\n'
          'Dag("d", schedule=a)\nDag("d", schedule=a)',
          "Dag id 'd' is used twice"),
-        ('x = 1', "defines no Asset with a watcher"),
+        ('x = 1', "defines no Asset with a watcher and no Dag"),
         ('a = Asset("a", watchers=[AssetWatcher("w", trigger=Watch("t", extra=object()))])',
          "watcher 'w' of asset 'a': trigger cannot be serialized"),
         ('a = Asset("a", watchers=[AssetWatcher("w", trigger="nope")])',
