@@ -93,7 +93,7 @@ class UnregisteredTimetableClass(SharedStreamError):
     """A stored timetable names a class that is not registered; it was not imported."""
 
 
-# -- the clock ---------------------------------------------------------------------------------
+# -- the clock ------------------------------------------------------------------------------------
 
 
 def _system_now() -> dt.datetime:
@@ -133,7 +133,7 @@ def use_clock(clock: Callable[[], dt.datetime] | dt.datetime) -> Iterator[None]:
         _clock.reset(token)
 
 
-# -- the values the contract exchanges ----------------------------------------------------------
+# -- the values the contract exchanges ------------------------------------------------------------
 
 
 class DataInterval(NamedTuple):
@@ -192,7 +192,7 @@ class DagRunInfo(NamedTuple):
         return cls(end, DataInterval(start, end))
 
 
-# -- the contract ------------------------------------------------------------------------------
+# -- the contract ---------------------------------------------------------------------------------
 
 
 class Timetable:
@@ -321,7 +321,7 @@ def timetable_for(
     )
 
 
-# -- storing and rebuilding ----------------------------------------------------------------------
+# -- storing and rebuilding -----------------------------------------------------------------------
 
 
 def classpath_of(cls: type) -> str:
@@ -344,8 +344,20 @@ def serialize_timetable(timetable: Timetable) -> dict[str, Any]:
     return {"classpath": classpath, "data": data}
 
 
-def deserialize_timetable(data: dict[str, Any], registry: TimetableRegistry) -> Timetable:
-    """Rebuild what :func:`serialize_timetable` stored, from a class ``registry`` allows."""
+def deserialize_timetable(
+    data: dict[str, Any], registry: TimetableRegistry | None = None
+) -> Timetable:
+    """Rebuild what :func:`serialize_timetable` stored, from a class ``registry`` allows.
+
+    Without ``registry``, the registry rebuilding the enclosing timetable is
+    used: a timetable that holds another (``AssetOrTimeSchedule``) calls
+    this from its ``deserialize``, and the inner class is checked against
+    the same registry. Outside a rebuild that is a ``RuntimeError``.
+    """
+    if registry is None:
+        registry = _rebuilding.get()
+        if registry is None:
+            raise RuntimeError("deserialize_timetable needs a registry outside a rebuild")
     return registry.rehydrate(data["classpath"], data["data"])
 
 
@@ -400,4 +412,13 @@ class TimetableRegistry:
                 f"{ENTRY_POINT_GROUP!r} entry point group (class paths read from the database "
                 "are never imported)"
             )
-        return cls.deserialize(data)
+        token = _rebuilding.set(self)
+        try:
+            return cls.deserialize(data)
+        finally:
+            _rebuilding.reset(token)
+
+
+_rebuilding: ContextVar[TimetableRegistry | None] = ContextVar(
+    "sharedstream_timetable_registry", default=None
+)

@@ -1,0 +1,1 @@
+"""Mirror of the ``airflow.timetables`` package (see :mod:`sharedstream.airflow`)."""
