@@ -11,8 +11,9 @@
   stands for the other when only one is given (as in Airflow). Assets are
   identified by ``name`` here;
 * :class:`DAG` - ours, taking Airflow's ``DAG(dag_id, ..., schedule=...)``
-  and usable as ``with DAG(...) as dag:``. ``schedule`` is forwarded; the
-  arguments that concern running tasks (``description``, ``tags``,
+  and usable as ``with DAG(...) as dag:``. ``schedule``, ``start_date``,
+  ``end_date`` and ``catchup`` are forwarded; the arguments that concern
+  running tasks (``description``, ``tags``,
   ``default_args``, ``max_active_runs``, ``doc_md``, ``params``, callbacks,
   ...) are accepted and ignored, since sharedstream queues DAG runs and runs
   no tasks; an argument Airflow does not have is a ``TypeError``;
@@ -26,6 +27,7 @@ Differences are listed in ``docs/airflow.md``.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -82,9 +84,10 @@ class Asset(_Asset):
 class DAG(Dag):
     """Our :class:`~sharedstream.runtime.definitions.Dag` with Airflow's signature.
 
-    ``schedule`` is forwarded; the arguments in :data:`IGNORED_DAG_ARGUMENTS`
-    are accepted and ignored. ``with DAG(...) as dag:`` gives the DAG; what
-    its body declares (tasks) is inert.
+    ``schedule``, ``start_date``, ``end_date`` and ``catchup`` are forwarded
+    (see the parent for what each may be); the arguments in
+    :data:`IGNORED_DAG_ARGUMENTS` are accepted and ignored. ``with DAG(...) as
+    dag:`` gives the DAG; what its body declares (tasks) is inert.
     """
 
     def __init__(
@@ -93,12 +96,16 @@ class DAG(Dag):
         description: str | None = None,
         *,
         schedule: Any = None,
+        start_date: dt.datetime | None = None,
+        end_date: dt.datetime | None = None,
+        catchup: bool = False,
         **arguments: Any,
     ) -> None:
         unknown = sorted(set(arguments) - IGNORED_DAG_ARGUMENTS)
         if unknown:
             raise TypeError(f"DAG {dag_id!r}: unexpected arguments {', '.join(unknown)}")
-        super().__init__(dag_id, schedule=schedule)
+        super().__init__(dag_id, schedule=schedule, start_date=start_date, end_date=end_date,
+                         catchup=catchup)
         self.description = description
 
     def __enter__(self) -> DAG:
