@@ -11,8 +11,9 @@ AWS). One run checks:
 * the events stored carry the providers' payloads (the decoded value, the body);
 * a subclass overriding ``filter_shared_stream`` sees the raw ``bytes`` values,
   filters them, and its reject sends the record to ``dlq_topic``;
-* offsets are committed past every record and SQS messages deleted, with
-  every event they derived stored;
+* once offsets are committed past every record and SQS messages deleted,
+  every event derived from them is already stored (read while the
+  triggerer still runs);
 * a missing connection and one with ``enable.auto.commit`` true fail their
   own triggers with one line each, while the other streams run on.
 """
@@ -166,6 +167,8 @@ async def test_a_provider_style_definitions_file_runs_with_its_imports_ported(
             alive = lambda: process.poll() is None  # noqa: E731
             await eventually(lambda: done(kafka, topic, sqs, queue), "commits and deletes",
                              60, alive)
+            # Committed and deleted, so already stored: read while the triggerer still runs.
+            check_events(cli, sqs, queue)
             await eventually(lambda: failed_triggers(cli, 2), "the refused triggers", 20, alive)
             process.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(process.wait, 30) == 0, cli.log(0)[-2000:]
@@ -173,7 +176,7 @@ async def test_a_provider_style_definitions_file_runs_with_its_imports_ported(
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        check_events(cli, sqs, queue)
+        check_events(cli, sqs, queue)  # nothing more, nothing twice after the shutdown
         check_refusals(cli)
         letters = await kafka.dead_letters(topic)
         assert [(letter.value, letter.source, letter.reason) for letter in letters] == [
