@@ -33,6 +33,7 @@ PAGES = (
     "servicebus.md",
     "postgresql.md",
     "airflow.md",
+    "schedules.md",
 )
 """The pages whose examples this suite owns."""
 
