@@ -137,9 +137,12 @@ def test_ssl_settings_build_a_context() -> None:
     ({"bootstrap.servers": "b:1"}, "group.id is required"),
     ({**BASE, "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"},
      "sasl.mechanism 'OAUTHBEARER' is not supported"),
-    ({**BASE, "security.protocol": "SASL_SSL", "sasl.kerberos.service.name": "kafka"},
+    ({**BASE, "security.protocol": "SASL_SSL", "sasl.username": "u", "sasl.password": "p",
+      "sasl.kerberos.service.name": "kafka"},
      "sasl.kerberos.service.name cannot be honoured"),
     ({**BASE, "ssl.ca.location": "/ca.pem"}, "security.protocol is PLAINTEXT"),
+    ({**BASE, "security.protocol": "SASL_PLAINTEXT", "sasl.username": "u"},
+     "SASL_PLAINTEXT with PLAIN needs sasl.username and sasl.password"),
     ({**BASE, "session.timeout.ms": "soon"}, "session.timeout.ms: 'soon' is not a valid int"),
 ])
 def test_confluent_settings_we_cannot_honour_are_one_line_errors(

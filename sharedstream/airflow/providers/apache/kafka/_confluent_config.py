@@ -174,8 +174,12 @@ def _security(
         if mechanism not in _MECHANISMS:
             raise refuse(f"sasl.mechanism {mechanism!r} is not supported by sharedstream's "
                          f"Kafka client (aiokafka); use one of {sorted(_MECHANISMS)}")
-        security.update(sasl_mechanism=mechanism, sasl_plain_username=text("sasl.username"),
-                        sasl_plain_password=text("sasl.password"))
+        username, password = text("sasl.username"), text("sasl.password")
+        if username is None or password is None:
+            raise refuse(f"security.protocol {protocol} with {mechanism} needs sasl.username "
+                         "and sasl.password")
+        security.update(sasl_mechanism=mechanism, sasl_plain_username=username,
+                        sasl_plain_password=password)
     if protocol.endswith("SSL"):
         security["ssl_context"] = _ssl_context(extra, text, refuse)
     elif any(key in extra for key in _SSL_FILES):
