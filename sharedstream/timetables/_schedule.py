@@ -25,7 +25,7 @@ from typing import Protocol
 
 from cronsim import CronSim, CronSimError
 
-from sharedstream.timetables.values import Delta, InvalidTimetable
+from sharedstream.timetables.values import Delta, InvalidTimetable, check_delta
 
 _PROBE_WEEK = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)  # a Monday
 _NO_MATCH = "matches no moment in the next 50 years"
@@ -66,10 +66,13 @@ class CronSteps:
         try:
             probe = CronSim(expression, _PROBE_WEEK)
             self.description = probe.explain()
+            next(probe)
         except CronSimError as exc:
             raise InvalidTimetable(
                 f"bad cron expression {expression!r}: {str(exc).lower()}"
             ) from exc
+        except StopIteration:
+            raise InvalidTimetable(f"cron expression {expression!r} {_NO_MATCH}") from None
         self.expression = expression
         self.timezone = timezone
 
@@ -103,6 +106,15 @@ class CronSteps:
         """``moment`` if it is a cron point, else the previous one."""
         preceding = self.before(moment)
         return moment if self.after(preceding) == moment else preceding
+
+
+def check_interval(interval: object) -> Delta:
+    """``interval`` if it is a delta that does not go back in time (a data interval's length)."""
+    delta = check_delta(interval, "interval")
+    if _PROBE_WEEK - delta > _PROBE_WEEK:
+        raise InvalidTimetable(f"interval {delta!r} is negative; a data interval cannot end "
+                               "before it starts")
+    return delta
 
 
 class DeltaSteps:

@@ -402,7 +402,8 @@ class TimetableRegistry:
         """``cls.deserialize(data)`` for the class registered as ``classpath``.
 
         Raises :class:`UnregisteredTimetableClass` for any other class path
-        (nothing is imported).
+        (nothing is imported), and :class:`InvalidTimetable` for data the
+        class cannot be rebuilt from.
         """
         cls = self._classes.get(classpath)
         if cls is None:
@@ -415,6 +416,13 @@ class TimetableRegistry:
         token = _rebuilding.set(self)
         try:
             return cls.deserialize(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, SharedStreamError):
+                raise
+            raise InvalidTimetable(
+                f"stored timetable {classpath!r} cannot be rebuilt from {data!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             _rebuilding.reset(token)
 

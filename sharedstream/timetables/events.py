@@ -42,8 +42,6 @@ class EventsTimetable(Timetable):
     ``description`` names the set of events in listings.
     """
 
-    periodic = False
-
     def __init__(
         self,
         event_dates: Iterable[dt.datetime],

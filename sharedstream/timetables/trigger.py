@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sharedstream.timetables._schedule import CronSteps, DeltaSteps, Steps
+from sharedstream.timetables._schedule import CronSteps, DeltaSteps, Steps, check_interval
 from sharedstream.timetables.base import (
     DagRunInfo,
     DataInterval,
@@ -123,7 +123,7 @@ class CronTriggerTimetable(_TriggerTimetable):
         self._timezone = parse_timezone(timezone)
         self._cron = CronSteps(self._expression, self._timezone)
         self._steps = self._cron
-        self._interval = check_delta(interval, "interval")
+        self._interval = check_interval(interval)
         if not isinstance(run_immediately, bool | dt.timedelta | None):
             raise TypeError(
                 "run_immediately must be True, False, None or a timedelta, got "
@@ -184,7 +184,7 @@ class DeltaTriggerTimetable(_TriggerTimetable):
     def __init__(self, delta: Delta, *, interval: Delta = dt.timedelta()) -> None:
         self._delta = check_delta(delta, "delta")
         self._steps = DeltaSteps(self._delta)
-        self._interval = check_delta(interval, "interval")
+        self._interval = check_interval(interval)
 
     @property
     def summary(self) -> str:

@@ -94,6 +94,12 @@ def test_timetable_for_follows_airflow_3() -> None:
      "unknown timezone 'Mars/Olympus'"),
     (lambda: DeltaTriggerTimetable(timedelta(0)), "does not move"),
     (lambda: DeltaTriggerTimetable(relativedelta(weekday=FR, hour=18)), "does not move"),
+    (lambda: CronTriggerTimetable("* * */20 * 1L", timezone="UTC"),
+     "matches no moment in the next 50 years"),
+    (lambda: CronTriggerTimetable("0 0 * * *", timezone="UTC", interval=timedelta(hours=-1)),
+     "interval datetime.timedelta(days=-1, seconds=82800) is negative"),
+    (lambda: DeltaTriggerTimetable(timedelta(hours=1), interval=relativedelta(days=-1)),
+     "is negative"),
 ])
 def test_bad_arguments_are_one_line_errors(build: object, message: str) -> None:
     with pytest.raises(InvalidTimetable) as info:
@@ -119,3 +125,16 @@ def test_registry_refuses_unregistered_class_paths_without_importing(tmp_path: P
         sys.path.remove(str(tmp_path))
     tt = CronTriggerTimetable("@daily", timezone="UTC")
     assert deserialize_timetable(serialize_timetable(tt), registry) == tt
+
+
+def test_stored_data_a_class_cannot_use_is_one_clear_error() -> None:
+    registry = TimetableRegistry()
+    registry.load_entry_points()
+    classpath = "sharedstream.timetables.trigger.CronTriggerTimetable"
+    with pytest.raises(InvalidTimetable, match=r"cannot be rebuilt from \{'timezone'"):
+        deserialize_timetable({"classpath": classpath, "data": {"timezone": "UTC"}}, registry)
+    bad_cron = {"expression": "99 * * * *", "timezone": "UTC",
+                "interval": {"days": 0, "seconds": 0, "microseconds": 0},
+                "run_immediately": False}
+    with pytest.raises(InvalidTimetable, match="bad minute"):
+        deserialize_timetable({"classpath": classpath, "data": bad_cron}, registry)
