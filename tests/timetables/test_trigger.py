@@ -243,3 +243,15 @@ def test_multiple_cron_interval_and_shared_points() -> None:
                            catchup=True)) == [
         "2026-01-31T00:00+00:00", "2026-02-01T00:00+00:00", "2026-02-02T00:00+00:00"]
     assert overlapping.summary == "0 0 * * *, 0 0 1 * *"
+
+
+def test_multiple_cron_across_both_dst_changes() -> None:
+    timetable = MultipleCronTriggerTimetable("10 1 * * *", "40 2 * * *", timezone=AMS)
+    spring = runs(timetable, 4, now=LONG_AFTER, earliest=at(2026, 3, 28, 2, tz=AMS),
+                  catchup=True, tz=AMS)
+    assert run_afters(spring) == ["2026-03-28T02:40+01:00", "2026-03-29T01:10+01:00",
+                                  "2026-03-29T03:00+02:00", "2026-03-30T01:10+02:00"]
+    autumn = runs(timetable, 4, now=LONG_AFTER, earliest=at(2026, 10, 25, tz=AMS),
+                  catchup=True, tz=AMS)
+    assert run_afters(autumn) == ["2026-10-25T01:10+02:00", "2026-10-25T02:40+02:00",
+                                  "2026-10-26T01:10+01:00", "2026-10-26T02:40+01:00"]
