@@ -44,15 +44,25 @@ For logic a dict cannot express, subclass and override :meth:`matches`
 
 The subclass keeps the shared-stream key, so it shares the consumer with
 plain ``KafkaSharedStreamTrigger`` watchers of the same stream.
+
+With ``conn_id="kafka_default"`` the broker settings not given inline come
+from that Airflow-style connection (see :mod:`sharedstream.connections`),
+read in the triggerer when the producer is built: its extra is the
+librdkafka configuration Airflow's Kafka connection holds
+(``bootstrap.servers``, ``group.id``, ``security.protocol``, ``sasl.*``,
+``ssl.*``...), mapped by :func:`kafka_settings_from_connection`.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
 
 from sharedstream.brokerkit.codecs import AS_HELD, JSON, MSGPACK, UTF8, PayloadFormat
 from sharedstream.brokerkit.trigger import BrokerTrigger
+from sharedstream.connection_settings import ConnectionReader, resolve_inline
+from sharedstream.connections import Connection
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.kafka import (
     KafkaConfigError,
@@ -62,15 +72,125 @@ from sharedstream.producers.kafka import (
     security_fingerprint,
 )
 
-__all__ = ["PAYLOAD_FORMATS", "KafkaSharedStreamTrigger", "normalize_bootstrap"]
+__all__ = ["PAYLOAD_FORMATS", "KafkaSharedStreamTrigger", "kafka_settings_from_connection",
+           "normalize_bootstrap"]
 
 PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
     "bytes": AS_HELD, "utf-8": UTF8, "json": JSON, "msgpack": MSGPACK}
 """``payload_format`` -> how a record's value is decoded (``bytes``: as is)."""
 
 
-def normalize_bootstrap(bootstrap_servers: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+_KAFKA_SECURITY = {  # librdkafka name -> aiokafka security setting
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "sasl.kerberos.service.name": "sasl_kerberos_service_name",
+}
+_KAFKA_CONSUMER = {  # librdkafka name -> AIOKafkaConsumer keyword (integers)
+    "session.timeout.ms": "session_timeout_ms",
+    "heartbeat.interval.ms": "heartbeat_interval_ms",
+    "max.poll.interval.ms": "max_poll_interval_ms",
+    "fetch.max.bytes": "fetch_max_bytes",
+    "max.partition.fetch.bytes": "max_partition_fetch_bytes",
+}
+_KAFKA_SSL = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+              "ssl.key.password", "ssl.endpoint.identification.algorithm")
+_OFFSET_RESET = {"earliest": "earliest", "smallest": "earliest", "beginning": "earliest",
+                 "latest": "latest", "largest": "latest", "end": "latest", "error": "none"}
+_KAFKA_SUPPORTED = ("bootstrap.servers", "group.id", "client.id", "enable.auto.commit",
+                    "auto.offset.reset", "isolation.level", *_KAFKA_SECURITY, *_KAFKA_CONSUMER,
+                    *_KAFKA_SSL)
+
+
+def kafka_settings_from_connection(conn: Connection) -> dict[str, Any]:
+    """The Kafka trigger settings an Airflow ``kafka`` connection gives (``docs/connections.md``).
+
+    The extra is librdkafka configuration, as in Airflow's Kafka provider:
+    ``bootstrap.servers`` (else the connection's ``host[:port]``),
+    ``group.id``, ``client.id``, ``security.protocol``, ``sasl.mechanism(s)``,
+    ``sasl.username``/``sasl.password`` (PLAIN or SCRAM),
+    ``sasl.kerberos.service.name``, ``ssl.ca.location``,
+    ``ssl.certificate.location``/``ssl.key.location``/``ssl.key.password``
+    and ``ssl.endpoint.identification.algorithm`` (an SSL context is built
+    from them here), ``auto.offset.reset``, ``isolation.level`` and a few
+    timeouts. ``enable.auto.commit=true`` is passed on so the settings refuse
+    it as lossy. Anything else (login, password, another key) raises
+    :class:`~sharedstream.connections.InvalidConnection` naming it.
+    """
+    read = ConnectionReader(conn, broker="the Kafka trigger", conn_types=("kafka",))
+    host, port = read.field("host"), read.field("port")
+    servers = read.text("bootstrap.servers") or (
+        None if host is None else host if port is None else f"{host}:{port}")
+    found: dict[str, Any] = {"bootstrap_servers": servers, "group_id": read.text("group.id"),
+                             "client_id": read.text("client.id")}
+    security: dict[str, Any] = {}
+    for name, setting in _KAFKA_SECURITY.items():
+        value = read.text(name)
+        if value is not None:
+            security[setting] = value
+    context = _ssl_context(read, {name: read.text(name) for name in _KAFKA_SSL})
+    if context is not None:
+        security["ssl_context"] = context
+    found["security"] = security
+    found["consumer_overrides"] = _consumer_overrides(read)
+    read.refuse(("login", "password"), "give extra sasl.username and sasl.password")
+    read.finish(_KAFKA_SUPPORTED)
+    return found
+
+
+def _consumer_overrides(read: ConnectionReader) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for name, setting in _KAFKA_CONSUMER.items():
+        number = read.integer(name)
+        if number is not None:
+            overrides[setting] = number
+    auto_commit = read.flag("enable.auto.commit")
+    if auto_commit is not None:  # True is refused by KafkaSettings.validate, as inline
+        overrides["enable_auto_commit"] = auto_commit
+    reset = read.text("auto.offset.reset")
+    if reset is not None:
+        if reset.lower() not in _OFFSET_RESET:
+            raise read.error(f"auto.offset.reset must be one of {', '.join(_OFFSET_RESET)}",
+                             key="auto.offset.reset")
+        overrides["auto_offset_reset"] = _OFFSET_RESET[reset.lower()]
+    isolation = read.text("isolation.level")
+    if isolation is not None:
+        overrides["isolation_level"] = isolation
+    return overrides
+
+
+def _ssl_context(read: ConnectionReader, given: Mapping[str, str | None]) -> ssl.SSLContext | None:
+    """The SSL context librdkafka's ``ssl.*`` settings describe, or ``None`` if none is set."""
+    if all(value is None for value in given.values()):
+        return None
+    algorithm = given["ssl.endpoint.identification.algorithm"]
+    if algorithm not in (None, "https", "none"):
+        raise read.error("ssl.endpoint.identification.algorithm must be https or none",
+                         key="ssl.endpoint.identification.algorithm")
+    certificate, key = given["ssl.certificate.location"], given["ssl.key.location"]
+    if key is not None and certificate is None:
+        raise read.error("ssl.key.location needs ssl.certificate.location",
+                         key="ssl.key.location")
+    try:
+        context = ssl.create_default_context(cafile=given["ssl.ca.location"])
+        if certificate is not None:
+            context.load_cert_chain(certificate, key, given["ssl.key.password"])
+    except (OSError, ssl.SSLError) as exc:  # a missing or unreadable file: say which, not why
+        raise read.error(f"cannot load its ssl.* files: {type(exc).__name__}: "
+                         f"{getattr(exc, 'strerror', None) or 'unreadable'}") from None
+    if algorithm == "none":
+        context.check_hostname = False
+    return context
+
+
+def normalize_bootstrap(
+    bootstrap_servers: str | list[str] | tuple[str, ...] | None,
+) -> tuple[str, ...]:
     """``"b:9092,a:9092"`` and ``["a:9092", "b:9092"]`` name the same cluster."""
+    if bootstrap_servers is None:
+        return ()
     if isinstance(bootstrap_servers, str):
         parts = bootstrap_servers.split(",")
     else:
@@ -81,10 +201,16 @@ def normalize_bootstrap(bootstrap_servers: str | list[str] | tuple[str, ...]) ->
 class KafkaSharedStreamTrigger(BrokerTrigger):
     """Fire for each record of ``topics`` whose decoded value matches ``match``.
 
-    :param bootstrap_servers: ``"host:port,..."`` or a list.
+    :param bootstrap_servers: ``"host:port,..."`` or a list (required unless
+        the connection gives it).
     :param topics: topics consumed by the shared consumer.
     :param group_id: the Kafka consumer group; offsets are committed for it.
-        Give each distinct stream (each distinct key) its own group id.
+        Give each distinct stream (each distinct key) its own group id
+        (required unless the connection gives it).
+    :param conn_id: an Airflow-style ``kafka`` connection supplying the
+        settings not given inline (bootstrap servers, group, security...),
+        resolved in the triggerer when the consumer is built; only the id is
+        stored and put in the shared-stream key.
     :param client_id: the consumer's client id (optional).
     :param security: aiokafka security settings passed through
         (``security_protocol``, ``sasl_mechanism``, ``sasl_plain_username``, ...).
@@ -113,9 +239,9 @@ class KafkaSharedStreamTrigger(BrokerTrigger):
     def __init__(
         self,
         *,
-        bootstrap_servers: str | list[str],
+        bootstrap_servers: str | list[str] | None = None,
         topics: list[str],
-        group_id: str,
+        group_id: str | None = None,
         client_id: str | None = None,
         security: dict[str, Any] | None = None,
         payload_format: str = "bytes",
@@ -123,8 +249,10 @@ class KafkaSharedStreamTrigger(BrokerTrigger):
         max_redeliveries: int = 5,
         match: dict[str, Any] | None = None,
         consumer_overrides: dict[str, Any] | None = None,
+        conn_id: str | None = None,
     ) -> None:
         super().__init__(payload_format=payload_format, match=match)
+        self.conn_id = conn_id
         self.bootstrap_servers = bootstrap_servers
         self.topics = list(topics)
         self.group_id = group_id
@@ -133,8 +261,13 @@ class KafkaSharedStreamTrigger(BrokerTrigger):
         self.dead_letter_topic = dead_letter_topic
         self.max_redeliveries = max_redeliveries
         self.consumer_overrides = dict(consumer_overrides or {})
-        # Refuse lossy or inconsistent settings where the trigger is declared.
-        self.settings()
+        # Refuse lossy or inconsistent settings where the trigger is declared; with a
+        # connection, what it will give is checked when the consumer is built.
+        if conn_id is None:
+            self.settings()
+        else:
+            self._settings_from({**self.consumer_kwargs(), "bootstrap_servers": "-",
+                                 "group_id": self.group_id or "-"}).validate()
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """The consumer's constructor kwargs (all but ``payload_format`` and ``match``)."""
@@ -147,20 +280,17 @@ class KafkaSharedStreamTrigger(BrokerTrigger):
             "dead_letter_topic": self.dead_letter_topic,
             "max_redeliveries": self.max_redeliveries,
             "consumer_overrides": self.consumer_overrides,
-        }
+        } | ({} if self.conn_id is None else {"conn_id": self.conn_id})
 
     def settings(self) -> KafkaSettings:
-        """The shared consumer's settings (validated)."""
-        settings = KafkaSettings(
-            bootstrap_servers=self.bootstrap_servers,
-            topics=tuple(self.topics),
-            group_id=self.group_id,
-            client_id=self.client_id,
-            security=self.security,
-            dead_letter_topic=self.dead_letter_topic,
-            max_redeliveries=self.max_redeliveries,
-            consumer_overrides=self.consumer_overrides,
-        )
+        """The shared consumer's settings (validated), the connection's included if any.
+
+        With a ``conn_id`` this reads the connection (in the triggerer, when
+        the consumer is built; raises ``ConnectionNotFound`` if it is missing).
+        """
+        settings = self._settings_from(
+            resolve_inline(self.consumer_kwargs(), kafka_settings_from_connection,
+                           mappings=("security", "consumer_overrides")))
         settings.validate()
         return settings
 
@@ -172,7 +302,7 @@ class KafkaSharedStreamTrigger(BrokerTrigger):
         consumer. Security settings enter as a digest, so secrets never reach
         logs or metrics that print the key.
         """
-        return (
+        key = (
             "kafka",
             normalize_bootstrap(self.bootstrap_servers),
             tuple(sorted(set(self.topics))),
@@ -183,14 +313,28 @@ class KafkaSharedStreamTrigger(BrokerTrigger):
             self.max_redeliveries,
             security_fingerprint(self.consumer_overrides),
         )
+        # The connection by id (never resolved here): one connection, one consumer.
+        return key if self.conn_id is None else (*key, ("conn_id", self.conn_id))
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        """The group's producer, from the first subscriber's kwargs (no connection yet)."""
-        return KafkaSharedStreamProducer(cls._settings_from(kwargs))
+        """The group's producer, from the first subscriber's kwargs (no connection yet).
+
+        A ``conn_id`` among them is resolved now, in the triggerer: the
+        connection gives the settings not given inline. ``ConnectionNotFound``
+        or ``InvalidConnection`` (broker configuration errors) if it cannot.
+        """
+        resolved = resolve_inline(kwargs, kafka_settings_from_connection,
+                                  mappings=("security", "consumer_overrides"))
+        return KafkaSharedStreamProducer(cls._settings_from(resolved))
 
     @staticmethod
     def _settings_from(kwargs: Mapping[str, Any]) -> KafkaSettings:
+        for name in ("bootstrap_servers", "group_id"):
+            if kwargs.get(name) is None:
+                where = (f"nor by connection {kwargs['conn_id']!r}" if kwargs.get("conn_id")
+                         else "and no conn_id names a connection giving it")
+                raise KafkaConfigError(f"{name} is required: not given inline {where}")
         try:
             return KafkaSettings(
                 bootstrap_servers=kwargs["bootstrap_servers"],

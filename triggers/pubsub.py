@@ -20,6 +20,11 @@ Decoding, matching, the prefilter, the filter and vouching for payloads come
 from :class:`~sharedstream.brokerkit.trigger.BrokerTrigger`; this module says
 where a Pub/Sub message keeps its body and attributes, what an event's
 payload is, and which settings make the shared stream.
+
+With ``conn_id="google_cloud_default"`` the project (and an emulator host)
+not given inline come from that Airflow-style ``google_cloud_platform``
+connection (see :mod:`sharedstream.connections`), read in the triggerer
+when the producer is built: :func:`pubsub_settings_from_connection` maps it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import Any, ClassVar
 from sharedstream.brokerkit.codecs import AS_HELD, JSON, MSGPACK, UTF8, PayloadFormat
 from sharedstream.brokerkit.fingerprints import fingerprint
 from sharedstream.brokerkit.trigger import BrokerTrigger
+from sharedstream.connection_settings import ConnectionReader, resolve_inline
+from sharedstream.connections import Connection
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.pubsub import (
     PubSubConfigError,
@@ -38,7 +45,37 @@ from sharedstream.producers.pubsub import (
     PubSubSharedStreamProducer,
 )
 
-__all__ = ["PAYLOAD_FORMATS", "PubSubSharedStreamTrigger"]
+__all__ = ["PAYLOAD_FORMATS", "PubSubSharedStreamTrigger", "pubsub_settings_from_connection"]
+
+_GCP = "extra__google_cloud_platform__"  # the prefix of Airflow's older extra names
+_GCP_CREDENTIALS = ("key_path", "keyfile_dict", "key_secret_name", "key_secret_project_id",
+                    "credential_config_file", "impersonation_chain", "is_anonymous",
+                    "idp_issuer_url", "idp_extra_parameters")
+
+
+def pubsub_settings_from_connection(conn: Connection) -> dict[str, Any]:
+    """The Pub/Sub trigger settings an Airflow ``google_cloud_platform`` connection gives.
+
+    Extra ``project`` (or Airflow's older ``extra__google_cloud_platform__project``)
+    and ``emulator_host`` (a sharedstream addition). ``num_retries`` is
+    ignored (the trigger has its own retries) and an empty ``scope`` too.
+    Key files, key dicts and impersonation are refused: the trigger
+    authenticates with Application Default Credentials
+    (``GOOGLE_APPLICATION_CREDENTIALS``); see ``docs/connections.md``.
+    """
+    read = ConnectionReader(conn, broker="the Pub/Sub trigger",
+                            conn_types=("google_cloud_platform",))
+    read.refuse([*_GCP_CREDENTIALS, *(_GCP + name for name in _GCP_CREDENTIALS)],
+                "it uses Application Default Credentials (set GOOGLE_APPLICATION_CREDENTIALS)")
+    read.take("num_retries", _GCP + "num_retries")
+    scope = read.take("scope", _GCP + "scope")
+    if scope:
+        raise read.error("scope is not supported by the Pub/Sub trigger: it uses the "
+                         "default scopes of Application Default Credentials", key="scope")
+    found = {"project": read.text("project", _GCP + "project"),
+             "emulator_host": read.text("emulator_host")}
+    read.finish(("project", "emulator_host", "num_retries", "scope"))
+    return found
 
 _CONSUMER_SETTINGS = ("dead_letter_topic", "max_redeliveries", "max_in_flight",
                       "max_in_flight_bytes", "ack_deadline", "max_lease_duration",
@@ -52,7 +89,11 @@ PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
 class PubSubSharedStreamTrigger(BrokerTrigger):
     """Fire for each message of ``subscription`` whose decoded data matches ``match``.
 
-    :param project: the Google Cloud project of the subscription and topic ids.
+    :param project: the Google Cloud project of the subscription and topic ids
+        (required unless the connection gives it).
+    :param conn_id: an Airflow-style ``google_cloud_platform`` connection
+        giving the project (and ``emulator_host``) when not given inline,
+        read in the triggerer when the stream is built; only the id is stored.
     :param subscription: a subscription id of ``project``, or a full
         ``projects/<p>/subscriptions/<s>`` path (both name the same one).
     :param dead_letter_topic: a topic id or path for rejected and poison
@@ -85,7 +126,7 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
     def __init__(
         self,
         *,
-        project: str,
+        project: str | None = None,
         subscription: str,
         dead_letter_topic: str | None = None,
         max_redeliveries: int = 5,
@@ -96,8 +137,10 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
         emulator_host: str | None = None,
         payload_format: str = "bytes",
         match: dict[str, Any] | None = None,
+        conn_id: str | None = None,
     ) -> None:
         super().__init__(payload_format=payload_format, match=match)
+        self.conn_id = conn_id
         self.project = project
         self.subscription = subscription
         self.dead_letter_topic = dead_letter_topic
@@ -107,23 +150,36 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
         self.ack_deadline = ack_deadline
         self.max_lease_duration = max_lease_duration
         self.emulator_host = emulator_host
-        self.settings()  # refuse unusable settings where the trigger is declared
+        # Refuse unusable settings where the trigger is declared; a project left to the
+        # connection is checked when the stream is built.
+        declared = self.consumer_kwargs()
+        if conn_id is not None and project is None:
+            declared["project"] = "-"
+        self._settings_from(declared)
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """The stream's constructor kwargs (all but ``payload_format`` and ``match``)."""
         kwargs: dict[str, Any] = {"project": self.project, "subscription": self.subscription}
         kwargs.update({name: getattr(self, name) for name in _CONSUMER_SETTINGS})
+        if self.conn_id is not None:
+            kwargs["conn_id"] = self.conn_id
         return kwargs
 
     def settings(self) -> PubSubSettings:
-        """The shared stream's settings (validated)."""
-        return self._settings_from(self.consumer_kwargs())
+        """The shared stream's settings (validated), the connection's included if any.
+
+        With a ``conn_id`` this reads the connection (raises
+        ``ConnectionNotFound`` if it is missing): call it in the triggerer.
+        """
+        return self._settings_from(
+            resolve_inline(self.consumer_kwargs(), pubsub_settings_from_connection))
 
     @staticmethod
     def _settings_from(kwargs: Mapping[str, Any]) -> PubSubSettings:
         for name in ("project", "subscription"):
-            if name not in kwargs:
-                raise PubSubConfigError(f"missing Pub/Sub trigger setting {name!r}")
+            if kwargs.get(name) is None:
+                via = f" (nor by connection {kwargs['conn_id']!r})" if kwargs.get("conn_id") else ""
+                raise PubSubConfigError(f"missing Pub/Sub trigger setting {name!r}{via}")
         defaults = PubSubSettings(project=kwargs["project"], subscription=kwargs["subscription"])
         settings = PubSubSettings(
             project=kwargs["project"], subscription=kwargs["subscription"],
@@ -139,6 +195,10 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
         Triggers of one subscription whose consumer settings differ get
         different keys, and the second stream is refused when it opens.
         """
+        if self.conn_id is not None:  # by id: the connection is never read here
+            consumer = {name: getattr(self, name) for name in _CONSUMER_SETTINGS}
+            return ("pubsub", self.emulator_host, self.project, self.subscription,
+                    fingerprint(consumer), ("conn_id", self.conn_id))
         settings = self.settings()
         consumer = {name: getattr(settings, name) for name in _CONSUMER_SETTINGS}
         consumer["dead_letter_topic"] = settings.dead_letter_path
@@ -146,8 +206,14 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        """The group's producer, from the first subscriber's kwargs (no connection yet)."""
-        return PubSubSharedStreamProducer(cls._settings_from(kwargs))
+        """The group's producer, from the first subscriber's kwargs (no connection yet).
+
+        A ``conn_id`` among them is resolved now, in the triggerer (see
+        :func:`pubsub_settings_from_connection`); ``ConnectionNotFound`` or
+        ``InvalidConnection`` (broker configuration errors) if it cannot be.
+        """
+        return PubSubSharedStreamProducer(cls._settings_from(
+            resolve_inline(kwargs, pubsub_settings_from_connection)))
 
     # -- what a message holds --------------------------------------------------------------
 

@@ -20,6 +20,13 @@ Decoding, matching, the prefilter, the filter and vouching for payloads come
 from :class:`~sharedstream.brokerkit.trigger.BrokerTrigger`; this module says
 where a Service Bus message keeps its body and properties, what an event's
 payload is, and which settings make the shared receiver.
+
+With ``conn_id="azure_service_bus_default"`` where to connect comes from that
+Airflow-style ``azure_service_bus`` connection (see
+:mod:`sharedstream.connections`) when the trigger gives none of
+``connection_string``, ``namespace`` and ``credential``; it is read in the
+triggerer when the producer is built: :func:`servicebus_settings_from_connection`
+maps it.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
 
 from sharedstream.brokerkit.codecs import AS_HELD, JSON, MSGPACK, UTF8, PayloadFormat
-from sharedstream.brokerkit.fingerprints import fingerprint
+from sharedstream.brokerkit.fingerprints import fingerprint, secret_digest
 from sharedstream.brokerkit.trigger import BrokerTrigger
+from sharedstream.connection_settings import ConnectionReader, resolve_inline
+from sharedstream.connections import Connection
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.servicebus import (
     ServiceBusMessage,
@@ -37,7 +46,8 @@ from sharedstream.producers.servicebus import (
     ServiceBusSharedStreamProducer,
 )
 
-__all__ = ["PAYLOAD_FORMATS", "ServiceBusSharedStreamTrigger"]
+__all__ = ["PAYLOAD_FORMATS", "ServiceBusSharedStreamTrigger",
+           "servicebus_settings_from_connection"]
 
 _CONNECTION = ("connection_string", "namespace", "credential")
 _ENTITY = ("queue", "topic", "subscription")
@@ -48,6 +58,36 @@ _CONSUMER_SETTINGS = ("sessions", "max_sessions", "max_messages", "max_wait_time
 PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
     "bytes": AS_HELD, "utf-8": UTF8, "json": JSON, "msgpack": MSGPACK}
 """``payload_format`` -> how a message body is decoded (``bytes``: as is)."""
+
+_PLACEHOLDER_NAMESPACE = "connection.servicebus.windows.net"  # checks before a connection is read
+_SAS_KEYS = ("shared_access_key_name", "shared_access_key")
+
+
+def servicebus_settings_from_connection(conn: Connection) -> dict[str, Any]:
+    """Where to connect, from an Airflow ``azure_service_bus`` connection (``docs/connections.md``).
+
+    As in Airflow's Azure provider: the connection string is the ``schema``
+    field (the form's "Connection String"; extra ``connection_string`` is
+    read too), else extra ``fully_qualified_namespace`` with azure-identity's
+    ``DefaultAzureCredential``. sharedstream adds extra
+    ``shared_access_key_name`` + ``shared_access_key``, or ``sas_token``, as
+    the namespace's credential. ``managed_identity_client_id`` and
+    ``workload_identity_tenant_id`` are refused: set ``AZURE_CLIENT_ID`` /
+    ``AZURE_TENANT_ID`` for ``DefaultAzureCredential`` instead.
+    """
+    read = ConnectionReader(conn, broker="the Service Bus trigger",
+                            conn_types=("azure_service_bus",))
+    read.refuse(("managed_identity_client_id", "workload_identity_tenant_id"),
+                "set AZURE_CLIENT_ID / AZURE_TENANT_ID for DefaultAzureCredential instead")
+    found: dict[str, Any] = {
+        "connection_string": read.field("schema") or read.text("connection_string"),
+        "namespace": read.text("fully_qualified_namespace")}
+    keys = {name: read.text(name) for name in (*_SAS_KEYS, "sas_token")}
+    credential = {name: value for name, value in keys.items() if value is not None}
+    if credential:
+        found["credential"] = credential
+    read.finish(("connection_string", "fully_qualified_namespace", "sas_token", *_SAS_KEYS))
+    return found
 
 
 class ServiceBusSharedStreamTrigger(BrokerTrigger):
@@ -78,6 +118,10 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
     :param payload_format: ``bytes`` (as is), ``utf-8``, ``json`` or ``msgpack``.
     :param match: ``{"properties": {name: value}, "json": {"a.b": value}}``
         (application properties; every given condition must hold).
+    :param conn_id: an Airflow-style ``azure_service_bus`` connection saying
+        where to connect when none of ``connection_string``, ``namespace``
+        and ``credential`` is given; read in the triggerer when the receiver
+        is built, only the id is stored.
 
     The payload of each event is a dict: ``value`` (decoded body),
     ``message_id``, ``sequence_number``, ``properties``, ``session_id``,
@@ -108,8 +152,10 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         settle_concurrency: int = 32,
         payload_format: str = "bytes",
         match: dict[str, Any] | None = None,
+        conn_id: str | None = None,
     ) -> None:
         super().__init__(payload_format=payload_format, match=match)
+        self.conn_id = conn_id
         self.connection_string = connection_string
         self.namespace, self.credential = namespace, credential
         self.queue, self.topic, self.subscription = queue, topic, subscription
@@ -122,16 +168,31 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         self.max_lock_renewal = max_lock_renewal
         self.max_redeliveries = max_redeliveries
         self.settle_concurrency = settle_concurrency
-        self.settings()  # refuse unusable settings where the trigger is declared
+        # Refuse unusable settings where the trigger is declared; where to connect, when
+        # left to the connection, is checked when the receiver is built.
+        declared = self.consumer_kwargs()
+        if conn_id is not None and not self._connects_inline():
+            declared["namespace"] = _PLACEHOLDER_NAMESPACE
+        self._settings_from(declared)
+
+    def _connects_inline(self) -> bool:
+        return any(getattr(self, name) is not None for name in _CONNECTION)
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """The receiver's constructor kwargs (all but ``payload_format`` and ``match``)."""
         names = (*_CONNECTION, *_ENTITY, *_CONSUMER_SETTINGS)
-        return {name: getattr(self, name) for name in names}
+        kwargs = {name: getattr(self, name) for name in names}
+        if self.conn_id is not None:
+            kwargs["conn_id"] = self.conn_id
+        return kwargs
 
     def settings(self) -> ServiceBusSettings:
-        """The shared receiver's settings (validated)."""
-        return self._settings_from(self.consumer_kwargs())
+        """The shared receiver's settings (validated), the connection's included if any.
+
+        With a ``conn_id`` this reads the connection (raises
+        ``ConnectionNotFound`` if it is missing): call it in the triggerer.
+        """
+        return self._settings_from(_resolved(self.consumer_kwargs()))
 
     @staticmethod
     def _settings_from(kwargs: Mapping[str, Any]) -> ServiceBusSettings:
@@ -150,6 +211,12 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         whose consumer settings differ get different keys, and the second
         receiver is refused when it opens.
         """
+        if self.conn_id is not None:  # by id: the connection is never read here
+            consumer = {name: getattr(self, name) for name in _CONSUMER_SETTINGS}
+            inline = secret_digest({name: getattr(self, name) for name in _CONNECTION})
+            entity = tuple(getattr(self, name) for name in _ENTITY)
+            return ("servicebus", *entity, inline, fingerprint(consumer),
+                    ("conn_id", self.conn_id))
         settings = self.settings()
         consumer = {name: getattr(settings, name) for name in _CONSUMER_SETTINGS}
         return ("servicebus", *settings.identity(), settings.connection_digest(),
@@ -157,8 +224,13 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        """The group's producer, from the first subscriber's kwargs (no connection yet)."""
-        return ServiceBusSharedStreamProducer(cls._settings_from(kwargs))
+        """The group's producer, from the first subscriber's kwargs (no connection yet).
+
+        A ``conn_id`` among them is resolved now, in the triggerer (see
+        :func:`servicebus_settings_from_connection`); ``ConnectionNotFound``
+        or ``InvalidConnection`` (broker configuration errors) if it cannot be.
+        """
+        return ServiceBusSharedStreamProducer(cls._settings_from(_resolved(kwargs)))
 
     # -- what a message holds --------------------------------------------------------------
 
@@ -192,3 +264,17 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
             "subject": message.subject,
             "content_type": message.content_type,
         }
+
+
+def _resolved(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` completed by their connection, if they name one.
+
+    Where to connect is all or nothing: the connection gives it only when
+    the trigger gives none of ``connection_string``, ``namespace`` and
+    ``credential`` (the connection is still read, so a missing one is an
+    error either way).
+    """
+    resolved = resolve_inline(kwargs, servicebus_settings_from_connection)
+    if any(kwargs.get(name) is not None for name in _CONNECTION):
+        resolved.update({name: kwargs.get(name) for name in _CONNECTION})
+    return resolved
