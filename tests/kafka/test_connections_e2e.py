@@ -1,0 +1,66 @@
+"""A real triggerer whose Kafka watchers get their broker from an Airflow-style connection.
+
+The connection is an ``AIRFLOW_CONN_KAFKA_E2E`` environment variable of the
+triggerer process (JSON form, librdkafka names); nothing about the broker is
+in the definitions. A watcher naming a connection nobody defined is marked
+failed with the one-line ``ConnectionNotFound`` message, and the others run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.cli import ROOT, TriggererCli
+from tests.kafka.conftest import KafkaHarness
+
+DEFS = Path(__file__).with_name("connection_defs.py")
+COUNT = 20
+
+
+async def test_watchers_run_on_a_connection_from_the_environment(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    stream = await harness.create_stream(dead_letter=False)
+    connection = {"conn_type": "kafka", "extra": {
+        "bootstrap.servers": harness.bootstrap, "group.id": stream.group,
+        "session.timeout.ms": 2000, "heartbeat.interval.ms": 400}}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CONN_TEST_TOPIC": stream.name,
+           "AIRFLOW_CONN_KAFKA_E2E": json.dumps(connection)}
+    cli = TriggererCli(tmp_path, env, DEFS)
+    cli.run("init", "--path", str(cli.config))
+    kinds = ["order" if i % 2 else "refund" for i in range(COUNT)]
+    await harness.produce(stream, [json.dumps({"id": i, "kind": k}).encode()
+                                   for i, k in enumerate(kinds)])
+    process = cli.start(0)
+    try:
+        deadline = time.monotonic() + 60
+        while await harness.committed(stream) < COUNT:
+            assert process.poll() is None, cli.log(0)
+            assert time.monotonic() < deadline, cli.log(0)
+            await asyncio.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, cli.log(0)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    events: list[dict[str, Any]] = json.loads(cli.run("events", "list", "--json"))
+    assert Counter(asset for e in events for asset in e["assets"]) == {
+        "orders": COUNT // 2, "refunds": COUNT // 2}
+    triggers = {t["watchers"][0]: t for t in json.loads(cli.run("triggers", "list", "--json"))}
+    assert triggers["orders/all"]["state"] == triggers["refunds/all"]["state"] == "active"
+    lost = triggers["lost/all"]
+    message = ("connection 'no_such_conn' not found: no environment variable "
+               "SHAREDSTREAM_CONN_NO_SUCH_CONN or AIRFLOW_CONN_NO_SUCH_CONN, and no "
+               f"[connections.no_such_conn] table in config file {cli.config}")
+    assert lost["state"] == "failed"
+    assert lost["last_error"] == f"ConnectionNotFound: {message}"
+    assert message in cli.log(0)
