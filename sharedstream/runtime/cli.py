@@ -4,6 +4,8 @@ Commands: ``init`` (configuration file with a fresh encryption key, and the
 database), ``triggerer`` (run the watchers of a definitions file), ``triggers
 list``, ``triggerers list`` (who is alive and what each runs), ``events
 list``, ``runs list``, ``deadletters list`` (``--json`` for machines),
+``dags list`` (each DAG's schedule, next and last run) and ``dags next-runs
+DAG -n N`` (its next logical dates and data intervals),
 ``db upgrade`` and ``db check`` (the schema of the metadata database),
 ``config show`` (the effective configuration, secrets masked) and
 ``connections list`` / ``connections get ID`` (the Airflow-style
@@ -206,6 +208,8 @@ def _parser() -> argparse.ArgumentParser:
                                  help="at most this many (default: 100)")
         listing.set_defaults(handler=handler)
 
+    _add_dags_commands(commands, anywhere)
+
     db = commands.add_parser("db", help="the metadata database's schema")
     db_verbs = _Commands(db.add_subparsers(title="actions", required=True, metavar="ACTION"),
                          anywhere)
@@ -218,6 +222,26 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_config_commands(commands, anywhere)
     return parser
+
+
+def _add_dags_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -> None:
+    """``dags list`` and ``dags next-runs DAG -n N``."""
+    dags = commands.add_parser("dags", help="the DAGs in the store and their schedules")
+    dag_verbs = _Commands(dags.add_subparsers(title="actions", required=True, metavar="ACTION"),
+                          anywhere)
+    listing = dag_verbs.add_parser("list", help="every DAG: schedule, next run, catchup, last run")
+    listing.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    listing.set_defaults(handler=_dags_list)
+    upcoming = dag_verbs.add_parser(
+        "next-runs", help="a DAG's next logical dates, data intervals and run-after times")
+    upcoming.add_argument("dag_id", metavar="DAG")
+    upcoming.add_argument("-n", type=_positive, default=5, metavar="N",
+                          help="how many (default: 5)")
+    upcoming.add_argument("--definitions", type=Path, metavar="FILE",
+                          help="also register FILE's timetable classes (and know its DAGs the "
+                          "store does not have yet)")
+    upcoming.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    upcoming.set_defaults(handler=_dags_next_runs)
 
 
 def _add_config_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -> None:
@@ -356,11 +380,41 @@ def _runs_list(args: argparse.Namespace, config: Config) -> int:
     with _open_store(config) as store:
         rows = store.list_runs(dag_id=args.dag, asset=args.asset, limit=args.limit)
     records = [
-        {"dag_id": r.dag_id, "run_id": r.run_id, "state": r.state, "created_at": r.created_at,
-         "assets": list(r.assets), "asset_events": list(r.asset_event_ids)}
+        {"dag_id": r.dag_id, "run_id": r.run_id, "run_type": r.run_type, "state": r.state,
+         "created_at": r.created_at, "logical_date": r.logical_date,
+         "data_interval_start": r.data_interval_start, "data_interval_end": r.data_interval_end,
+         "run_after": r.run_after, "assets": list(r.assets),
+         "asset_events": list(r.asset_event_ids)}
         for r in rows
     ]
-    return _emit(args, records, ("dag_id", "run_id", "state", "created_at", "assets"))
+    columns: tuple[str, ...] = ("dag_id", "run_id", "state", "created_at", "assets")
+    if any(r.logical_date is not None for r in rows):  # time-based runs: their dates too
+        columns = (*columns[:4], "logical_date", "data_interval_start", "data_interval_end",
+                   "assets")
+    return _emit(args, records, columns)
+
+
+def _dags_list(args: argparse.Namespace, config: Config) -> int:
+    from sharedstream.runtime import cli_dags  # noqa: PLC0415 - only these commands need it
+    from sharedstream.runtime.definitions import timetable_registry  # noqa: PLC0415
+
+    with _open_store(config) as store:
+        rows = store.list_dags()
+    registry = timetable_registry({})
+    return _emit(args, cli_dags.dag_records(rows, registry), cli_dags.DAG_COLUMNS)
+
+
+def _dags_next_runs(args: argparse.Namespace, config: Config) -> int:
+    from sharedstream.runtime import cli_dags  # noqa: PLC0415 - only these commands need it
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - user code
+
+    definitions = None if args.definitions is None else load_definitions(args.definitions)
+    with _open_store(config) as store:
+        rows = store.list_dags()
+    records, source = cli_dags.next_run_records(rows, args.dag_id, args.n, definitions)
+    if not args.json:
+        print(source)
+    return _emit(args, records, cli_dags.NEXT_RUN_COLUMNS)
 
 
 def _deadletters_list(args: argparse.Namespace, config: Config) -> int:

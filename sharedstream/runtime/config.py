@@ -57,6 +57,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "LoggingConfig",
+    "SchedulerConfig",
     "StoreConfig",
     "TriggererConfig",
     "load_config",
@@ -166,6 +167,13 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
         "kwargs_key": _OptionSpec(
             "secret",
             "SECRET. Fernet key(s) encrypting trigger kwargs at rest; comma-separated to rotate.",
+        ),
+    },
+    "scheduler": {
+        "max_catchup_runs_per_loop": _OptionSpec(
+            "int",
+            "Most time-based runs of one DAG the schedule loop queues per pass when catching "
+            "up (the rest follow in the next passes, in order).",
         ),
     },
     "logging": {
@@ -291,7 +299,7 @@ def _check_backoff(initial: _Setting, maximum: _Setting) -> None:
 
 
 def _validate_fields(
-    instance: TriggererConfig | StoreConfig | LoggingConfig, section: str
+    instance: TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig, section: str
 ) -> None:
     """Validate a directly constructed section; ints given for floats become floats."""
     for item in dataclasses.fields(instance):
@@ -372,6 +380,20 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class SchedulerConfig:
+    """The ``[scheduler]`` section: the schedule loop of time-scheduled DAGs (Airflow's section).
+
+    ``max_catchup_runs_per_loop`` bounds the runs of one DAG a pass of the
+    loop queues while catching up. Validated on construction.
+    """
+
+    max_catchup_runs_per_loop: int = 16
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "scheduler")
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     """The ``[logging]`` section: how the triggerer writes its log lines.
 
@@ -399,6 +421,7 @@ class Config:
 
     triggerer: TriggererConfig = field(default_factory=TriggererConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     source: dict[str, str] = field(default_factory=dict)
     connections: Mapping[str, Connection] = field(default_factory=dict)
@@ -671,6 +694,7 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     return Config(
         triggerer=TriggererConfig(**converted["triggerer"]),
         store=StoreConfig(**converted["store"]),
+        scheduler=SchedulerConfig(**converted["scheduler"]),
         logging=LoggingConfig(**converted["logging"]),
         source={f"{section}.{option}": source for (section, option), (_, source) in raw.items()},
         connections=connections,

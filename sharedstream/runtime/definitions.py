@@ -246,7 +246,7 @@ class Dag:
         try:
             return timetable_for(schedule, timezone=zone or "UTC")
         except SharedStreamError as exc:
-            raise DefinitionsError(f"Dag {self.dag_id!r}: {exc}") from exc
+            raise DefinitionsError(f"Dag {self.dag_id!r}: schedule {schedule!r}: {exc}") from exc
 
     def __repr__(self) -> str:
         return f"Dag({self.dag_id!r})"

@@ -219,7 +219,11 @@ class ScheduleLoop:
                 done = await self._db(self._store.queue_timed_runs, row.dag_id, row.revision,
                                       plan.runs, plan.next_run)
                 if not done.applied:
-                    wake = 0.0  # another triggerer (or a sync) moved it: plan again from the store
+                    # Another triggerer queued first (or a sync changed the schedule):
+                    # nothing was written; plan again from the store.
+                    log.debug("schedule loop: DAG %s moved on under this plan (revision %d); "
+                              "planning again", row.dag_id, row.revision)
+                    wake = 0.0
                     continue
                 if done.queued:
                     self.queued += len(done.queued)

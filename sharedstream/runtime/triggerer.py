@@ -30,6 +30,10 @@ timeout). An event whose payload cannot be stored is refused at the
 trigger: its raw event is rejected (dead-lettered by the producer) with the
 reason.
 
+Time-scheduled DAGs: the schedule loop (:mod:`sharedstream.runtime.schedule_loop`)
+queues their runs, an owned task beside the triggers; with any such DAG
+the triggerer runs until stopped, even with no trigger left.
+
 Shutdown (SIGINT/SIGTERM): close every stream's intake first (no new raw
 event is fanned out, whatever the backlog), give the watchers up to half of
 ``shutdown_timeout`` to work through what they already hold and the store
@@ -69,10 +73,10 @@ from sharedstream.runtime.assignment import Assignment
 from sharedstream.runtime.config import Config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import KwargsCipher
-from sharedstream.runtime.definitions import Definitions
+from sharedstream.runtime.definitions import Definitions, timetable_registry
 from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.registry import TriggerRegistry
-from sharedstream.runtime.schedule_loop import dag_specs
+from sharedstream.runtime.schedule_loop import ScheduleLoop, dag_specs
 from sharedstream.runtime.serde import (
     SerializationError,
     pack_event_payload,
@@ -333,8 +337,8 @@ class Triggerer:
                                               name="sharedstream-heartbeat")
                 side = [
                     tasks.create_task(self._report_progress(), name="sharedstream-progress"),
-                    tasks.create_task(self._stop_when_idle(assignment),
-                                      name="sharedstream-idle-watch"),
+                    self._run_schedules(tasks) or tasks.create_task(
+                        self._stop_when_idle(assignment), name="sharedstream-idle-watch"),
                 ]
                 await self._stop.wait()
                 await self._shutdown(assignment, heartbeat, side, gate_task)
@@ -360,6 +364,21 @@ class Triggerer:
         if self._idle and self.progress.unrunnable:
             return 1  # it could do nothing useful: a supervisor restarts it, a person looks
         return 0
+
+    def _run_schedules(self, tasks: asyncio.TaskGroup) -> asyncio.Task[None] | None:
+        """Start the schedule loop if a DAG is scheduled on time; ``None`` if none is.
+
+        With it, the triggerer never stops for want of triggers (see
+        :mod:`sharedstream.runtime.schedule_loop`; it sleeps at most
+        ``job_heartbeat_sec`` between passes).
+        """
+        if not self.definitions.timetables:
+            return None
+        loop = ScheduleLoop(
+            self.store, self._db, timetable_registry(self.definitions.timetable_classes),
+            max_runs=self.config.scheduler.max_catchup_runs_per_loop,
+            max_sleep=self.config.triggerer.job_heartbeat_sec)
+        return tasks.create_task(loop.run(), name="sharedstream-schedule-loop")
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (what the first SIGINT/SIGTERM does)."""

@@ -15,12 +15,19 @@ from typing import Any
 
 import pytest
 
-from sharedstream.runtime.config import Config, LoggingConfig, StoreConfig, TriggererConfig
+from sharedstream.runtime.config import (
+    Config,
+    LoggingConfig,
+    SchedulerConfig,
+    StoreConfig,
+    TriggererConfig,
+)
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-SECTIONS: dict[str, type[TriggererConfig | StoreConfig | LoggingConfig]] = {
+SECTIONS: dict[str, type[TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig]] = {
     "triggerer": TriggererConfig,
     "store": StoreConfig,
+    "scheduler": SchedulerConfig,
     "logging": LoggingConfig,
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,10 +41,16 @@ def write(tmp_path: Path, body: str, name: str = "defs.py") -> Path:
     return path
 
 
+def _tree(dag: Dag) -> dict[str, Any]:
+    assert dag.asset_condition is not None
+    assert dag.schedule is dag.asset_condition
+    return dag.asset_condition.to_tree()
+
+
 def test_schedules_compile_to_trees() -> None:
     a, b, c = Asset("a"), Asset("b"), Asset("c")
-    assert Dag("d", schedule=a).schedule.to_tree() == {"asset": "a"}
-    assert Dag("d", schedule=[a, b]).schedule.to_tree() == {
+    assert _tree(Dag("d", schedule=a)) == {"asset": "a"}
+    assert _tree(Dag("d", schedule=[a, b])) == {
         "all": [{"asset": "a"}, {"asset": "b"}]
     }
     assert (a | b | c).to_tree() == {"any": [{"asset": "a"}, {"asset": "b"}, {"asset": "c"}]}
