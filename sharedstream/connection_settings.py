@@ -4,11 +4,12 @@ A broker trigger given ``conn_id`` resolves it when its producer is built
 (in the triggerer, never where the definitions are loaded, so no secret
 reaches the stored kwargs) and reads the connection with a
 :class:`ConnectionReader`: each field and extra key it maps is *taken*;
-whatever is left at :meth:`~ConnectionReader.finish` is an error naming
-the key, because a setting silently ignored - a security protocol,
-a certificate, a role to assume - would connect differently from what the
-connection says. :func:`merge_inline` then lets the settings given inline
-win over the connection's.
+what is left at :meth:`~ConnectionReader.finish` is either refused, naming
+the key - a setting silently ignored (a security protocol, a certificate, a
+role to assume) would connect differently from what the connection says -
+or, for keys the broker says are harmless (tuning it has no equivalent
+for), ignored with one warning per connection. :func:`merge_inline` then
+lets the settings given inline win over the connection's.
 
 Invariants:
 
@@ -22,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -30,6 +32,10 @@ from sharedstream.connections import Connection, InvalidConnection, get_connecti
 __all__ = ["ConnectionReader", "merge_inline", "resolve_inline"]
 
 _FIELDS = ("host", "port", "login", "password", "schema")
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+log = logging.getLogger("sharedstream.connections")
+_warned: set[tuple[str, str, tuple[str, ...]]] = set()  # (conn id, source, keys) said once
 
 
 class ConnectionReader:
@@ -85,10 +91,12 @@ class ConnectionReader:
         return value
 
     def flag(self, name: str) -> bool | None:
-        """Like :meth:`take`, as a boolean (``true``/``false`` text is accepted)."""
+        """Like :meth:`take`, as a boolean (``true``/``false``, ``1``/``0``... as text too)."""
         value = self.take(name)
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            text = str(value).strip().lower()
+            if text in (*_TRUE, *_FALSE):
+                return text in _TRUE
         if value is not None and not isinstance(value, bool):
             raise self.error(f"extra {name} must be true or false", key=name)
         return value
@@ -99,13 +107,29 @@ class ConnectionReader:
             if name in self._extra or name in self._fields:
                 raise self.error(f"{name} is not supported by {self.broker}: {why}", key=name)
 
-    def finish(self, supported: Collection[str]) -> None:
-        """Refuse every field and extra key not taken; ``supported`` is listed in the message."""
+    def finish(
+        self, supported: Collection[str], *, refuse: Callable[[str], bool] = lambda _: True
+    ) -> None:
+        """Deal with every field and extra key not taken.
+
+        A field is refused. An extra key is refused when ``refuse(key)`` (by
+        default every key; the message lists ``supported``), else ignored:
+        the ignored keys are logged in one warning, once per connection and
+        process.
+        """
         for name in self._fields:
             raise self.error(f"{self.broker} does not use the connection's {name}", key=name)
-        for name in self._extra:
-            raise self.error(f"extra key {name!r} is not supported by {self.broker} (supported: "
-                            f"{', '.join(sorted(supported))})", key=name)
+        for name in sorted(self._extra):
+            if refuse(name):
+                raise self.error(f"extra key {name!r} is not supported by {self.broker} "
+                                 f"(supported: {', '.join(sorted(supported))})", key=name)
+        ignored = tuple(sorted(self._extra))
+        said = (self.conn.conn_id, self.conn.source, ignored)
+        if ignored and said not in _warned:
+            _warned.add(said)
+            log.warning("connection %r (from %s): %s has no effect on %s; ignored",
+                        self.conn.conn_id, self.conn.source or "code", ", ".join(ignored),
+                        self.broker)
 
 
 def merge_inline(

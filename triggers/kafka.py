@@ -80,72 +80,69 @@ PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
 """``payload_format`` -> how a record's value is decoded (``bytes``: as is)."""
 
 
-_KAFKA_SECURITY = {  # librdkafka name -> aiokafka security setting
-    "security.protocol": "security_protocol",
-    "sasl.mechanism": "sasl_mechanism",
-    "sasl.mechanisms": "sasl_mechanism",
-    "sasl.username": "sasl_plain_username",
-    "sasl.password": "sasl_plain_password",
-    "sasl.kerberos.service.name": "sasl_kerberos_service_name",
+_KAFKA_TUNING: Mapping[str, tuple[str, type]] = {  # librdkafka name -> aiokafka name, type
+    "session.timeout.ms": ("session_timeout_ms", int),
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", int),
+    "max.poll.interval.ms": ("max_poll_interval_ms", int),
+    "request.timeout.ms": ("request_timeout_ms", int),
+    "fetch.wait.max.ms": ("fetch_max_wait_ms", int),
+    "fetch.min.bytes": ("fetch_min_bytes", int),
+    "fetch.max.bytes": ("fetch_max_bytes", int),
+    "max.partition.fetch.bytes": ("max_partition_fetch_bytes", int),
+    "metadata.max.age.ms": ("metadata_max_age_ms", int),
+    "connections.max.idle.ms": ("connections_max_idle_ms", int),
+    "retry.backoff.ms": ("retry_backoff_ms", int),
+    "isolation.level": ("isolation_level", str),
+    "check.crcs": ("check_crcs", bool),
 }
-_KAFKA_CONSUMER = {  # librdkafka name -> AIOKafkaConsumer keyword (integers)
-    "session.timeout.ms": "session_timeout_ms",
-    "heartbeat.interval.ms": "heartbeat_interval_ms",
-    "max.poll.interval.ms": "max_poll_interval_ms",
-    "fetch.max.bytes": "fetch_max_bytes",
-    "max.partition.fetch.bytes": "max_partition_fetch_bytes",
-}
-_KAFKA_SSL = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
-              "ssl.key.password", "ssl.endpoint.identification.algorithm")
 _OFFSET_RESET = {"earliest": "earliest", "smallest": "earliest", "beginning": "earliest",
                  "latest": "latest", "largest": "latest", "end": "latest", "error": "none"}
-_KAFKA_SUPPORTED = ("bootstrap.servers", "group.id", "client.id", "enable.auto.commit",
-                    "auto.offset.reset", "isolation.level", *_KAFKA_SECURITY, *_KAFKA_CONSUMER,
-                    *_KAFKA_SSL)
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_SSL_FILES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+              "ssl.key.password")
+_SECURITY_PREFIXES = ("ssl.", "sasl.", "security.", "enable.ssl.")
+_KAFKA_KEYS = ("bootstrap.servers", "group.id", "client.id", "enable.auto.commit",
+               "auto.offset.reset", "security.protocol", "sasl.mechanism", "sasl.mechanisms",
+               "sasl.username", "sasl.password", "ssl.endpoint.identification.algorithm",
+               "enable.ssl.certificate.verification", *_SSL_FILES, *_KAFKA_TUNING)
 
 
 def kafka_settings_from_connection(conn: Connection) -> dict[str, Any]:
     """The Kafka trigger settings an Airflow ``kafka`` connection gives (``docs/connections.md``).
 
-    The extra is librdkafka configuration, as in Airflow's Kafka provider:
-    ``bootstrap.servers`` (else the connection's ``host[:port]``),
-    ``group.id``, ``client.id``, ``security.protocol``, ``sasl.mechanism(s)``,
-    ``sasl.username``/``sasl.password`` (PLAIN or SCRAM),
-    ``sasl.kerberos.service.name``, ``ssl.ca.location``,
-    ``ssl.certificate.location``/``ssl.key.location``/``ssl.key.password``
-    and ``ssl.endpoint.identification.algorithm`` (an SSL context is built
-    from them here), ``auto.offset.reset``, ``isolation.level`` and a few
-    timeouts. ``enable.auto.commit=true`` is passed on so the settings refuse
-    it as lossy. Anything else (login, password, another key) raises
-    :class:`~sharedstream.connections.InvalidConnection` naming it.
+    The extra is the confluent-kafka (librdkafka) configuration Airflow's
+    Kafka provider keeps there: ``bootstrap.servers``, ``group.id`` and
+    ``client.id`` (each may be given inline instead), ``security.protocol``,
+    ``sasl.mechanism(s)`` (PLAIN or SCRAM) with ``sasl.username`` and
+    ``sasl.password``, the ``ssl.*`` files, ``auto.offset.reset`` and the
+    consumer tuning keys aiokafka has (``session.timeout.ms``...).
+    ``enable.auto.commit=true`` is passed on, so the settings refuse it as
+    lossy. Any other security key (``ssl.*``, ``sasl.*``, ``security.*``),
+    and the login, password, host, port or schema, raise
+    :class:`~sharedstream.connections.InvalidConnection` naming it; any
+    other key is ignored, with one warning.
     """
     read = ConnectionReader(conn, broker="the Kafka trigger", conn_types=("kafka",))
-    host, port = read.field("host"), read.field("port")
-    servers = read.text("bootstrap.servers") or (
-        None if host is None else host if port is None else f"{host}:{port}")
-    found: dict[str, Any] = {"bootstrap_servers": servers, "group_id": read.text("group.id"),
-                             "client_id": read.text("client.id")}
-    security: dict[str, Any] = {}
-    for name, setting in _KAFKA_SECURITY.items():
-        value = read.text(name)
-        if value is not None:
-            security[setting] = value
-    context = _ssl_context(read, {name: read.text(name) for name in _KAFKA_SSL})
-    if context is not None:
-        security["ssl_context"] = context
-    found["security"] = security
-    found["consumer_overrides"] = _consumer_overrides(read)
     read.refuse(("login", "password"), "give extra sasl.username and sasl.password")
-    read.finish(_KAFKA_SUPPORTED)
+    read.refuse(("host", "port"), "give extra bootstrap.servers, as Airflow's Kafka connection "
+                                  "does")
+    found: dict[str, Any] = {"bootstrap_servers": read.text("bootstrap.servers"),
+                             "group_id": read.text("group.id"),
+                             "client_id": read.text("client.id"),
+                             "security": _kafka_security(read),
+                             "consumer_overrides": _consumer_overrides(read)}
+    read.finish(_KAFKA_KEYS, refuse=lambda key: key.startswith(_SECURITY_PREFIXES))
     return found
 
 
 def _consumer_overrides(read: ConnectionReader) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
-    for name, setting in _KAFKA_CONSUMER.items():
-        number = read.integer(name)
-        if number is not None:
-            overrides[setting] = number
+    for name, (setting, kind) in _KAFKA_TUNING.items():
+        value = read.integer(name) if kind is int else (
+            read.flag(name) if kind is bool else read.text(name))
+        if value is not None:
+            overrides[setting] = value
     auto_commit = read.flag("enable.auto.commit")
     if auto_commit is not None:  # True is refused by KafkaSettings.validate, as inline
         overrides["enable_auto_commit"] = auto_commit
@@ -155,33 +152,73 @@ def _consumer_overrides(read: ConnectionReader) -> dict[str, Any]:
             raise read.error(f"auto.offset.reset must be one of {', '.join(_OFFSET_RESET)}",
                              key="auto.offset.reset")
         overrides["auto_offset_reset"] = _OFFSET_RESET[reset.lower()]
-    isolation = read.text("isolation.level")
-    if isolation is not None:
-        overrides["isolation_level"] = isolation
     return overrides
 
 
-def _ssl_context(read: ConnectionReader, given: Mapping[str, str | None]) -> ssl.SSLContext | None:
-    """The SSL context librdkafka's ``ssl.*`` settings describe, or ``None`` if none is set."""
-    if all(value is None for value in given.values()):
-        return None
-    algorithm = given["ssl.endpoint.identification.algorithm"]
-    if algorithm not in (None, "https", "none"):
+def _kafka_security(read: ConnectionReader) -> dict[str, Any]:
+    """The aiokafka security settings: the protocol, SASL, an SSL context (none: nothing set)."""
+    protocol = read.text("security.protocol")
+    mechanism = read.text("sasl.mechanism", "sasl.mechanisms")
+    username, password = read.text("sasl.username"), read.text("sasl.password")
+    files = {name: read.text(name) for name in _SSL_FILES}
+    algorithm = read.text("ssl.endpoint.identification.algorithm")
+    verify = read.flag("enable.ssl.certificate.verification")
+    if protocol is None:
+        if mechanism or username or password or algorithm or verify is not None or any(
+                files.values()):
+            raise read.error("sasl.* or ssl.* settings without security.protocol",
+                             key="security.protocol")
+        return {}
+    protocol = protocol.upper()
+    if protocol not in _PROTOCOLS:
+        raise read.error(f"security.protocol must be one of {', '.join(_PROTOCOLS)}",
+                         key="security.protocol")
+    security: dict[str, Any] = {"security_protocol": protocol}
+    if protocol.startswith("SASL_"):
+        mechanism = (mechanism or "PLAIN").upper()
+        if mechanism not in _MECHANISMS:
+            raise read.error(f"sasl.mechanism {mechanism} is not supported (aiokafka, without "
+                             f"a token callback or Kerberos set-up): use {', '.join(_MECHANISMS)}",
+                             key="sasl.mechanism")
+        if username is None or password is None:
+            raise read.error(f"{protocol} with {mechanism} needs sasl.username and sasl.password",
+                             key="sasl.username")
+        security.update(sasl_mechanism=mechanism, sasl_plain_username=username,
+                        sasl_plain_password=password)
+    elif mechanism or username or password:
+        raise read.error(f"sasl.* settings with security.protocol {protocol}: use SASL_PLAINTEXT "
+                         "or SASL_SSL", key="security.protocol")
+    if protocol.endswith("SSL"):
+        security["ssl_context"] = _ssl_context(read, files, algorithm, verify)
+    elif algorithm or verify is not None or any(files.values()):
+        raise read.error(f"ssl.* settings with security.protocol {protocol}: use SSL or SASL_SSL",
+                         key="security.protocol")
+    return security
+
+
+def _ssl_context(
+    read: ConnectionReader, files: Mapping[str, str | None], algorithm: str | None,
+    verify: bool | None,
+) -> ssl.SSLContext:
+    """The SSL context librdkafka's ``ssl.*`` settings describe (standard library only)."""
+    if (algorithm or "https").lower() not in ("https", "none"):
         raise read.error("ssl.endpoint.identification.algorithm must be https or none",
                          key="ssl.endpoint.identification.algorithm")
-    certificate, key = given["ssl.certificate.location"], given["ssl.key.location"]
+    certificate, key = files["ssl.certificate.location"], files["ssl.key.location"]
     if key is not None and certificate is None:
         raise read.error("ssl.key.location needs ssl.certificate.location",
                          key="ssl.key.location")
     try:
-        context = ssl.create_default_context(cafile=given["ssl.ca.location"])
+        context = ssl.create_default_context(cafile=files["ssl.ca.location"])
         if certificate is not None:
-            context.load_cert_chain(certificate, key, given["ssl.key.password"])
-    except (OSError, ssl.SSLError) as exc:  # a missing or unreadable file: say which, not why
-        raise read.error(f"cannot load its ssl.* files: {type(exc).__name__}: "
-                         f"{getattr(exc, 'strerror', None) or 'unreadable'}") from None
-    if algorithm == "none":
-        context.check_hostname = False
+            context.load_cert_chain(certificate, key, files["ssl.key.password"])
+    except (OSError, ssl.SSLError) as exc:  # which file and why, never a password
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "unreadable"
+        raise read.error(f"cannot load its ssl.* files: {reason}") from None
+    verify_peer = True if verify is None else verify
+    context.check_hostname = verify_peer and (algorithm or "https").lower() == "https"
+    if not verify_peer:
+        context.verify_mode = ssl.CERT_NONE
     return context
 
 

@@ -62,8 +62,10 @@ DEFAULT_REGION = "us-east-1"
 """The region when neither the trigger nor its connection names one."""
 
 _CREDENTIAL_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
-_ASSUMED_ROLES = ("role_arn", "assume_role_method", "assume_role_kwargs", "external_id",
-                  "profile_name", "session_kwargs", "aws_account_id", "aws_iam_role")
+_IDENTITY = ("role_arn", "assume_role_method", "assume_role_kwargs",
+             "assume_role_with_web_identity_federation",
+             "assume_role_with_web_identity_token_file", "profile_name", "session_kwargs",
+             "aws_iam_role", "external_id")  # they choose who the client is: refused
 _AWS_SUPPORTED = ("region_name", "endpoint_url", "service_config", "verify", "config_kwargs",
                   "botocore_config", *_CREDENTIAL_KEYS)
 
@@ -77,10 +79,11 @@ def sqs_settings_from_connection(conn: Connection) -> dict[str, Any]:
     ``region_name``, ``endpoint_url`` (or ``service_config.sqs.endpoint_url``),
     ``verify`` and ``config_kwargs`` / ``botocore_config`` (botocore
     ``Config`` options). Assuming a role or naming a profile is refused:
-    the trigger uses the keys given, or botocore's default chain.
+    the trigger uses the keys given, or botocore's default chain. Other
+    extras are ignored, with one warning.
     """
     read = ConnectionReader(conn, broker="the SQS trigger", conn_types=("aws",))
-    read.refuse(_ASSUMED_ROLES, "give keys, or none for botocore's default chain")
+    read.refuse(_IDENTITY, "give keys, or none for botocore's default chain")
     read.refuse(("host",), "give extra endpoint_url")
     in_extra = {name: read.text(name) for name in _CREDENTIAL_KEYS}  # Airflow's older place
     given = {"aws_access_key_id": read.field("login"),
@@ -103,7 +106,7 @@ def sqs_settings_from_connection(conn: Connection) -> dict[str, Any]:
             raise read.error("extra config_kwargs must be an object of botocore Config options",
                              key="config_kwargs")
         found["client_config"] = client_config
-    read.finish(_AWS_SUPPORTED)
+    read.finish(_AWS_SUPPORTED, refuse=lambda _: False)
     return found
 
 _CONSUMER_SETTINGS = ("region_name", "endpoint_url", "wait_time_seconds", "max_messages",

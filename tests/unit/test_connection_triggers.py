@@ -69,9 +69,16 @@ def test_kafka_connection_maps_librdkafka_names() -> None:
                                "auto_offset_reset": "earliest"}}
 
 
-def test_kafka_host_and_port_stand_in_for_bootstrap_servers() -> None:
-    found = kafka_settings_from_connection(parse_connection_uri("k", "kafka://broker:9093"))
-    assert found["bootstrap_servers"] == "broker:9093"
+def test_kafka_tuning_without_an_equivalent_is_ignored_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    conn = kafka_conn(**{"statistics.interval.ms": 0, "linger.ms": 5, "check.crcs": "1"})
+    for _ in range(2):
+        found = kafka_settings_from_connection(conn)
+    assert found["consumer_overrides"] == {"check_crcs": True}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "sharedstream.connections"]
+    assert warnings == ["connection 'kafka_main' (from test): linger.ms, statistics.interval.ms "
+                        "has no effect on the Kafka trigger; ignored"]
 
 
 def test_kafka_ssl_settings_become_an_ssl_context(tmp_path: Path) -> None:
@@ -80,8 +87,11 @@ def test_kafka_ssl_settings_become_an_ssl_context(tmp_path: Path) -> None:
     context = found["security"]["ssl_context"]
     assert isinstance(context, ssl.SSLContext)
     assert context.check_hostname is False
+    assert found["security"]["security_protocol"] == "SSL"
     with pytest.raises(InvalidConnection, match=r"cannot load its ssl\.\* files") as caught:
-        kafka_settings_from_connection(kafka_conn(**{"ssl.ca.location": str(tmp_path / "no")}))
+        kafka_settings_from_connection(kafka_conn(**{
+            "security.protocol": "SASL_SSL", "sasl.username": "u", "sasl.password": "p",
+            "ssl.ca.location": str(tmp_path / "no")}))
     assert str(tmp_path) not in str(caught.value)
 
 
@@ -90,6 +100,16 @@ def test_kafka_ssl_settings_become_an_ssl_context(tmp_path: Path) -> None:
     [
         (kafka_conn(**{"sasl.oauthbearer.config": "x"}),
          "extra key 'sasl.oauthbearer.config' is not supported by the Kafka trigger"),
+        (kafka_conn(**{"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}),
+         "sasl.mechanism GSSAPI is not supported"),
+        (kafka_conn(**{"security.protocol": "SASL_PLAINTEXT", "sasl.password": "secret-pw"}),
+         "SASL_PLAINTEXT with PLAIN needs sasl.username and sasl.password"),
+        (kafka_conn(**{"sasl.password": "secret-pw"}), "without security.protocol"),
+        (kafka_conn(**{"security.protocol": "SSL", "sasl.username": "u"}),
+         "sasl.* settings with security.protocol SSL"),
+        (kafka_conn(**{"security.protocol": "TLS"}), "security.protocol must be one of"),
+        (parse_connection_uri("k", "kafka://broker:9093"),
+         "host is not supported by the Kafka trigger: give extra bootstrap.servers"),
         (Connection("k", "kafka", None, None, "u", "secret-pw"),
          "login is not supported by the Kafka trigger: give extra sasl.username"),
         (Connection("k", "kafka", schema="s"), "the Kafka trigger does not use the connection's "
@@ -193,13 +213,20 @@ def test_aws_connection_maps_keys_region_and_endpoint() -> None:
         (Connection("a", "aws", extra={"profile_name": "dev"}), "profile_name is not supported"),
         (Connection("a", "aws", host="h"), "host is not supported by the SQS trigger: give extra "
                                            "endpoint_url"),
-        (Connection("a", "aws", extra={"regoin_name": "x"}), "extra key 'regoin_name'"),
         (Connection("a", "kafka"), "its conn_type is 'kafka'"),
     ],
 )
 def test_aws_refuses_what_it_cannot_honour(conn: Connection, words: str) -> None:
     with pytest.raises(InvalidConnection, match=words):
         sqs_settings_from_connection(conn)
+
+
+def test_aws_extras_without_effect_are_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    found = sqs_settings_from_connection(Connection("a", "aws", extra={"regoin_name": "x"}))
+    assert found["region_name"] is None
+    assert "regoin_name has no effect on the SQS trigger; ignored" in caplog.text
 
 
 def test_sqs_region_from_the_connection_and_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
