@@ -58,7 +58,8 @@ def pubsub_settings_from_connection(conn: Connection) -> dict[str, Any]:
 
     Extra ``project`` (or Airflow's older ``extra__google_cloud_platform__project``)
     and ``emulator_host`` (a sharedstream addition). ``num_retries`` is
-    ignored (the trigger has its own retries) and an empty ``scope`` too.
+    ignored (the trigger has its own retries), an empty ``scope`` too, and
+    any other extra with one warning.
     Key files, key dicts and impersonation are refused: the trigger
     authenticates with Application Default Credentials
     (``GOOGLE_APPLICATION_CREDENTIALS``); see ``docs/connections.md``.
@@ -74,7 +75,7 @@ def pubsub_settings_from_connection(conn: Connection) -> dict[str, Any]:
                          "default scopes of Application Default Credentials", key="scope")
     found = {"project": read.text("project", _GCP + "project"),
              "emulator_host": read.text("emulator_host")}
-    read.finish(("project", "emulator_host", "num_retries", "scope"))
+    read.finish(("project", "emulator_host", "num_retries", "scope"), refuse=lambda _: False)
     return found
 
 _CONSUMER_SETTINGS = ("dead_letter_topic", "max_redeliveries", "max_in_flight",

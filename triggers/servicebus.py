@@ -73,7 +73,8 @@ def servicebus_settings_from_connection(conn: Connection) -> dict[str, Any]:
     ``shared_access_key_name`` + ``shared_access_key``, or ``sas_token``, as
     the namespace's credential. ``managed_identity_client_id`` and
     ``workload_identity_tenant_id`` are refused: set ``AZURE_CLIENT_ID`` /
-    ``AZURE_TENANT_ID`` for ``DefaultAzureCredential`` instead.
+    ``AZURE_TENANT_ID`` for ``DefaultAzureCredential`` instead. Other
+    extras are ignored, with one warning.
     """
     read = ConnectionReader(conn, broker="the Service Bus trigger",
                             conn_types=("azure_service_bus",))
@@ -86,7 +87,8 @@ def servicebus_settings_from_connection(conn: Connection) -> dict[str, Any]:
     credential = {name: value for name, value in keys.items() if value is not None}
     if credential:
         found["credential"] = credential
-    read.finish(("connection_string", "fully_qualified_namespace", "sas_token", *_SAS_KEYS))
+    read.finish(("connection_string", "fully_qualified_namespace", "sas_token", *_SAS_KEYS),
+                refuse=lambda _: False)
     return found
 
 
