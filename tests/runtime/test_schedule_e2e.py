@@ -52,3 +52,47 @@ def test_scheduled_runs_survive_a_sigkill_without_duplicates_or_gaps(
         dates[-1] + timedelta(seconds=n) for n in (1, 2, 3)]
     table = d.cli("dags", "next-runs", "tick", "-n", "2").stdout
     assert table.startswith("next runs of tick (0:00:01), from the store's bookkeeping\n")
+
+
+HYBRID = """
+import os
+from datetime import datetime, timedelta
+
+from sharedstream.definitions import Dag
+from sharedstream.timetables.assets import AssetOrTimeSchedule
+from sharedstream.timetables.trigger import DeltaTriggerTimetable
+from tests.runtime.filelog_defs import orders
+
+Dag("hybrid", schedule=AssetOrTimeSchedule(
+        timetable=DeltaTriggerTimetable(timedelta(seconds=1)), assets=orders),
+    start_date=datetime.fromisoformat(os.environ["SCHEDULE_START"]), catchup=True)
+"""
+
+
+def test_an_asset_or_time_dag_runs_on_both_each_once(deployment: Deployment) -> None:
+    d = deployment
+    start = (datetime.now(UTC) - timedelta(seconds=2)).replace(microsecond=0)
+    d.env["SCHEDULE_START"] = start.isoformat()
+    defs = d.dir / "hybrid_defs.py"
+    defs.write_text(HYBRID)
+    proc = d.start(defs)
+
+    def hybrid() -> list[dict[str, str]]:
+        return list(reversed(d.json("runs", "list", "--dag", "hybrid", "--limit", "1000")))
+
+    wait_for(lambda: len(hybrid()) >= 3, what="3 scheduled runs of hybrid")
+    d.append({"kind": "order", "amount": 50}, {"kind": "refund", "amount": 5})
+    wait_for(lambda: d.committed() == 1, what="both messages committed")
+    wait_for(lambda: datetime.fromisoformat(
+        next(r for r in reversed(hybrid()) if r["run_type"] == "scheduled")["logical_date"])
+        > datetime.now(UTC) - timedelta(seconds=1), what="the time side going on")
+    assert d.stop(proc) == 0
+    runs = hybrid()
+    by_asset = [r for r in runs if r["run_type"] == "asset_triggered"]
+    assert [r["assets"] for r in by_asset] == [["orders"]]  # the order, once; not the refund
+    assert by_asset[0]["logical_date"] is None
+    timed = [datetime.fromisoformat(r["logical_date"]) for r in runs
+             if r["run_type"] == "scheduled"]
+    assert timed == [start + timedelta(seconds=n) for n in range(len(timed))]
+    [listed] = [dag for dag in d.json("dags", "list") if dag["dag_id"] == "hybrid"]
+    assert listed["schedule"] == "Asset or 0:00:01"
