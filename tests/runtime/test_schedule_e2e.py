@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from tests.runtime.conftest import Deployment, wait_for
 
@@ -77,7 +78,7 @@ def test_an_asset_or_time_dag_runs_on_both_each_once(deployment: Deployment) -> 
     defs.write_text(HYBRID)
     proc = d.start(defs)
 
-    def hybrid() -> list[dict[str, str]]:
+    def hybrid() -> list[dict[str, Any]]:
         return list(reversed(d.json("runs", "list", "--dag", "hybrid", "--limit", "1000")))
 
     wait_for(lambda: len(hybrid()) >= 3, what="3 scheduled runs of hybrid")
