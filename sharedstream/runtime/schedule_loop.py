@@ -193,14 +193,22 @@ class ScheduleLoop:
         self._errors: dict[str, str] = {}  # dag id -> the error last logged for it
 
     async def run(self) -> None:
-        """Pass, sleep, pass ... until cancelled. A failed pass is logged and retried later."""
+        """Pass, sleep, pass ... until cancelled. A failed pass is logged and retried later.
+
+        A failed pass never stops the triggerer: what it wrote is whole
+        transactions (a failed one wrote nothing), and the next pass decides
+        again from the store.
+        """
         while True:
             try:
                 wait = await self.run_once()
             except StoreError as exc:
-                # The store is unreachable or failing: nothing was queued by the failed
-                # write (one transaction); the next pass decides again from the store.
+                # The store is unreachable or failing (said in one line).
                 log.warning("schedule loop: %s; retrying in %.0fs", exc, self.max_sleep)
+                wait = self.max_sleep
+            except Exception:
+                # Anything else is a bug here; the watchers keep running meanwhile.
+                log.exception("schedule loop: a pass failed; retrying in %.0fs", self.max_sleep)
                 wait = self.max_sleep
             await self._sleep(wait)
 

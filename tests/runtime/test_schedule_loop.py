@@ -15,7 +15,7 @@ import pytest
 
 from sharedstream.runtime.definitions import Asset, Dag, Definitions, timetable_registry
 from sharedstream.runtime.schedule_loop import ScheduleLoop, dag_specs
-from sharedstream.store import PendingEvent, SqliteStore, TriggerSpec, WatcherSpec
+from sharedstream.store import PendingEvent, SqliteStore, StoreError, TriggerSpec, WatcherSpec
 from sharedstream.timetables.assets import AssetOrTimeSchedule
 from sharedstream.timetables.base import (
     DagRunInfo,
@@ -249,3 +249,35 @@ def test_asset_or_time_runs_once_per_trigger_whichever_fires(world: World) -> No
     assert world.runs() == [rid(0), rid(1), "asset_triggered__000000000001", rid(2)]
     kinds = [r.run_type for r in reversed(world.store.list_runs(dag_id="d"))]
     assert kinds == ["scheduled", "scheduled", "asset_triggered", "scheduled"]
+
+
+def test_run_survives_a_failing_pass_and_sleeps_until_the_next_run(
+        world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    world.define(Dag("d", schedule="0 * * * *", start_date=at(0), catchup=True))
+    world.clock.now = at(1.5)
+    real = world.store.list_dags
+    calls = []
+
+    def flaky() -> list[Any]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreError("database is locked")
+        return real()
+
+    monkeypatch.setattr(world.store, "list_dags", flaky)
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 3:
+            raise asyncio.CancelledError  # the triggerer stopping
+
+    loop = ScheduleLoop(world.store, direct, timetable_registry({}), clock=world.clock,
+                        sleep=sleep, max_sleep=DAY)
+    with caplog.at_level(logging.WARNING, "sharedstream.runtime"), pytest.raises(
+            asyncio.CancelledError):
+        asyncio.run(loop.run())
+    assert waits == [DAY, 30 * 60, 30 * 60]
+    assert world.runs() == [rid(0), rid(1)]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"schedule loop: database is locked; retrying in {DAY:.0f}s"]
