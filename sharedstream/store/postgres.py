@@ -11,8 +11,11 @@ Isolation: ``READ COMMITTED`` (PostgreSQL's default), with the constraints
 and row locks that :mod:`sharedstream.store._postgres_events` lists making
 concurrent writers from several processes safe: a unique idempotency key is
 stored once cluster-wide, a DAG's queue is changed under a lock on its
-``dags`` row, so no run is created twice. ``sync_definitions`` first updates
-the ``definitions_generation`` row, which every writer share-locks, so
+``dags`` row, so no run is created twice; a time-scheduled DAG's
+bookkeeping is compared and set under the same row lock
+(``queue_timed_runs``), so of several triggerers deciding the same runs one
+queues them. ``sync_definitions`` first updates the
+``definitions_generation`` row, which every writer share-locks, so
 definitions never change under a batch.
 
 Schema: the same tables and versions as the SQLite store
