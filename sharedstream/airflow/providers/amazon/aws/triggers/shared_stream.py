@@ -28,9 +28,10 @@ Differences from the provider are listed in ``docs/airflow.md``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Hashable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable
+from typing import Any, cast
 
 from sharedstream.airflow._said_once import SaidOnce
 from sharedstream.airflow.providers.amazon.aws._aws_connection import client_settings
@@ -112,8 +113,11 @@ class SqsSharedStreamProducer(_ours.SqsSharedStreamProducer):
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The parent's stream, each message handed on as its body (as the provider does)."""
-        async for message, payload in super().open_stream():
-            yield message.body, payload
+        # Closing this generator closes the parent's at once, not when it is collected.
+        parent = cast("AsyncGenerator[tuple[Any, Any], None]", super().open_stream())
+        async with contextlib.aclosing(parent) as stream:
+            async for message, payload in stream:
+                yield message.body, payload
 
 
 class SqsSharedStreamTrigger(BaseEventTrigger):

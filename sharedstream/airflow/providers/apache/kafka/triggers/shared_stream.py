@@ -31,9 +31,10 @@ Differences from the provider are listed in ``docs/airflow.md``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Hashable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
+from typing import Any, cast
 
 from sharedstream.airflow._said_once import SaidOnce
 from sharedstream.airflow.providers.apache.kafka._confluent_config import consumer_config
@@ -115,8 +116,11 @@ class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
         """The parent's stream, each record handed on as its raw value (as the provider does)."""
-        async for message, payload in super().open_stream():
-            yield message.value, payload
+        # Closing this generator closes the parent's at once, not when it is collected.
+        parent = cast("AsyncGenerator[tuple[Any, Any], None]", super().open_stream())
+        async with contextlib.aclosing(parent) as stream:
+            async for message, payload in stream:
+                yield message.value, payload
 
 
 class KafkaSharedStreamTrigger(BaseEventTrigger):
