@@ -34,6 +34,7 @@ PAGES = (
     "postgresql.md",
     "airflow.md",
     "schedules.md",
+    "connections.md",
 )
 """The pages whose examples this suite owns."""
 
