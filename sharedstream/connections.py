@@ -49,6 +49,7 @@ Invariants:
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import os
 import re
@@ -248,9 +249,7 @@ class Connection:
             protocol, _, rest = self.host.rpartition("://")
             if protocol:
                 uri += f"{protocol}://"
-            host = quote(rest, safe="")
-            if ":" in rest:
-                host = f"[{rest}]"  # an IPv6 address
+            host = f"[{rest}]" if _is_ipv6(rest) else quote(rest, safe="")
         if self.port is not None:
             host = (host or ("" if authority else "@")) + f":{self.port}"
         uri += host
@@ -259,6 +258,14 @@ class Connection:
         if self.extra:
             uri += ("?" if self.schema else "/?") + _extra_query(self.extra_dejson)
         return uri
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _decode_query_value(text: str) -> Any:
@@ -316,7 +323,10 @@ def parse_connection_uri(conn_id: str, uri: str, *, source: str = "") -> Connect
         if "://" in rest or "@" in protocol or ":" in protocol or "/" in protocol:
             raise InvalidConnection(conn_id, source, "more than one protocol in the URI; "
                                     "expected conn-type://[protocol://]host")
-    parts = urlsplit("//" + rest)
+    try:
+        parts = urlsplit("//" + rest)
+    except ValueError:  # a bracketed host that is no IPv6 address
+        raise InvalidConnection(conn_id, source, "the host is not valid", key="host") from None
     try:
         port = parts.port
     except ValueError:

@@ -7,11 +7,14 @@ starts with ``{``), not computed by the code under test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharedstream.connections import (
     MASK,
@@ -145,6 +148,37 @@ def test_a_malformed_uri_never_echoes_its_password() -> None:
 )
 def test_get_uri_parses_back_to_the_same_connection(conn: Connection) -> None:
     assert parse_connection_uri(conn.conn_id, conn.get_uri()) == conn
+
+
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=12)
+_SCALAR = st.one_of(_TEXT, st.integers(-5, 10**6), st.booleans(), st.none(),
+                    st.floats(allow_nan=False, allow_infinity=False))
+_EXTRA = st.dictionaries(_TEXT, st.recursive(
+    _SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=5), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(conn_type=st.one_of(st.none(), st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)),
+       host=st.one_of(st.none(), _TEXT.map(str.lower).filter(lambda h: h == h.lower())),
+       port=st.one_of(st.none(), st.integers(0, 65535)),
+       login=st.one_of(st.none(), _TEXT), password=st.one_of(st.none(), _TEXT),
+       schema=st.one_of(st.none(), _TEXT), extra=_EXTRA)
+def test_any_connection_round_trips_through_its_uri(
+    *, conn_type: str | None, host: str | None, port: int | None, login: str | None,
+    password: str | None, schema: str | None, extra: dict[str, Any],
+) -> None:
+    conn = Connection("any", conn_type, host, port, login, password, schema, extra)
+    assert parse_connection_uri("any", conn.get_uri()) == conn
+
+
+@settings(max_examples=300, deadline=None)
+@given(head=st.sampled_from(["kafka://", "aws://", "", "a://b://", "//", "{"]),
+       tail=st.text(max_size=40))
+def test_any_malformed_value_is_invalid_connection_and_nothing_else(head: str, tail: str) -> None:
+    for parse in (parse_connection_uri, parse_connection_json):
+        with contextlib.suppress(InvalidConnection):  # anything else fails the test
+            parse("any", head + tail)
 
 
 def test_get_uri_uses_plain_query_parameters_when_they_read_back() -> None:
