@@ -320,9 +320,10 @@ def parse_connection_uri(conn_id: str, uri: str, *, source: str = "") -> Connect
     protocol = None
     if "://" in rest:
         protocol, _, rest = rest.partition("://")
-        if "://" in rest or "@" in protocol or ":" in protocol or "/" in protocol:
-            raise InvalidConnection(conn_id, source, "more than one protocol in the URI; "
-                                    "expected conn-type://[protocol://]host")
+        if "://" in rest or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", protocol):
+            raise InvalidConnection(conn_id, source, "'://' appears again after the conn type: "
+                                    "only conn-type://protocol://host is read so; percent-encode "
+                                    "a URL elsewhere in the URI (':' is %3A, '/' is %2F)")
     try:
         parts = urlsplit("//" + rest)
     except ValueError:  # a bracketed host that is no IPv6 address

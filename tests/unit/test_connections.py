@@ -111,7 +111,8 @@ def test_host_with_its_own_protocol() -> None:
         ("kafka://h:70000", "the port is not a number"),
         ("kafka://h/?__extra__=%5B1%5D", "__extra__ parameter must be a JSON object"),
         ("kafka://h/?__extra__=%7Bnope", "__extra__ parameter is not valid JSON"),
-        ("a://b://c://d", "more than one protocol"),
+        ("a://b://c://d", "'://' appears again after the conn type"),
+        ("aws://?endpoint_url=http://localhost:5000", "percent-encode a URL elsewhere"),
     ],
 )
 def test_malformed_uris_name_the_conn_and_the_source(uri: str, problem: str) -> None:
