@@ -318,12 +318,12 @@ def parse_connection_uri(conn_id: str, uri: str, *, source: str = "") -> Connect
         raise InvalidConnection(conn_id, source, "expected a URI conn-type://login:password@"
                                 "host:port/schema?extra=... or a JSON object")
     protocol = None
-    if "://" in rest:
-        protocol, _, rest = rest.partition("://")
-        if "://" in rest or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", protocol):
-            raise InvalidConnection(conn_id, source, "'://' appears again after the conn type: "
-                                    "only conn-type://protocol://host is read so; percent-encode "
-                                    "a URL elsewhere in the URI (':' is %3A, '/' is %2F)")
+    head, again, tail = rest.partition("://")
+    if again and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", head):  # type://https://host...
+        protocol, rest = head, tail
+        if "://" in re.split(r"[?#]", rest, maxsplit=1)[0]:
+            raise InvalidConnection(conn_id, source, "more than one protocol before the host; "
+                                    "expected conn-type://[protocol://]host")
     try:
         parts = urlsplit("//" + rest)
     except ValueError:  # a bracketed host that is no IPv6 address

@@ -103,6 +103,12 @@ def test_host_with_its_own_protocol() -> None:
     assert (conn.host, conn.port, conn.schema) == ("https://example.com", 8443, "path")
 
 
+def test_an_unencoded_url_in_the_query_is_read_as_airflow_reads_it() -> None:
+    conn = parse_connection_uri("a", "aws://?endpoint_url=http://localhost:5000&region_name=x")
+    assert conn.host is None
+    assert conn.extra_dejson == {"endpoint_url": "http://localhost:5000", "region_name": "x"}
+
+
 @pytest.mark.parametrize(
     ("uri", "problem"),
     [
@@ -111,8 +117,7 @@ def test_host_with_its_own_protocol() -> None:
         ("kafka://h:70000", "the port is not a number"),
         ("kafka://h/?__extra__=%5B1%5D", "__extra__ parameter must be a JSON object"),
         ("kafka://h/?__extra__=%7Bnope", "__extra__ parameter is not valid JSON"),
-        ("a://b://c://d", "'://' appears again after the conn type"),
-        ("aws://?endpoint_url=http://localhost:5000", "percent-encode a URL elsewhere"),
+        ("a://b://c://d", "more than one protocol before the host"),
     ],
 )
 def test_malformed_uris_name_the_conn_and_the_source(uri: str, problem: str) -> None:
