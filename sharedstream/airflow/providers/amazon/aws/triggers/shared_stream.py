@@ -29,11 +29,9 @@ Differences from the provider are listed in ``docs/airflow.md``.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable
 from typing import Any, cast
 
-from sharedstream.airflow._said_once import SaidOnce
 from sharedstream.airflow.providers.amazon.aws._aws_connection import client_settings
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
@@ -41,8 +39,6 @@ from sharedstream.engine.trigger import BaseEventTrigger
 from sharedstream.producers import sqs as _ours
 
 __all__ = ["SqsBrokerPayload", "SqsSharedStreamProducer", "SqsSharedStreamTrigger"]
-
-log = logging.getLogger(__name__)
 
 SqsBrokerPayload = _ours.SqsPayload
 """The broker payload: ``receipt_handle`` and ``message_id`` as in the provider.
@@ -53,8 +49,6 @@ It is our producer's payload: the group id is on its ``message``
 
 STREAM_KIND = "sqs-shared-stream"
 """The first element of every shared-stream key of this trigger."""
-
-_IGNORED_SAID = SaidOnce()  # each connection's ignored extras are named once per process
 
 _PRODUCER_ARGS = ("sqs_queue", "aws_conn_id", "max_messages", "wait_time_seconds",
                   "visibility_timeout", "region_name", "verify", "botocore_config")
@@ -81,7 +75,8 @@ class SqsSharedStreamProducer(_ours.SqsSharedStreamProducer):
     :class:`~sharedstream.connections.InvalidConnection` (one line) when the
     connection is missing (except ``aws_default``: botocore's default chain)
     or unusable, which fails the stream's triggers for good and leaves other
-    streams running. Extras without effect here are named in one warning.
+    streams running. Extras without effect here are named in one warning
+    per connection.
     Everything else - the outcome policy, deletes, renewals - is the parent's.
     """
 
@@ -101,9 +96,6 @@ class SqsSharedStreamProducer(_ours.SqsSharedStreamProducer):
         client = client_settings(aws_conn_id=aws_conn_id, sqs_queue=sqs_queue,
                                  region_name=region_name, verify=verify,
                                  botocore_config=botocore_config)
-        if client.ignored and _IGNORED_SAID.first(aws_conn_id, client.ignored):
-            log.warning("AWS connection %r: %s have no effect on sharedstream's SQS client and "
-                        "are ignored", aws_conn_id, ", ".join(client.ignored))
         super().__init__(_ours.SqsSettings(
             queue=sqs_queue, region_name=client.region_name, endpoint_url=client.endpoint_url,
             credentials=client.credentials, verify=client.verify,

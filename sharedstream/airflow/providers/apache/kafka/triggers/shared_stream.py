@@ -19,9 +19,11 @@ Underneath it is :class:`sharedstream.producers.kafka.KafkaSharedStreamProducer`
 - commit floors per ``(topic, partition)``, the dead-letter topic (here
 ``dlq_topic``), the redelivery limit for poison records, the persistence
 gate - configured from the Airflow connection ``kafka_config_id``, whose
-``extra`` is a confluent-kafka config dict (see
-:mod:`sharedstream.airflow.providers.apache.kafka._confluent_config` for what
-is honoured, refused and ignored). The connection is looked up through
+``extra`` is a confluent-kafka config dict, translated as for our own
+trigger (:func:`sharedstream.triggers.kafka.kafka_settings_from_connection`
+says what is honoured, refused and ignored); here the connection must also
+name ``bootstrap.servers`` and ``group.id``, and ``enable.auto.commit`` true
+is refused as a connection error. The connection is looked up through
 :func:`sharedstream.connections.get_connection` when the producer is built
 in the triggerer, never when the definitions file is loaded: no broker
 address or secret is in the trigger's kwargs.
@@ -32,22 +34,18 @@ Differences from the provider are listed in ``docs/airflow.md``.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
 from typing import Any, cast
 
-from sharedstream.airflow._said_once import SaidOnce
-from sharedstream.airflow.providers.apache.kafka._confluent_config import consumer_config
-from sharedstream.connections import get_connection
+from sharedstream.connections import InvalidConnection, get_connection
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.engine.stream import reject_shared_stream_event
 from sharedstream.engine.trigger import BaseEventTrigger
 from sharedstream.producers import kafka as _ours
+from sharedstream.triggers.kafka import kafka_settings_from_connection
 
 __all__ = ["KafkaBrokerPayload", "KafkaSharedStreamProducer", "KafkaSharedStreamTrigger"]
-
-log = logging.getLogger(__name__)
 
 KafkaBrokerPayload = _ours.KafkaPayload
 """The broker payload: ``topic``, ``partition``, ``offset`` as in the provider.
@@ -58,8 +56,6 @@ its ``message`` (and ``epoch`` names the assignment it was read under).
 
 STREAM_KIND = "kafka-shared-stream"
 """The first element of every shared-stream key of this trigger."""
-
-_IGNORED_SAID = SaidOnce()  # each connection's ignored keys are named once per process
 
 
 def _check(topics: Sequence[str], poll_timeout: float, dlq_topic: str | None) -> list[str]:
@@ -76,6 +72,33 @@ def _check(topics: Sequence[str], poll_timeout: float, dlq_topic: str | None) ->
     return sorted(topics)
 
 
+def _consumer_settings(kafka_config_id: str) -> dict[str, Any]:
+    """The consumer settings connection ``kafka_config_id`` gives, as the provider requires them.
+
+    :func:`~sharedstream.triggers.kafka.kafka_settings_from_connection`'s
+    translation, with the provider's requirements on top: ``bootstrap.servers``
+    and ``group.id`` must be in the extra, and ``enable.auto.commit`` true is
+    an :class:`InvalidConnection` saying it "must set enable.auto.commit=false"
+    (a connection error: only this stream fails). Raises
+    :class:`~sharedstream.connections.ConnectionNotFound` for a missing one.
+    """
+    connection = get_connection(kafka_config_id)
+    found = kafka_settings_from_connection(connection)
+
+    def invalid(problem: str, key: str) -> InvalidConnection:
+        return InvalidConnection(connection.conn_id, connection.source, problem, key=key)
+
+    if found["consumer_overrides"].get("enable_auto_commit"):
+        raise invalid("enable.auto.commit=true is refused: it commits records before their "
+                      "events are stored (data loss on a crash); must set "
+                      "enable.auto.commit=false", "enable.auto.commit")
+    for setting, key in (("bootstrap_servers", "bootstrap.servers"), ("group_id", "group.id")):
+        if not found[setting]:
+            raise invalid(f"{key} is required in the connection's extra (its confluent-kafka "
+                          "config)", key)
+    return found
+
+
 class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
     """Our Kafka producer, configured from an Airflow connection, yielding raw values.
 
@@ -85,9 +108,9 @@ class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
     :class:`~sharedstream.connections.ConnectionNotFound` or
     :class:`~sharedstream.connections.InvalidConnection` (one line) when the
     connection is missing or a setting is refused, which fails the stream's
-    triggers for good and leaves other streams running. Keys
-    without effect here are named in one warning. Everything else - the
-    outcome policy, commits, dead letters - is the parent's.
+    triggers for good and leaves other streams running. Keys without
+    effect here are named in one warning per connection. Everything else -
+    the outcome policy, commits, dead letters - is the parent's.
     """
 
     def __init__(
@@ -99,18 +122,15 @@ class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
         dlq_topic: str | None = None,
     ) -> None:
         sorted_topics = _check(topics, poll_timeout, dlq_topic)
-        config = consumer_config(get_connection(kafka_config_id))
-        if config.ignored and _IGNORED_SAID.first(kafka_config_id, config.ignored):
-            log.warning("Kafka connection %r: %s have no effect on sharedstream's Kafka client "
-                        "and are ignored", kafka_config_id, ", ".join(config.ignored))
+        found = _consumer_settings(kafka_config_id)
         super().__init__(_ours.KafkaSettings(
-            bootstrap_servers=config.bootstrap_servers,
+            bootstrap_servers=found["bootstrap_servers"],
             topics=tuple(sorted_topics),
-            group_id=config.group_id,
-            client_id=config.client_id,
-            security=config.security,
+            group_id=found["group_id"],
+            client_id=found["client_id"],
+            security=found["security"],
             dead_letter_topic=dlq_topic,
-            consumer_overrides=config.overrides,
+            consumer_overrides=found["consumer_overrides"],
             poll_timeout_ms=max(1, round(poll_timeout * 1000)),
         ))
 
