@@ -172,10 +172,14 @@ def print_table(runs: list[CaseResult], targets: Targets) -> None:
 
 
 def parse_args(argv: Sequence[str] | None, description: str, *, quick_messages: int,
-               timeout: float = 300.0) -> argparse.Namespace:
+               timeout: float = 300.0,
+               more: Callable[[argparse.ArgumentParser], None] | None = None,
+               ) -> argparse.Namespace:
     """``--messages``, ``--quick`` (``quick_messages``), ``--ks``, ``--repeat``, ``--timeout``,
-    ``--output-dir``."""
+    ``--output-dir``, and whatever ``more`` adds to the parser."""
     parser = argparse.ArgumentParser(description=description)
+    if more is not None:
+        more(parser)
     parser.add_argument("--messages", type=int, default=20_000, help="per case (default 20,000)")
     parser.add_argument("--quick", action="store_true",
                         help=f"{quick_messages:,} messages; writes <name>-quick.*")

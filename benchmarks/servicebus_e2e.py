@@ -47,13 +47,26 @@ the run with the median msgs/s per case, plus the same-round ratios
 reported, never asserted. Writes ``benchmarks/results/servicebus_e2e.{json,csv,png}``
 (``servicebus_e2e-quick.*`` with ``--quick``).
 
+**Backends** (``--backend``): the kit's test server always (the default
+``auto``), then Microsoft's official Service Bus emulator in containers
+(``sharedstream.testing.brokers.servicebus_emulator_container``: the
+emulator and the SQL Server it needs, on a network of their own; Docker and
+the ``testcontainers`` package) when a Docker engine answers - when none
+does, that run is skipped with a line saying why. ``server`` or
+``emulator`` runs one of them only (the latter fails without Docker). The
+emulator's results go to ``servicebus_e2e-emulator.*``; it takes at most 50
+entities, five per round with the default K = 1, 10 (so ``--repeat`` up to
+10), refused before any container starts otherwise.
+
 Usage: ``python benchmarks/servicebus_e2e.py [--messages N] [--quick] [--ks 1,10]
-[--repeat R] [--output-dir D]``
+[--repeat R] [--backend auto|server|emulator] [--output-dir D]``
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -80,6 +93,11 @@ from _e2e import (
 from _e2e import say as _say
 from _e2e_rounds import CaseResult, Chart, parse_args, report, run_rounds
 
+from sharedstream.testing.brokers.containers import (
+    SERVICEBUS_EMULATOR_IMAGE,
+    containers_unavailable,
+    servicebus_emulator_container,
+)
 from sharedstream.testing.brokers.servicebus import start_servicebus, stop_servicebus
 
 SEND_BATCH, SEND_IN_FLIGHT = 500, 4
@@ -253,7 +271,8 @@ async def run_shared(connection_string: str, queue: str, messages: int, *, k: in
 # -- a case ---------------------------------------------------------------------------------
 
 
-async def run_case(connection_string: str, server_pid: int, kind: str, k: int, *, round_: int,
+async def run_case(connection_string: str, server_pid: int | None, kind: str, k: int, *,
+                   round_: int,
                    n: int, messages: int, workdir: Path, limit: float) -> CaseResult:
     """One case on its own entities: send, consume until N completions each, check none left."""
     label = "raw" if kind == "raw" else f"{kind} {k}"
@@ -297,39 +316,83 @@ def case_list(ks: list[int]) -> list[tuple[str, int]]:
     return cases
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv, (__doc__ or "").splitlines()[0], quick_messages=2_000,
-                      timeout=600.0)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    workdir = Path(tempfile.mkdtemp(prefix="sharedstream-servicebus-e2e-"))
-    load = {"start": list(os.getloadavg())}
-    process, connection_string = start_servicebus(
-        workdir, entities=entities_document(case_list(args.ks), args.repeat))
-    try:
-        _say(f"the Service Bus test server (pid {process.pid}); {args.messages} messages per "
-             f"case; in {workdir}")
+def _backend_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("auto", "server", "emulator"), default="auto",
+                        help="auto (default): the kit's test server, then the official "
+                        "emulator in containers when a Docker engine answers")
+
+
+def backends(choice: str) -> list[str] | str:
+    """The backends to run for ``--backend choice``, or why the one asked for cannot run."""
+    chosen = ["server"] if choice in ("auto", "server") else []
+    if choice in ("auto", "emulator"):
+        why_not = containers_unavailable()
+        if why_not is None:
+            chosen.append("emulator")
+        elif choice == "emulator":
+            return f"cannot run the Service Bus emulator backend: {why_not}"
+        else:
+            _say(f"skipping the Service Bus emulator backend: {why_not}")
+    return chosen
+
+
+def run_backend(args: argparse.Namespace, backend: str, workdir: Path) -> list[CaseResult]:
+    """Every case on ``backend`` (``server`` or ``emulator``), ``--repeat`` rounds."""
+    entities = entities_document(case_list(args.ks), args.repeat)
+    with contextlib.ExitStack() as stack:
+        if backend == "server":
+            process, connection_string = start_servicebus(workdir, entities=entities)
+            stack.callback(stop_servicebus, process)
+            server_pid: int | None = process.pid
+            _say(f"the Service Bus test server (pid {process.pid}); {args.messages} messages "
+                 f"per case; in {workdir}")
+        else:
+            connection_string = stack.enter_context(servicebus_emulator_container(entities))
+            server_pid = None  # in a container: its CPU is not ours to read
+            _say(f"the Service Bus emulator (containers); {args.messages} messages per case")
 
         async def run_one(kind: str, k: int, round_: int, n: int) -> CaseResult:
-            return await run_case(connection_string, process.pid, kind, k, round_=round_, n=n,
+            return await run_case(connection_string, server_pid, kind, k, round_=round_, n=n,
                                   messages=args.messages, workdir=workdir, limit=args.timeout)
 
-        runs = asyncio.run(run_rounds(case_list(args.ks), args.repeat, run_one))
-    finally:
-        stop_servicebus(process)
-        shutil.rmtree(workdir, ignore_errors=True)
-    load["end"] = list(os.getloadavg())
-    return report(
-        args, "servicebus_e2e", runs, targets=TARGETS, chart=Chart(
-            f"Service Bus end to end (kit's test server, {args.messages:,} JSON messages, "
-            "1 in 10 stored per watcher)", "messages/s, send -> completed", ("raw",),
-            ("raw", TARGETS["shared 10 / raw"] or 0, "80% of the raw loop (target for shared 10)")),
-        about={"broker": "sharedstream.testing.servicebus (own process)",
-               "max_messages": MAX_MESSAGES, "load_average": load,
-               "done_when": "each consumer counted N complete_message calls that returned "
-                            "(shared: the producer's completions that did not raise), then a "
-                            "peek of each entity and its dead-letter sub-queue after the "
-                            "consumers stopped saw nothing"})
+        return asyncio.run(run_rounds(case_list(args.ks), args.repeat, run_one))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv, (__doc__ or "").splitlines()[0], quick_messages=2_000,
+                      timeout=600.0, more=_backend_option)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    chosen = backends(args.backend)
+    if isinstance(chosen, str):
+        print(f"error: {chosen}", file=sys.stderr)
+        return 2
+    status = 0
+    for backend in chosen:
+        workdir = Path(tempfile.mkdtemp(prefix=f"sharedstream-servicebus-e2e-{backend}-"))
+        load = {"start": list(os.getloadavg())}
+        try:
+            runs = run_backend(args, backend, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        load["end"] = list(os.getloadavg())
+        where = ("kit's test server" if backend == "server"
+                 else "the official emulator, in containers")
+        status |= report(
+            args, "servicebus_e2e" if backend == "server" else "servicebus_e2e-emulator", runs,
+            targets=TARGETS, chart=Chart(
+                f"Service Bus end to end ({where}, {args.messages:,} JSON messages, "
+                "1 in 10 stored per watcher)", "messages/s, send -> completed", ("raw",),
+                ("raw", TARGETS["shared 10 / raw"] or 0,
+                 "80% of the raw loop (target for shared 10)")),
+            about={"broker": "sharedstream.testing.servicebus (own process)"
+                   if backend == "server" else f"{SERVICEBUS_EMULATOR_IMAGE} (containers)",
+                   "max_messages": MAX_MESSAGES, "load_average": load,
+                   "done_when": "each consumer counted N complete_message calls that returned "
+                                "(shared: the producer's completions that did not raise), then "
+                                "a peek of each entity and its dead-letter sub-queue after the "
+                                "consumers stopped saw nothing"})
+    return status
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Brokers in containers through testcontainers, when a Docker engine answers.
 
 For brokers that publish an image (Apache Kafka, LocalStack for SQS,
-Google's Pub/Sub emulator from the gcloud CLI image). The
+Google's Pub/Sub emulator from the gcloud CLI image, Microsoft's Service Bus
+emulator with the SQL Server it needs). The
 ``testcontainers`` package is optional and imported only when a container is
 asked for; without it, or without a Docker engine, the context managers
 raise :class:`NoDockerEngine` *before* starting anything, with a message
@@ -14,10 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
+import secrets
 import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from sharedstream.testing.brokers.process import (
@@ -30,17 +35,23 @@ __all__ = [
     "KAFKA_IMAGE",
     "LOCALSTACK_IMAGE",
     "PUBSUB_IMAGE",
+    "SERVICEBUS_EMULATOR_IMAGE",
+    "SQL_SERVER_IMAGE",
     "NoDockerEngine",
     "containers_unavailable",
     "docker_unavailable",
     "kafka_container",
     "localstack_container",
     "pubsub_container",
+    "servicebus_emulator_container",
 ]
 
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 LOCALSTACK_IMAGE = "localstack/localstack:3.8"
 PUBSUB_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:emulators"
+SERVICEBUS_EMULATOR_IMAGE = "mcr.microsoft.com/azure-messaging/servicebus-emulator:latest"
+SQL_SERVER_IMAGE = "mcr.microsoft.com/mssql/server:2022-latest"
+"""The emulator keeps its entities and messages in a SQL Server (or Azure SQL Edge)."""
 
 
 class NoDockerEngine(BrokerNotInstalled):
@@ -148,3 +159,86 @@ def pubsub_container(image: str = PUBSUB_IMAGE, *, project: str = "sharedstream"
         yield host
     finally:
         container.stop()
+
+
+@contextlib.contextmanager
+def servicebus_emulator_container(
+    entities: Mapping[str, Any], *, image: str = SERVICEBUS_EMULATOR_IMAGE,
+    sql_image: str = SQL_SERVER_IMAGE, timeout: float = 300.0,
+) -> Iterator[str]:
+    """Microsoft's Service Bus emulator for the ``with`` block; yields its connection string.
+
+    ``entities`` is an entities document (:mod:`sharedstream.testing.servicebus.config`),
+    turned into the emulator's ``Config.json``
+    (:func:`~sharedstream.testing.servicebus.emulator_config.emulator_config`):
+    the emulator creates entities only from that file, at start. Starts a
+    SQL Server container and the emulator on a network of their own
+    (running them accepts both images' EULAs), waits for the emulator's
+    "Successfully Up" line, then until the first entity answers a peek (it
+    finishes creating entities after that line). Raises ``ValueError`` for
+    entities the emulator cannot take and :class:`NoDockerEngine`, both
+    before starting anything. Not exercised by this repository's CI, which
+    has no Docker engine.
+    """
+    from sharedstream.testing.servicebus.emulator_config import (  # noqa: PLC0415 - test kit only
+        emulator_config,
+    )
+
+    config = emulator_config(entities)
+    why_not = containers_unavailable()
+    if why_not is not None:
+        raise NoDockerEngine(f"cannot run the Service Bus emulator: {why_not}")
+    core: Any = importlib.import_module("testcontainers.core.container")
+    networks: Any = importlib.import_module("testcontainers.core.network")
+    waiting: Any = importlib.import_module("testcontainers.core.waiting_utils")
+    password = f"Ss-{secrets.token_hex(12)}!"  # SQL Server's policy: upper, lower, digit, symbol
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sb-emulator-")))
+        (folder / "Config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+        network = stack.enter_context(networks.Network())
+        sql = (core.DockerContainer(sql_image).with_network(network)
+               .with_network_aliases("sqlserver")
+               .with_env("ACCEPT_EULA", "Y").with_env("MSSQL_SA_PASSWORD", password))
+        stack.enter_context(sql)
+        emulator = (core.DockerContainer(image).with_network(network)
+                    .with_env("ACCEPT_EULA", "Y").with_env("SQL_SERVER", "sqlserver")
+                    .with_env("MSSQL_SA_PASSWORD", password)
+                    .with_volume_mapping(str(folder / "Config.json"),
+                                         "/ServiceBus_Emulator/ConfigFiles/Config.json", "ro")
+                    .with_exposed_ports(5672))
+        stack.enter_context(emulator)
+        started = time.monotonic()
+        waiting.wait_for_logs(emulator, "Emulator Service is Successfully Up", timeout=timeout)
+        connection_string = (
+            f"Endpoint=sb://{emulator.get_container_host_ip()}:{emulator.get_exposed_port(5672)};"
+            "SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE;"
+            "UseDevelopmentEmulator=true;")
+        _wait_for_entities(connection_string, entities, started + timeout)
+        yield connection_string
+
+
+def _wait_for_entities(connection_string: str, entities: Mapping[str, Any],
+                       deadline: float) -> None:
+    """Peek the document's first queue (or subscription) until it answers, or raise."""
+    queues, topics = list(entities.get("queues", ())), list(entities.get("topics", ()))
+    if not queues and not topics:
+        return
+    sdk: Any = importlib.import_module("azure.servicebus")
+    while True:
+        try:
+            with sdk.ServiceBusClient.from_connection_string(connection_string) as client:
+                if queues:
+                    receiver = client.get_queue_receiver(queues[0]["name"], max_wait_time=1)
+                else:
+                    receiver = client.get_subscription_receiver(
+                        topics[0]["name"], topics[0]["subscriptions"][0]["name"],
+                        max_wait_time=1)
+                with receiver:
+                    receiver.peek_messages(max_message_count=1)
+        except Exception as exc:  # not ready yet, whatever the SDK raised: try again
+            if time.monotonic() > deadline:
+                raise BrokerDidNotStart(f"the Service Bus emulator's entities did not answer "
+                                        f"in time: {type(exc).__name__}: {exc}") from exc
+            time.sleep(2.0)
+        else:
+            return
