@@ -14,7 +14,13 @@ from collections import Counter
 
 from sharedstream.engine.telemetry import instruments
 
-__all__ = ["BrokerCalls"]
+__all__ = ["PROCESS_CALLS", "BrokerCalls"]
+
+PROCESS_CALLS: Counter[tuple[str, str]] = Counter()
+"""Calls made by every producer of this process, by ``(broker, operation)``.
+
+Read by the operations endpoint's ``/metrics`` at scrape time (on the loop).
+"""
 
 
 class BrokerCalls(Counter[str]):
@@ -28,4 +34,5 @@ class BrokerCalls(Counter[str]):
     def count(self, operation: str, n: int = 1) -> None:
         """``n`` more calls of ``operation``."""
         self[operation] += n
+        PROCESS_CALLS[self.broker, operation] += n
         self._instrument.add(n, {"broker": self.broker, "operation": operation})

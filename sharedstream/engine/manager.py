@@ -235,6 +235,17 @@ class SharedStreamManager:
         """
         self._router.refuse(seq, reason)
 
+    def streams(self) -> list[tuple[Hashable, StreamGroup | None, list[Hashable]]]:
+        """``(key, live group or None, durable member ids)`` for every key in use.
+
+        A key is in use while it has durable members (:meth:`join`) or a live
+        group; ``None`` means its members wait for a new group (the last poll
+        ended; their restart starts one). A fresh list, read on the event
+        loop, changing nothing: for status views and readiness checks.
+        """
+        keys = [*self._rosters, *(key for key in self._groups if key not in self._rosters)]
+        return [(key, self._groups.get(key), list(self._rosters.get(key, ()))) for key in keys]
+
     def lag(self) -> list[tuple[Hashable, Hashable, int]]:
         """``(key, trigger_id, queued)`` for every subscriber with raw events queued."""
         behind: list[tuple[Hashable, Hashable, int]] = []

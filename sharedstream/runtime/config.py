@@ -33,8 +33,10 @@ import base64
 import binascii
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +56,7 @@ __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_FILENAME",
     "ENV_PREFIX",
+    "ApiConfig",
     "Config",
     "ConfigError",
     "LoggingConfig",
@@ -103,9 +106,10 @@ class ConfigError(SharedStreamError):
 class _OptionSpec:
     """How one option is parsed, bounded and described."""
 
-    kind: Literal["int", "float", "store_url", "secret", "choice"]
+    kind: Literal["int", "float", "store_url", "secret", "choice", "bool", "host"]
     help: str
     minimum: float = 0
+    maximum: float = math.inf
     strict: bool = True  # value must be > minimum; otherwise >= minimum
     choices: tuple[str, ...] = ()  # kind "choice": the accepted words (any case)
 
@@ -184,6 +188,22 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
             choices=("text", "json"),
         ),
     },
+    "api": {
+        "enabled": _OptionSpec(
+            "bool",
+            "Serve /healthz, /readyz, /metrics and the status page over HTTP (needs the "
+            "ops extra: pip install 'sharedstream[ops]').",
+        ),
+        "host": _OptionSpec(
+            "host",
+            "Address the endpoint listens on; loopback unless you mean to expose it "
+            "(0.0.0.0: every interface).",
+        ),
+        "port": _OptionSpec(
+            "int", "TCP port of the endpoint (0: any free port, logged at start-up).",
+            strict=False, maximum=65535,
+        ),
+    },
 }
 _SECRETS = frozenset({"store.kwargs_key"})
 
@@ -223,6 +243,8 @@ def _convert_number(
 ) -> int | float:
     integral = spec.kind == "int"
     bound = f"{'>' if spec.strict else '>='} {spec.minimum:g}"
+    if spec.maximum != math.inf:
+        bound += f" and <= {spec.maximum:g}"
     expected = f"expected {'an integer' if integral else 'a number'} {bound}"
     value: object = raw
     if from_text and isinstance(raw, str):
@@ -236,6 +258,7 @@ def _convert_number(
         raise _invalid(section, option, raw, source, expected)
     number: int | float = value if integral else float(value)
     too_small = number <= spec.minimum if spec.strict else number < spec.minimum
+    too_small = too_small or number > spec.maximum  # out of range, either way
     if not math.isfinite(number):
         raise _invalid(
             section, option, raw, source, expected.replace("a number", "a finite number")
@@ -243,6 +266,39 @@ def _convert_number(
     if too_small:
         raise _invalid(section, option, raw, source, expected)
     return number
+
+
+_TRUE_WORDS = ("true", "1", "yes", "on")
+_FALSE_WORDS = ("false", "0", "no", "off")
+
+
+def _convert_bool(section: str, option: str, raw: object, source: str, *, from_text: bool) -> bool:
+    """A TOML boolean, or (environment only) one of true/false, 1/0, yes/no, on/off."""
+    if isinstance(raw, bool):
+        return raw
+    if from_text and isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in _TRUE_WORDS or word in _FALSE_WORDS:
+            return word in _TRUE_WORDS
+    expected = "expected true or false" + (" (or 1/0, yes/no, on/off)" if from_text else "")
+    raise _invalid(section, option, raw, source, expected)
+
+
+def _convert_host(section: str, option: str, raw: object, source: str) -> str:
+    """An IP address or host name to listen on: no scheme, port, path or blanks."""
+    expected = "expected an IP address or host name, such as 127.0.0.1, ::1 or 0.0.0.0"
+    if not isinstance(raw, str) or not raw or len(raw) > 253:
+        raise _invalid(section, option, raw, source, expected)
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(raw):
+            raise _invalid(section, option, raw, source, expected) from None
+    return raw
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
 
 def _convert_store_url(option: str, raw: object, source: str) -> str:
@@ -267,6 +323,10 @@ def _convert(
     spec = _SPECS[section][option]
     if spec.kind == "store_url":
         return _convert_store_url(option, raw, source)
+    if spec.kind == "bool":
+        return _convert_bool(section, option, raw, source, from_text=from_text)
+    if spec.kind == "host":
+        return _convert_host(section, option, raw, source)
     if spec.kind == "choice":
         if not isinstance(raw, str) or raw.lower() not in spec.choices:
             raise _invalid(section, option, raw, source,
@@ -299,7 +359,8 @@ def _check_backoff(initial: _Setting, maximum: _Setting) -> None:
 
 
 def _validate_fields(
-    instance: TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig, section: str
+    instance: TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig,
+    section: str,
 ) -> None:
     """Validate a directly constructed section; ints given for floats become floats."""
     for item in dataclasses.fields(instance):
@@ -409,6 +470,23 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class ApiConfig:
+    """The ``[api]`` section: the triggerer's operations endpoint (:mod:`sharedstream.runtime.api`).
+
+    Off unless ``enabled``; ``host`` defaults to loopback, so turning it on
+    exposes nothing beyond the machine until ``host`` says so; ``port`` 0
+    takes any free port. Validated on construction.
+    """
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8794
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "api")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole, validated configuration of one process.
 
@@ -423,6 +501,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
     source: dict[str, str] = field(default_factory=dict)
     connections: Mapping[str, Connection] = field(default_factory=dict)
     file: Path | None = None
@@ -482,6 +561,8 @@ def _toml_string(text: str) -> str:
 def _toml_value(value: object) -> str:
     if isinstance(value, str):
         return _toml_string(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"cannot write {value!r} as a TOML value")
     return repr(value)
@@ -696,6 +777,7 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
         store=StoreConfig(**converted["store"]),
         scheduler=SchedulerConfig(**converted["scheduler"]),
         logging=LoggingConfig(**converted["logging"]),
+        api=ApiConfig(**converted["api"]),
         source={f"{section}.{option}": source for (section, option), (_, source) in raw.items()},
         connections=connections,
         file=file,

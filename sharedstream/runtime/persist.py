@@ -98,6 +98,8 @@ class PersistGate:
         self.runs_queued = 0
         self.failed_writes = 0
         self.last_confirm_latency = 0.0
+        self.commits = 0  # batches committed, and the seconds they took in all (write latency)
+        self.commit_seconds = 0.0
 
     async def put(self, event: PendingEvent, seq: int | None) -> None:
         """Queue one event (and the seq that gates its raw event, if any).
@@ -213,6 +215,8 @@ class PersistGate:
             self._confirm(seqs)
         latency = time.perf_counter() - started
         self.last_confirm_latency = latency
+        self.commits += 1
+        self.commit_seconds += latency
         self.stored += result.stored
         self.duplicates += result.duplicates
         self.runs_queued += len(result.dag_runs)

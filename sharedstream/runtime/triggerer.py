@@ -74,6 +74,7 @@ from sharedstream.runtime.config import Config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import KwargsCipher
 from sharedstream.runtime.definitions import Definitions, timetable_registry
+from sharedstream.runtime.ops import open_endpoint
 from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.registry import TriggerRegistry
 from sharedstream.runtime.schedule_loop import ScheduleLoop, dag_specs
@@ -188,6 +189,8 @@ class Triggerer:
         self._claim_now = asyncio.Event()  # a standalone trigger ended: claim again at once
         self._round_done = asyncio.Event()  # a claim round ended (the idle watch looks)
         self._shared_ids: list[int] = []
+        self.api = open_endpoint(self)
+        """The operations endpoint (``[api] enabled``), served while :meth:`run` runs."""
 
     def _store_pressure(self, on: bool) -> None:
         """The gate is behind or the store failing: hold every stream's intake meanwhile."""
@@ -322,7 +325,11 @@ class Triggerer:
             sys.setswitchinterval(self.config.store.switch_interval_ms / 1000)
         try:
             shared = await self._register()
+            if self.api is not None:
+                await self.api.start()  # listens now: an address in use stops the start-up here
             async with asyncio.TaskGroup() as tasks:
+                ops = None if self.api is None else tasks.create_task(
+                    self.api.serve(), name="sharedstream-api")  # first: it owns the socket
                 gate_task = tasks.create_task(self.gate.run(), name="sharedstream-persist-gate")
                 self._shared = [
                     tasks.create_task(self._supervise(row), name=f"sharedstream-trigger[{row.id}]")
@@ -340,6 +347,8 @@ class Triggerer:
                     self._run_schedules(tasks) or tasks.create_task(
                         self._stop_when_idle(assignment), name="sharedstream-idle-watch"),
                 ]
+                if ops is not None:
+                    side.append(ops)  # cancelled last: the probes answer while it drains
                 await self._stop.wait()
                 await self._shutdown(assignment, heartbeat, side, gate_task)
         finally:

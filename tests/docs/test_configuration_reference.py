@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sharedstream.runtime.config import (
+    ApiConfig,
     Config,
     LoggingConfig,
     SchedulerConfig,
@@ -24,11 +25,14 @@ from sharedstream.runtime.config import (
 )
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-SECTIONS: dict[str, type[TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig]] = {
+SECTIONS: dict[
+    str, type[TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig]
+] = {
     "triggerer": TriggererConfig,
     "store": StoreConfig,
     "scheduler": SchedulerConfig,
     "logging": LoggingConfig,
+    "api": ApiConfig,
 }
 
 _ROW = re.compile(r"^\| `(?P<option>[a-z_]+)` \| [^|]+ \| (?P<default>[^|]+?) \|", re.MULTILINE)

@@ -1,0 +1,164 @@
+"""The triggerer's operations endpoint: probes, metrics and status over HTTP (``[api]``).
+
+Off unless ``[api] enabled = true``; it listens on ``[api] host`` (loopback
+by default) and ``port``. Served by aiohttp on the triggerer's own event
+loop, as one owned task (``sharedstream-api``) that the triggerer starts
+after registering its definitions and cancels last at shutdown, so the
+probes answer while it drains.
+
+Routes (``GET`` and ``HEAD``; any other method is 405, any other path 404,
+a malformed request 400; request bodies are never read):
+
+- ``/healthz``: ``200 ok`` - the process is up and its event loop runs the
+  handler. Nothing else is checked (a liveness probe must not restart a
+  triggerer for a broker outage).
+- ``/readyz``: ``200`` when every check holds, else ``503``; the body has
+  one line per check (``store: ok - answers``, ``streams: FAILED - ...``),
+  see :class:`~sharedstream.runtime.ops_view.TriggererView`.
+- ``/metrics``: the Prometheus text format
+  (:mod:`sharedstream.runtime.ops_metrics`).
+- ``/status``: the overview as JSON (what ``sharedstream status`` prints).
+
+Nothing secret is served (see :mod:`sharedstream.runtime.ops_view`), and
+every answer says ``Cache-Control: no-store``.
+
+Why aiohttp and not the standard library: ``asyncio`` has no HTTP server,
+and a hand-written request parser is exactly the code that gets malformed
+requests wrong; aiohttp's is the one the SQS extra already installs
+(through aiobotocore), it runs on the triggerer's loop with no thread, and
+answers bad requests with 4xx by itself.
+
+aiohttp and prometheus-client come with the ``ops`` extra; this module is
+imported only through :func:`sharedstream.runtime.ops.open_endpoint`, which
+says in one line that the extra is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
+
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.ops_metrics import TriggererCollector
+from sharedstream.runtime.ops_view import TriggererView
+
+if TYPE_CHECKING:
+    from sharedstream.runtime.triggerer import Triggerer
+
+__all__ = ["OpsEndpoint"]
+
+log = logging.getLogger("sharedstream.runtime.api")
+
+_MAX_REQUEST_BODY = 1024
+_NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class OpsEndpoint:
+    """The HTTP endpoint of one triggerer; :meth:`serve` runs it until cancelled.
+
+    Built in the triggerer's constructor
+    (:func:`~sharedstream.runtime.ops.open_endpoint`); :meth:`serve` is
+    started by :meth:`Triggerer.run` once the store is open. ``address``
+    is the bound ``(host, port)`` once serving (useful with ``port = 0``),
+    else ``None``.
+    """
+
+    def __init__(self, triggerer: Triggerer) -> None:
+        self._triggerer = triggerer
+        self.view = TriggererView(triggerer)
+        self.address: tuple[str, int] | None = None
+        self._runner: web.AppRunner | None = None
+        self.serving = asyncio.Event()
+        """Set once the socket listens (tests and the status command wait on it)."""
+
+    async def start(self) -> None:
+        """Listen on ``[api] host``/``port``; :meth:`serve` then owns the socket.
+
+        Called by :meth:`Triggerer.run` once the store is open, just before
+        it starts :meth:`serve` as a task. Raises :class:`SharedStreamError`
+        naming the address if it cannot be bound (the triggerer does not
+        start: a configured endpoint that is not there would leave its
+        probes failing for no visible reason).
+        """
+        conf = self._triggerer.config.api
+        registry = _registry(TriggererCollector(self._triggerer, self.view))
+        app = web.Application(client_max_size=_MAX_REQUEST_BODY)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", _metrics_handler(registry))
+        app.router.add_get("/status", self._status)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, conf.host, conf.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise SharedStreamError(
+                f"[api] cannot listen on {conf.host}:{conf.port}: {exc.strerror or exc}"
+            ) from exc
+        server = site._server  # the only way to learn the port 0 picked
+        sockets = getattr(server, "sockets", None) or []
+        host, port = sockets[0].getsockname()[:2] if sockets else (conf.host, conf.port)
+        self.address = (str(host), int(port))
+        self._runner = runner
+        log.info("operations endpoint on http://%s:%d (/healthz /readyz /metrics /status)",
+                 *self.address)
+
+    async def serve(self) -> None:
+        """Answer requests until cancelled; then close the socket and open connections.
+
+        :meth:`start` must have returned first. Watcher names are read from
+        the store once here (the metrics label lag with them).
+        """
+        runner, self._runner = self._runner, None
+        if runner is None:
+            raise SharedStreamError("OpsEndpoint.serve() before start()")
+        try:
+            await self.view.refresh_names()
+            self.serving.set()
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            self.serving.clear()
+            await runner.cleanup()
+
+    async def _healthz(self, _request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok\n", headers=_NO_STORE)
+
+    async def _readyz(self, _request: web.Request) -> web.StreamResponse:
+        checks = await self.view.readiness()
+        ready = all(check.ok for check in checks)
+        lines = [f"{c.name}: {'ok' if c.ok else 'FAILED'} - {c.detail}" for c in checks]
+        return web.Response(text="\n".join(lines) + "\n", status=200 if ready else 503,
+                            headers=_NO_STORE)
+
+    async def _status(self, _request: web.Request) -> web.StreamResponse:
+        status = await self.view.status()
+        status["ready"] = {c.name: {"ok": c.ok, "detail": c.detail}
+                           for c in await self.view.readiness()}
+        return web.Response(text=json.dumps(status, default=str), headers=_NO_STORE,
+                            content_type="application/json")
+
+
+def _registry(collector: Collector) -> CollectorRegistry:
+    """A registry of the endpoint's own: never the process-wide default one."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def _metrics_handler(registry: CollectorRegistry) -> Handler:
+    async def metrics(_request: web.Request) -> web.StreamResponse:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={**_NO_STORE, "Content-Type": CONTENT_TYPE_LATEST})
+
+    return metrics

@@ -1,0 +1,139 @@
+"""``/metrics``: the triggerer's numbers in the Prometheus text format, read at scrape time.
+
+A :class:`TriggererCollector` is a ``prometheus_client`` collector on a
+registry of its own (one per endpoint, never the process-wide default). It
+keeps nothing: every scrape reads the counters the runtime already keeps
+(the persist gate's, the manager's totals, the supervisor's progress, the
+process's broker calls) and walks the live groups for lag, exactly like a
+status does (:class:`~sharedstream.runtime.ops_view.TriggererView`). So the
+hot path pays nothing for it - no instrument call, no lock - and a scrape
+costs O(streams + watchers + lanes).
+
+Why not OpenTelemetry's Prometheus exporter over the engine's instruments
+(:mod:`sharedstream.engine.telemetry`): it needs the SDK installed as the
+process's one meter provider, which turns every instrument call on the
+advance path from a no-op (~70 ns) into a recorded measurement (~5 us on
+our loaded 2-core machine), and its scrape of 1,000 series took ~20 ms
+against ~5 ms here. An application that installs the SDK still gets those
+instruments through its own exporter; the two can run side by side.
+
+Called on the event loop (``generate_latest`` inside the request handler),
+so every read sees a consistent loop state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from sharedstream.brokerkit.calls import PROCESS_CALLS
+from sharedstream.runtime.ops_view import TriggererView, lane_label, stream_label
+
+if TYPE_CHECKING:
+    from sharedstream.runtime.triggerer import Triggerer
+
+__all__ = ["TriggererCollector"]
+
+_P = "sharedstream_"
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(_P + name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(_P + name, doc, value=value)
+
+
+class TriggererCollector(Collector):
+    """The metrics of one running triggerer (see the module docstring and docs/operations.md)."""
+
+    def __init__(self, triggerer: Triggerer, view: TriggererView) -> None:
+        self._triggerer = triggerer
+        self._view = view
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every family; called by ``generate_latest`` on the event loop."""
+        yield from self._totals()
+        yield from self._streams()
+        calls = CounterMetricFamily(_P + "broker_requests",
+                                    "Broker API calls made by producers of this process",
+                                    labels=["broker", "operation"])
+        for (broker, operation), n in sorted(PROCESS_CALLS.items()):
+            calls.add_metric([broker, operation], n)
+        yield calls
+
+    def _totals(self) -> Iterator[Metric]:
+        t = self._triggerer
+        gate, totals, progress = t.gate, t.manager.totals, t.progress
+        yield _gauge("triggers_running", "Triggers running in this triggerer", progress.running)
+        yield _counter("trigger_restarts", "Trigger restarts after a failure", progress.restarts)
+        yield _counter("events_stored", "Trigger events stored (duplicates excluded)",
+                       gate.stored)
+        yield _counter("events_duplicates", "Trigger events skipped as already stored",
+                       gate.duplicates)
+        yield _counter("events_refused", "Trigger events the store could not take "
+                       "(their raw events rejected)", progress.refused)
+        yield _counter("dag_runs_queued", "DAG runs queued", gate.runs_queued)
+        latency = SummaryMetricFamily(_P + "store_write_seconds",
+                                      "Group commits: from taking a batch to confirming it",
+                                      count_value=gate.commits, sum_value=gate.commit_seconds)
+        yield latency
+        yield _counter("store_write_retries", "Store writes that failed and were retried",
+                       gate.failed_writes)
+        yield _gauge("store_queue", "Trigger events waiting to be written", gate.queued)
+        yield _gauge("store_failing", "1 while writes to the store fail", int(gate.store_failing))
+        advanced = CounterMetricFamily(_P + "raw_events_advanced",
+                                       "Raw events advanced (acknowledged or settled), by outcome",
+                                       labels=["outcome"])
+        for outcome in ("clean", "failed", "rejected"):
+            advanced.add_metric([outcome], getattr(totals, outcome))
+        yield advanced
+        yield _counter("dead_letters", "Raw events dead-lettered by the producers",
+                       totals.dead_lettered)
+        yield _counter("dead_letter_fallbacks", "Dead letters kept in the store's table "
+                       "(the broker's destination refused them)", progress.fallbacks)
+        paused = GaugeMetricFamily(_P + "intake_paused", "1 while every stream's intake is "
+                                   "held, by reason (store, stopping)", labels=["reason"])
+        for reason in sorted(t.manager.intake.reasons):
+            paused.add_metric([reason], 1)
+        yield paused
+
+    def _streams(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(_P + "stream_up", "1 while the stream's poll runs",
+                               labels=["stream"])
+        outstanding = GaugeMetricFamily(
+            _P + "stream_outstanding", "Raw events fanned out and not yet resolved, per stream",
+            labels=["stream"])
+        age = GaugeMetricFamily(
+            _P + "stream_oldest_unresolved_age_seconds",
+            "Age of the stream's oldest unresolved raw event (0 if none)", labels=["stream"])
+        lanes = GaugeMetricFamily(
+            _P + "lane_outstanding", "Raw events fanned out and not yet resolved, per lane",
+            labels=["stream", "lane"])
+        lag = GaugeMetricFamily(
+            _P + "watcher_lag", "Raw events queued for a watcher's filter and not yet pulled",
+            labels=["stream", "trigger", "watchers"])
+        for key, group, members in self._triggerer.manager.streams():
+            label = stream_label(key)
+            up.add_metric([label], int(group is not None))
+            book = group.book if group is not None else None
+            queued = group.queued() if group is not None else {}
+            if book is not None:
+                outstanding.add_metric([label], book.outstanding())
+                since = book.oldest_unresolved_at()
+                age.add_metric([label], 0.0 if since is None else max(0.0, book.clock() - since))
+                for lane, n in book.lanes_snapshot():
+                    lanes.add_metric([label, lane_label(lane)], n)
+            for trigger_id in sorted({*members, *queued}, key=str):
+                names = ",".join(self._view.names(trigger_id))
+                lag.add_metric([label, str(trigger_id), names], queued.get(trigger_id, 0))
+        yield from (up, outstanding, age, lanes, lag)

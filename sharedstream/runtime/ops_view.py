@@ -1,0 +1,249 @@
+"""What the operations endpoint reports about a running triggerer: readiness and status.
+
+:class:`TriggererView` reads a :class:`~sharedstream.runtime.triggerer.Triggerer`
+for :mod:`sharedstream.runtime.api` (and ``sharedstream status``). It holds
+no state of its own beyond a cache of trigger names, and changes nothing it
+reads.
+
+Invariants:
+
+1. Every read happens on the triggerer's event loop (the HTTP handlers run
+   there), so the engine's books, groups and counters are read between two
+   steps of the loop, never while they change. Store reads go through the
+   triggerer's single database thread, each bounded by ``store_timeout``.
+2. Nothing secret leaves: no trigger kwargs, no connection settings. A
+   stream is named by its broker and a digest of its key (a key may hold
+   bootstrap servers or an endpoint), plus the watchers that use it; the
+   store's URL is redacted; dead letters are listed without their bodies
+   or headers.
+3. Cost: a status or a check walks the live groups once (O(streams +
+   members + lanes)) and asks the store a bounded number of small queries;
+   nothing runs per raw event.
+
+Readiness (:meth:`TriggererView.readiness`) is three checks, each named in
+the answer: ``store`` (the store answers a read and the gate's writes are
+not failing), ``streams`` (every shared stream with members has a live
+poll: its producer is built, its consumer open, its poll not ended and
+waiting for a restart), and ``watchers`` (no stream's oldest unresolved raw
+event is older than the ack timeout: nobody is stuck).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Hashable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sharedstream.store import redact_url
+
+if TYPE_CHECKING:
+    from sharedstream.runtime.triggerer import Triggerer
+
+__all__ = ["Check", "TriggererView", "lane_label", "stream_label"]
+
+STORE_TIMEOUT = 5.0
+"""Seconds a store read of a check or a status may take before it counts as failed."""
+
+RECENT = 20
+"""Dead letters and DAG runs a status lists (the newest)."""
+
+_LABEL_LIMIT = 120
+
+
+def stream_label(key: Hashable) -> str:
+    """``kafka:3f9a1c2b``: the broker (a key's first word) and a digest of the whole key.
+
+    Stable across processes and restarts (a digest of ``repr(key)``), and
+    never the key itself, which may hold connection details.
+    """
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
+    broker = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else "stream"
+    return f"{broker[:20]}:{digest}"
+
+
+def lane_label(lane: Hashable) -> str:
+    """A lane (a partition, a message group) as text, cut to a bounded length."""
+    text = "/".join(map(str, lane)) if isinstance(lane, tuple) else str(lane)
+    return text if len(text) <= _LABEL_LIMIT else text[: _LABEL_LIMIT - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Check:
+    """One readiness check: its name, whether it holds, and why not."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+class TriggererView:
+    """Read-only views of one running triggerer (see the module docstring).
+
+    Built by the endpoint when the triggerer starts it. Every method must
+    be called on the triggerer's event loop.
+    """
+
+    def __init__(self, triggerer: Triggerer, *, store_timeout: float = STORE_TIMEOUT) -> None:
+        self._triggerer = triggerer
+        self._store_timeout = store_timeout
+        self._names: dict[int, tuple[str, ...]] = {}  # trigger id -> its asset/watcher names
+
+    def names(self, trigger_id: Hashable) -> tuple[str, ...]:
+        """The ``asset/watcher`` names of a trigger, as last read from the store."""
+        return self._names.get(_int(trigger_id), ())
+
+    async def refresh_names(self) -> None:
+        """Read every trigger's watcher names from the store (start-up, each status)."""
+        errors: dict[str, str] = {}
+        rows = await self._read(errors, "triggers", self._triggerer.store.list_triggers)
+        for row in rows or []:
+            self._names[row.id] = row.watchers
+
+    # -- readiness -------------------------------------------------------------------
+
+    async def readiness(self) -> list[Check]:
+        """The three checks (store, streams, watchers), in that order."""
+        return [await self._store_check(), self._streams_check(), self._stuck_check()]
+
+    async def _store_check(self) -> Check:
+        triggerer = self._triggerer
+        if triggerer.gate.store_failing:
+            return Check("store", False, "writes to the store are failing (being retried)")
+        try:
+            async with asyncio.timeout(self._store_timeout):
+                await triggerer._db(triggerer.store.schema_status)  # its database thread
+        except TimeoutError:
+            return Check("store", False, f"no answer within {self._store_timeout:g}s")
+        except Exception as exc:  # noqa: BLE001 - whatever the store raised is the answer
+            return Check("store", False, f"{type(exc).__name__}: {exc}")
+        return Check("store", True, "answers")
+
+    def _streams_check(self) -> Check:
+        down = [stream_label(key) for key, group, members in self._triggerer.manager.streams()
+                if members and group is None]
+        if down:
+            return Check("streams", False, "not connected (restarting): " + ", ".join(down))
+        return Check("streams", True, "every stream is polling")
+
+    def _stuck_check(self) -> Check:
+        manager = self._triggerer.manager
+        limit = manager.ack_timeout
+        stuck = []
+        for key, group, _members in manager.streams():
+            age = _oldest_age(group)
+            if age is not None and age > limit:
+                stuck.append(f"{stream_label(key)} ({age:.0f}s)")
+        if stuck:
+            return Check("watchers", False,
+                         f"unresolved past the ack timeout ({limit:g}s): " + ", ".join(stuck))
+        return Check("watchers", True, "none stuck")
+
+    # -- status ----------------------------------------------------------------------
+
+    def streams(self) -> list[dict[str, Any]]:
+        """Every stream in use: label, live, watchers with their lag, lanes, oldest age."""
+        result = []
+        for key, group, members in self._triggerer.manager.streams():
+            queued = group.queued() if group is not None else {}
+            book = group.book if group is not None else None
+            lanes = book.lanes_snapshot() if book is not None else []
+            ids = sorted({*members, *queued}, key=str)
+            result.append({
+                "stream": stream_label(key),
+                "broker": stream_label(key).split(":", 1)[0],
+                "live": group is not None,
+                "ack_mode": group.ack_mode if group is not None else None,
+                "outstanding": book.outstanding() if book is not None else 0,
+                "oldest_unresolved_age": _oldest_age(group) or 0.0,
+                "lanes": [{"lane": lane_label(lane), "outstanding": n} for lane, n in lanes],
+                "watchers": [{"trigger": trigger_id, "queued": queued.get(trigger_id, 0),
+                              "names": list(self.names(trigger_id))}
+                             for trigger_id in ids],
+            })
+        return result
+
+    async def status(self) -> dict[str, Any]:
+        """The whole overview: triggerer, totals, streams, watchers, dead letters, DAG runs.
+
+        Store reads that fail leave their part out and say why under
+        ``"errors"``; the live parts are always there.
+        """
+        triggerer = self._triggerer
+        errors: dict[str, str] = {}
+        triggers = await self._read(errors, "triggers", triggerer.store.list_triggers)
+        for row in triggers or []:
+            self._names[row.id] = row.watchers
+        letters = await self._read(errors, "dead_letters", triggerer.store.dead_letters, RECENT)
+        runs = await self._read(errors, "dag_runs", triggerer.store.list_runs)
+        gate, totals, progress = triggerer.gate, triggerer.manager.totals, triggerer.progress
+        return {
+            "triggerer": {
+                "id": triggerer.triggerer_id,
+                "store": redact_url(triggerer.config.store.url),
+                "intake": sorted(triggerer.manager.intake.reasons) or "open",
+                "triggers_running": progress.running,
+            },
+            "totals": {
+                "events_stored": gate.stored, "duplicates": gate.duplicates,
+                "dag_runs_queued": gate.runs_queued, "store_queue": gate.queued,
+                "store_write_retries": gate.failed_writes, "raw_events_advanced": totals.advanced,
+                "clean": totals.clean, "failed": totals.failed, "rejected": totals.rejected,
+                "dead_lettered": totals.dead_lettered,
+                "dead_letter_fallbacks": progress.fallbacks, "refused": progress.refused,
+                "restarts": progress.restarts,
+            },
+            "streams": self.streams(),
+            "watchers": [_trigger_status(row) for row in triggers or []],
+            "dead_letters": [_letter_status(row) for row in letters or []][:RECENT],
+            "dag_runs": [_run_status(row) for row in runs or []][:RECENT],
+            "errors": errors,
+        }
+
+    async def _read(self, errors: dict[str, str], part: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the database thread, or ``None`` with the reason in ``errors``."""
+        try:
+            async with asyncio.timeout(self._store_timeout):
+                return await self._triggerer._db(fn, *args)  # its database thread
+        except TimeoutError:
+            errors[part] = f"the store did not answer within {self._store_timeout:g}s"
+        except Exception as exc:  # noqa: BLE001 - a status shows what it could read
+            errors[part] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _oldest_age(group: Any) -> float | None:
+    """Seconds the group's oldest unresolved raw event has waited (``None``: none, fast path)."""
+    book = group.book if group is not None else None
+    if book is None:
+        return None
+    since = book.oldest_unresolved_at()
+    return None if since is None else max(0.0, book.clock() - since)
+
+
+def _int(value: Hashable) -> int:
+    return value if isinstance(value, int) else -1
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _trigger_status(row: Any) -> dict[str, Any]:
+    return {"trigger": row.id, "names": list(row.watchers), "state": row.state,
+            "class": row.classpath, "events_stored": row.events_stored,
+            "errors": row.error_count, "last_error": row.last_error,
+            "last_error_at": _time(row.last_error_at)}
+
+
+def _letter_status(row: Any) -> dict[str, Any]:
+    return {"id": row.id, "at": _time(row.created_at), "stream": row.stream,
+            "source": row.source, "reason": row.reason, "triggers": list(row.triggers),
+            "size": row.payload_size}
+
+
+def _run_status(row: Any) -> dict[str, Any]:
+    return {"dag": row.dag_id, "run_id": row.run_id, "state": row.state,
+            "type": row.run_type, "at": _time(row.created_at), "assets": list(row.assets)}
