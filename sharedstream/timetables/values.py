@@ -30,6 +30,7 @@ __all__ = [
     "Delta",
     "InvalidTimetable",
     "NaiveDatetime",
+    "check_delta",
     "decode_delta",
     "decode_timezone",
     "encode_delta",
