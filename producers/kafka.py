@@ -310,6 +310,23 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
 
     # -- the engine's calls --------------------------------------------------------------
 
+    @property
+    def connected(self) -> bool | None:
+        """Whether the consumer knows its group's coordinator (it has joined, or is joining).
+
+        aiokafka forgets the coordinator when the broker stops answering and
+        looks for it again until it is back, silently (no error reaches the
+        poll), so this is the only sign of an outage. It reads aiokafka's
+        coordinator state, which is not public API: if that ever changes,
+        the answer is ``None`` (cannot tell), never an error.
+        """
+        if self._consumer is None:
+            return False
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        if coordinator is None or not hasattr(coordinator, "coordinator_id"):
+            return None
+        return coordinator.coordinator_id is not None
+
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``(topic, partition)``: Kafka commits are cumulative per partition."""
         return (broker_payload.topic, broker_payload.partition)

@@ -227,6 +227,10 @@ class StreamGroup:
         subs = self.book.subscribers if self.book is not None else self._fast_subscribers
         return {trigger_id: len(sub.inbox) for trigger_id, sub in subs.items()}
 
+    def connected(self) -> bool | None:
+        """The producer's ``connected`` (``None``: the fast path, or no producer yet)."""
+        return None if self._producer is None else self._producer.connected
+
     def is_empty(self) -> bool:
         """Whether no subscriber is registered any more."""
         if self.book is not None:

@@ -290,6 +290,19 @@ class SharedStreamProducer(abc.ABC):
         """
         return None
 
+    @property
+    def connected(self) -> bool | None:
+        """Whether the producer is connected to its broker right now, if it can tell.
+
+        ``True``: its consumer is in its group, its receiver open;
+        ``False``: it is (re)connecting, the broker away; ``None`` (the
+        default): it cannot tell, and a live poll counts as connected. Read
+        by readiness checks and status views on the event loop, any time
+        between :meth:`open_stream` and :meth:`aclose`; must be cheap and
+        must not raise.
+        """
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release broker resources. Called exactly once when the poll ends.
 

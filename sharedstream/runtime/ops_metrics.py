@@ -110,6 +110,9 @@ class TriggererCollector(Collector):
     def _streams(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(_P + "stream_up", "1 while the stream's poll runs",
                                labels=["stream"])
+        connected = GaugeMetricFamily(
+            _P + "stream_connected", "1 while the stream's producer is connected to its broker "
+            "(absent where the producer cannot tell)", labels=["stream"])
         outstanding = GaugeMetricFamily(
             _P + "stream_outstanding", "Raw events fanned out and not yet resolved, per stream",
             labels=["stream"])
@@ -125,6 +128,9 @@ class TriggererCollector(Collector):
         for key, group, members in self._triggerer.manager.streams():
             label = stream_label(key)
             up.add_metric([label], int(group is not None))
+            state = group.connected() if group is not None else False
+            if state is not None:
+                connected.add_metric([label], int(state))
             book = group.book if group is not None else None
             queued = group.queued() if group is not None else {}
             if book is not None:
@@ -136,4 +142,4 @@ class TriggererCollector(Collector):
             for trigger_id in sorted({*members, *queued}, key=str):
                 names = ",".join(self._view.names(trigger_id))
                 lag.add_metric([label, str(trigger_id), names], queued.get(trigger_id, 0))
-        yield from (up, outstanding, age, lanes, lag)
+        yield from (up, connected, outstanding, age, lanes, lag)

@@ -122,10 +122,16 @@ class TriggererView:
         return Check("store", True, "answers")
 
     def _streams_check(self) -> Check:
-        down = [stream_label(key) for key, group, members in self._triggerer.manager.streams()
-                if members and group is None]
-        if down:
-            return Check("streams", False, "not connected (restarting): " + ", ".join(down))
+        down, away = [], []
+        for key, group, members in self._triggerer.manager.streams():
+            if members and group is None:
+                down.append(stream_label(key))
+            elif group is not None and group.connected() is False:
+                away.append(stream_label(key))
+        problems = ([f"restarting: {', '.join(down)}"] if down else []) + (
+            [f"not connected to the broker: {', '.join(away)}"] if away else [])
+        if problems:
+            return Check("streams", False, "; ".join(problems))
         return Check("streams", True, "every stream is polling")
 
     def _stuck_check(self) -> Check:
@@ -155,6 +161,7 @@ class TriggererView:
                 "stream": stream_label(key),
                 "broker": stream_label(key).split(":", 1)[0],
                 "live": group is not None,
+                "connected": group.connected() if group is not None else False,
                 "ack_mode": group.ack_mode if group is not None else None,
                 "outstanding": book.outstanding() if book is not None else 0,
                 "oldest_unresolved_age": _oldest_age(group) or 0.0,

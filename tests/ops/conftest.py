@@ -22,10 +22,13 @@ from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.definitions import load_definitions
 from sharedstream.runtime.triggerer import Triggerer
 from sharedstream.store.sqlite import SqliteStore
+from sharedstream.testing.fixtures import postgres_database, postgres_url
 from sharedstream.testing.memory_broker import MemoryBroker
 from tests.ops.held import BROKER, HELD
 
 DEFS = Path(__file__).with_name("held_defs.py")
+
+__all__ = ["postgres_database", "postgres_url"]  # the kit's PostgreSQL fixtures, for these tests
 
 
 @dataclass
@@ -59,7 +62,8 @@ class Running:
 
 
 async def start_triggerer(
-    workdir: Path, environ: Mapping[str, str] | None = None, store_url: str = "sqlite:///ss.db"
+    workdir: Path, environ: Mapping[str, str] | None = None, store_url: str = "sqlite:///ss.db",
+    definitions: Path = DEFS,
 ) -> tuple[Triggerer, asyncio.Task[int]]:
     """Write a config, migrate the store, start a triggerer with ``[api]`` on; wait for it."""
     path = workdir / "sharedstream.toml"
@@ -72,7 +76,7 @@ async def start_triggerer(
     if store_url.startswith("sqlite"):
         with SqliteStore(config.sqlite_path()) as store:
             store.migrate()
-    triggerer = Triggerer(config, load_definitions(DEFS))
+    triggerer = Triggerer(config, load_definitions(definitions))
     task = asyncio.create_task(triggerer.run())
     assert triggerer.api is not None
     serving = asyncio.create_task(triggerer.api.serving.wait())
