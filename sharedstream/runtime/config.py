@@ -676,6 +676,8 @@ def _env_name(section: str, option: str) -> str:
 
 def _env_hint(parts: list[str]) -> str:
     """Suggest the variable a misspelt ``SHAREDSTREAM__...`` name probably meant."""
+    if parts and parts[0] == "connections":
+        return "a connection is set with SHAREDSTREAM_CONN_<ID> (one underscore; URI or JSON)"
     if len(parts) != 2 or not all(parts):
         return f"expected {ENV_PREFIX}<SECTION>__<OPTION>"
     section, option = parts

@@ -192,3 +192,9 @@ def test_installed_file_connections_are_found_after_the_environment(
     assert get_connection("kafka_default").password == "hunter1"  # noqa: S105 - fake
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", "kafka://other:9092")
     assert get_connection("kafka_default").host == "other"
+
+
+def test_an_option_style_variable_for_a_connection_says_how_to_set_one(tmp_path: Path) -> None:
+    environ = {"SHAREDSTREAM__CONNECTIONS__KAFKA_DEFAULT": "kafka://h"}
+    with pytest.raises(ConfigError, match="a connection is set with SHAREDSTREAM_CONN_<ID>"):
+        load_config(write(tmp_path, ""), environ=environ)
