@@ -54,7 +54,7 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
@@ -63,6 +63,8 @@ from sharedstream.brokerkit.errors import BrokerConfigError
 
 __all__ = [
     "CONN_ENV_PREFIXES",
+    "EXTRA_KEY",
+    "FIELDS",
     "MASK",
     "Connection",
     "ConnectionNotFound",
@@ -500,8 +502,3 @@ def env_connections(environ: Mapping[str, str] | None = None) -> Iterator[Connec
                 continue
             seen.add(conn_id)
             yield _parse_value(conn_id, env[name], f"environment variable {name}")
-
-
-def with_source(connection: Connection, source: str) -> Connection:
-    """A copy of ``connection`` with another ``source``."""
-    return replace(connection, source=source)
