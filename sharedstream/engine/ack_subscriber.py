@@ -51,8 +51,9 @@ class AckSubscriber(Subscriber):
     """
 
     __slots__ = (
-        "bind_index", "book", "bound_record", "current", "departed", "fences", "interrupt",
-        "ledger", "ledger_base", "next_seq", "on_interrupt", "window_seqs",
+        "bind_index", "book", "bound_record", "current", "departed", "failed_attempts", "fences",
+        "interrupt", "joined_at", "last_reject", "ledger", "ledger_base", "matched", "next_seq",
+        "on_interrupt", "rejected", "window_seqs",
     )
 
     def __init__(
@@ -76,6 +77,14 @@ class AckSubscriber(Subscriber):
         # Durable members only: lane -> the record that failed for it there, until that
         # record is advanced; the lane's later records fail for it (see Failures.fence).
         self.fences: dict[Hashable, EventRecord] | None = None
+        # Why it fired or not, for status views (read on the loop, never reset): the book's
+        # broadcasts when it joined, trigger events it emitted (binds), raw events it
+        # rejected (and the last reason), and attempts of its filter that failed.
+        self.joined_at = 0
+        self.matched = 0
+        self.rejected = 0
+        self.last_reject: str | None = None
+        self.failed_attempts = 0
 
     def owes(self, record: EventRecord) -> bool:
         """Whether ``record`` is still pending for this subscriber."""

@@ -125,6 +125,8 @@ class ResolutionBook:
         self._fenced = failures.fenced
         self._positions = itertools.count()
         self._clean_outcomes: dict[int, AdvanceOutcome] = {}
+        self.broadcasts = 0
+        """Raw events broadcast so far (a subscriber saw those since its ``joined_at``)."""
 
     # -- membership ---------------------------------------------------------
 
@@ -140,6 +142,7 @@ class ResolutionBook:
         """
         sub = AckSubscriber(trigger_id, self, durable=durable)
         sub.accept = accept
+        sub.joined_at = self.broadcasts
         self.router.enroll(sub)
         self.subscribers[trigger_id] = sub
         self.fanout.add(sub)
@@ -188,6 +191,7 @@ class ResolutionBook:
             lane_queue = self.lanes[lane] = deque()
         record = EventRecord(next(self._positions), raw, broker_payload, lane, lane_queue, now)
         lane_queue.append(record)
+        self.broadcasts += 1  # the one per-raw-event cost of the watchers' counts
         fanout = self.fanout
         record.pending = len(fanout.live)
         if not record.pending:
@@ -289,6 +293,7 @@ class ResolutionBook:
             return None
         seq = sub.next_seq
         sub.next_seq = seq + 1
+        sub.matched += 1
         if sub.bound_record is record:
             sub.bind_index += 1
         else:
@@ -400,6 +405,7 @@ class ResolutionBook:
         (see :meth:`Failures.fence`). No-op for a subscriber that
         already failed for good or whose group ended.
         """
+        sub.failed_attempts += 1
         self._failures.fail_attempt(sub, error)
 
     def fail(self, sub: AckSubscriber, error: BaseException) -> None:
@@ -531,7 +537,9 @@ class ResolutionBook:
         self, record: EventRecord, sub: AckSubscriber, reason: str | None
     ) -> None:
         record.rejected += 1
-        add_verdict(record, Verdict(sub.trigger_id, "rejected", reason or "rejected by a filter"))
+        sub.rejected += 1
+        sub.last_reject = reason or "rejected by a filter"
+        add_verdict(record, Verdict(sub.trigger_id, "rejected", sub.last_reject))
         record.pending -= 1
         if not record.pending:
             self.record_resolved(record)

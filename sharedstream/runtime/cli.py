@@ -27,6 +27,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     ).set_defaults(handler=_db_check)
 
     _add_config_commands(commands, anywhere)
+    _add_status_command(commands)
     return parser
 
 
@@ -242,6 +244,17 @@ def _add_dags_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -
                           "store does not have yet)")
     upcoming.add_argument("--json", action="store_true", help="one JSON document on stdout")
     upcoming.set_defaults(handler=_dags_next_runs)
+
+
+def _add_status_command(commands: _Commands) -> None:
+    """``status``: the operations overview, from the endpoint or the store."""
+    status = commands.add_parser(
+        "status", help="streams, lag, watchers, dead letters, DAG runs (from the [api] "
+        "endpoint, else the store)")
+    status.add_argument("--url", metavar="URL",
+                        help="the endpoint to ask (default: [api] host and port when enabled)")
+    status.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    status.set_defaults(handler=_status)
 
 
 def _add_config_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -> None:
@@ -439,6 +452,19 @@ def _deadletters_list(args: argparse.Namespace, config: Config) -> int:
 def _effective_connections(config: Config) -> dict[str, Connection]:
     """The config file's connections, overlaid by the environment's (which are found first)."""
     return {**config.connections, **{conn.conn_id: conn for conn in env_connections()}}
+
+
+def _status(args: argparse.Namespace, config: Config) -> int:
+    from sharedstream.runtime import cli_status  # noqa: PLC0415 - only this command needs it
+
+    status, note = cli_status.fetch_status(config, args.url, partial(_open_store, config))
+    if note is not None:
+        print(f"sharedstream: {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(status, indent=2, default=_plain))
+    else:
+        print(cli_status.render(status), end="")
+    return 0
 
 
 def _config_show(args: argparse.Namespace, config: Config) -> int:

@@ -35,7 +35,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sharedstream.brokerkit.calls import PROCESS_CALLS
-from sharedstream.runtime.ops_view import TriggererView, lane_label, stream_label
+from sharedstream.runtime.ops_view import (
+    TriggererView,
+    lane_label,
+    stream_label,
+    watcher_counts,
+)
 
 if TYPE_CHECKING:
     from sharedstream.runtime.triggerer import Triggerer
@@ -122,9 +127,21 @@ class TriggererCollector(Collector):
         lanes = GaugeMetricFamily(
             _P + "lane_outstanding", "Raw events fanned out and not yet resolved, per lane",
             labels=["stream", "lane"])
+        labels = ["stream", "trigger", "watchers"]
         lag = GaugeMetricFamily(
             _P + "watcher_lag", "Raw events queued for a watcher's filter and not yet pulled",
-            labels=["stream", "trigger", "watchers"])
+            labels=labels)
+        why = {
+            "seen": CounterMetricFamily(_P + "watcher_raw_events", "Raw events broadcast to "
+                                        "the watcher's stream since it joined the poll",
+                                        labels=labels),
+            "emitted": CounterMetricFamily(_P + "watcher_emitted", "Trigger events the "
+                                           "watcher's filter yielded", labels=labels),
+            "rejected": CounterMetricFamily(_P + "watcher_rejected", "Raw events the watcher "
+                                            "rejected", labels=labels),
+            "failed": CounterMetricFamily(_P + "watcher_failed", "Attempts of the watcher's "
+                                          "filter that failed", labels=labels),
+        }
         for key, group, members in self._triggerer.manager.streams():
             label = stream_label(key)
             up.add_metric([label], int(group is not None))
@@ -141,5 +158,9 @@ class TriggererCollector(Collector):
                     lanes.add_metric([label, lane_label(lane)], n)
             for trigger_id in sorted({*members, *queued}, key=str):
                 names = ",".join(self._view.names(trigger_id))
-                lag.add_metric([label, str(trigger_id), names], queued.get(trigger_id, 0))
-        yield from (up, connected, outstanding, age, lanes, lag)
+                values = [label, str(trigger_id), names]
+                lag.add_metric(values, queued.get(trigger_id, 0))
+                counts = watcher_counts(group, trigger_id)
+                for name, family in why.items():
+                    family.add_metric(values, counts[name])
+        yield from (up, connected, outstanding, age, lanes, lag, *why.values())

@@ -42,7 +42,17 @@ from sharedstream.store import redact_url
 if TYPE_CHECKING:
     from sharedstream.runtime.triggerer import Triggerer
 
-__all__ = ["Check", "TriggererView", "lane_label", "stream_label"]
+__all__ = [
+    "RECENT",
+    "Check",
+    "TriggererView",
+    "lane_label",
+    "letter_record",
+    "run_record",
+    "stream_label",
+    "trigger_record",
+    "watcher_counts",
+]
 
 STORE_TIMEOUT = 5.0
 """Seconds a store read of a check or a status may take before it counts as failed."""
@@ -166,8 +176,9 @@ class TriggererView:
                 "outstanding": book.outstanding() if book is not None else 0,
                 "oldest_unresolved_age": _oldest_age(group) or 0.0,
                 "lanes": [{"lane": lane_label(lane), "outstanding": n} for lane, n in lanes],
-                "watchers": [{"trigger": trigger_id, "queued": queued.get(trigger_id, 0),
-                              "names": list(self.names(trigger_id))}
+                "watchers": [{"trigger": trigger_id, "names": list(self.names(trigger_id)),
+                              "queued": queued.get(trigger_id, 0),
+                              **watcher_counts(group, trigger_id)}
                              for trigger_id in ids],
             })
         return result
@@ -203,9 +214,9 @@ class TriggererView:
                 "restarts": progress.restarts,
             },
             "streams": self.streams(),
-            "watchers": [_trigger_status(row) for row in triggers or []],
-            "dead_letters": [_letter_status(row) for row in letters or []][:RECENT],
-            "dag_runs": [_run_status(row) for row in runs or []][:RECENT],
+            "watchers": [trigger_record(row) for row in triggers or []],
+            "dead_letters": [letter_record(row) for row in letters or []][:RECENT],
+            "dag_runs": [run_record(row) for row in runs or []][:RECENT],
             "errors": errors,
         }
 
@@ -219,6 +230,26 @@ class TriggererView:
         except Exception as exc:  # noqa: BLE001 - a status shows what it could read
             errors[part] = f"{type(exc).__name__}: {exc}"
         return None
+
+
+def watcher_counts(group: Any, trigger_id: Hashable) -> dict[str, Any]:
+    """Why a watcher fired or not, in its stream's current poll (zeros while there is none).
+
+    ``seen``: raw events broadcast to the stream since it joined (its
+    prefilter may have declined some); ``emitted``: trigger events its
+    filter yielded; ``rejected``: raw events it rejected, and ``last_reject``
+    the last reason; ``failed``: attempts of its filter that failed (raised,
+    hung past the ack timeout, or ended). Kept by the engine's resolution
+    book at the cost of one integer add per raw event (``seen``) and per
+    emitted event; ack mode only.
+    """
+    book: Any = group.book if group is not None else None
+    sub = book.subscribers.get(trigger_id) if book is not None else None
+    if sub is None:
+        return {"seen": 0, "emitted": 0, "rejected": 0, "last_reject": None, "failed": 0}
+    return {"seen": book.broadcasts - sub.joined_at, "emitted": sub.matched,
+            "rejected": sub.rejected, "last_reject": sub.last_reject,
+            "failed": sub.failed_attempts}
 
 
 def _oldest_age(group: Any) -> float | None:
@@ -238,19 +269,22 @@ def _time(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def _trigger_status(row: Any) -> dict[str, Any]:
+def trigger_record(row: Any) -> dict[str, Any]:
+    """A stored trigger (:class:`~sharedstream.store.TriggerRow`) as a status shows it."""
     return {"trigger": row.id, "names": list(row.watchers), "state": row.state,
             "class": row.classpath, "events_stored": row.events_stored,
             "errors": row.error_count, "last_error": row.last_error,
             "last_error_at": _time(row.last_error_at)}
 
 
-def _letter_status(row: Any) -> dict[str, Any]:
+def letter_record(row: Any) -> dict[str, Any]:
+    """A kept dead letter as a status shows it: never its body or headers."""
     return {"id": row.id, "at": _time(row.created_at), "stream": row.stream,
             "source": row.source, "reason": row.reason, "triggers": list(row.triggers),
             "size": row.payload_size}
 
 
-def _run_status(row: Any) -> dict[str, Any]:
+def run_record(row: Any) -> dict[str, Any]:
+    """A DAG run as a status shows it."""
     return {"dag": row.dag_id, "run_id": row.run_id, "state": row.state,
             "type": row.run_type, "at": _time(row.created_at), "assets": list(row.assets)}
