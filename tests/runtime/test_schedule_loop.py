@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -27,6 +28,7 @@ from sharedstream.timetables.interval import CronDataIntervalTimetable
 
 T = TypeVar("T")
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
+AMSTERDAM = ZoneInfo("Europe/Amsterdam")
 DAY = 24 * 3600.0  # the loop's longest sleep here
 
 
@@ -281,3 +283,27 @@ def test_run_survives_a_failing_pass_and_sleeps_until_the_next_run(
     assert world.runs() == [rid(0), rid(1)]
     assert [r.getMessage() for r in caplog.records] == [
         f"schedule loop: database is locked; retrying in {DAY:.0f}s"]
+
+
+@pytest.mark.parametrize(("start", "now", "utc_hours"), [
+    # spring forward (29 March): 02:30 does not exist that night; cronsim runs it at 03:00
+    (datetime(2026, 3, 27, tzinfo=AMSTERDAM), datetime(2026, 3, 31, tzinfo=UTC),
+     [(27, 1.5), (28, 1.5), (29, 1.0), (30, 0.5)]),
+    # fall back (25 October): 02:30 happens twice that night; it runs once, the first time
+    (datetime(2026, 10, 24, tzinfo=AMSTERDAM), datetime(2026, 10, 27, tzinfo=UTC),
+     [(24, 0.5), (25, 0.5), (26, 1.5)]),
+])
+def test_a_restart_across_a_daylight_saving_change_keeps_the_cron_librarys_times(
+        world: World, start: datetime, now: datetime,
+        utc_hours: list[tuple[int, float]]) -> None:
+    dag = Dag("d", schedule="30 2 * * *", start_date=start, catchup=True)
+    world.define(dag)
+    world.clock.now = start + timedelta(days=1, hours=6)  # two runs, then down over the change
+    one_pass(world.loop())
+    world.restart()
+    world.define(dag)
+    world.clock.now = now
+    one_pass(world.loop())
+    expected = [start.astimezone(UTC).replace(day=day, hour=0, minute=0) + timedelta(hours=h)
+                for day, h in utc_hours]
+    assert world.runs() == [f"scheduled__{moment.isoformat()}" for moment in expected]
