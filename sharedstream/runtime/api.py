@@ -18,6 +18,9 @@ a malformed request 400; request bodies are never read):
 - ``/metrics``: the Prometheus text format
   (:mod:`sharedstream.runtime.ops_metrics`).
 - ``/status``: the overview as JSON (what ``sharedstream status`` prints).
+- ``/`` (with ``/status.js`` and ``/status.css``): the status page
+  (:mod:`sharedstream.runtime.status_page`), which refreshes itself from
+  ``/status``.
 
 Nothing secret is served (see :mod:`sharedstream.runtime.ops_view`), and
 every answer says ``Cache-Control: no-store``.
@@ -46,6 +49,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.registry import Collector
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime import status_page
 from sharedstream.runtime.ops_metrics import TriggererCollector
 from sharedstream.runtime.ops_view import TriggererView
 
@@ -96,6 +100,9 @@ class OpsEndpoint:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", _metrics_handler(registry))
         app.router.add_get("/status", self._status)
+        app.router.add_get("/", _static(status_page.PAGE, "text/html"))
+        app.router.add_get("/status.js", _static(status_page.SCRIPT, "text/javascript"))
+        app.router.add_get("/status.css", _static(status_page.STYLE, "text/css"))
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, conf.host, conf.port)
@@ -147,6 +154,18 @@ class OpsEndpoint:
                            for c in await self.view.readiness()}
         return web.Response(text=json.dumps(status, default=str), headers=_NO_STORE,
                             content_type="application/json")
+
+
+def _static(text: str, content_type: str) -> Handler:
+    """A handler serving one fixed text (the status page's parts), under the page's CSP."""
+    body = text.encode()
+    headers = {**_NO_STORE, "Content-Security-Policy": status_page.CSP}
+
+    async def serve(_request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type=content_type, charset="utf-8",
+                            headers=headers)
+
+    return serve
 
 
 def _registry(collector: Collector) -> CollectorRegistry:
