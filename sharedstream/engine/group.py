@@ -140,6 +140,12 @@ class StreamGroup:
         self._dead_letter_fallback = dead_letter_fallback
         self._totals = totals
         self._behind_logged: dict[Hashable, float] = {}
+        self.paused: dict[str, float] = {"intake": 0.0, "watcher_behind": 0.0}
+        """Seconds the poll spent held, by why: intake closed, a durable watcher's inbox full.
+
+        Added to only when the poll actually waits (a clock read on each
+        side of the wait), never per raw event; read by status views.
+        """
         self.fanout = FanOut(max_subscriber_queue)
         self.book: ResolutionBook | None = None
         if self.ack_mode:
@@ -405,13 +411,21 @@ class StreamGroup:
         valve, fanout = self._valve, self.fanout
         while True:
             if not valve.is_open:
-                await valve.wait_open()
+                began = time.monotonic()
+                try:
+                    await valve.wait_open()
+                finally:
+                    self.paused["intake"] += time.monotonic() - began
                 continue
             sub = fanout.full_member()
             if sub is None:
                 return
             self._report_behind(sub)
-            await fanout.wait_for_room(sub, ROOM_RECHECK)
+            began = time.monotonic()
+            try:
+                await fanout.wait_for_room(sub, ROOM_RECHECK)
+            finally:
+                self.paused["watcher_behind"] += time.monotonic() - began
 
     def _report_behind(self, sub: Subscriber) -> None:
         instruments().pauses.add(1, {"stream": repr(self.key), "reason": "subscriber_behind"})

@@ -127,6 +127,10 @@ class TriggererCollector(Collector):
         lanes = GaugeMetricFamily(
             _P + "lane_outstanding", "Raw events fanned out and not yet resolved, per lane",
             labels=["stream", "lane"])
+        paused = CounterMetricFamily(
+            _P + "stream_paused_seconds", "Seconds the stream's poll was held, by reason "
+            "(intake: the store was behind or the triggerer stopping; watcher_behind: a "
+            "watcher's queue was full)", labels=["stream", "reason"])
         labels = ["stream", "trigger", "watchers"]
         lag = GaugeMetricFamily(
             _P + "watcher_lag", "Raw events queued for a watcher's filter and not yet pulled",
@@ -145,6 +149,8 @@ class TriggererCollector(Collector):
         for key, group, members in self._triggerer.manager.streams():
             label = stream_label(key)
             up.add_metric([label], int(group is not None))
+            for reason, seconds in (group.paused.items() if group is not None else ()):
+                paused.add_metric([label, reason], seconds)
             state = group.connected() if group is not None else False
             if state is not None:
                 connected.add_metric([label], int(state))
@@ -163,4 +169,4 @@ class TriggererCollector(Collector):
                 counts = watcher_counts(group, trigger_id)
                 for name, family in why.items():
                     family.add_metric(values, counts[name])
-        yield from (up, connected, outstanding, age, lanes, lag, *why.values())
+        yield from (up, connected, paused, outstanding, age, lanes, lag, *why.values())

@@ -174,6 +174,7 @@ class TriggererView:
                 "connected": group.connected() if group is not None else False,
                 "ack_mode": group.ack_mode if group is not None else None,
                 "outstanding": book.outstanding() if book is not None else 0,
+                "paused_seconds": dict(group.paused) if group is not None else {},
                 "oldest_unresolved_age": _oldest_age(group) or 0.0,
                 "lanes": [{"lane": lane_label(lane), "outstanding": n} for lane, n in lanes],
                 "watchers": [{"trigger": trigger_id, "names": list(self.names(trigger_id)),

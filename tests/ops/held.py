@@ -14,8 +14,37 @@ from typing import Any
 from sharedstream import TriggerEvent
 from sharedstream.testing.memory import MemorySharedStreamTrigger
 
-HELD = asyncio.Event()
-HELD.set()
+
+class Gate:
+    """Open or closed; :meth:`wait` returns once open. Usable from any event loop.
+
+    (An ``asyncio.Event`` binds to the loop that first waits on it, and each
+    test has a loop of its own.)
+    """
+
+    def __init__(self) -> None:
+        self._open = True
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def set(self) -> None:
+        self._open = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._open = False
+
+    async def wait(self) -> None:
+        if self._open:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
+
+
+HELD = Gate()
 BROKER = "ops-endpoint"
 STREAM = "orders"
 

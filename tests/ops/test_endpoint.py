@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from sharedstream.testing.memory_broker import MemoryBroker
 from sharedstream.testing.runner import eventually_async
-from tests.ops.conftest import Running
-from tests.ops.held import HELD, STREAM
+from tests.ops.conftest import OpsClient, Running, start_triggerer
+from tests.ops.held import BROKER, HELD, STREAM
 
 
 def samples(text: str) -> dict[str, list[Sample]]:
@@ -89,3 +92,45 @@ async def test_bad_paths_and_methods_get_4xx(ops_triggerer: Running) -> None:
     assert (await client.request("DELETE", "/metrics")).status == 405
     assert (await client.request("POST", "/healthz", data=b"x" * 10_000)).status in (405, 413)
     assert (await client.request("HEAD", "/healthz")).status == 200
+
+
+async def test_a_full_watcher_queue_pauses_the_poll_and_the_time_is_counted(
+    tmp_path: Path,
+) -> None:
+    MemoryBroker.forget(BROKER)
+    HELD.clear()
+    triggerer, task = await start_triggerer(
+        tmp_path, {"SHAREDSTREAM__TRIGGERER__SHARED_STREAM_SUBSCRIBER_QUEUE_SIZE": "8"})
+    assert triggerer.api is not None
+    assert triggerer.api.address is not None
+    client = OpsClient("http://{}:{}".format(*triggerer.api.address))
+    try:
+        MemoryBroker.named(BROKER).produce(STREAM, [b"%d" % i for i in range(40)])
+
+        async def paused() -> bool:
+            found = samples((await client.get("/metrics")).text)
+            return value(found, "sharedstream_stream_paused_seconds_total",
+                         reason="watcher_behind") >= 0.3
+        await eventually_async(paused, True, what="the poll paused for the held watcher")
+        found = samples((await client.get("/metrics")).text)
+        assert value(found, "sharedstream_watcher_lag", watchers="held/slow") == 8
+        assert value(found, "sharedstream_stream_paused_seconds_total", reason="intake") == 0
+    finally:
+        HELD.set()
+        triggerer.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+        MemoryBroker.forget(BROKER)
+
+
+async def test_nothing_secret_is_served(ops_triggerer: Running) -> None:
+    triggerer, client = ops_triggerer.triggerer, ops_triggerer.client
+    ops_triggerer.broker.produce(STREAM, [b"1"])
+    key = triggerer.config.store.kwargs_key
+    assert key
+    secrets = [*key.split(","), BROKER]  # the key, and the broker name inside the stream's key
+    for path in ("/", "/status", "/metrics", "/readyz", "/status.js"):
+        body = (await client.get(path)).text
+        for secret in secrets:
+            assert secret not in body, (path, secret)
+    status = json.loads((await client.get("/status")).text)
+    assert "kwargs" not in json.dumps(status)
