@@ -113,9 +113,8 @@ class OpsEndpoint:
             raise SharedStreamError(
                 f"[api] cannot listen on {conf.host}:{conf.port}: {exc.strerror or exc}"
             ) from exc
-        server = site._server  # the only way to learn the port 0 picked
-        sockets = getattr(server, "sockets", None) or []
-        host, port = sockets[0].getsockname()[:2] if sockets else (conf.host, conf.port)
+        bound = runner.addresses  # what the socket got: the port 0 picked, say
+        host, port = bound[0][:2] if bound else (conf.host, conf.port)
         self.address = (str(host), int(port))
         self._runner = runner
         log.info("operations endpoint on http://%s:%d (/healthz /readyz /metrics /status)",
