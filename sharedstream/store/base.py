@@ -29,7 +29,7 @@ Contracts every backend keeps:
    :class:`StoreWriteError` (``retryable``) and stores nothing of the batch.
 3. Run ids are deterministic: ``asset_triggered__{N:012d}`` where ``N`` is the
    largest asset event id the run consumed, and a time-based run's id is
-   its timetable's (``scheduled__<logical date>``); ``(dag_id, run_id)`` is
+   its timetable's (``scheduled__<run_after>``); ``(dag_id, run_id)`` is
    unique, and queuing a time-based run whose id is stored queues nothing.
 4. All datetimes are timezone-aware UTC.
 5. A time-scheduled DAG's *bookkeeping* (its last automated data interval,

@@ -258,15 +258,15 @@ class Timetable:
     def generate_run_id(
         self, *, run_type: str, run_after: dt.datetime, data_interval: DataInterval | None
     ) -> str:
-        """``<run_type>__<logical date ISO 8601, UTC>``: the same run always gets the same id.
+        """``<run_type>__<run_after ISO 8601, UTC>``: the same run always gets the same id.
 
-        The logical date is the data interval's start, or ``run_after`` when
-        the run has no data interval.
+        Built from ``run_after``, the moment the run is due, as Airflow 3 builds
+        it (not from the logical date, which for a data-interval timetable is
+        the interval's start; ``data_interval`` is accepted for overrides).
         """
         if run_type not in RUN_TYPES:
             raise ValueError(f"run type must be one of {', '.join(RUN_TYPES)}, got {run_type!r}")
-        logical = data_interval.start if data_interval is not None else run_after
-        return f"{run_type}__{require_aware(logical, 'the logical date').isoformat()}"
+        return f"{run_type}__{require_aware(run_after, 'run_after').isoformat()}"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Timetable):

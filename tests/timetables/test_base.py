@@ -51,12 +51,12 @@ def test_naive_datetimes_are_refused() -> None:
                             restriction=TimeRestriction(datetime(2026, 1, 1), None, True))
 
 
-def test_run_ids_are_the_logical_date_in_utc() -> None:
+def test_run_ids_are_run_after_in_utc_as_airflow_3_builds_them() -> None:
     tt = CronTriggerTimetable("0 18 * * 5", timezone=AMS, interval=timedelta(days=4, hours=9))
     run_after = datetime(2026, 1, 9, 18, tzinfo=AMS)
     interval = tt.infer_manual_data_interval(run_after=run_after)
     assert tt.generate_run_id(run_type="scheduled", run_after=run_after,
-                              data_interval=interval) == "scheduled__2026-01-05T08:00:00+00:00"
+                              data_interval=interval) == "scheduled__2026-01-09T17:00:00+00:00"
     assert tt.generate_run_id(run_type="manual", run_after=run_after,
                               data_interval=None) == "manual__2026-01-09T17:00:00+00:00"
     with pytest.raises(ValueError, match="run type must be one of"):
