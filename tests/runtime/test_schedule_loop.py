@@ -192,7 +192,7 @@ def test_a_data_interval_timetable_queues_the_last_complete_interval(world: Worl
     world.clock.now = at(3.5)
     one_pass(world.loop())
     (run,) = world.store.list_runs(dag_id="d")
-    assert (run.run_id, run.logical_date, run.run_after) == (rid(3), at(2), at(3))  # the id: run_after
+    assert (run.run_id, run.logical_date, run.run_after) == (rid(3), at(2), at(3))
     assert (run.data_interval_start, run.data_interval_end) == (at(2), at(3))
 
 
