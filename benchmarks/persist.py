@@ -22,7 +22,17 @@ Producers put events at a fixed offered rate (or as fast as they can);
 latency is measured per event from ``put`` to the ``confirm`` call that
 carries its seq. Writes ``benchmarks/results/persist.{json,csv,png}``.
 
+``--ours-rev REV`` measures instead the gate as committed at ``REV`` against
+the working tree, side by side: ``REV``'s ``sharedstream/`` is exported
+(``_revisions.export_revision``) and each measurement runs in a child
+process of this script (``PYTHONPATH`` = the export for ``REV``; nothing for
+the working tree), alternating which goes first from round to round. It
+writes ``persist-vs-<rev>.{json,csv,png}`` with every run, the medians and
+the median of each round's own working tree / ``REV`` ratio (see
+:mod:`_persist_compare`).
+
 Usage: ``python benchmarks/persist.py [--events N] [--quick] [--output-dir D]``
+``[--ours-rev REV [--rounds N]]``
 """
 
 from __future__ import annotations
@@ -204,7 +214,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="offered events/s for the latency runs (both policies; default 300)")
     parser.add_argument("--quick", action="store_true", help="a few seconds: 5,000 / 300 events")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--ours-rev", help="compare the working tree with this git revision")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --ours-rev (default 3)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one case as JSON (--ours-rev)
     args = parser.parse_args(argv)
+    if args.child is not None:
+        import sharedstream  # noqa: PLC0415 - which copy ran, for the record
+
+        row = asyncio.run(run_policy(**json.loads(args.child)))
+        print(json.dumps({**row, "sharedstream": str(Path(sharedstream.__file__).parent)}))
+        return 0
+    if args.ours_rev is not None:
+        from _persist_compare import compare  # noqa: PLC0415 - only this mode needs it
+
+        return compare(args.ours_rev, rounds=1 if args.quick else args.rounds,
+                       events=10_000 if args.quick else args.events, out=args.output_dir,
+                       stem="persist-quick-vs" if args.quick else "persist-vs")
     group_n, single_n = (5_000, 300) if args.quick else (args.events, args.per_event_events)
     rows = []
     paced_n = 300 if args.quick else 1_500

@@ -223,5 +223,6 @@ class PersistGate:
         metrics = instruments()
         metrics.persist_latency.record(latency)
         metrics.events_stored.add(result.stored)
-        for run in result.dag_runs:
-            log.debug("queued DAG run %s", run)
+        if log.isEnabledFor(logging.DEBUG):  # one check per batch, not one call per run
+            for run in result.dag_runs:
+                log.debug("queued DAG run %s", run)

@@ -6,9 +6,14 @@ few rows bound and stepped in C, not statements run from Python: the
 database thread shares the GIL with the event loop, so every statement and
 Python step here is time the runtime's event loop waits.
 
-Invariant relied on throughout: the caller holds the write lock, so nobody
+Invariants relied on throughout: the caller holds the write lock, so nobody
 else inserts meanwhile, ids assigned in the transaction exceed every stored
-one (``AUTOINCREMENT``), and they follow statement order.
+one (``AUTOINCREMENT``), and they follow statement order. The caller also
+turns foreign-key enforcement off for the transaction: the trigger ids of
+the batch are checked once (:func:`_check_triggers`), and every other id
+written is one this transaction read or created (asset events join stored
+trigger events and watchers; queue rows and run links name those asset
+events and the runs just inserted), so each reference holds by construction.
 """
 
 from __future__ import annotations
@@ -137,6 +142,7 @@ def write_batch(
         [(event.trigger_id, event.idem_key, event.payload, now) for event in batch],
         " ON CONFLICT (idem_key) DO NOTHING",
     )
+    _check_triggers(cur, {event.trigger_id for event in batch}, before)
     if stored == len(batch):
         stored_triggers = [event.trigger_id for event in batch]
     else:
@@ -192,6 +198,30 @@ def write_batch(
         asset_events=asset_event_count,
         dag_runs=tuple(runs),
     )
+
+
+def _check_triggers(cur: sqlite3.Cursor, trigger_ids: set[int], before: int) -> None:
+    """Raise ``sqlite3.IntegrityError`` if an event stored after ``before`` names no trigger.
+
+    The foreign key ``trigger_events.trigger_id``, checked once per batch and
+    distinct trigger (``write_events`` runs with foreign keys off) and failing
+    as the per-row check did. Only stored events count: a duplicate was
+    skipped before SQLite would have checked its reference.
+    """
+    (found,) = cur.execute(
+        "SELECT count(*) FROM triggers WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(sorted(trigger_ids)),),
+    ).fetchone()
+    if found == len(trigger_ids):
+        return
+    if cur.execute(
+        "SELECT 1 FROM trigger_events te WHERE te.id > ? AND NOT EXISTS"
+        " (SELECT 1 FROM triggers t WHERE t.id = te.trigger_id) LIMIT 1",
+        (before,),
+    ).fetchone():
+        raise sqlite3.IntegrityError(
+            "FOREIGN KEY constraint failed: the batch names a trigger id that is not stored"
+        )
 
 
 def _queue_and_run(

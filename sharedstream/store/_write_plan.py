@@ -50,6 +50,11 @@ class Definitions:
     # their events need the queue and run logic
     scheduled_triggers: frozenset[int] = frozenset()
     schedules: dict[str, Schedule] = field(default_factory=dict)
+    # trigger id -> (dag id, positions in assets_by_trigger[trigger id] of the assets
+    # that queue on it), in the order the DAGs are first touched, for the scheduled
+    # triggers one event of which satisfies every DAG it touches on its own (schedules
+    # are monotone: more queued assets never unsatisfy one): plan_runs' fast path
+    immediate: dict[int, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
 
     def dags_of(self, trigger_ids: Iterable[int]) -> list[str]:
         """The DAGs an event of any of these triggers may queue on, sorted (a lock order)."""
@@ -80,22 +85,46 @@ def load_definitions(conn: _Executes, generation: int) -> Definitions:
             "SELECT dag_id, schedule FROM dags WHERE schedule != 'null'"
         )
     }
+    by_trigger = {
+        trigger_id: tuple(
+            (asset_id, name, tuple(dags_by_asset.get(asset_id, ())))
+            for asset_id, name in assets.items()
+        )
+        for trigger_id, assets in assets_by_trigger.items()
+    }
+    scheduled = frozenset(
+        trigger_id
+        for trigger_id, assets in assets_by_trigger.items()
+        if any(asset_id in dags_by_asset for asset_id in assets)
+    )
     return Definitions(
         generation=generation,
-        assets_by_trigger={
-            trigger_id: tuple(
-                (asset_id, name, tuple(dags_by_asset.get(asset_id, ())))
-                for asset_id, name in assets.items()
-            )
-            for trigger_id, assets in assets_by_trigger.items()
-        },
-        scheduled_triggers=frozenset(
-            trigger_id
-            for trigger_id, assets in assets_by_trigger.items()
-            if any(asset_id in dags_by_asset for asset_id in assets)
-        ),
+        assets_by_trigger=by_trigger,
+        scheduled_triggers=scheduled,
         schedules=schedules,
+        immediate=_immediate(by_trigger, scheduled, schedules),
     )
+
+
+def _immediate(
+    by_trigger: Mapping[int, tuple[tuple[int, str, tuple[str, ...]], ...]],
+    scheduled: frozenset[int],
+    schedules: Mapping[str, Schedule],
+) -> dict[int, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """:attr:`Definitions.immediate`: the triggers whose one event satisfies all it touches."""
+    immediate = {}
+    for trigger_id in scheduled:
+        positions: dict[str, list[int]] = {}  # in first-touched order, as plan_runs touches
+        names: dict[str, set[str]] = {}
+        for position, (_, name, dag_ids) in enumerate(by_trigger[trigger_id]):
+            for dag_id in dag_ids:
+                positions.setdefault(dag_id, []).append(position)
+                names.setdefault(dag_id, set()).add(name)
+        if all(schedules[dag_id].satisfied(names[dag_id]) for dag_id in positions):
+            immediate[trigger_id] = tuple(
+                (dag_id, tuple(found)) for dag_id, found in positions.items()
+            )
+    return immediate
 
 
 @dataclass(slots=True)
@@ -142,8 +171,18 @@ def plan_runs(
     queues: dict[str, Queue] = {}
     consumed_from_table: list[str] = []
     runs: list[tuple[str, str, list[int]]] = []
+    immediate = defs.immediate
     for trigger_id, asset_event_ids in stored:
         if trigger_id not in defs.scheduled_triggers:
+            continue
+        fast = immediate.get(trigger_id)
+        if fast is not None and _queues_empty(fast, queues, stored_queues):
+            # The general path's outcome without its bookkeeping: every DAG the
+            # event touches runs on exactly this event's asset events (its queue
+            # was empty), ids ascending as the assets are ordered.
+            for dag_id, positions in fast:
+                consumed = [asset_event_ids[position] for position in positions]
+                runs.append((dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed))
             continue
         touched: dict[str, Queue] = {}  # in first-touched order
         assets = defs.assets_by_trigger[trigger_id]
@@ -171,6 +210,21 @@ def plan_runs(
         for queued_id, asset_id in queue.unwritten
     ]
     return RunPlan(consumed_from_table, queue_rows, runs)
+
+
+def _queues_empty(
+    fast: tuple[tuple[str, tuple[int, ...]], ...],
+    queues: dict[str, Queue],
+    stored_queues: Mapping[str, Sequence[tuple[int, str]]],
+) -> bool:
+    """Whether the queue of every DAG in ``fast`` is empty (loading stored ones as needed)."""
+    for dag_id, _ in fast:
+        queue = queues.get(dag_id)
+        if queue is None:
+            queue = queues[dag_id] = _stored_queue(stored_queues.get(dag_id, ()))
+        if queue.ids:
+            return False
+    return True
 
 
 def _stored_queue(rows: Sequence[tuple[int, str]]) -> Queue:

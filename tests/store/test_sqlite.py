@@ -220,6 +220,8 @@ def _reference_write_batch(conn: sqlite3.Connection, batch: Sequence[PendingEven
 
 
 class _ReferenceStore(SqliteStore):
+    _foreign_keys_per_row = True  # SQLite itself checks the reference's references
+
     def _write_batch(self, conn: sqlite3.Connection, batch: Sequence[PendingEvent]) -> WriteResult:
         return _reference_write_batch(conn, batch)
 
@@ -306,6 +308,9 @@ def _assert_same_as_reference(ops: Sequence[Op], db_dir: Path | None) -> None:
                 want = _apply(reference, op, reference_ids)
             assert got == want, f"step {step}: {op}"
             assert _dump(new) == _dump(reference), f"step {step}: {op}"
+            # write_events runs with foreign keys off: every reference must still hold
+            assert new._read("PRAGMA foreign_key_check") == [], f"step {step}: {op}"
+            assert new._read("PRAGMA foreign_keys") == [(1,)], f"step {step}: {op}"
 
 
 _schedules = st.recursive(
