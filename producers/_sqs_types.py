@@ -11,7 +11,6 @@ import it from there. Nothing here imports aiobotocore.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -34,6 +33,7 @@ from sharedstream.brokerkit.errors import (
 from sharedstream.brokerkit.fingerprints import fingerprint, secret_digest
 from sharedstream.brokerkit.retry import RetryPolicy
 from sharedstream.brokerkit.settings import check_settings
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import Verdict
 
 __all__ = [
@@ -61,7 +61,7 @@ __all__ = [
     "sized_chunks",
 ]
 
-log = logging.getLogger("sharedstream.producers.sqs")
+log = key_value_logger("sharedstream.producers.sqs")
 
 DLQ_ATTRIBUTE_QUEUE = "sharedstream.source-queue"
 DLQ_ATTRIBUTE_MESSAGE_ID = "sharedstream.source-message-id"
@@ -331,8 +331,9 @@ def dead_letter_entry(  # noqa: PLR0917 - one entry's parts
     originals = [(k, v) for k, v in message.raw_attributes.items() if k not in _OUR_ATTRIBUTES]
     room = _SQS_MAX_ATTRIBUTES - len(ours)
     if len(originals) > room:
-        log.warning("dead-lettering %s: keeping %d of its %d attributes (SQS allows %d)",
-                    message.message_id, room, len(originals), _SQS_MAX_ATTRIBUTES)
+        log.warning("dead-lettering: dropping the attributes SQS has no room for",
+                    message_id=message.message_id, kept=room, attributes=len(originals),
+                    limit=_SQS_MAX_ATTRIBUTES)
     entry: dict[str, Any] = {"Id": entry_id, "MessageBody": message.body,
                              "MessageAttributes": {**dict(originals[:room]), **ours}}
     if fifo:

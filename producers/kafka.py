@@ -45,7 +45,6 @@ the commit call and the dead-letter topic.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -64,6 +63,7 @@ from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
@@ -98,7 +98,7 @@ __all__ = [
     "security_fingerprint",
 ]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 DLQ_HEADER_TOPIC = "sharedstream.source.topic"
 DLQ_HEADER_PARTITION = "sharedstream.source.partition"
@@ -294,7 +294,8 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             tp_key = (tp.topic, tp.partition)
             self._lanes[tp_key] = _Lane(epoch=self._epoch)
             self._committer.open(tp_key, self._epoch)
-        log.info("assigned %s (epoch %d)", sorted(self._lanes), self._epoch)
+        log.info("partitions assigned", lanes=[f"{t}/{p}" for t, p in sorted(self._lanes)],
+                 epoch=self._epoch)
 
     async def _on_revoked(self, revoked: Any) -> None:
         """Forget the revoked lanes, then commit what they resolved before returning.
@@ -397,10 +398,11 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         try:
             self._consumer.seek(tp, offset)
         except errors.IllegalStateError:
-            log.info("%s was revoked before it could be rewound to %d", tp, offset)
+            log.info("partition revoked before it could be rewound", topic=tp_key[0],
+                     partition=tp_key[1], offset=offset)
         else:
-            log.info("holding %s/%d at %d for redelivery (failed deliveries: %d)",
-                     tp_key[0], tp_key[1], offset, lane.failures.get(offset))
+            log.info("holding the partition for redelivery", topic=tp_key[0],
+                     partition=tp_key[1], offset=offset, failures=lane.failures.get(offset))
 
     async def _commit_offsets(self, targets: dict[tuple[str, int], int]) -> bool:
         """One ``consumer.commit`` of ``targets`` (the commit task's only broker call).
@@ -427,7 +429,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         except KafkaCommitError as exc:
             cause = exc.__cause__
             if isinstance(cause, errors.CommitFailedError | errors.IllegalStateError):
-                log.info("%s refused by a rebalance: %s", what, cause)
+                log.info("commit refused by a rebalance", call=what, error=cause)
                 return False
             raise
         return True

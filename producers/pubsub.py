@@ -64,7 +64,6 @@ redelivery rule, the lease keeper, the settle sender and source claims.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
@@ -85,6 +84,7 @@ from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._pubsub_types import (
     ACK_BATCH,
@@ -125,7 +125,7 @@ __all__ = [
     "PubSubSharedStreamProducer",
 ]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 _T = TypeVar("_T")
 _MAX_HOLDS = 4096
@@ -293,7 +293,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         except exceptions.GoogleAPICallError as exc:
             if not delivered:
                 raise
-            log.info("the stream of %s ended (%s); opening another", self.subscription, exc)
+            log.info("streaming pull ended; opening another", subscription=self.subscription,
+                     error=exc)
         finally:
             stream.cancel()
 
@@ -401,8 +402,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         """
         for payload in payloads:
             self._settle_lease(payload.ack_id)
-        log.info("nacking %d message(s) of %s: %s", len(payloads), self.subscription,
-                 [p.message_id for p in payloads])
+        log.info("nacking messages", subscription=self.subscription, count=len(payloads),
+                 message_ids=[p.message_id for p in payloads])
         async with self._deadlines:
             for start in range(0, len(payloads), ACK_BATCH):
                 await self._modify([p.ack_id for p in payloads[start:start + ACK_BATCH]], 0)
@@ -412,8 +413,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         now, limit = self._leases.now(), self.settings.max_lease_duration
         due = [a for a in ack_ids if now - self._arrived.get(a, now) < limit]
         if len(due) < len(ack_ids):
-            log.warning("%d lease(s) of %s reached max_lease_duration (%ds); Pub/Sub "
-                        "redelivers them", len(ack_ids) - len(due), self.subscription, limit)
+            log.warning("leases reached max_lease_duration; Pub/Sub redelivers them",
+                        subscription=self.subscription, count=len(ack_ids) - len(due),
+                        limit_s=limit)
         if not due:
             return []
         return await self._modify(due, self.settings.ack_deadline)
@@ -433,8 +435,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             failures = ack_failures(exc.__cause__) if isinstance(
                 exc.__cause__, exceptions.GoogleAPICallError) else None
             if failures is None:
-                log.warning("changing the deadline of %d message(s) of %s failed (%s); they "
-                            "lapse on their own", len(ack_ids), self.subscription, exc)
+                log.warning("changing ack deadlines failed; they lapse on their own",
+                            subscription=self.subscription, count=len(ack_ids), error=exc)
                 return []
             return [a for a in ack_ids if a not in failures]
         return ack_ids
@@ -508,8 +510,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         except PubSubRequestError as exc:
             cause = exc.__cause__
             if cause is None or (isinstance(cause, Exception) and transient(cause)):
-                log.error("dead-lettering %s to %s failed (%s); nacked, they come again",  # noqa: TRY400 - the cause is in the message
-                          [p.message_id for p, _, _ in chunk], topic, exc)
+                log.error("dead-lettering failed; nacked, they come again",  # noqa: TRY400 - the cause is error=
+                          message_ids=[p.message_id for p, _, _ in chunk], destination=topic,
+                          error=exc)
                 await self._nack([p for p, _, _ in chunk])
             elif len(chunk) > 1:  # refused: perhaps one message's fault; find it
                 for item in chunk:
@@ -535,8 +538,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
                     history=f"delivery attempt {message.delivery_attempt or 'unknown'}",
                 )
             except Exception as exc:  # noqa: BLE001 - not kept: the message is nacked, comes again
-                log.error("keeping %s in the dead-letter fallback failed (%s); nacked, it "  # noqa: TRY400 - the cause is in the message
-                          "comes again", message.message_id, exc)
+                log.error("keeping a message in the dead-letter fallback failed; nacked, "  # noqa: TRY400 - the cause is error=
+                          "it comes again", message_id=message.message_id, error=exc)
                 left.append(payload)
                 continue
             kept.append(payload)
@@ -562,8 +565,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         finally:
             await self._workers.stop()
             if self._acks.queued:
-                log.warning("%d ack(s) not sent before closing; those messages come again and "
-                            "their events are skipped as duplicates", self._acks.queued)
+                log.warning("acks not sent before closing; those messages come again and "
+                            "their events are skipped as duplicates",
+                            subscription=self.subscription, count=self._acks.queued)
             if self._claimed:
                 _consumed.release(self.settings.identity(), self.settings.fingerprint())
             for client in (self._subscriber, self._publisher):
@@ -573,5 +577,5 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
 
 
 def _ack_lost(payload: PubSubPayload, detail: str) -> None:
-    log.warning("ack of %s did not take (%s); Pub/Sub redelivers it and its events are skipped "
-                "as duplicates", payload.message_id, detail)
+    log.warning("ack did not take; Pub/Sub redelivers the message and its events are skipped "
+                "as duplicates", message_id=payload.message_id, error=detail)

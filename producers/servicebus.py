@@ -79,6 +79,7 @@ from sharedstream.brokerkit.redelivery import RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._servicebus_types import (
     ServiceBusConfigError,
@@ -106,7 +107,7 @@ __all__ = [
     "namespace_of",
 ]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 # The SDK logs every AMQP error it meets at INFO (a missing entity, each retried failure), and
 # the producer reports each one itself, wrapped and once; so the SDK's loggers, when nobody set
@@ -116,6 +117,8 @@ if _sdk_logger.level == logging.NOTSET:
     _sdk_logger.setLevel(logging.WARNING)
 
 _T = TypeVar("_T")
+_COMPLETE_LOST = ("completing messages did not take; Service Bus delivers them again and their "
+                  "events are skipped as duplicates")
 _MAX_HOLDS = 4096
 _GLANCE = 0.05
 _COMPLETE_TURN = 500
@@ -347,8 +350,9 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         lease = max(1.0, seen)
         if self._leases.shorten(lease) and not self._lock_warned:
             self._lock_warned = True
-            log.warning("the lock of %s lasts about %.0fs, less than lock_duration (%ds); "
-                        "renewing on that", self.entity, lease, self.settings.lock_duration)
+            log.warning("message locks are shorter than lock_duration; renewing on theirs",
+                        entity=self.entity, lock_s=round(lease),
+                        lock_duration_s=self.settings.lock_duration)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -377,8 +381,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 other = [e for e in group.exceptions if not isinstance(e.__cause__, lost)]
                 if other:
                     raise other[0]  # noqa: B904 - its own cause is the SDK's error
-                log.warning("lost the lock of session %s of %s; what was received from it and "
-                            "not settled comes again", session, self.entity)
+                log.warning("lost a session lock; what was received from it and not settled "
+                            "comes again", entity=self.entity, session=session)
             finally:
                 self._open.pop(id(receiver), None)
                 self._links.pop(id(receiver), None)
@@ -542,21 +546,19 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             "Complete", chunk, lambda p: p.receiver.complete_message(p.received), in_turn=True)
         retry = [(p, _said(exc)) for p, exc in failed if transient(exc)]
         again = {id(p) for p, _ in retry}
-        self._report(logging.WARNING, "completing", [
-            (p, _said(exc)) for p, exc in failed if id(p) not in again],
-            "Service Bus delivers them again and their events are skipped as duplicates")
+        self._report(logging.WARNING, _COMPLETE_LOST, [
+            (p, _said(exc)) for p, exc in failed if id(p) not in again])
         self._done([p for p in chunk if id(p) not in again])
         return retry
 
     def _complete_lost(self, payload: ServiceBusPayload, detail: str) -> None:
         """The settle sender gave a completion up after its retries."""
-        self._report(logging.WARNING, "completing", [(payload, detail)],
-                     "Service Bus delivers it again and its events are skipped as duplicates")
+        self._report(logging.WARNING, _COMPLETE_LOST, [(payload, detail)])
         self._done([payload])
 
-    def _report(self, level: int, what: str, failed: Sequence[tuple[ServiceBusPayload, str]],
-                then: str) -> None:
-        """Log a batch of failed settlements as one line (sequence numbers, first reason).
+    def _report(self, level: int, event: str,
+                failed: Sequence[tuple[ServiceBusPayload, str]]) -> None:
+        """Log a batch of failed settlements as one ``event`` line (sequence numbers, first reason).
 
         After an outage they fail in hundreds, and a line per message would
         say the same thing each time.
@@ -564,19 +566,18 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         if not failed:
             return
         numbers = [p.message.sequence_number for p, _ in failed]
-        shown = ", ".join(map(str, numbers[:10])) + (" ..." if len(numbers) > 10 else "")
         reasons = {detail for _, detail in failed}
-        log.log(level, "%s %d message(s) of %s did not take (%s%s): %s; %s", what,
-                len(failed), self.entity, failed[0][1],
-                f", and {len(reasons) - 1} other error(s)" if len(reasons) > 1 else "", shown, then)
+        log.log(level, event, entity=self.entity, count=len(failed),
+                sequence_numbers=numbers[:10], error=failed[0][1], other_errors=len(reasons) - 1)
 
     async def _abandon(self, payloads: list[ServiceBusPayload]) -> None:
-        log.info("abandoning %d message(s) of %s: %s", len(payloads), self.entity,
-                 [p.message.sequence_number for p in payloads])
+        log.info("abandoning messages", entity=self.entity, count=len(payloads),
+                 sequence_numbers=[p.message.sequence_number for p in payloads])
         failed = await self._settle_each(
             "Abandon", payloads, lambda p: p.receiver.abandon_message(p.received))
-        self._report(logging.WARNING, "abandoning", [(p, _said(exc)) for p, exc in failed],
-                     "their locks lapse and they come again")
+        self._report(logging.WARNING,
+                     "abandoning messages did not take; their locks lapse and they come again",
+                     [(p, _said(exc)) for p, exc in failed])
         self._done(payloads)
 
     async def _dispose(self, items: list[_Disposal]) -> None:
@@ -597,8 +598,9 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             self._settled(payload)
         failed = await self._settle_each("DeadLetter", [p for p, _, _ in items], dead_letter)
         refused = {id(p) for p, _ in failed}
-        self._report(logging.ERROR, "dead-lettering", [(p, _said(exc)) for p, exc in failed],
-                     "their locks lapse, they come again and are dead-lettered then")
+        self._report(logging.ERROR, "dead-lettering messages did not take; their locks lapse, "
+                     "they come again and are dead-lettered then",
+                     [(p, _said(exc)) for p, exc in failed])
         for payload, reason, verdicts in items:
             number = payload.message.sequence_number
             if id(payload) in refused:
@@ -612,16 +614,16 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         now, limit = self._leases.now(), self.settings.max_lock_renewal
         due = [t for t in tokens if t in self._held and now - self._arrived.get(t, now) < limit]
         if len(due) < len(tokens):
-            log.warning("%d lock(s) of %s reached max_lock_renewal (%ds) or were settled; "
-                        "Service Bus delivers them again", len(tokens) - len(due), self.entity,
-                        limit)
+            log.warning("locks reached max_lock_renewal or were settled; Service Bus delivers "
+                        "them again", entity=self.entity, count=len(tokens) - len(due),
+                        limit_s=limit)
         payloads = [self._held[t] for t in due]
         failed = await self._settle_each(
             "RenewLock", payloads, lambda p: p.receiver.renew_message_lock(p.received),
             in_turn=True)
         lost = {p.key for p, _ in failed}
-        self._report(logging.INFO, "renewing the lock of", [(p, _said(exc)) for p, exc in failed],
-                     "tried again next round until the lock expires")
+        self._report(logging.INFO, "renewing message locks did not take; tried again next "
+                     "round until the lock expires", [(p, _said(exc)) for p, exc in failed])
         return [t for t in due if t not in lost]
 
     # -- closing -------------------------------------------------------------------------
@@ -636,9 +638,9 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         finally:
             await self._workers.stop()
             if self._completes.queued:
-                log.warning("%d completion(s) not sent before closing; those messages come "
-                            "again and their events are skipped as duplicates",
-                            self._completes.queued)
+                log.warning("completions not sent before closing; those messages come again "
+                            "and their events are skipped as duplicates", entity=self.entity,
+                            count=self._completes.queued)
             if self._claimed:
                 _consumed.release(self.settings.identity(), self.settings.fingerprint())
             await self._exit.aclose()

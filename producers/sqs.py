@@ -55,7 +55,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
@@ -74,6 +73,7 @@ from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.producers._sqs_types import (
     BATCH,
@@ -118,7 +118,7 @@ __all__ = [
     "queue_name",
 ]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 _MAX_HOLDS = 4096
 _SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
@@ -336,7 +336,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         if bounced:
             for payload in bounced:
                 self._bounced.add(payload.message_id)
-            log.debug("showing %s again behind a held message", [p.message_id for p in bounced])
+            log.debug("showing messages again behind a held message",
+                      message_ids=[p.message_id for p in bounced])
             await self._set_visibility(_handles(bounced), 0)
         if failed:
             await self._show_failed(failed)
@@ -401,8 +402,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             delay = min(base * 2 ** max(earlier, 0), 43_200) if base else 0
             by_delay.setdefault(delay, []).append(payload)
         for delay, payloads in by_delay.items():
-            log.info("re-showing %d failed message(s) of %s in %ds: %s", len(payloads),
-                     queue_name(self._url), delay, [p.message_id for p in payloads])
+            log.info("re-showing failed messages", queue=queue_name(self._url),
+                     count=len(payloads), delay_s=delay,
+                     message_ids=[p.message_id for p in payloads])
             await self._set_visibility(_handles(payloads), delay)
 
     # -- visibility ----------------------------------------------------------------------
@@ -432,14 +434,14 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             response = await self._call("ChangeMessageVisibilityBatch",
                                         QueueUrl=self._url, Entries=entries)
         except SqsRequestError as exc:
-            log.warning("changing visibility of %s failed (%s); it lapses on its own",
-                        [message_id for _, message_id in chunk], exc)
+            log.warning("changing visibility failed; it lapses on its own",
+                        message_ids=[message_id for _, message_id in chunk], error=exc)
             return []
         refused = {f["Id"]: f.get("Code") for f in response.get("Failed") or []}
         done = []
         for i, lease in enumerate(chunk):
             if str(i) in refused:
-                log.info("visibility of %s not changed: %s", lease[1], refused[str(i)])
+                log.info("visibility not changed", message_id=lease[1], error=refused[str(i)])
             else:
                 done.append(lease)
         return done
@@ -503,9 +505,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 self._refusals[item[0].message_id] = exc.code or "refused"
                 await self._dispose_elsewhere([item], "the dead_letter_queue refused it")
             else:
-                log.error("dead-lettering %s failed (%s); they stay in %s and come again",  # noqa: TRY400 - the cause is in the message
-                          [item[0].message_id for item, _ in chunk], exc,
-                          queue_name(self._url))
+                log.error("dead-lettering failed; the messages stay and come again",  # noqa: TRY400 - the cause is error=
+                          queue=queue_name(self._url),
+                          message_ids=[item[0].message_id for item, _ in chunk], error=exc)
             return
         failed = {f["Id"]: f for f in response.get("Failed") or []}
         stored, refused = [], []
@@ -520,8 +522,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 refused.append(item)
                 self._refusals[payload.message_id] = str(failure.get("Code"))
             else:
-                log.error("dead-lettering %s failed (%s); it stays and comes again",
-                          payload.message_id, failure.get("Code"))
+                log.error("dead-lettering failed; the message stays and comes again",
+                          message_id=payload.message_id, error=failure.get("Code"))
         await self._queue_deletes(stored)
         if refused:
             await self._dispose_elsewhere(refused, "the dead_letter_queue refused it")
@@ -542,8 +544,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                     history=f"received {message.receive_count} times",
                 )
             except Exception as exc:  # noqa: BLE001 - not kept: the message stays and comes again
-                log.error("keeping %s in the dead-letter fallback failed (%s); it stays in %s "  # noqa: TRY400 - the cause is in the message
-                          "and comes again", payload.message_id, exc, queue_name(self._url))
+                log.error("keeping a message in the dead-letter fallback failed; it stays and "  # noqa: TRY400 - the cause is error=
+                          "comes again", queue=queue_name(self._url),
+                          message_id=payload.message_id, error=exc)
                 continue
             kept.append(payload)
         await self._queue_deletes(kept)
@@ -560,13 +563,14 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         finally:
             await self._workers.stop()
             if self._deletes.queued:
-                log.warning("%d delete(s) not sent before closing; those messages come again "
-                            "and their events are skipped as duplicates", self._deletes.queued)
+                log.warning("deletes not sent before closing; those messages come again and "
+                            "their events are skipped as duplicates",
+                            queue=queue_name(self._url), count=self._deletes.queued)
             if self._claimed:
                 _consumed.release(self.settings.identity(), self.settings.fingerprint())
             await self._exit.aclose()
 
 
 def _delete_refused(payload: SqsPayload, detail: str) -> None:
-    log.warning("delete of %s refused (%s); it will be redelivered and its events skipped as "
-                "duplicates", payload.message_id, detail)
+    log.warning("delete refused; the message is redelivered and its events skipped as "
+                "duplicates", message_id=payload.message_id, error=detail)

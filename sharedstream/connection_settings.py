@@ -23,18 +23,18 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from sharedstream.connections import Connection, InvalidConnection, get_connection
+from sharedstream.engine.keyvalue_log import key_value_logger
 
 __all__ = ["ConnectionReader", "merge_inline", "resolve_inline"]
 
 _FIELDS = ("host", "port", "login", "password", "schema")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
-log = logging.getLogger("sharedstream.connections")
+log = key_value_logger("sharedstream.connections")
 _warned: set[tuple[str, str, tuple[str, ...]]] = set()  # (conn id, source, keys) said once
 
 
@@ -127,9 +127,9 @@ class ConnectionReader:
         said = (self.conn.conn_id, self.conn.source, ignored)
         if ignored and said not in _warned:
             _warned.add(said)
-            log.warning("connection %r (from %s): %s has no effect on %s; ignored",
-                        self.conn.conn_id, self.conn.source or "code", ", ".join(ignored),
-                        self.broker)
+            log.warning("connection extra keys have no effect on this broker; ignored",
+                        conn_id=self.conn.conn_id, source=self.conn.source or "code",
+                        keys=list(ignored), broker=self.broker)
 
 
 def merge_inline(

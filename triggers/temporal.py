@@ -85,7 +85,7 @@ class DateTimeTrigger(BaseEventTrigger):
             if remaining <= 0:
                 break
             await asyncio.sleep(min(remaining, self.max_sleep_seconds))
-        self.log.debug("moment %s reached", self.moment.isoformat())
+        self.log.debug("moment reached", moment=self.moment.isoformat())
         yield TriggerEvent(self.moment)
 
 

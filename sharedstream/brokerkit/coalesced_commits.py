@@ -36,16 +36,16 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.keyvalue_log import key_value_logger
 
 __all__ = ["CoalescedCommitter", "Commit"]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
@@ -137,7 +137,7 @@ class CoalescedCommitter(Generic[K]):
                 # Committing is broken (retries exhausted, or a bug): stop here and let the
                 # owner end the poll. Nothing is committed past what the broker acknowledged,
                 # so the next consumer redelivers the rest (at-least-once, never a skip).
-                log.exception("%s: committing offsets failed; the poll must end", self._name)
+                log.exception("committing offsets failed; the poll must end", committer=self._name)
                 self.error = exc
                 self._on_fatal(exc)
                 return
@@ -176,8 +176,9 @@ class CoalescedCommitter(Generic[K]):
             async with asyncio.timeout(self._close_timeout), self._lock:
                 await self._commit_slots(revoked)
         except (SharedStreamError, TimeoutError) as exc:
-            log.warning("%s: committing revoked %s failed (%s); the new owner redelivers from "
-                        "the last commit", self._name, sorted(map(repr, revoked)), exc)
+            log.warning("committing revoked lanes failed; the new owner redelivers from the "
+                        "last commit", committer=self._name, lanes=sorted(revoked, key=repr),
+                        error=exc)
 
     async def close(self) -> None:
         """Stop the commit task and commit the final targets, best-effort. Idempotent.
@@ -192,8 +193,8 @@ class CoalescedCommitter(Generic[K]):
                     await _cancel_and_wait(task)
                 await self._commit_slots(self._slots)
         except (SharedStreamError, TimeoutError) as exc:
-            log.warning("%s: final commit failed (%s); uncommitted records are redelivered",
-                        self._name, exc)
+            log.warning("final commit failed; uncommitted records are redelivered",
+                        committer=self._name, error=exc)
         finally:
             if task is not None and not task.done():
                 await _cancel_and_wait(task)

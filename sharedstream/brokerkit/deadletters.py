@@ -22,9 +22,9 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
+from sharedstream.engine.keyvalue_log import KeyValueLogger
 from sharedstream.engine.producer import (
     DeadLetter,
     SharedStreamProducer,
@@ -71,6 +71,12 @@ def _said(verdicts: Sequence[Verdict], prefix: str) -> str:
     return f"{prefix}{detail}" if detail else ""
 
 
+def _detail(verdicts: Sequence[Verdict]) -> dict[str, str]:
+    """The ``detail`` key-value of a log line, when the verdicts give one."""
+    detail = verdict_detail(verdicts)
+    return {"detail": detail} if detail else {}
+
+
 class DeadLetterDesk:
     """Counts a producer's dead letters and keeps those its broker will not take.
 
@@ -83,7 +89,7 @@ class DeadLetterDesk:
     """
 
     def __init__(self, owner: SharedStreamProducer, *, stream: str, setting: str,
-                 logger: logging.Logger) -> None:
+                 logger: KeyValueLogger) -> None:
         self.owner, self.stream, self.setting, self.log = owner, stream, setting, logger
         self.discarded = 0
         """Messages dropped because there was no dead-letter destination and no fallback."""
@@ -92,8 +98,8 @@ class DeadLetterDesk:
              verdicts: Sequence[Verdict]) -> None:
         """The broker's dead-letter destination acknowledged the copy of ``source``: count it."""
         self.owner.dead_lettered += 1
-        self.log.warning("dead-lettered %s from %s to %s (%s%s)", source, self.stream,
-                         destination, reason, _said(verdicts, ": "))
+        self.log.warning("dead-lettered", source=source, stream=self.stream,
+                         destination=destination, reason=reason, **_detail(verdicts))
 
     async def keep(
         self,
@@ -117,8 +123,9 @@ class DeadLetterDesk:
         keep = self.owner.dead_letter_fallback
         if keep is None:
             self.discarded += 1
-            self.log.warning("discarding %s from %s (%s, %s%s): %s", source, self.stream,
-                             reason, history, _said(verdicts, "; "), cause)
+            self.log.warning("discarding a message: no dead-letter destination", source=source,
+                             stream=self.stream, reason=reason, history=history,
+                             **_detail(verdicts), cause=cause)
             return
         await keep(DeadLetter(
             stream=self.stream,
@@ -129,7 +136,8 @@ class DeadLetterDesk:
             headers=headers,
         ))
         self.owner.dead_lettered += 1
-        self.log.debug("handed %s to the dead-letter fallback (%s; %s)", source, reason, cause)
+        self.log.debug("handed to the dead-letter fallback", source=source, reason=reason,
+                       cause=cause)
 
     def unconfigured(self) -> str:
         """The ``cause`` to give :meth:`keep` when no dead-letter destination is set."""

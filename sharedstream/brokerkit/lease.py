@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from sharedstream.brokerkit.batches import in_batches
+from sharedstream.engine.keyvalue_log import key_value_logger
 
 __all__ = ["LeaseKeeper", "Renew"]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
@@ -127,8 +127,8 @@ class LeaseKeeper(Generic[K]):
         for key in lost:
             del self._expiry[key]
         if lost:
-            log.info("%d lease(s) expired before they could be renewed; the broker "
-                     "redelivers them", len(lost))
+            log.info("leases expired before they could be renewed; the broker redelivers "
+                     "them", count=len(lost))
             if self._on_lost is not None:
                 self._on_lost(lost)
         threshold = started + self.renew_within
@@ -142,7 +142,7 @@ class LeaseKeeper(Generic[K]):
         for key in renewed:
             if key in self._expiry:  # not settled meanwhile
                 self._expiry[key] = started + self.lease
-        log.debug("renewed %d of %d due lease(s)", len(renewed), len(due))
+        log.debug("renewed due leases", count=len(renewed), due=len(due))
         return renewed
 
     async def _renew_batch(self, batch: Sequence[K]) -> Collection[K]:
@@ -150,8 +150,8 @@ class LeaseKeeper(Generic[K]):
             return await self._renew(batch)
         except Exception as exc:  # noqa: BLE001 - a failed renewal is retried next round;
             # a lease that expires meanwhile is redelivered by the broker (at-least-once).
-            log.warning("renewing %d lease(s) failed (%s); trying again next round",
-                        len(batch), exc)
+            log.warning("renewing leases failed; trying again next round",
+                        count=len(batch), error=exc)
             return ()
 
     async def run(self) -> None:

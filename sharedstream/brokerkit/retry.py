@@ -12,16 +12,16 @@ so tests run without waiting.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
 from sharedstream.brokerkit.errors import BrokerError
+from sharedstream.engine.keyvalue_log import key_value_logger
 
 __all__ = ["RetryPolicy", "retrying"]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 _T = TypeVar("_T")
 
@@ -71,5 +71,6 @@ async def retrying(
             delay = next(delays, None) if transient(exc) else None
             if delay is None:
                 raise wrap(f"{what} failed: {exc}") from exc
-            log.warning("%s failed (%s); retrying in %.2fs", what, exc, delay)
+            log.warning("broker call failed; retrying", call=what, error=exc,
+                        delay_s=round(delay, 2))
             await sleep(delay)

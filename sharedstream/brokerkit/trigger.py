@@ -332,7 +332,8 @@ class BrokerTrigger(BaseEventTrigger):
             try:
                 value = decode(message)
             except ValueError as exc:
-                self.log.warning("rejecting %s: %s", self.describe_message(message), exc)
+                self.log.warning("rejecting a message that does not decode",
+                                 source=self.describe_message(message), error=exc)
                 reject_shared_stream_event(str(exc))
                 continue
             if matches(value, message):

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import shutil
 import signal
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from sharedstream.demo.brokers import DEMO_BROKERS, TOPIC, DemoBroker, demo_broker
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
@@ -63,7 +63,7 @@ __all__ = [
     "tansu_binary",
 ]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 DEFINITIONS = Path(__file__).with_name("definitions.py")
 REGIONS = ("eu", "us", "apac")

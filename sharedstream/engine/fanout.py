@@ -30,14 +30,15 @@ iterators in :mod:`sharedstream.engine.stream` read from it.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, Final, cast
 
+from sharedstream.engine.keyvalue_log import key_value_logger
+
 __all__ = ["PASS_ALL", "Accept", "FanOut", "KeyedPrefilter", "Subscriber"]
 
-log = logging.getLogger("sharedstream.fanout")
+log = key_value_logger("sharedstream.fanout")
 
 Accept = Callable[[Any], bool]
 """A subscriber's prefilter: ``accept(raw_event)`` is false for raw events it would ignore."""
@@ -351,10 +352,8 @@ class FanOut:
         Call it while handling the exception: the warning carries its traceback.
         """
         log.warning(
-            "the shared-stream prefilter of trigger%s %s raised; it is switched off and "
-            "the filter gets every raw event",
-            "s" if len(subs) > 1 else "",
-            ", ".join(repr(sub.trigger_id) for sub in subs),
+            "shared-stream prefilter raised; switched off, the filter gets every raw event",
+            triggers=[sub.trigger_id for sub in subs],
             exc_info=True,
         )
         for sub in subs:

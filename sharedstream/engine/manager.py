@@ -22,6 +22,7 @@ from typing import Any, cast
 from sharedstream.engine.errors import DuplicateSubscription, InvalidStreamKey
 from sharedstream.engine.fanout import Accept
 from sharedstream.engine.group import IntakeValve, StreamGroup
+from sharedstream.engine.keyvalue_log import KeyValueLogger, key_value_logger
 from sharedstream.engine.membership import Membership
 from sharedstream.engine.producer import DeadLetterFallback
 from sharedstream.engine.pump import StreamTotals
@@ -30,7 +31,7 @@ from sharedstream.engine.trigger import BaseEventTrigger
 
 __all__ = ["DEFAULT_ACK_TIMEOUT", "DEFAULT_SUBSCRIBER_QUEUE_MAX", "SharedStreamManager"]
 
-log = logging.getLogger("sharedstream.stream")
+log = key_value_logger("sharedstream.stream")
 
 DEFAULT_SUBSCRIBER_QUEUE_MAX = 1024
 """Raw events a subscriber may have pending before it is failed (``max_subscriber_queue``)."""
@@ -51,8 +52,12 @@ class SharedStreamManager:
     :param clock: monotonic clock in seconds for ack deadlines (injectable
         for tests).
     :param log: the logger of the manager's own lines (Airflow passes the
-        triggerer's); any object with the ``logging.Logger`` methods, by
-        default the ``sharedstream.stream`` logger. The groups log there too.
+        triggerer's), by default the ``sharedstream.stream`` logger; they are
+        written structlog-style (``log.debug("msg", key=value)``), so a
+        ``logging.Logger`` is wrapped in a
+        :class:`~sharedstream.engine.keyvalue_log.KeyValueLogger`, and any
+        other object must take key-values as keyword arguments (a structlog
+        logger does). The groups log to ``sharedstream.stream``.
     """
 
     def __init__(
@@ -76,7 +81,9 @@ class SharedStreamManager:
         self._clock = clock
         self.log: Any = (
             log if log is not None else logging.getLogger("sharedstream.stream"))
-        """Where the manager's own lines go (``log=``)."""
+        """Where the manager's own lines go (``log=``, as given)."""
+        self._log: Any = (
+            KeyValueLogger(self.log) if isinstance(self.log, logging.Logger) else self.log)
         self._groups: dict[Hashable, StreamGroup] = {}
         self._rosters: dict[Hashable, dict[Hashable, Membership]] = {}
         # Persist-confirmation seqs are unique per manager, shared by all groups.
@@ -177,7 +184,7 @@ class SharedStreamManager:
         for member in self._rosters.get(key, {}).values():
             member.attach(group)
         self._groups[key] = group
-        self.log.debug("shared stream %r started (ack mode: %s)", key, group.ack_mode)
+        self._log.debug("shared stream started", stream=key, ack_mode=group.ack_mode)
         return group
 
     async def release(self, member: Membership) -> None:
@@ -291,7 +298,7 @@ class SharedStreamManager:
         if group.is_empty():
             del self._groups[key]
             await group.stop()
-            self.log.debug("shared stream %r stopped: last subscriber left", key)
+            self._log.debug("shared stream stopped: last subscriber left", stream=key)
 
     async def stop_all(self) -> None:
         """Stop every group (triggerer shutdown): evict all, then stop each in turn.
@@ -334,8 +341,8 @@ def _prefilter(trigger: BaseEventTrigger) -> Accept | None:
         accept: object = trigger.shared_stream_prefilter()
     except Exception:
         log.warning(
-            "%s.shared_stream_prefilter() raised; its filter gets every raw event",
-            type(trigger).__qualname__,
+            "shared_stream_prefilter() raised; the filter gets every raw event",
+            trigger_class=type(trigger).__qualname__,
             exc_info=True,
         )
         return None
@@ -343,10 +350,9 @@ def _prefilter(trigger: BaseEventTrigger) -> Accept | None:
         return None
     if not callable(accept):
         log.warning(
-            "%s.shared_stream_prefilter() returned %s, not a callable; its filter gets every "
-            "raw event",
-            type(trigger).__qualname__,
-            type(accept).__qualname__,
+            "shared_stream_prefilter() returned no callable; the filter gets every raw event",
+            trigger_class=type(trigger).__qualname__,
+            returned=type(accept).__qualname__,
         )
         return None
     return cast("Accept", accept)

@@ -19,20 +19,20 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.metrics import Counter
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import MAX_ADVANCE_ITEMS, AdvanceItem, SharedStreamProducer
 from sharedstream.engine.resolution import ResolutionBook
 from sharedstream.engine.telemetry import instruments
 
 __all__ = ["AdvancePump", "StreamTotals"]
 
-log = logging.getLogger("sharedstream.stream")
+log = key_value_logger("sharedstream.stream")
 
 
 @dataclass
@@ -117,12 +117,11 @@ class AdvancePump:
                 # the group ends and the broker redelivers what was not
                 # advanced (at-least-once, never a silent skip).
                 log.exception(
-                    "producer.advance raised; terminating shared stream %r "
-                    "(lane %r%s, batch of %d)",
-                    book.key,
-                    lane,
-                    " and others" if together else "",
-                    len(batch),
+                    "producer.advance raised; terminating the shared stream",
+                    stream=book.key,
+                    lane=lane,
+                    other_lanes=together,
+                    batch_size=len(batch),
                 )
                 self._on_failure(exc)
                 return

@@ -22,7 +22,6 @@ works from anywhere in the filter's task and nowhere else.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator
 from contextvars import ContextVar
 from typing import Any
@@ -30,11 +29,12 @@ from typing import Any
 from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import StreamStopped
 from sharedstream.engine.fanout import FanOut, Subscriber
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.resolution import ResolutionBook
 
 __all__ = ["ack_stream", "fast_stream", "reject_shared_stream_event"]
 
-log = logging.getLogger("sharedstream.stream")
+log = key_value_logger("sharedstream.stream")
 
 _window_owner: ContextVar[tuple[ResolutionBook, AckSubscriber] | None] = ContextVar(
     "sharedstream_window_owner", default=None

@@ -14,15 +14,15 @@ differ, and the cadence bounds how late a timeout can be noticed.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.resolution import ResolutionBook
 from sharedstream.engine.telemetry import instruments
 
 __all__ = ["run_ack_watchdog", "watchdog_cadence"]
 
-log = logging.getLogger("sharedstream.stream")
+log = key_value_logger("sharedstream.stream")
 
 
 def watchdog_cadence(ack_timeout: float) -> float:
@@ -42,10 +42,10 @@ async def run_ack_watchdog(book: ResolutionBook, clock: Callable[[], float]) -> 
         for sub, record in book.expire(clock()):
             failures.add(1, attributes)
             log.warning(
-                "ack timeout: trigger %r did not resolve event #%d of shared stream %r "
-                "within %ss; failing it (the broker will redeliver what it owed)",
-                sub.trigger_id,
-                record.position,
-                book.key,
-                book.ack_timeout,
+                "ack timeout: trigger did not resolve an event in time; failing it (the broker "
+                "redelivers what it owed)",
+                stream=book.key,
+                trigger=sub.trigger_id,
+                position=record.position,
+                timeout_s=book.ack_timeout,
             )

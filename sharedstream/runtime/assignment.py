@@ -29,14 +29,14 @@ triggerer's heartbeat loop calls it.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.store import Claim
 
 __all__ = ["Assignment"]
 
-log = logging.getLogger("sharedstream.runtime")
+log = key_value_logger("sharedstream.runtime")
 
 
 class Assignment:
@@ -92,13 +92,14 @@ class Assignment:
         for trigger_id in sorted(set(self._tasks) - owned):
             task = self._tasks.pop(trigger_id)
             if not task.done():
-                log.warning("trigger %d is now run by another triggerer; stopping it here",
-                            trigger_id)
+                log.warning("trigger now run by another triggerer; stopping it here",
+                            trigger=trigger_id)
                 task.cancel()
         if self._closed:
             return
         for trigger_id in sorted(owned - set(self._tasks)):
-            log.info("running standalone trigger %d (assigned to this triggerer)", trigger_id)
+            log.info("running a standalone trigger assigned to this triggerer",
+                     trigger=trigger_id)
             self._tasks[trigger_id] = self._start(trigger_id)
 
     def expire(self, now: float) -> float | None:
@@ -111,9 +112,9 @@ class Assignment:
             return None
         left = self._valid_until - now
         if left <= 0:
-            log.error("no heartbeat reached the store within the lease; stopping the %d "
+            log.error("no heartbeat reached the store within the lease; stopping the "
                       "standalone triggers here (another triggerer takes them over)",
-                      len(self._tasks))
+                      count=len(self._tasks))
             self.cancel_all()
             self._valid_until = None
             return None

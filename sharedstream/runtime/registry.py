@@ -10,18 +10,18 @@ and those that installed packages declare under the
 
 from __future__ import annotations
 
-import logging
 from importlib.metadata import entry_points
 from typing import Any
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.trigger import BaseTrigger
 
 __all__ = ["ENTRY_POINT_GROUP", "TriggerRegistry", "UnregisteredTriggerClass"]
 
 ENTRY_POINT_GROUP = "sharedstream.triggers"
 
-log = logging.getLogger("sharedstream.runtime")
+log = key_value_logger("sharedstream.runtime")
 
 
 class UnregisteredTriggerClass(SharedStreamError):
@@ -55,7 +55,7 @@ class TriggerRegistry:
             except Exception:
                 # A broken plugin must not stop the runtime; its triggers will
                 # be refused as unregistered, with this log line as the cause.
-                log.exception("trigger entry point %r could not be loaded", entry.value)
+                log.exception("trigger entry point could not be loaded", entry_point=entry.value)
 
     def __contains__(self, classpath: object) -> bool:
         return classpath in self._classes

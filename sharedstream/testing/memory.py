@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 from collections.abc import AsyncGenerator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -68,6 +67,7 @@ from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
 from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.trigger import BrokerTrigger
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer, Verdict
 from sharedstream.testing.memory_broker import Delivery, MemoryBroker, MemoryRecord
 
@@ -85,7 +85,7 @@ __all__ = [
     "MemorySharedStreamTrigger",
 ]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 ACK_MODES = ("cumulative", "per-message")
 HEADER_SOURCE = "sharedstream.source"

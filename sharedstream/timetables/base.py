@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -44,6 +43,7 @@ from typing import Any, NamedTuple
 from dateutil.relativedelta import relativedelta
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.timetables.values import (
     Delta,
     InvalidTimetable,
@@ -86,7 +86,7 @@ cron_presets: dict[str, str] = {
 }
 """Airflow's cron presets; ``@once`` is :class:`~sharedstream.timetables.simple.OnceTimetable`."""
 
-log = logging.getLogger("sharedstream.timetables")
+log = key_value_logger("sharedstream.timetables")
 
 
 class UnregisteredTimetableClass(SharedStreamError):
@@ -393,7 +393,7 @@ class TimetableRegistry:
             except Exception:
                 # A broken plugin must not stop the runtime; DAGs using its
                 # timetables are refused as unregistered, with this log as the cause.
-                log.exception("timetable entry point %r could not be loaded", entry.value)
+                log.exception("timetable entry point could not be loaded", entry_point=entry.value)
 
     def __contains__(self, classpath: object) -> bool:
         return classpath in self._classes

@@ -22,6 +22,7 @@ from tests.engine.harness import (
     eventually,
     settle,
 )
+from tests.log_lines import fields_of, text_of
 
 
 class OddOnly(FeedTrigger):
@@ -133,7 +134,10 @@ async def test_a_prefilter_that_raises_is_switched_off(
         await eventually(lambda: len(feed.advanced()) == 4)
     # 2 declined; the test raised on 3 and is switched off: the filter gets 3 and later.
     assert runner.raws() == [3, 4, 5]
-    assert caplog.text.count("prefilter of trigger 1 raised") == 1
+    [line] = caplog.records
+    assert text_of(line).startswith("shared-stream prefilter raised; switched off")
+    assert fields_of(line) == {"triggers": [1]}
+    assert line.exc_info is not None
     await manager.stop_all()
 
 
@@ -144,8 +148,9 @@ async def test_a_broken_prefilter_factory_means_no_prefilter(
     manager = SharedStreamManager()
     with caplog.at_level(logging.WARNING, logger="sharedstream.stream"):
         runner = Runner(manager, trigger_class("f", "b"), 1).start()
-    assert "shared_stream_prefilter()" in caplog.text
-    assert trigger_class.__qualname__ in caplog.text
+    [line] = caplog.records
+    assert text_of(line).startswith("shared_stream_prefilter() ")
+    assert fields_of(line)["trigger_class"] == trigger_class.__qualname__
     feed.push(0, 1)
     await eventually(lambda: len(runner.events) == 2)
     await manager.stop_all()
@@ -245,8 +250,9 @@ async def test_a_raising_keyed_select_switches_off_its_whole_shape(
     assert select.calls == [1, 2, 3]  # never asked again
     # Both filters get 3 and everything later (their own filters still drop 4).
     assert (one.raws(), two.raws()) == ([1], [2])
-    assert caplog.text.count("prefilter of triggers 1, 2 raised") == 1
-    assert "select bug" in caplog.text
+    [line] = caplog.records
+    assert fields_of(line) == {"triggers": [1, 2]}
+    assert "select bug" in caplog.text  # the traceback
     await manager.stop_all()
 
 

@@ -1,7 +1,9 @@
 """The triggerer's log lines, text and JSON, with a trigger logging structlog-style.
 
 A real ``sharedstream triggerer`` runs ``guarded_defs.py``, whose filter logs
-``self.log.info("matched", order_id=..., kind=...)`` for every order.
+``self.log.info("matched", order_id=..., kind=...)`` for every order, or
+``prefilter_defs.py``, whose prefilter raises so that the engine logs one of
+the runtime's own key-value lines.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from tests.runtime.conftest import Deployment, wait_for
 
 GUARDED = Path(__file__).with_name("guarded_defs.py")
+PREFILTERED = Path(__file__).with_name("prefilter_defs.py")
 
 
 def run_and_stop(d: Deployment) -> str:
@@ -41,3 +44,21 @@ def test_json_lines_carry_the_key_values_as_fields(deployment: Deployment) -> No
     assert first["kind"] == "order"
     assert first["timestamp"].endswith("Z")
     assert any(line["message"].startswith("SIGTERM: stopping") for line in lines)
+
+
+def test_json_lines_carry_the_runtimes_own_key_values(deployment: Deployment) -> None:
+    d = deployment
+    d.env["SHAREDSTREAM__LOGGING__FORMAT"] = "json"
+    d.append(*({"kind": "order", "amount": n} for n in range(3)))
+    proc = d.start(PREFILTERED)
+    wait_for(lambda: d.committed() == 2, what="the three orders committed")
+    assert d.stop(proc) == 0
+    lines = [json.loads(line) for line in d.stderr().splitlines()]
+    [switched_off] = [line for line in lines if line["logger"] == "sharedstream.fanout"]
+    assert switched_off["level"] == "warning"
+    assert switched_off["message"] == (
+        "shared-stream prefilter raised; switched off, the filter gets every raw event")
+    [trigger] = [row["id"] for row in d.json("triggers", "list")
+                 if row["classpath"].endswith(".RaisingPrefilterTrigger")]
+    assert switched_off["triggers"] == [trigger]
+    assert "LookupError: prefilter bug on order 1" in switched_off["exception"]

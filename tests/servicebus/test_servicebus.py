@@ -25,6 +25,7 @@ from sharedstream.testing.harness import Stream, opened
 from sharedstream.testing.runner import SupervisedRunner, eventually, eventually_async
 from sharedstream.testing.scripts import Script
 from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
+from tests.log_lines import fields_of
 from tests.servicebus.harness import (
     SHORT_LOCK,
     ConformanceServiceBusTrigger,
@@ -124,7 +125,9 @@ async def test_a_watcher_slower_than_the_lock_causes_no_redelivery(
         assert slow.values() == [b"slow"], "delivered once: its lock was renewed"
         assert slow.events[0].payload["delivery_count"] == 0
         assert producer_of("short-lock").calls["RenewLock"] >= 2
-        assert "less than lock_duration" in caplog.text
+        [shorter] = [r for r in caplog.records
+                     if r.getMessage().startswith("message locks are shorter than lock_duration")]
+        assert fields_of(shorter)["lock_duration_s"] == 60
     finally:
         await session.close()
 

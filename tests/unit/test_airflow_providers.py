@@ -26,6 +26,7 @@ from sharedstream.connections import ConnectionNotFound, InvalidConnection
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.producers.kafka import KafkaConfigError
 from sharedstream.producers.sqs import SqsConfigError
+from tests.log_lines import fields_of, text_of
 
 pytest.importorskip("aiokafka")
 pytest.importorskip("aiobotocore")
@@ -230,7 +231,9 @@ def test_without_a_connection_botocores_chain_and_region_apply(
             aws_conn_id="aws_default", sqs_queue="http://localhost/q",
             environ={"AWS_DEFAULT_REGION": "ap-south-1"})
     assert (default.credentials, default.region_name) == ({}, "ap-south-1")
-    assert "AWS connection 'aws_default' is not defined" in caplog.text
+    [line] = caplog.records
+    assert text_of(line).startswith("AWS connection not defined; ")
+    assert fields_of(line) == {"conn_id": "aws_default"}
     with pytest.raises(ConnectionNotFound, match="aws_typo"):
         _aws_connection.client_settings(aws_conn_id="aws_typo", sqs_queue=QUEUE, environ={})
 

@@ -22,6 +22,7 @@ from sharedstream.brokerkit.trigger import MAX_VOUCHED_BRACKETS, BrokerTrigger
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.runtime.serde import MAX_DEPTH
+from tests.log_lines import fields_of, text_of
 from tests.prefilters import assert_prefilters_agree
 
 
@@ -157,8 +158,9 @@ async def test_what_does_not_decode_is_rejected_with_the_reason(
     assert [event.payload["where"] for event in events] == ["notes/2"]
     assert len(reasons) == 2
     assert all(reason.startswith("undecodable json value: ") for reason in reasons)
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
-        "rejecting notes/1", "rejecting notes/4"]
+    assert [text_of(r) for r in caplog.records] == ["rejecting a message that does not decode"] * 2
+    assert [fields_of(r)["source"] for r in caplog.records] == ["notes/1", "notes/4"]
+    assert all(isinstance(fields_of(r)["error"], ValueError) for r in caplog.records)
 
 
 def test_key_tags_and_paths_must_all_hold() -> None:

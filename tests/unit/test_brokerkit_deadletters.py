@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -13,7 +12,9 @@ from sharedstream.brokerkit.deadletters import (
     DeadLetterDesk,
     dead_letter_annotations,
 )
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
+from tests.log_lines import fields_of, text_of
 
 VERDICTS = (Verdict(7, "rejected", "not json"), Verdict(9, "rejected", "not json"))
 
@@ -29,7 +30,7 @@ class Producer(SharedStreamProducer):
 def desk() -> tuple[Producer, DeadLetterDesk]:
     producer = Producer()
     return producer, DeadLetterDesk(producer, stream="kafka orders", setting="dead_letter_topic",
-                                    logger=logging.getLogger("test"))
+                                    logger=key_value_logger("test"))
 
 
 async def keep(letters: DeadLetterDesk, cause: str = "no dead_letter_topic configured") -> None:
@@ -58,8 +59,12 @@ async def test_without_a_fallback_the_message_is_discarded_with_a_warning(
     producer, letters = desk()
     await keep(letters, letters.unconfigured())
     assert (producer.dead_lettered, letters.discarded) == (0, 1)
-    assert "discarding orders/0/7" in caplog.text
-    assert "no dead_letter_topic configured" in caplog.text
+    [record] = caplog.records
+    assert text_of(record) == "discarding a message: no dead-letter destination"
+    assert fields_of(record) == {
+        "source": "orders/0/7", "stream": "kafka orders", "reason": REASON_REJECTED,
+        "history": "received 1 time", "detail": "not json",
+        "cause": "no dead_letter_topic configured"}
 
 
 async def test_the_fallback_gets_the_whole_letter() -> None:

@@ -34,6 +34,7 @@ from sharedstream.triggers.servicebus import (
     servicebus_settings_from_connection,
 )
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger, sqs_settings_from_connection
+from tests.log_lines import fields_of, text_of
 
 SB_STRING = "Endpoint=sb://orders-ns.servicebus.windows.net/;SharedAccessKeyName=n;SharedAccessKey=k"
 
@@ -76,9 +77,11 @@ def test_kafka_tuning_without_an_equivalent_is_ignored_with_one_warning(
     for _ in range(2):
         found = kafka_settings_from_connection(conn)
     assert found["consumer_overrides"] == {"check_crcs": True}
-    warnings = [r.getMessage() for r in caplog.records if r.name == "sharedstream.connections"]
-    assert warnings == ["connection 'kafka_main' (from test): linger.ms, statistics.interval.ms "
-                        "has no effect on the Kafka trigger; ignored"]
+    [warning] = [r for r in caplog.records if r.name == "sharedstream.connections"]
+    assert text_of(warning) == "connection extra keys have no effect on this broker; ignored"
+    assert fields_of(warning) == {"conn_id": "kafka_main", "source": "test",
+                                  "keys": ["linger.ms", "statistics.interval.ms"],
+                                  "broker": "the Kafka trigger"}
 
 
 def test_kafka_ssl_settings_become_an_ssl_context(tmp_path: Path) -> None:
@@ -226,7 +229,9 @@ def test_aws_extras_without_effect_are_ignored_with_a_warning(
 ) -> None:
     found = sqs_settings_from_connection(Connection("a", "aws", extra={"regoin_name": "x"}))
     assert found["region_name"] is None
-    assert "regoin_name has no effect on the SQS trigger; ignored" in caplog.text
+    [warning] = caplog.records
+    assert fields_of(warning)["keys"] == ["regoin_name"]
+    assert fields_of(warning)["broker"] == "the SQS trigger"
 
 
 def test_sqs_region_from_the_connection_and_its_default(monkeypatch: pytest.MonkeyPatch) -> None:

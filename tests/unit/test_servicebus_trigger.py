@@ -13,6 +13,7 @@ from sharedstream.producers._servicebus_types import (
     namespace_of,
 )
 from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
+from tests.log_lines import fields_of, text_of
 
 CONNECTION = ("Endpoint=sb://Orders-NS.servicebus.windows.net/;SharedAccessKeyName=listen;"
               "SharedAccessKey=hunter2")
@@ -161,9 +162,12 @@ async def test_failed_completions_are_one_line_and_counted_off_their_session_onc
     with caplog.at_level("WARNING", logger="sharedstream.producers.servicebus"):
         retry = await producer._send_completes(chunk)
     assert retry == []
-    [line] = [r.getMessage() for r in caplog.records]
-    assert line.startswith("completing 50 message(s) of orders did not take (ValueError: ")
-    assert "1, 2, 3, 4, 5, 6, 7, 8, 9, 10 ..." in line
+    [line] = caplog.records
+    assert text_of(line).startswith("completing messages did not take; ")
+    assert fields_of(line)["entity"] == "orders"
+    assert fields_of(line)["count"] == 50
+    assert fields_of(line)["sequence_numbers"] == list(range(1, 11))  # the first ten
+    assert fields_of(line)["error"].startswith("ValueError: ")
     assert producer._open[id(receiver)] == 0, "each counted off its session once"
 
 

@@ -36,7 +36,6 @@ changed the state is written within the file's debounce (its invariants).
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from proton import Condition, Delivery, Endpoint, Event, Handler, Link, Message,
 from proton import Receiver as ProtonReceiver
 from proton import Sender as ProtonSender
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.testing.servicebus import wire
 from sharedstream.testing.servicebus.management import Management
 from sharedstream.testing.servicebus.model import (
@@ -61,7 +61,7 @@ from sharedstream.testing.servicebus.state_file import StateFile
 
 __all__ = ["ServiceBusService"]
 
-_LOG = logging.getLogger(__name__)
+_LOG = key_value_logger(__name__)
 CBS = "$cbs"
 MANAGEMENT = "/$management"
 SESSION_FILTER = symbol("com.microsoft:session-filter")
@@ -438,4 +438,4 @@ class ServiceBusService(Handler):
                 delivery.local.undeliverable = remote.undeliverable
             delivery.update(state)
         delivery.settle()
-        _LOG.debug("settled %s on %s: %s", outcome.value, link.name, state)
+        _LOG.debug("settled", outcome=outcome.value, link=link.name, state=state)

@@ -24,7 +24,6 @@ Nothing here connects or imports the SDK.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Mapping
@@ -32,11 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharedstream.connections import ConnectionNotFound, get_connection
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.triggers.sqs import DEFAULT_REGION, sqs_settings_from_connection
 
 __all__ = ["DEFAULT_CONN_ID", "ClientSettings", "client_settings"]
 
-log = logging.getLogger(__name__)
+log = key_value_logger(__name__)
 
 DEFAULT_CONN_ID = "aws_default"
 """The one connection id whose absence means botocore's default chain (as in Airflow)."""
@@ -83,8 +83,8 @@ def client_settings(
         except ConnectionNotFound:
             if aws_conn_id != DEFAULT_CONN_ID:
                 raise
-            log.warning("AWS connection %r is not defined; using botocore's default credentials "
-                        "and region", aws_conn_id)
+            log.warning("AWS connection not defined; using botocore's default credentials "
+                        "and region", conn_id=aws_conn_id)
     return ClientSettings(
         region_name=region_name or found.get("region_name") or _default_region(env, sqs_queue),
         endpoint_url=found.get("endpoint_url"),
