@@ -23,7 +23,7 @@ import sqlite3
 from collections import Counter
 from collections.abc import Sequence
 from functools import cache
-from itertools import chain
+from itertools import accumulate, chain, islice, repeat
 from typing import Any
 
 from sharedstream.store._write_plan import Definitions, load_definitions, plan_runs
@@ -58,20 +58,24 @@ def rowid(cur: sqlite3.Cursor) -> int:
     return last
 
 
-VALUES_CHUNK = 512
-"""Most rows one multi-row ``INSERT ... VALUES`` of :func:`insert_rows` carries.
+VALUES_CHUNK = 4096
+"""Most rows one ``INSERT`` of :func:`insert_rows` carries.
 
-Fewer, larger statements matter most for the GIL: every execution releases
-it and has to take it back, and while the event loop is busy that wait can
-last up to the interpreter's switch interval. Builds whose limit on bound
-parameters per statement is lower (999 before SQLite 3.32) get smaller chunks
+Fewer statements matter most for the GIL: every execution releases it and
+has to take it back, and while the event loop is busy that wait can last
+up to the interpreter's switch interval - per statement, so a batch pays it
+as many times as it runs statements. Builds whose limit on bound parameters
+per statement is lower (999 before SQLite 3.32) get smaller chunks
 (:func:`values_chunk`).
 """
 
+PADDED_MIN = 16
+"""Fewest rows a padded statement of :func:`insert_rows` is prepared for."""
 
-def values_chunk(conn: sqlite3.Connection, width: int) -> int:
-    """The rows per ``INSERT ... VALUES`` for rows of ``width`` columns: a power of two."""
-    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+
+def values_chunk(conn: sqlite3.Connection, width: int, constants: int = 0) -> int:
+    """The most rows per statement for rows of ``width`` bound columns: a power of two."""
+    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - constants
     size = VALUES_CHUNK
     while size > 1 and size * width > limit:
         size //= 2
@@ -79,39 +83,60 @@ def values_chunk(conn: sqlite3.Connection, width: int) -> int:
 
 
 @cache
-def _values_statement(head: str, width: int, rows: int, tail: str) -> str:
+def _values_statement(head: str, width: int, constants: int, rows: int, tail: str) -> str:
+    # ?1..?constants are bound once; the VALUES parameters number on from there
+    columns = [f"column{i}" for i in range(1, width + 1)]
+    columns += [f"?{i}" for i in range(1, constants + 1)]
     row = "(" + ", ".join("?" * width) + ")"
-    return f"{head} VALUES {', '.join([row] * rows)}{tail}"
+    # head and tail are the caller's constant SQL; every value is a bound parameter
+    return (f"{head} SELECT {', '.join(columns)} FROM (VALUES {', '.join([row] * rows)})"  # noqa: S608
+            f" WHERE column1 IS NOT NULL{tail}")
 
 
 def insert_rows(
-    cur: sqlite3.Cursor, head: str, rows: Sequence[tuple[Any, ...]], tail: str = ""
+    cur: sqlite3.Cursor,
+    head: str,
+    rows: Sequence[tuple[Any, ...]],
+    tail: str = "",
+    constants: tuple[Any, ...] = (),
 ) -> int:
     """``INSERT`` the rows in order, in few statements; returns how many were inserted.
 
-    The effect is that of ``cur.executemany(f"{head} VALUES (?, ...){tail}", rows)``:
-    a multi-row ``VALUES`` inserts its rows one after the other, ids are
+    ``head`` names the columns of a row then those of ``constants`` (values
+    the same in every row, bound once per statement). The first value of a
+    row must not be ``NULL``. The effect is that of
+    ``cur.executemany(f"{head} VALUES (?, ..., ?){tail}", [row + constants for row in rows])``:
+    the rows of a ``VALUES`` list are inserted one after the other, ids are
     assigned in that order, and a conflict clause in ``tail`` applies to each
     row, also against rows earlier in the same statement. The cost is not:
     the overhead of a statement (binding from Python, step, reset, releasing
-    and retaking the GIL) is paid per chunk of up to :data:`VALUES_CHUNK`
-    rows instead of per row. Chunk sizes are powers of two, so a handful of
-    cached statements serve every batch size.
+    and retaking the GIL) is paid per chunk of up to :func:`values_chunk`
+    rows, and the last, shorter chunk is one statement too - prepared for the
+    next power of two rows (at least :data:`PADDED_MIN`) and padded with rows
+    of ``NULL`` that its ``WHERE column1 IS NOT NULL`` drops - so a batch of
+    up to the chunk size is a single statement, and a handful of cached
+    statements serve every batch size.
     """
-    inserted = start = 0
     if not rows:
         return 0
-    size = values_chunk(cur.connection, len(rows[0]))
-    while start < len(rows):
-        while size > len(rows) - start:
-            size //= 2
-        end = start + (len(rows) - start) // size * size
+    width = len(rows[0])
+    size = values_chunk(cur.connection, width, len(constants))
+    full = len(rows) // size * size
+    inserted = 0
+    if full:
         cur.executemany(
-            _values_statement(head, len(rows[0]), size, tail),
-            [tuple(chain.from_iterable(rows[i : i + size])) for i in range(start, end, size)],
+            _values_statement(head, width, len(constants), size, tail),
+            [(*constants, *chain.from_iterable(rows[i : i + size])) for i in range(0, full, size)],
         )
         inserted += cur.rowcount  # executemany sums the rows each execution inserted
-        start = end
+    left = len(rows) - full
+    if left:
+        padded = min(size, max(PADDED_MIN, 1 << (left - 1).bit_length()))
+        cur.execute(
+            _values_statement(head, width, len(constants), padded, tail),
+            (*constants, *chain.from_iterable(rows[full:]), *(None,) * ((padded - left) * width)),
+        )
+        inserted += cur.rowcount
     return inserted
 
 
@@ -135,14 +160,21 @@ def write_batch(
     still burns a trigger event id, as a conflicting insert always did).
     """
     cur = conn.cursor()
-    (before,) = cur.execute("SELECT coalesce(max(id), 0) FROM trigger_events").fetchone()
+    trigger_ids = {event.trigger_id for event in batch}
+    before, known = cur.execute(
+        "SELECT (SELECT coalesce(max(id), 0) FROM trigger_events),"
+        " (SELECT count(*) FROM triggers WHERE id IN (SELECT value FROM json_each(?)))",
+        (json.dumps(sorted(trigger_ids)),),
+    ).fetchone()
     stored = insert_rows(
         cur,
         "INSERT INTO trigger_events (trigger_id, idem_key, payload, created_at)",
-        [(event.trigger_id, event.idem_key, event.payload, now) for event in batch],
+        [(event.trigger_id, event.idem_key, event.payload) for event in batch],
         " ON CONFLICT (idem_key) DO NOTHING",
+        (now,),
     )
-    _check_triggers(cur, {event.trigger_id for event in batch}, before)
+    if known != len(trigger_ids):
+        _check_triggers(cur, before)
     if stored == len(batch):
         stored_triggers = [event.trigger_id for event in batch]
     else:
@@ -200,20 +232,15 @@ def write_batch(
     )
 
 
-def _check_triggers(cur: sqlite3.Cursor, trigger_ids: set[int], before: int) -> None:
+def _check_triggers(cur: sqlite3.Cursor, before: int) -> None:
     """Raise ``sqlite3.IntegrityError`` if an event stored after ``before`` names no trigger.
 
-    The foreign key ``trigger_events.trigger_id``, checked once per batch and
-    distinct trigger (``write_events`` runs with foreign keys off) and failing
-    as the per-row check did. Only stored events count: a duplicate was
-    skipped before SQLite would have checked its reference.
+    The foreign key ``trigger_events.trigger_id``: ``write_events`` runs with
+    foreign keys off, and :func:`write_batch` counts the batch's distinct
+    trigger ids that are stored before it inserts; when some are not, this
+    fails the batch as the per-row check did - if an event naming one was
+    stored: a duplicate was skipped before SQLite would have checked it.
     """
-    (found,) = cur.execute(
-        "SELECT count(*) FROM triggers WHERE id IN (SELECT value FROM json_each(?))",
-        (json.dumps(sorted(trigger_ids)),),
-    ).fetchone()
-    if found == len(trigger_ids):
-        return
     if cur.execute(
         "SELECT 1 FROM trigger_events te WHERE te.id > ? AND NOT EXISTS"
         " (SELECT 1 FROM triggers t WHERE t.id = te.trigger_id) LIMIT 1",
@@ -242,12 +269,11 @@ def _queue_and_run(
     ours, so nobody changes them meanwhile) and writes its plan. Returns the
     runs created, as ``dag_id/run_id``, in creation order.
     """
-    per_event: list[tuple[int, range]] = []
-    asset_event_id = first_asset_event_id
-    for trigger_id in stored_triggers:
-        count = len(defs.assets_by_trigger.get(trigger_id, ()))
-        per_event.append((trigger_id, range(asset_event_id, asset_event_id + count)))
-        asset_event_id += count
+    # each event's asset event ids: consecutive ranges, built in C rather than per event
+    counts = {trigger_id: len(assets) for trigger_id, assets in defs.assets_by_trigger.items()}
+    bounds = list(accumulate(map(counts.get, stored_triggers, repeat(0)),
+                             initial=first_asset_event_id))
+    per_event = list(zip(stored_triggers, map(range, bounds, islice(bounds, 1, None)), strict=True))
     stored_queues: dict[str, list[tuple[int, str]]] = {}
     for dag_id, queued_id, name in cur.execute(
         "SELECT q.dag_id, q.asset_event_id, a.name FROM asset_dag_queue q"
@@ -275,11 +301,15 @@ def _create_runs(cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int]]]
     insert_rows(
         cur,
         "INSERT INTO dag_runs (dag_id, run_id, state, created_at)",
-        [(dag_id, run_id, RUN_STATE_QUEUED, now) for dag_id, run_id, _ in runs],
+        [(dag_id, run_id) for dag_id, run_id, _ in runs],
+        constants=(RUN_STATE_QUEUED, now),
     )
     # Consecutive ids ending at the last one inserted: AUTOINCREMENT under our
-    # write lock, and a conflict would have raised.
-    (last,) = cur.execute("SELECT last_insert_rowid()").fetchone()
+    # write lock, and a conflict would have raised. (After executemany alone
+    # the cursor does not know the last id; the connection does.)
+    last = cur.lastrowid
+    if last is None:
+        (last,) = cur.execute("SELECT last_insert_rowid()").fetchone()
     first = int(last) - len(runs) + 1
     insert_rows(
         cur,

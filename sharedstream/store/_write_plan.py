@@ -26,13 +26,24 @@ from typing import Any, Protocol
 
 from sharedstream.store.base import Schedule
 
-__all__ = ["Definitions", "Queue", "RunPlan", "load_definitions", "plan_runs"]
+__all__ = ["Definitions", "Immediate", "Queue", "RunPlan", "load_definitions", "plan_runs"]
 
 
 class _Executes(Protocol):
     """A DB-API-like connection: ``execute(sql)`` gives an iterable of rows."""
 
     def execute(self, sql: str, /) -> Iterable[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Immediate:
+    """The runs one event of a trigger makes whatever is queued: see :func:`plan_runs`."""
+
+    # the DAGs the event touches
+    dags: frozenset[str]
+    # (dag id, positions in assets_by_trigger[trigger id] of the assets that queue on
+    # it), in the order plan_runs touches the DAGs
+    runs: tuple[tuple[str, tuple[int, ...]], ...]
 
 
 @dataclass(slots=True)
@@ -50,11 +61,10 @@ class Definitions:
     # their events need the queue and run logic
     scheduled_triggers: frozenset[int] = frozenset()
     schedules: dict[str, Schedule] = field(default_factory=dict)
-    # trigger id -> (dag id, positions in assets_by_trigger[trigger id] of the assets
-    # that queue on it), in the order the DAGs are first touched, for the scheduled
-    # triggers one event of which satisfies every DAG it touches on its own (schedules
-    # are monotone: more queued assets never unsatisfy one): plan_runs' fast path
-    immediate: dict[int, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
+    # the scheduled triggers one event of which satisfies every DAG it touches on its
+    # own (schedules are monotone: more queued assets never unsatisfy one): the runs
+    # such an event makes when those DAGs' queues are empty (plan_runs' fast path)
+    immediate: dict[int, Immediate] = field(default_factory=dict)
 
     def dags_of(self, trigger_ids: Iterable[int]) -> list[str]:
         """The DAGs an event of any of these triggers may queue on, sorted (a lock order)."""
@@ -110,7 +120,7 @@ def _immediate(
     by_trigger: Mapping[int, tuple[tuple[int, str, tuple[str, ...]], ...]],
     scheduled: frozenset[int],
     schedules: Mapping[str, Schedule],
-) -> dict[int, tuple[tuple[str, tuple[int, ...]], ...]]:
+) -> dict[int, Immediate]:
     """:attr:`Definitions.immediate`: the triggers whose one event satisfies all it touches."""
     immediate = {}
     for trigger_id in scheduled:
@@ -121,8 +131,9 @@ def _immediate(
                 positions.setdefault(dag_id, []).append(position)
                 names.setdefault(dag_id, set()).add(name)
         if all(schedules[dag_id].satisfied(names[dag_id]) for dag_id in positions):
-            immediate[trigger_id] = tuple(
-                (dag_id, tuple(found)) for dag_id, found in positions.items()
+            immediate[trigger_id] = Immediate(
+                frozenset(positions),
+                tuple((dag_id, tuple(found)) for dag_id, found in positions.items()),
             )
     return immediate
 
@@ -172,16 +183,22 @@ def plan_runs(
     consumed_from_table: list[str] = []
     runs: list[tuple[str, str, list[int]]] = []
     immediate = defs.immediate
+    empty: set[str] = set()  # DAGs whose queue is known to be empty now
     for trigger_id, asset_event_ids in stored:
         if trigger_id not in defs.scheduled_triggers:
             continue
         fast = immediate.get(trigger_id)
-        if fast is not None and _queues_empty(fast, queues, stored_queues):
+        if fast is not None and (
+            fast.dags <= empty or _queues_empty(fast.dags, queues, stored_queues, empty)
+        ):
             # The general path's outcome without its bookkeeping: every DAG the
             # event touches runs on exactly this event's asset events (its queue
-            # was empty), ids ascending as the assets are ordered.
-            for dag_id, positions in fast:
-                consumed = [asset_event_ids[position] for position in positions]
+            # was empty, and stays so), ids ascending as the assets are ordered.
+            for dag_id, positions in fast.runs:
+                if len(positions) == 1:
+                    consumed = [asset_event_ids[positions[0]]]
+                else:
+                    consumed = [asset_event_ids[position] for position in positions]
                 runs.append((dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed))
             continue
         touched: dict[str, Queue] = {}  # in first-touched order
@@ -197,6 +214,7 @@ def plan_runs(
                 queue.names.add(asset_name)
                 queue.unwritten.append((asset_event_id, asset_id))
                 touched[dag_id] = queue
+                empty.discard(dag_id)
         for dag_id, queue in touched.items():
             if defs.schedules[dag_id].satisfied(queue.names):
                 consumed = queue.ids if len(queue.ids) == 1 else sorted(queue.ids)
@@ -204,6 +222,7 @@ def plan_runs(
                 if queue.in_table:
                     consumed_from_table.append(dag_id)
                 queues[dag_id] = Queue()
+                empty.add(dag_id)
     queue_rows = [
         (dag_id, queued_id, asset_id)
         for dag_id, queue in queues.items()
@@ -213,17 +232,19 @@ def plan_runs(
 
 
 def _queues_empty(
-    fast: tuple[tuple[str, tuple[int, ...]], ...],
+    dags: frozenset[str],
     queues: dict[str, Queue],
     stored_queues: Mapping[str, Sequence[tuple[int, str]]],
+    empty: set[str],
 ) -> bool:
-    """Whether the queue of every DAG in ``fast`` is empty (loading stored ones as needed)."""
-    for dag_id, _ in fast:
+    """Whether every queue of ``dags`` is empty; loads stored ones, notes empty ones."""
+    for dag_id in dags:
         queue = queues.get(dag_id)
         if queue is None:
             queue = queues[dag_id] = _stored_queue(stored_queues.get(dag_id, ()))
         if queue.ids:
             return False
+        empty.add(dag_id)
     return True
 
 

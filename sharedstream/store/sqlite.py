@@ -3,7 +3,9 @@
 Connection: ``isolation_level=None`` (every transaction is an explicit
 ``BEGIN IMMEDIATE`` ... ``COMMIT``), ``journal_mode=WAL`` (readers never block
 the writer), ``synchronous=FULL`` (a ``COMMIT`` that returned survives power
-loss), ``foreign_keys=ON``, ``busy_timeout=5000`` ms. One
+loss), ``foreign_keys=ON`` (but for ``write_events`` transactions, whose
+references hold by construction: see :mod:`._sqlite_events`),
+``busy_timeout=5000`` ms. One
 :class:`SqliteStore` is one connection and must be used from one thread at a
 time (the runtime gives it a dedicated writer thread); it may be created in
 another thread than the one using it. Other processes and other instances
@@ -186,6 +188,7 @@ class SqliteStore:
             conn.close()
             raise StoreError(f"cannot open metadata database {self.path}: {exc}") from exc
         self._conn: sqlite3.Connection | None = conn
+        self._foreign_keys_on = True
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -212,6 +215,7 @@ class SqliteStore:
         """
         conn = self._connection()
         try:
+            self._enforce_foreign_keys(conn, on=True)
             conn.execute("BEGIN IMMEDIATE")
             yield conn
             conn.execute("COMMIT")
@@ -220,6 +224,19 @@ class SqliteStore:
             if isinstance(exc, sqlite3.Error):
                 raise StoreWriteError(f"{what} failed and was rolled back: {exc}") from exc
             raise
+
+    def _enforce_foreign_keys(self, conn: sqlite3.Connection, *, on: bool) -> None:
+        """Turn foreign-key enforcement on or off for the next transactions, if it is not.
+
+        On for every mutation but ``write_events`` (``ON DELETE CASCADE``
+        needs it); switched only when it changes, because the pragma (valid
+        only outside a transaction) expires every prepared statement, and a
+        batch's large ``INSERT`` statements cost more to prepare again than
+        to run.
+        """
+        if self._foreign_keys_on != on:
+            conn.execute("PRAGMA foreign_keys = ON" if on else "PRAGMA foreign_keys = OFF")
+            self._foreign_keys_on = on
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         conn = self._connection()
@@ -509,10 +526,8 @@ class SqliteStore:
         # Foreign keys hold by construction here (write_batch checks the one
         # reference it is given, the trigger ids; every other id it writes it
         # has just read or created), and checking them again per row was an
-        # eighth of the batch's cost. The pragma only takes effect outside a
-        # transaction, so it is switched around this one and always back on.
-        if not self._foreign_keys_per_row:
-            conn.execute("PRAGMA foreign_keys = OFF")
+        # eighth of the batch's cost. See _enforce_foreign_keys.
+        self._enforce_foreign_keys(conn, on=self._foreign_keys_per_row)
         try:
             conn.execute("BEGIN IMMEDIATE")
             result = self._write_batch(conn, batch)
@@ -525,8 +540,6 @@ class SqliteStore:
         except BaseException:
             self._rollback(conn)
             raise
-        finally:
-            conn.execute("PRAGMA foreign_keys = ON")
         return result
 
     def _write_batch(self, conn: sqlite3.Connection, batch: Sequence[PendingEvent]) -> WriteResult:
