@@ -44,6 +44,8 @@ class Immediate:
     # (dag id, positions in assets_by_trigger[trigger id] of the assets that queue on
     # it), in the order plan_runs touches the DAGs
     runs: tuple[tuple[str, tuple[int, ...]], ...]
+    # (dag id, position) when runs is one DAG queued on by one asset
+    single: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -131,10 +133,11 @@ def _immediate(
                 positions.setdefault(dag_id, []).append(position)
                 names.setdefault(dag_id, set()).add(name)
         if all(schedules[dag_id].satisfied(names[dag_id]) for dag_id in positions):
-            immediate[trigger_id] = Immediate(
-                frozenset(positions),
-                tuple((dag_id, tuple(found)) for dag_id, found in positions.items()),
-            )
+            runs = tuple((dag_id, tuple(found)) for dag_id, found in positions.items())
+            single = None
+            if len(runs) == 1 and len(runs[0][1]) == 1:
+                single = (runs[0][0], runs[0][1][0])
+            immediate[trigger_id] = Immediate(frozenset(positions), runs, single)
     return immediate
 
 
@@ -194,11 +197,13 @@ def plan_runs(
             # The general path's outcome without its bookkeeping: every DAG the
             # event touches runs on exactly this event's asset events (its queue
             # was empty, and stays so), ids ascending as the assets are ordered.
+            if fast.single is not None:  # the common shape: one DAG, one asset
+                dag_id, position = fast.single
+                last = asset_event_ids[position]
+                runs.append((dag_id, f"asset_triggered__{last:012d}", [last]))
+                continue
             for dag_id, positions in fast.runs:
-                if len(positions) == 1:
-                    consumed = [asset_event_ids[positions[0]]]
-                else:
-                    consumed = [asset_event_ids[position] for position in positions]
+                consumed = [asset_event_ids[position] for position in positions]
                 runs.append((dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed))
             continue
         touched: dict[str, Queue] = {}  # in first-touched order
