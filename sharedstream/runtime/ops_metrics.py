@@ -87,7 +87,8 @@ class TriggererCollector(Collector):
                        gate.duplicates)
         yield _counter("events_refused", "Trigger events the store could not take "
                        "(their raw events rejected)", progress.refused)
-        yield _counter("dag_runs_queued", "DAG runs queued", gate.runs_queued)
+        yield _counter("dag_runs_queued", "DAG runs queued (asset-triggered and scheduled)",
+                       t.runs_queued)
         latency = SummaryMetricFamily(_P + "store_write_seconds",
                                       "Group commits: from taking a batch to confirming it",
                                       count_value=gate.commits, sum_value=gate.commit_seconds)

@@ -207,7 +207,7 @@ class TriggererView:
             },
             "totals": {
                 "events_stored": gate.stored, "duplicates": gate.duplicates,
-                "dag_runs_queued": gate.runs_queued, "store_queue": gate.queued,
+                "dag_runs_queued": triggerer.runs_queued, "store_queue": gate.queued,
                 "store_write_retries": gate.failed_writes, "raw_events_advanced": totals.advanced,
                 "clean": totals.clean, "failed": totals.failed, "rejected": totals.rejected,
                 "dead_lettered": totals.dead_lettered,

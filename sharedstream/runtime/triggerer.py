@@ -176,6 +176,7 @@ class Triggerer:
         self.progress = _Progress()
         self._last_shared_error: BaseException | None = None
         self._idle = False  # stopped because no trigger was left running
+        self._schedules: ScheduleLoop | None = None  # set when a DAG is scheduled on time
         self.on_stop_signal: Callable[[str], None] = log.info
         """Says that a first signal began the graceful stop (the demo prints it)."""
         self.exit_at_once: Callable[[int], None] = os._exit
@@ -367,7 +368,7 @@ class Triggerer:
         log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued; "
                  "raw events rejected: %d, dead-lettered: %d (kept in the store: %d); "
                  "events not storable: %d; store writes retried: %d",
-                 self.gate.stored, self.gate.duplicates, self.gate.runs_queued,
+                 self.gate.stored, self.gate.duplicates, self.runs_queued,
                  totals.rejected, totals.dead_lettered, self.progress.fallbacks,
                  self.progress.refused, self.gate.failed_writes)
         if self._idle and self.progress.unrunnable:
@@ -383,11 +384,16 @@ class Triggerer:
         """
         if not self.definitions.timetables:
             return None
-        loop = ScheduleLoop(
+        loop = self._schedules = ScheduleLoop(
             self.store, self._db, timetable_registry(self.definitions.timetable_classes),
             max_runs=self.config.scheduler.max_catchup_runs_per_loop,
             max_sleep=self.config.triggerer.job_heartbeat_sec)
         return tasks.create_task(loop.run(), name="sharedstream-schedule-loop")
+
+    @property
+    def runs_queued(self) -> int:
+        """DAG runs this triggerer queued: asset-triggered (by the gate) and scheduled."""
+        return self.gate.runs_queued + (self._schedules.queued if self._schedules else 0)
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (what the first SIGINT/SIGTERM does)."""
@@ -543,7 +549,7 @@ class Triggerer:
                 "progress: %d triggers running, %d events stored (+%d), %d duplicates, "
                 "%d DAG runs queued, %d rejected, %d dead-lettered, last commit %.1f ms%s",
                 self.progress.running, stored, stored - last, self.gate.duplicates,
-                self.gate.runs_queued, self.manager.totals.rejected,
+                self.runs_queued, self.manager.totals.rejected,
                 self.manager.totals.dead_lettered, self.gate.last_confirm_latency * 1000,
                 self._lag_note(),
             )

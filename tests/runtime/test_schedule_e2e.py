@@ -3,6 +3,7 @@ order, and a SIGKILL + restart neither queues a run twice nor misses one (catch-
 
 from __future__ import annotations
 
+import re
 import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -41,6 +42,10 @@ def test_scheduled_runs_survive_a_sigkill_without_duplicates_or_gaps(
     assert {r["run_type"] for r in runs} == {"scheduled"}
     assert all(r["data_interval_start"] == r["logical_date"] == r["run_after"] for r in runs)
     assert "queued 2 scheduled run(s) of DAG tick" in d.stderr(0)  # the catch-up bound
+    # The stop summary counts the scheduled runs the restarted process queued.
+    summary = re.search(r"stopped: .* (\d+) DAG runs queued", d.stderr(1))
+    assert summary is not None
+    assert int(summary[1]) >= 2
 
     dags = {dag["dag_id"]: dag for dag in d.json("dags", "list")}
     assert dags["tick"]["schedule"] == "0:00:01"
