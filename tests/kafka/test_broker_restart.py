@@ -163,7 +163,7 @@ async def test_a_broker_restart_loses_and_duplicates_nothing(
         assert at_restart < expected, f"the backlog was done before the restart: {context}"
         # Tansu's S3 engine was seen to lose the last dead letters it acknowledged before a
         # restart, so the dead-letter check is the triggerer's word (each one was acked).
-        logged = re.findall(rf"dead-lettered ({re.escape(name)}/\d+/\d+) from .*? to ", log)
+        logged = re.findall(rf"dead-lettered source=({re.escape(name)}/\d+/\d+) ", log)
         letters = [DeadLetter(None, source, "rejected") for source in logged]
         check_demo_outcome(cli, name, at, letters, context)
         assert {d.source for d in await harness.dead_letters(stream)} <= set(logged), context
