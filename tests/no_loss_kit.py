@@ -276,7 +276,7 @@ class NoLossRun(abc.ABC, Generic[SentT]):
     def stop_summary(self) -> str:
         """The triggerer's last ``stopped: ...`` log line (else its last line)."""
         lines = [line for line in self.log.read_text(errors="replace").splitlines() if line]
-        summaries = [line for line in lines if "stopped:" in line]
+        summaries = [line for line in lines if "stopped stored=" in line]
         return (summaries or lines or ["(no log)"])[-1]
 
     # -- records -------------------------------------------------------------------------
@@ -393,7 +393,7 @@ class NoLossRun(abc.ABC, Generic[SentT]):
         reality = Reality(events=events, dead_letters=[*in_broker, *in_store])
         problems += compare(expected, reality)
         # The stop summary's count, read loosely (its wording is not a contract).
-        said = re.search(r"\bstopped\b.*?(\d+) events stored", self.stop_summary())
+        said = re.search(r"\bstopped\b.*?\bstored=(\d+)", self.stop_summary())
         if said and int(said[1]) != len(reality.events):
             problems.append(f"the stop summary says {said[1]} events stored, the store holds "
                             f"{len(reality.events)}")

@@ -183,8 +183,9 @@ def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> Callable[
     for :func:`_exit_at_once_on_signals` once the triggerer's run is over.
     """
 
-    def say_stopping(message: str) -> None:
-        print(f"{message}; finishing what is in flight", file=sys.stderr, flush=True)
+    def say_stopping(signal_name: str) -> None:
+        print(f"{signal_name}: stopping (send it again to exit at once); finishing what is in "
+              "flight", file=sys.stderr, flush=True)
 
     def exit_at_once(code: int) -> None:
         clean_up()  # the broker and the temp directory go too

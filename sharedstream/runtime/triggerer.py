@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -64,6 +63,7 @@ from sharedstream.brokerkit.errors import BrokerConfigError
 from sharedstream.connections import ConnectionNotFound, InvalidConnection
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.manager import SharedStreamManager
 from sharedstream.engine.membership import Membership
 from sharedstream.engine.producer import DeadLetter
@@ -98,7 +98,12 @@ from sharedstream.store import (
 
 __all__ = ["TriggerEnded", "Triggerer"]
 
-log = logging.getLogger("sharedstream.runtime")
+log = key_value_logger("sharedstream.runtime")
+
+
+def _say_stopping(signal_name: str) -> None:
+    """The default :attr:`Triggerer.on_stop_signal`: one log line."""
+    log.info("stopping (send the signal again to exit at once)", signal=signal_name)
 
 T = TypeVar("T")
 
@@ -177,8 +182,10 @@ class Triggerer:
         self._last_shared_error: BaseException | None = None
         self._idle = False  # stopped because no trigger was left running
         self._schedules: ScheduleLoop | None = None  # set when a DAG is scheduled on time
-        self.on_stop_signal: Callable[[str], None] = log.info
-        """Says that a first signal began the graceful stop (the demo prints it)."""
+        self.on_stop_signal: Callable[[str], None] = _say_stopping
+        """Says that a first signal (its name: ``"SIGTERM"``) began the graceful stop.
+
+        By default a log line; the demo prints it instead."""
         self.exit_at_once: Callable[[int], None] = os._exit
         """What a second signal does, with the exit status (the demo cleans up first)."""
         self._stop = asyncio.Event()
@@ -197,8 +204,8 @@ class Triggerer:
         """The gate is behind or the store failing: hold every stream's intake meanwhile."""
         if on:
             self.manager.intake.close("store")
-            log.warning("the store is behind (%d events queued%s); pausing intake",
-                        self.gate.queued, ", writes failing" if self.gate.store_failing else "")
+            log.warning("the store is behind; pausing intake", queued=self.gate.queued,
+                        store_failing=self.gate.store_failing)
         else:
             self.manager.intake.open("store")
             log.info("the store has caught up; intake resumed")
@@ -212,9 +219,9 @@ class Triggerer:
         new = await self._db(self.store.add_dead_letter, letter)
         if new:
             self.progress.fallbacks += 1
-            log.warning("kept %s of %s in the store's dead-letter table (%s); see "
-                        "`sharedstream deadletters list`", letter.source, letter.stream,
-                        letter.reason)
+            log.warning("kept a dead letter in the store's table; see `sharedstream "
+                        "deadletters list`", source=letter.source, stream=letter.stream,
+                        reason=letter.reason)
 
     # -- database thread -------------------------------------------------------
 
@@ -269,12 +276,14 @@ class Triggerer:
         self._standalone = {row.id: row for row in rows if row.id not in shared_ids}
         self._room = capacity - len(shared)
         log.info(
-            "store %s (schema v%d): %d assets, %d watchers -> %d triggers, %d DAGs; running %d "
-            "(%d shared-stream, %d standalone where assigned)",
-            store.location, version, len(defs.assets), len(watchers), len(specs),
-            len(dags), len(shared) + len(self._standalone), len(shared), len(self._standalone),
+            "definitions registered; running triggers",
+            store=store.location, schema=version, asset_count=len(defs.assets),
+            watcher_count=len(watchers), trigger_count=len(specs), dag_count=len(dags),
+            running=len(shared) + len(self._standalone), shared=len(shared),
+            standalone=len(self._standalone),
         )
-        log.info("this triggerer is %s (see `sharedstream triggerers list`)", self.triggerer_id)
+        log.info("this triggerer's id (see `sharedstream triggerers list`)",
+                 triggerer=self.triggerer_id)
         return shared
 
     def _preflight(self, rows: list[TriggerRow]) -> set[int]:
@@ -304,7 +313,8 @@ class Triggerer:
             except (ConnectionNotFound, InvalidConnection) as exc:
                 # The environment's fault, not the definitions': this stream is marked failed
                 # when it starts (its producer raises the same), the others run.
-                log.error("watcher %s (%s) cannot run: %s", watchers, row.classpath, exc)  # noqa: TRY400
+                log.error("watcher cannot run", watchers=watchers,  # noqa: TRY400
+                          classpath=row.classpath, error=exc)
             except (_Unrunnable, SharedStreamError, ImportError, TypeError, ValueError) as exc:
                 cause = exc.__cause__ if isinstance(exc, _Unrunnable) and exc.__cause__ else exc
                 problems.append(f"watcher {watchers} ({row.classpath}) cannot run: {cause}")
@@ -365,12 +375,10 @@ class Triggerer:
                 for signum in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(signum)
         totals = self.manager.totals
-        log.info("stopped: %d events stored, %d duplicates skipped, %d DAG runs queued; "
-                 "raw events rejected: %d, dead-lettered: %d (kept in the store: %d); "
-                 "events not storable: %d; store writes retried: %d",
-                 self.gate.stored, self.gate.duplicates, self.runs_queued,
-                 totals.rejected, totals.dead_lettered, self.progress.fallbacks,
-                 self.progress.refused, self.gate.failed_writes)
+        log.info("stopped", stored=self.gate.stored, duplicates=self.gate.duplicates,
+                 dag_runs=self.runs_queued, rejected=totals.rejected,
+                 dead_lettered=totals.dead_lettered, kept_in_store=self.progress.fallbacks,
+                 not_storable=self.progress.refused, store_retries=self.gate.failed_writes)
         if self._idle and self.progress.unrunnable:
             return 1  # it could do nothing useful: a supervisor restarts it, a person looks
         return 0
@@ -407,11 +415,10 @@ class Triggerer:
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
         if self._signals > 1:
-            log.warning("second %s: exiting at once", signal.Signals(signum).name)
+            log.warning("second stop signal: exiting at once", signal=signal.Signals(signum).name)
             self.exit_at_once(128 + signum)
             return
-        self.on_stop_signal(
-            f"{signal.Signals(signum).name}: stopping (send it again to exit at once)")
+        self.on_stop_signal(signal.Signals(signum).name)
         self.request_stop()
 
     async def _shutdown(
@@ -437,8 +444,7 @@ class Triggerer:
                 await gate_task
         except TimeoutError:
             log.error(  # noqa: TRY400 - a timeout has no useful traceback
-                "shutdown took over %ss; leaving the rest to broker redelivery", budget
-            )
+                "shutdown timed out; leaving the rest to broker redelivery", timeout_s=budget)
             for task in [*supervisors, gate_task]:
                 task.cancel()
         for task in side:
@@ -467,8 +473,8 @@ class Triggerer:
                     await asyncio.sleep(0.02)
                 await self.gate.flush()
         except TimeoutError:
-            log.warning("stopping: watchers still held %d raw events after %.1fs; the broker "
-                        "redelivers them", sum(q for _, _, q in self.manager.lag()), within)
+            log.warning("stopping: watchers still held raw events; the broker redelivers them",
+                        queued=sum(q for _, _, q in self.manager.lag()), timeout_s=within)
 
     async def _stop_when_idle(self, assignment: Assignment) -> None:
         """Stop the triggerer once no trigger is left to run (all finished or failed).
@@ -485,8 +491,7 @@ class Triggerer:
             return
         self._idle = True
         if self.progress.unrunnable:
-            log.error("no trigger left running (%d could not run); exiting",
-                      self.progress.unrunnable)
+            log.error("no trigger left running; exiting", unrunnable=self.progress.unrunnable)
         else:
             log.info("every trigger finished; nothing left to run")
         self._stop.set()
@@ -546,27 +551,30 @@ class Triggerer:
             await asyncio.sleep(every)
             stored = self.gate.stored
             log.info(
-                "progress: %d triggers running, %d events stored (+%d), %d duplicates, "
-                "%d DAG runs queued, %d rejected, %d dead-lettered, last commit %.1f ms%s",
-                self.progress.running, stored, stored - last, self.gate.duplicates,
-                self.runs_queued, self.manager.totals.rejected,
-                self.manager.totals.dead_lettered, self.gate.last_confirm_latency * 1000,
-                self._lag_note(),
+                "progress", running=self.progress.running, stored=stored, new=stored - last,
+                duplicates=self.gate.duplicates, dag_runs=self.runs_queued,
+                rejected=self.manager.totals.rejected,
+                dead_lettered=self.manager.totals.dead_lettered,
+                last_commit_ms=round(self.gate.last_confirm_latency * 1000, 1),
+                **self._lag_note(),
             )
             last = stored
 
-    def _lag_note(self) -> str:
-        """``"; behind: trigger 7 (812 queued), ..."`` for the most lagging, or nothing."""
+    def _lag_note(self) -> dict[str, Any]:
+        """The progress line's lag keys, those that apply.
+
+        ``behind``: trigger id -> raw events queued, for the five most lagging;
+        ``behind_more``: how many others lag; ``intake_paused``: its reasons.
+        """
         behind = sorted(self.manager.lag(), key=lambda entry: -entry[2])
-        if not behind and self.manager.intake.is_open:
-            return ""
-        parts = [f"trigger {trigger_id} ({queued} queued)" for _key, trigger_id, queued in
-                 behind[:5]]
+        note: dict[str, Any] = {}
+        if behind:
+            note["behind"] = {trigger_id: queued for _key, trigger_id, queued in behind[:5]}
         if len(behind) > 5:
-            parts.append(f"{len(behind) - 5} more")
-        held = "" if self.manager.intake.is_open else (
-            "; intake paused: " + ", ".join(sorted(self.manager.intake.reasons)))
-        return (f"; behind: {', '.join(parts)}" if parts else "") + held
+            note["behind_more"] = len(behind) - 5
+        if not self.manager.intake.is_open:
+            note["intake_paused"] = sorted(self.manager.intake.reasons)
+        return note
 
     # -- one trigger ------------------------------------------------------------------
 
@@ -589,8 +597,8 @@ class Triggerer:
             try:
                 trigger = self._rehydrate(row)
             except _Unrunnable as exc:
-                log.error("not running trigger %d (%s): %s",  # noqa: TRY400 - the reason is it
-                          row.id, row.classpath, exc)
+                log.error("not running a trigger",  # noqa: TRY400 - the reason is it
+                          trigger=row.id, classpath=row.classpath, error=exc)
                 await self._release(attempt)
                 await self._note_error(row.id, str(exc), "")
                 await self._note_state(row.id, "failed")
@@ -610,9 +618,9 @@ class Triggerer:
                 # queue or topic; no permission): restarting cannot help. Said once for the
                 # stream, recorded for each of its triggers, which are marked failed.
                 if exc is not self._last_shared_error:
-                    log.error("trigger %d (%s) cannot run: %s: %s; marked failed, not restarted "  # noqa: TRY400
-                              "(nor the other triggers of its stream)", row.id, row.classpath,
-                              type(exc).__name__, exc)
+                    log.error("trigger cannot run; marked failed, not restarted (nor the "  # noqa: TRY400
+                              "other triggers of its stream)", trigger=row.id,
+                              classpath=row.classpath, error=exc)
                 self._last_shared_error = exc
                 await self._release(attempt)
                 await self._note_error(row.id, f"{type(exc).__name__}: {exc}",
@@ -624,8 +632,8 @@ class Triggerer:
                 # Any failure of the trigger's own code: record it, restart it. An error
                 # every trigger of a stream gets at once (its poll ended) is said once.
                 if exc is not self._last_shared_error:
-                    log.warning("trigger %d (%s) failed: %s: %s; restarting in %.1fs",
-                                row.id, row.classpath, type(exc).__name__, exc, backoff)
+                    log.warning("trigger failed; restarting", trigger=row.id,
+                                classpath=row.classpath, error=exc, delay_s=round(backoff, 1))
                 self._last_shared_error = exc
                 await self._note_error(
                     row.id, f"{type(exc).__name__}: {exc}",
@@ -666,7 +674,8 @@ class Triggerer:
             await self._db(record)
         except Exception:
             # Only the record is lost; the log line carries the same facts.
-            log.exception("could not record %s for trigger %s in the store", what, trigger_id)
+            log.exception("could not record a trigger's state in the store", what=what,
+                          trigger=trigger_id)
 
     async def _release(self, attempt: _Attempt) -> None:
         member, attempt.member = attempt.member, None
@@ -679,7 +688,7 @@ class Triggerer:
                 await trigger.cleanup()
         except Exception:
             # cleanup() is best-effort by contract; its failure is only logged.
-            log.exception("cleanup() of trigger %d failed", trigger_id)
+            log.exception("cleanup() of a trigger failed", trigger=trigger_id)
 
     async def _run_once(self, attempt: _Attempt, trigger: BaseTrigger, delay: float) -> bool:
         """Run one attempt; return True when a standalone trigger finished for good."""
@@ -745,9 +754,11 @@ class Triggerer:
         self.progress.refused += 1
         instruments().events_refused.add(1)
         if member.reject(reason):
-            log.warning("trigger %s: %s; rejecting its raw event", member.trigger_id, reason)
+            log.warning("trigger event cannot be stored; rejecting its raw event",
+                        trigger=member.trigger_id, reason=reason)
         else:
-            log.error("trigger %s: %s; the event is dropped", member.trigger_id, reason)
+            log.error("trigger event cannot be stored; the event is dropped",
+                      trigger=member.trigger_id, reason=reason)
 
     async def _store_event(self, trigger_id: int, event: TriggerEvent) -> None:
         """Queue an event of a standalone trigger (not gated, no idempotency key)."""

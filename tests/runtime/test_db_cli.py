@@ -122,12 +122,12 @@ def test_the_triggerer_stores_events_and_queues_runs_on_postgres(
     assert d.stop(first) == 0
     assert run_counts(d) == EXPECTED_RUNS
     assert sorted(e["payload"]["id"] for e in d.json("events", "list")) == [0, 1, 2, 2]
-    assert f"store {postgres_database}" in d.stderr()
+    assert f"store={postgres_database}" in d.stderr()
     # redelivered from the start: stored once, no second run
     Path(f"{d.log}.offsets").unlink()
     second = d.start()  # PostgreSQL takes no one-triggerer lock, so this one may run too
     wait_for(lambda: d.committed() == 3, what="redelivered and committed again")
     assert d.stop(second) == 0
     assert run_counts(d) == EXPECTED_RUNS
-    assert "0 events stored, 4 duplicates skipped, 0 DAG runs queued" in d.stderr()
+    assert "stopped stored=0 duplicates=4 dag_runs=0 " in d.stderr()
     assert not (d.dir / "sharedstream.db.triggerer.lock").exists()

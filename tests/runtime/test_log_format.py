@@ -29,7 +29,7 @@ def run_and_stop(d: Deployment) -> str:
 def test_text_lines_render_a_triggers_key_values(deployment: Deployment) -> None:
     log = run_and_stop(deployment)
     assert "GuardedFileLogTrigger: matched order_id=2 kind=order" in log
-    assert "SIGTERM: stopping" in log  # the runtime's own %-style lines, unchanged
+    assert "stopping (send the signal again to exit at once) signal=SIGTERM" in log
 
 
 def test_json_lines_carry_the_key_values_as_fields(deployment: Deployment) -> None:
@@ -43,7 +43,13 @@ def test_json_lines_carry_the_key_values_as_fields(deployment: Deployment) -> No
     assert first["logger"].endswith("guarded_defs.GuardedFileLogTrigger")
     assert first["kind"] == "order"
     assert first["timestamp"].endswith("Z")
-    assert any(line["message"].startswith("SIGTERM: stopping") for line in lines)
+    [summary] = [line for line in lines if line["message"] == "stopped"]
+    assert summary["logger"] == "sharedstream.runtime"
+    assert summary["stored"] >= 3  # the guarded watcher's three, and filelog_defs' watchers'
+    assert summary["dag_runs"] >= 3
+    assert (summary["duplicates"], summary["store_retries"]) == (0, 0)
+    [stopping] = [line for line in lines if line["message"].startswith("stopping (")]
+    assert stopping["signal"] == "SIGTERM"
 
 
 def test_json_lines_carry_the_runtimes_own_key_values(deployment: Deployment) -> None:
