@@ -37,11 +37,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.runtime.definitions import Dag, Definitions
 from sharedstream.store import DagRow, DagSpec, MetadataStore, StoreError, TimedRun
 from sharedstream.timetables.base import (
@@ -56,7 +56,7 @@ from sharedstream.timetables.base import (
 
 __all__ = ["WALK_LIMIT", "Plan", "ScheduleLoop", "dag_specs", "plan_dag", "restriction_of"]
 
-log = logging.getLogger("sharedstream.runtime")
+log = key_value_logger("sharedstream.runtime")
 
 T = TypeVar("T")
 
@@ -204,11 +204,12 @@ class ScheduleLoop:
                 wait = await self.run_once()
             except StoreError as exc:
                 # The store is unreachable or failing (said in one line).
-                log.warning("schedule loop: %s; retrying in %.0fs", exc, self.max_sleep)
+                log.warning("schedule loop: the store failed; retrying", error=exc,
+                            delay_s=self.max_sleep)
                 wait = self.max_sleep
             except Exception:
                 # Anything else is a bug here; the watchers keep running meanwhile.
-                log.exception("schedule loop: a pass failed; retrying in %.0fs", self.max_sleep)
+                log.exception("schedule loop: a pass failed; retrying", delay_s=self.max_sleep)
                 wait = self.max_sleep
             await self._sleep(wait)
 
@@ -229,14 +230,14 @@ class ScheduleLoop:
                 if not done.applied:
                     # Another triggerer queued first (or a sync changed the schedule):
                     # nothing was written; plan again from the store.
-                    log.debug("schedule loop: DAG %s moved on under this plan (revision %d); "
-                              "planning again", row.dag_id, row.revision)
+                    log.debug("schedule loop: the DAG moved on under this plan; planning again",
+                              dag_id=row.dag_id, revision=row.revision)
                     wake = 0.0
                     continue
                 if done.queued:
                     self.queued += len(done.queued)
-                    log.info("queued %d scheduled run(s) of DAG %s: %s", len(done.queued),
-                             row.dag_id, _span(done.queued))
+                    log.info("queued scheduled runs", dag_id=row.dag_id,
+                             count=len(done.queued), first=done.queued[0], last=done.queued[-1])
             if plan.more:
                 wake = 0.0
             elif plan.next_run is not None:
@@ -255,8 +256,8 @@ class ScheduleLoop:
             # others go on; said once until the error changes.
             said = f"{type(exc).__name__}: {exc}"
             if self._errors.get(row.dag_id) != said:
-                log.error("schedule loop: DAG %s cannot be planned: %s",  # noqa: TRY400 - one line
-                          row.dag_id, said)
+                log.error("schedule loop: the DAG cannot be planned",  # noqa: TRY400 - one line
+                          dag_id=row.dag_id, error=said)
                 self._errors[row.dag_id] = said
             return None
         self._errors.pop(row.dag_id, None)
@@ -268,7 +269,3 @@ class ScheduleLoop:
         if timetable is None:
             timetable = self._timetables[key] = deserialize_timetable(data, self._registry)
         return timetable
-
-
-def _span(run_ids: tuple[str, ...]) -> str:
-    return run_ids[0] if len(run_ids) == 1 else f"{run_ids[0]} .. {run_ids[-1]}"

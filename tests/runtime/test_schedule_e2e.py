@@ -41,7 +41,7 @@ def test_scheduled_runs_survive_a_sigkill_without_duplicates_or_gaps(
     assert [r["run_id"] for r in runs] == [f"scheduled__{x.isoformat()}" for x in dates]
     assert {r["run_type"] for r in runs} == {"scheduled"}
     assert all(r["data_interval_start"] == r["logical_date"] == r["run_after"] for r in runs)
-    assert "queued 2 scheduled run(s) of DAG tick" in d.stderr(0)  # the catch-up bound
+    assert "queued scheduled runs dag_id=tick count=2 " in d.stderr(0)  # the catch-up bound
     # The stop summary counts the scheduled runs the restarted process queued.
     summary = re.search(r"stopped .*\bdag_runs=(\d+)", d.stderr(1))
     assert summary is not None

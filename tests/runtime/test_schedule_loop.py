@@ -25,6 +25,7 @@ from sharedstream.timetables.base import (
     timetable_for,
 )
 from sharedstream.timetables.interval import CronDataIntervalTimetable
+from tests.log_lines import fields_of, text_of
 
 T = TypeVar("T")
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
@@ -218,9 +219,10 @@ def test_a_failing_timetable_is_logged_once_and_others_go_on(
         one_pass(loop)
         one_pass(loop)
     assert world.runs() == [rid(0), rid(1)]
-    said = [r.getMessage() for r in caplog.records]
-    assert said == ["schedule loop: DAG broken cannot be planned: RuntimeError: the moon is in "
-                    "the wrong phase"]
+    [said] = caplog.records  # once, though both passes failed to plan it
+    assert text_of(said) == "schedule loop: the DAG cannot be planned"
+    assert fields_of(said) == {
+        "dag_id": "broken", "error": "RuntimeError: the moon is in the wrong phase"}
 
 
 def test_a_changed_schedule_continues_after_the_last_run(world: World) -> None:
@@ -281,8 +283,10 @@ def test_run_survives_a_failing_pass_and_sleeps_until_the_next_run(
         asyncio.run(loop.run())
     assert waits == [DAY, 30 * 60, 30 * 60]
     assert world.runs() == [rid(0), rid(1)]
-    assert [r.getMessage() for r in caplog.records] == [
-        f"schedule loop: database is locked; retrying in {DAY:.0f}s"]
+    [said] = caplog.records
+    assert text_of(said) == "schedule loop: the store failed; retrying"
+    assert str(fields_of(said)["error"]) == "database is locked"
+    assert fields_of(said)["delay_s"] == DAY
 
 
 @pytest.mark.parametrize(("start", "now", "utc_hours"), [

@@ -38,7 +38,8 @@ def test_two_triggerers_queue_each_scheduled_run_once(
     assert [proc.wait(timeout=30) for proc in both] == [0, 0]
     dates = [datetime.fromisoformat(x) for x in runs()]
     assert dates == [start + timedelta(seconds=n) for n in range(len(dates))]  # once each
-    queued = [cluster.log(i).count("scheduled run(s) of DAG tick") for i in (0, 1)]
-    lost = [cluster.log(i).count("DAG tick moved on under this plan") for i in (0, 1)]
+    queued = [cluster.log(i).count("queued scheduled runs dag_id=tick ") for i in (0, 1)]
+    lost = [cluster.log(i).count("moved on under this plan; planning again dag_id=tick ")
+            for i in (0, 1)]
     print(f"\npasses that queued runs, by triggerer: {queued}; plans that lost the race: {lost}")
     assert sum(queued) >= 1

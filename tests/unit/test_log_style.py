@@ -39,7 +39,6 @@ STILL_TO_CONVERT: dict[str, str] = {
     "sharedstream/engine/group.py": "in the middle of other work",
     "sharedstream/runtime/api.py": "in the middle of other work",
     "sharedstream/runtime/persist.py": "in the middle of other work",
-    "sharedstream/runtime/schedule_loop.py": "in the middle of other work",
     "sharedstream/store/postgres.py": "in the middle of other work",
     "sharedstream/store/sqlite.py": "in the middle of other work",
 }
