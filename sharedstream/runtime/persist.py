@@ -32,12 +32,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.telemetry import instruments
 from sharedstream.store.base import PendingEvent, WriteResult
 
 __all__ = ["PersistGate"]
 
-log = logging.getLogger("sharedstream.runtime")
+log = key_value_logger("sharedstream.runtime")
 
 Write = Callable[[Sequence[PendingEvent]], Awaitable[WriteResult]]
 
@@ -186,8 +187,8 @@ class PersistGate:
                 delay = min(delay * 2, MAX_RETRY_DELAY)
                 continue
             if self._failing_since is not None:
-                log.warning("the store takes writes again after %.1fs; resuming intake",
-                            time.monotonic() - self._failing_since)
+                log.warning("the store takes writes again; resuming intake",
+                            elapsed_s=round(time.monotonic() - self._failing_since, 1))
                 self._failing_since = None
             self._committed(batch, result, started)
             metrics.persist_batch_size.record(len(batch))
@@ -198,15 +199,15 @@ class PersistGate:
     def _write_failed(self, size: int, attempt: int, exc: Exception, delay: float) -> None:
         """Say it once when a batch fails, once when the store counts as failing."""
         if attempt < RETRIES:
-            log.warning("storing %d trigger events failed (attempt %d): %s; retrying in %.2fs",
-                        size, attempt, exc, delay)
+            log.warning("storing trigger events failed; retrying", count=size, attempt=attempt,
+                        error=exc, delay_s=round(delay, 2))
         elif attempt == RETRIES:
             self._failing_since = time.monotonic()
             self._set_pressure(True)
             log.error(
-                "the store keeps failing (%s); pausing intake and retrying every %.1fs at "
-                "most until it takes writes again (nothing is acknowledged meanwhile)",
-                exc, MAX_RETRY_DELAY,
+                "the store keeps failing; pausing intake and retrying until it takes writes "
+                "again (nothing is acknowledged meanwhile)",
+                error=exc, max_delay_s=MAX_RETRY_DELAY,
             )
 
     def _committed(self, batch: list[_Queued], result: WriteResult, started: float) -> None:
@@ -225,4 +226,4 @@ class PersistGate:
         metrics.events_stored.add(result.stored)
         if log.isEnabledFor(logging.DEBUG):  # one check per batch, not one call per run
             for run in result.dag_runs:
-                log.debug("queued DAG run %s", run)
+                log.debug("queued DAG run", run=run)
