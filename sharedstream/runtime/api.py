@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -49,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.registry import Collector
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.runtime import status_page
 from sharedstream.runtime.ops_metrics import TriggererCollector
 from sharedstream.runtime.ops_view import TriggererView
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OpsEndpoint"]
 
-log = logging.getLogger("sharedstream.runtime.api")
+log = key_value_logger("sharedstream.runtime.api")
 
 _MAX_REQUEST_BODY = 1024
 _NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -117,8 +117,8 @@ class OpsEndpoint:
         host, port = bound[0][:2] if bound else (conf.host, conf.port)
         self.address = (str(host), int(port))
         self._runner = runner
-        log.info("operations endpoint on http://%s:%d (/healthz /readyz /metrics /status)",
-                 *self.address)
+        log.info("operations endpoint listening (/healthz /readyz /metrics /status)",
+                 url=f"http://{self.address[0]}:{self.address[1]}")
 
     async def serve(self) -> None:
         """Answer requests until cancelled; then close the socket and open connections.
