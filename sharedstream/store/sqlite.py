@@ -71,7 +71,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import logging
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -80,6 +79,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.store._dag_schedules import (
     RUN_COLUMNS,
@@ -133,7 +133,7 @@ from sharedstream.store.base import (
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
-log = logging.getLogger("sharedstream.store")
+log = key_value_logger("sharedstream.store")
 
 def _now() -> str:
     return _fmt(datetime.now(UTC))
