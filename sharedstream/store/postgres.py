@@ -27,7 +27,6 @@ be in commit order), times as ``TIMESTAMPTZ``.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -37,6 +36,7 @@ from typing import Any, Self
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.store._dag_schedules import (
     RUN_COLUMNS,
@@ -88,7 +88,7 @@ from sharedstream.store.base import (
 
 __all__ = ["MIGRATIONS", "PostgresStore"]
 
-log = logging.getLogger("sharedstream.store")
+log = key_value_logger("sharedstream.store")
 
 def _utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
