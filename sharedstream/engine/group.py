@@ -27,7 +27,6 @@ queue. So durable members never overflow, and memory stays bounded by
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import AsyncExitStack
@@ -42,6 +41,7 @@ from sharedstream.engine.errors import (
     StreamStopped,
 )
 from sharedstream.engine.fanout import Accept, FanOut, Subscriber
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetterFallback, SharedStreamProducer
 from sharedstream.engine.pump import AdvancePump, StreamTotals
 from sharedstream.engine.resolution import ResolutionBook, overflow_error
@@ -53,7 +53,7 @@ from sharedstream.engine.trigger import BaseEventTrigger, uses_ack_mode
 
 __all__ = ["IntakeValve", "StreamGroup"]
 
-log = logging.getLogger("sharedstream.stream")
+log = key_value_logger("sharedstream.stream")
 
 DRAIN_TIMEOUT = 30.0
 """Seconds a stopping group waits for resolved events to be advanced before giving up."""
@@ -317,15 +317,15 @@ class StreamGroup:
                 # the broker redelivers what was not advanced.
                 terminal = exc
                 if getattr(exc, "retryable", False):  # the broker's doing: one line says it
-                    log.warning("shared stream %r stopped: %s: %s; its triggers start it again "
-                                "after their restart backoff", self.key, type(exc).__name__, exc)
+                    log.warning("shared stream stopped; its triggers start it again after "
+                                "their restart backoff", stream=self.key, error=exc)
                 elif isinstance(exc, SharedStreamError):
                     # A named, lasting problem (settings that cannot work, a stream that does
                     # not exist): every subscriber gets it and its owner says it, once.
-                    log.debug("the poll of shared stream %r failed: %s: %s", self.key,
-                              type(exc).__name__, exc)
+                    log.debug("the poll of the shared stream failed", stream=self.key,
+                              error=exc)
                 else:
-                    log.exception("the poll of shared stream %r failed", self.key)
+                    log.exception("the poll of the shared stream failed", stream=self.key)
             finally:
                 if terminal is not None:
                     self._terminate(terminal)
@@ -435,18 +435,15 @@ class StreamGroup:
             return
         self._behind_logged[sub.trigger_id] = now
         log.info(
-            "shared stream %r: trigger %r is behind (its queue of %d is full); pausing the "
-            "stream until it has worked through half of it",
-            self.key, sub.trigger_id, self.fanout.capacity,
+            "shared stream paused: trigger behind, until it has worked through half its queue",
+            stream=self.key, trigger=sub.trigger_id, queue_size=self.fanout.capacity,
         )
 
     def _report_overflow(self, sub: Subscriber) -> None:
         instruments().forced_failures.add(1, {"stream": repr(self.key), "reason": "overflow"})
         log.warning(
-            "trigger %r fell behind shared stream %r (queue of %d full); failing it alone",
-            sub.trigger_id,
-            self.key,
-            self.fanout.capacity,
+            "trigger fell behind the shared stream (its queue is full); failing it alone",
+            stream=self.key, trigger=sub.trigger_id, queue_size=self.fanout.capacity,
         )
 
     async def _close_source(self, source: AsyncIterator[Any]) -> None:
@@ -459,7 +456,7 @@ class StreamGroup:
         except Exception:
             # The poll is over; a failing cleanup in the source must not stop
             # the drain and producer close that follow.
-            log.exception("closing the source of shared stream %r failed", self.key)
+            log.exception("closing the source of the shared stream failed", stream=self.key)
 
     async def _close_producer(self, producer: SharedStreamProducer) -> None:
         try:
@@ -467,7 +464,7 @@ class StreamGroup:
         except Exception:
             # Best-effort by contract: the poll is over either way, and what
             # was not advanced will be redelivered.
-            log.exception("producer.aclose() of shared stream %r failed", self.key)
+            log.exception("producer.aclose() of the shared stream failed", stream=self.key)
 
 
 def _no_bind(_trigger_id: Hashable) -> None:
@@ -485,9 +482,8 @@ async def _drain_pump(pump: AdvancePump, task: asyncio.Task[None], key: Hashable
     done, _ = await asyncio.wait([task], timeout=DRAIN_TIMEOUT)
     if not done:
         log.error(
-            "shared stream %r: advancing resolved events took over %ss at stop; abandoning "
-            "them to broker redelivery",
-            key,
-            DRAIN_TIMEOUT,
+            "shared stream stopping: advancing resolved events timed out; abandoning them to "
+            "broker redelivery",
+            stream=key, timeout_s=DRAIN_TIMEOUT,
         )
         await _cancel_and_wait(task)

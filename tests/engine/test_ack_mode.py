@@ -29,6 +29,7 @@ from tests.engine.harness import (
     eventually,
     settle,
 )
+from tests.log_lines import fields_of, text_of
 
 KEY = ("feed", "f")
 CLEAN = AdvanceOutcome(acked=2, failed=0, rejected=0)
@@ -206,7 +207,9 @@ async def test_stop_advances_resolved_events_then_closes_once(
     assert [p for p, _ in feed.advanced()] == [0, 1, 2]
     assert feed.events[-1] == "aclose"
     assert feed.closes == 1
-    assert "aclose() of shared stream" in caplog.text  # best-effort: logged, not raised
+    [failed] = [r for r in caplog.records if text_of(r).startswith("producer.aclose() of")]
+    assert fields_of(failed)["stream"] == ("feed", "f")  # best-effort: logged, not raised
+    assert "OSError: socket already closed" in caplog.text  # with its traceback
 
 
 async def test_factory_once_per_group_and_connection_opened_lazily(feed: Feed) -> None:

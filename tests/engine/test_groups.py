@@ -23,6 +23,7 @@ from tests.engine.harness import (
     eventually,
     settle,
 )
+from tests.log_lines import fields_of, text_of
 
 TRIGGERS = [FastFeedTrigger, FeedTrigger]
 
@@ -182,8 +183,9 @@ async def test_slow_subscriber_overflows_alone_and_still_gets_its_error(
     assert isinstance(stuck.error, SubscriberOverflow)
     assert stuck.raws() == [0]  # nothing stale delivered after the failure
     assert healthy.error is None
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("fell behind" in r.getMessage() for r in warnings)
+    [overflow] = [r for r in caplog.records if r.levelno == logging.WARNING
+                  and text_of(r).startswith("trigger fell behind the shared stream")]
+    assert fields_of(overflow)["trigger"] == stuck.trigger_id
     feed.push(10)
     await eventually(lambda: healthy.raws()[-1] == 10)
     await manager.stop_all()

@@ -32,13 +32,6 @@ LOGGER_NAMES = frozenset({"log", "_log", "_LOG", "logger", "_logger"})
 IMPLEMENTATION = {"sharedstream/engine/keyvalue_log.py"}
 """The adapter itself forwards ``%``-style arguments to the standard logger."""
 
-STILL_TO_CONVERT: dict[str, str] = {
-    # Being edited by other helpers while the rest was converted (issue 17, item 1);
-    # each is converted once its edits have landed, and then removed from here. The
-    # test fails for a file on this list that no longer needs to be.
-    "sharedstream/engine/group.py": "in the middle of other work",
-}
-
 
 def _modules() -> Iterator[Path]:
     for folder in PACKAGE_DIRS:
@@ -112,23 +105,14 @@ def _relative(path: Path) -> str:
 
 
 def test_every_module_logs_structlog_style() -> None:
-    wrong, converted = [], []
+    wrong: list[str] = []
     for path in _modules():
         name = _relative(path)
         if name in IMPLEMENTATION:
             continue
         problems = problems_in(path.read_text(encoding="utf-8"))
-        if name in STILL_TO_CONVERT:
-            if not problems:
-                converted.append(name)
-            continue
         wrong += [f"{name}: {problem}" for problem in problems]
     assert not wrong, "\n".join(wrong)
-    assert not converted, f"structlog-style now, take them off STILL_TO_CONVERT: {converted}"
-
-
-def test_the_allow_list_names_existing_modules() -> None:
-    assert all((ROOT / name).is_file() for name in STILL_TO_CONVERT)
 
 
 @pytest.mark.parametrize(("source", "expected"), [
