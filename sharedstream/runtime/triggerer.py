@@ -474,7 +474,7 @@ class Triggerer:
                 await self.gate.flush()
         except TimeoutError:
             log.warning("stopping: watchers still held raw events; the broker redelivers them",
-                        queued=sum(q for _, _, q in self.manager.lag()), timeout_s=within)
+                        held=sum(q for _, _, q in self.manager.lag()), timeout_s=within)
 
     async def _stop_when_idle(self, assignment: Assignment) -> None:
         """Stop the triggerer once no trigger is left to run (all finished or failed).
