@@ -311,9 +311,7 @@ class Runner:
 
 def run_child(runner: Runner, case: Case) -> dict[str, Any]:
     """Run one configuration in a fresh interpreter and return its measurements."""
-    cmd = [
-        runner.python, str(WORKLOAD),
-        "--impl", runner.impl,
+    args = [
         "--mode", case.mode,
         "--subscribers", str(case.subscribers),
         "--events", str(case.events),
@@ -326,6 +324,16 @@ def run_child(runner: Runner, case: Case) -> dict[str, Any]:
         "subscribers": case.subscribers, "events": case.events, "batch": case.batch,
         "pairs": case.events * case.subscribers,
     }  # fmt: skip
+    return run_workload(runner, args, base)
+
+
+def run_workload(runner: Runner, args: Sequence[str], base: dict[str, Any]) -> dict[str, Any]:
+    """``_fanout_workload.py --impl <runner's> *args`` in a fresh interpreter; its JSON result.
+
+    A child that times out or prints no result gives ``base`` with ``ok``
+    false and the reason in ``error``.
+    """
+    cmd = [runner.python, str(WORKLOAD), "--impl", runner.impl, *args]
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=runner.env, check=False
@@ -690,6 +698,46 @@ def _mode_list(text: str) -> list[str]:
     return values
 
 
+def add_runner_options(parser: argparse.ArgumentParser) -> None:
+    """The options :func:`prepare_runners` reads: which implementations run, and from where.
+
+    ``--no-airflow``, ``--airflow-python``, ``--airflow-venv``,
+    ``--airflow-requirement``, ``--output-dir`` and ``--ours-rev``; shared by
+    the fan-out benchmarks (``fanout.py``, ``selective.py``).
+    """
+    parser.add_argument("--no-airflow", action="store_true", help="benchmark sharedstream only")
+    parser.add_argument(
+        "--airflow-python",
+        default=None,
+        help="interpreter of an existing environment with Airflow installed",
+    )
+    parser.add_argument(
+        "--airflow-venv",
+        type=Path,
+        default=AIRFLOW_VENV,
+        help="where to create (or reuse) the Airflow virtualenv "
+        "(default benchmarks/results/.airflow-venv)",
+    )
+    parser.add_argument(
+        "--airflow-requirement",
+        default=AIRFLOW_REQUIREMENT,
+        help=f"what to pip install into a new Airflow virtualenv (default {AIRFLOW_REQUIREMENT})",
+    )
+    parser.add_argument(
+        "--output-dir",
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        help="where the result files are written (default benchmarks/results)",
+    )
+    parser.add_argument(
+        "--ours-rev",
+        default=None,
+        help="benchmark sharedstream as committed at this git revision (e.g. HEAD) instead of "
+        "the installed working tree",
+    )
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(
@@ -756,37 +804,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         help="runs per configuration and implementation; the median is kept (default 1)",
     )
-    parser.add_argument("--no-airflow", action="store_true", help="benchmark sharedstream only")
-    parser.add_argument(
-        "--airflow-python",
-        default=None,
-        help="interpreter of an existing environment with Airflow installed",
-    )
-    parser.add_argument(
-        "--airflow-venv",
-        type=Path,
-        default=AIRFLOW_VENV,
-        help="where to create (or reuse) the Airflow virtualenv "
-        "(default benchmarks/results/.airflow-venv)",
-    )
-    parser.add_argument(
-        "--airflow-requirement",
-        default=AIRFLOW_REQUIREMENT,
-        help=f"what to pip install into a new Airflow virtualenv (default {AIRFLOW_REQUIREMENT})",
-    )
-    parser.add_argument(
-        "--output-dir",
-        "--out",
-        type=Path,
-        default=RESULTS_DIR,
-        help="where fanout.json / .csv / .png are written (default benchmarks/results)",
-    )
-    parser.add_argument(
-        "--ours-rev",
-        default=None,
-        help="benchmark sharedstream as committed at this git revision (e.g. HEAD) instead of "
-        "the installed working tree",
-    )
+    add_runner_options(parser)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument(
         "--replot",

@@ -35,7 +35,6 @@ import csv
 import datetime as dt
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,15 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from fanout import (
-    AIRFLOW_REQUIREMENT,
-    AIRFLOW_VENV,
-    CHILD_TIMEOUT,
-    RESULTS_DIR,
-    WORKLOAD,
     Runner,
+    _int_list,
+    add_runner_options,
     machine_info,
     prepare_runners,
     progress,
+    run_workload,
 )
 
 TARGET_EVENTS_PER_S_K1000 = 200_000.0
@@ -89,35 +86,8 @@ def airflow_events(k: int, override: int | None) -> int:
 
 def run_child(runner: Runner, k: int, events: int) -> dict[str, Any]:
     """One run of the selective workload in a fresh interpreter; its measurements."""
-    cmd = [
-        runner.python,
-        str(WORKLOAD),
-        "--impl",
-        runner.impl,
-        "--mode",
-        "ack",
-        "--subscribers",
-        str(k),
-        "--events",
-        str(events),
-        "--selective",
-    ]
-    base: dict[str, Any] = {"impl": runner.impl, "subscribers": k, "events": events}
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=runner.env, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return {**base, "ok": False, "error": f"child timed out after {CHILD_TIMEOUT}s"}
-    lines = proc.stdout.strip().splitlines()
-    try:
-        result: dict[str, Any] = json.loads(lines[-1]) if lines else {}
-    except json.JSONDecodeError:
-        result = {}
-    if not result:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        return {**base, "ok": False, "error": f"child exited {proc.returncode}: {tail}"}
-    return result
+    args = ["--mode", "ack", "--subscribers", str(k), "--events", str(events), "--selective"]
+    return run_workload(runner, args, {"impl": runner.impl, "subscribers": k, "events": events})
 
 
 def summarize(impl: str, k: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -300,13 +270,6 @@ def write_plot(path: Path, rows: list[dict[str, Any]]) -> bool:
     return True
 
 
-def _int_list(text: str) -> list[int]:
-    values = [int(part) for part in text.split(",") if part.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, comma-separated: {text!r}")
-    return values
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -334,33 +297,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat", type=int, default=3, help="rounds; medians are published (default 3)"
     )
-    parser.add_argument("--no-airflow", action="store_true", help="benchmark sharedstream only")
-    parser.add_argument(
-        "--airflow-python",
-        default=None,
-        help="interpreter of an existing environment with Airflow installed",
-    )
-    parser.add_argument(
-        "--airflow-venv",
-        type=Path,
-        default=AIRFLOW_VENV,
-        help="where to create (or reuse) the Airflow virtualenv",
-    )
-    parser.add_argument(
-        "--airflow-requirement",
-        default=AIRFLOW_REQUIREMENT,
-        help=f"pip requirement for a new Airflow virtualenv ({AIRFLOW_REQUIREMENT})",
-    )
-    parser.add_argument(
-        "--ours-rev", default=None, help="benchmark sharedstream as committed at this git revision"
-    )
-    parser.add_argument(
-        "--output-dir",
-        "--out",
-        type=Path,
-        default=RESULTS_DIR,
-        help="where the result files go (default benchmarks/results)",
-    )
+    add_runner_options(parser)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
     if args.quick:
