@@ -270,7 +270,8 @@ def test_a_server_restart_is_ridden_out_losing_and_duplicating_nothing(tmp_path:
             d.account(distinct(d.dead_letters()), f"server killed with {at_kill} of "
                                                   f"{expected_events} events stored; log: {log}")
             stopped = [line for line in log.read_text(errors="replace").splitlines()
-                       if "stopped: PubSubRequestError" in line]
+                       if "shared stream stopped" in line
+                       and "error=PubSubRequestError" in line]
             assert stopped, "the outage went unnoticed in the log"
         finally:
             kill(process)
