@@ -71,10 +71,18 @@ def test_a_standalone_trigger_is_taken_over_once_its_owner_is_dead_never_run_twi
     assert all(THRESHOLD - 0.5 < seconds < THRESHOLD + 3 for seconds in takeover.values())
     for events in taken.values():
         assert len(owners(events)) == 2  # the dead owner, then one survivor: no interleaving
+    trigger_ids = sorted(t["id"] for t in cluster.json("triggers", "list"))
+
+    def standbys_list_them() -> bool:
+        # `triggerers list` shows what each one reported at its last heartbeat (every
+        # 0.5 s here): a taken-over ticker can tick before its new owner's next heartbeat.
+        rows = {row["pid"]: row for row in cluster.json("triggerers", "list")}
+        return sorted(t for p in standby for t in rows[p.pid]["triggers"]) == trigger_ids
+
+    wait_until(standbys_list_them, 5, "the survivors listing the tickers they took over")
     listed = {row["pid"]: row for row in cluster.json("triggerers", "list")}
     assert listed[first.pid]["alive"] is False
-    assert sorted(t for p in standby for t in listed[p.pid]["triggers"]) == sorted(
-        t["id"] for t in cluster.json("triggers", "list"))
+    assert sorted(t for p in standby for t in listed[p.pid]["triggers"]) == trigger_ids
 
     # A clean stop hands its tickers back at once: the other takes them within a heartbeat
     # or two, not after the threshold, and again nothing runs twice.
