@@ -32,6 +32,8 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import AsyncExitStack
 from typing import Any, cast
 
+from opentelemetry.trace import TracerProvider
+
 from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import (
     DuplicateSubscription,
@@ -49,6 +51,7 @@ from sharedstream.engine.seqs import SeqRouter
 from sharedstream.engine.stream import ack_stream, fast_stream
 from sharedstream.engine.telemetry import instruments, unwatch_book, watch_book
 from sharedstream.engine.timeouts import run_ack_watchdog
+from sharedstream.engine.tracing import StreamTracer
 from sharedstream.engine.trigger import BaseEventTrigger, uses_ack_mode
 
 __all__ = ["IntakeValve", "StreamGroup"]
@@ -128,8 +131,10 @@ class StreamGroup:
         valve: IntakeValve | None = None,
         dead_letter_fallback: DeadLetterFallback | None = None,
         totals: StreamTotals | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.key = key
+        self._tracer_provider = tracer_provider
         self.trigger_class = trigger_class
         self.kwargs = kwargs
         self.ack_mode = uses_ack_mode(trigger_class)
@@ -251,6 +256,11 @@ class StreamGroup:
         if sub is not None:
             self.book.fail(sub, error)
 
+    def traceparent(self, trigger_id: Hashable) -> str | None:
+        """The W3C ``traceparent`` of the window ``trigger_id`` is in (``None``: not traced)."""
+        tracer = self.book.tracer if self.book is not None else None
+        return None if tracer is None else tracer.traceparent(trigger_id)
+
     def raw_event_key(self, trigger_id: Hashable) -> str | None:
         """``"<producer's name of the raw event>#<index>"`` for the event bound last."""
         if self.book is None or self._producer is None:
@@ -360,6 +370,10 @@ class StreamGroup:
         if self._dead_letter_fallback is not None:
             producer.dead_letter_fallback = self._dead_letter_fallback
         exits.push_async_callback(self._close_producer, producer)
+        if self._tracer_provider is not None:
+            book.tracer = StreamTracer(self._tracer_provider, self.key, producer)
+            exits.callback(book.tracer.close)  # after the drain: spans left end abandoned
+        tracer = book.tracer
         pump = AdvancePump(book, producer, on_failure=self._fail_from_pump, totals=self._totals)
         book.on_ready = pump.notify
         pump_task = asyncio.get_running_loop().create_task(
@@ -387,6 +401,8 @@ class StreamGroup:
                     f"(raw_event, broker_payload) pairs, got {type(item).__qualname__}"
                 ) from exc
             lane = get_lane(payload)
+            if tracer is not None:
+                tracer.received(payload)
             try:
                 overflowed = book.broadcast(raw, payload, lane, clock())
             except TypeError as exc:
@@ -394,6 +410,8 @@ class StreamGroup:
                     f"{type(producer).__qualname__}.get_advance_lane returned an "
                     f"unhashable {type(lane).__qualname__}"
                 ) from exc
+            if tracer is not None:
+                tracer.fanned_out(len(fanout.live), fanout.skipped)
             if overflowed is not None:
                 for sub in overflowed:
                     self._report_overflow(sub)

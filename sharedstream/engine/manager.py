@@ -19,6 +19,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from typing import Any, cast
 
+from opentelemetry.trace import TracerProvider
+
 from sharedstream.engine.errors import DuplicateSubscription, InvalidStreamKey
 from sharedstream.engine.fanout import Accept
 from sharedstream.engine.group import IntakeValve, StreamGroup
@@ -58,6 +60,9 @@ class SharedStreamManager:
         :class:`~sharedstream.engine.keyvalue_log.KeyValueLogger`, and any
         other object must take key-values as keyword arguments (a structlog
         logger does). The groups log to ``sharedstream.stream``.
+    :param tracer_provider: an OpenTelemetry tracer provider: ack-mode
+        groups then trace each raw event (see
+        :mod:`sharedstream.engine.tracing`). ``None`` (the default): no spans.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class SharedStreamManager:
         cohort_grace_period: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         log: Any = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         if max_subscriber_queue < 1:
             raise ValueError(f"max_subscriber_queue must be >= 1, got {max_subscriber_queue}")
@@ -79,6 +85,8 @@ class SharedStreamManager:
         self._ack_timeout = ack_timeout
         self._cohort_grace_period = cohort_grace_period
         self._clock = clock
+        self.tracer_provider = tracer_provider
+        """Where ack-mode groups make spans (:mod:`sharedstream.engine.tracing`); ``None``: off."""
         self.log: Any = (
             log if log is not None else logging.getLogger("sharedstream.stream"))
         """Where the manager's own lines go (``log=``, as given)."""
@@ -179,6 +187,7 @@ class SharedStreamManager:
             valve=self.intake,
             dead_letter_fallback=self.dead_letter_fallback,
             totals=self.totals,
+            tracer_provider=self.tracer_provider,
         )
         group.start()  # first: outside a running loop this raises, leaving no dead group
         for member in self._rosters.get(key, {}).values():

@@ -214,6 +214,12 @@ class Membership:
             return None
         return self._group.raw_event_key(self.trigger_id)
 
+    def traceparent(self) -> str | None:
+        """The ``traceparent`` of the raw event this member's filter is on (tracing on only)."""
+        if self._group is None or self._sub is None or self._sub.error is not None:
+            return None
+        return self._group.traceparent(self.trigger_id)
+
     async def leave(self) -> None:
         """Leave the stream for good (plain ``unsubscribe`` semantics). Idempotent."""
         if self.left:

@@ -21,7 +21,7 @@ dead-letter, nack, ...).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -289,6 +289,28 @@ class SharedStreamProducer(abc.ABC):
         (at-least-once). Called synchronously on the runner's hot path.
         """
         return None
+
+    def trace_carrier(self, broker_payload: Any) -> Mapping[str, str] | None:
+        """The message's trace context as a text map (``traceparent``, ...), or ``None``.
+
+        Read only when tracing is on (see :mod:`sharedstream.engine.tracing`),
+        once per raw event, with the globally configured propagator: the
+        message's headers, attributes or application properties, keys in
+        lower case (:func:`~sharedstream.engine.tracing.carrier_of` builds one).
+        ``None`` (the default): the raw event starts a new trace.
+        """
+        return None
+
+    @property
+    def messaging_attributes(self) -> Mapping[str, str]:
+        """OpenTelemetry messaging attributes of every span of this stream.
+
+        ``messaging.system`` (``kafka``, ``aws_sqs``, ``gcp_pubsub``,
+        ``servicebus``), ``messaging.destination.name`` (topic, queue,
+        subscription) and ``messaging.consumer.group.name`` where there is
+        one. Empty by default (the destination is then the stream's key).
+        """
+        return {}
 
     @property
     def connected(self) -> bool | None:

@@ -110,9 +110,13 @@ class AdvancePump:
                 continue
             started = time.perf_counter()
             dead_lettered = self._producer.dead_lettered
+            tracer = book.tracer
+            spans = tracer.settling(batch) if tracer is not None else None
             try:
                 await self._producer.advance(batch)
             except Exception as exc:
+                if spans:
+                    tracer.settled(spans, exc)  # type: ignore[union-attr]
                 # Whatever broke, nothing past this batch may be advanced:
                 # the group ends and the broker redelivers what was not
                 # advanced (at-least-once, never a silent skip).
@@ -125,6 +129,8 @@ class AdvancePump:
                 )
                 self._on_failure(exc)
                 return
+            if spans:
+                tracer.settled(spans, None)  # type: ignore[union-attr]
             metrics.advance_latency.record(time.perf_counter() - started, self._attributes)
             metrics.advanced_events.add(len(batch), self._attributes)
             self._totals.dead_lettered += self._producer.dead_lettered - dead_lettered

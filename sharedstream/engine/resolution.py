@@ -73,7 +73,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sharedstream.engine.ack_subscriber import AckSubscriber, still_owed
 from sharedstream.engine.errors import SubscriberOverflow
@@ -82,6 +82,9 @@ from sharedstream.engine.fanout import Accept, FanOut
 from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, Verdict
 from sharedstream.engine.records import EventRecord, add_verdict
 from sharedstream.engine.seqs import SeqRouter
+
+if TYPE_CHECKING:
+    from sharedstream.engine.tracing import StreamTracer
 
 __all__ = ["ResolutionBook", "overflow_error"]
 
@@ -127,6 +130,11 @@ class ResolutionBook:
         self._clean_outcomes: dict[int, AdvanceOutcome] = {}
         self.broadcasts = 0
         """Raw events broadcast so far (a subscriber saw those since its ``joined_at``)."""
+        self.tracer: StreamTracer | None = None
+        """The group's spans (:mod:`sharedstream.engine.tracing`), ``None`` while tracing is off.
+
+        Not resolution state: the iterators and the pump report to it.
+        """
 
     # -- membership ---------------------------------------------------------
 

@@ -132,7 +132,13 @@ async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncGenerator
                     fanout.relieve(sub)
                 if _window_owner.get() is not owner:
                     _window_owner.set(owner)
-                yield record.raw
+                tracer = book.tracer
+                if tracer is None:
+                    yield record.raw
+                else:  # the window's span is the filter's current span until its next pull
+                    tracer.pulled(sub.trigger_id, record.broker_payload)
+                    yield record.raw
+                    tracer.moved_on(sub.trigger_id)
             elif sub.error is not None:
                 await _wait_for_owner(sub.error)
                 raise sub.error
@@ -141,3 +147,5 @@ async def ack_stream(book: ResolutionBook, sub: AckSubscriber) -> AsyncGenerator
     finally:
         if _window_owner.get() is owner:
             _window_owner.set(None)
+        if book.tracer is not None:
+            book.tracer.moved_on(sub.trigger_id)
