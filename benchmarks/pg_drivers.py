@@ -115,7 +115,7 @@ async def _asyncpg_write(conn: Any, defs: Definitions,
                 " ORDER BY q.dag_id, q.asset_event_id", dag_ids):
             queues.setdefault(r[0], []).append((r[1], r[2]))
         taken = iter(asset_ids)
-        per_event = [(t, [next(taken) for _ in defs.assets_by_trigger.get(t, ())])
+        per_event = [(t, [next(taken) for _ in defs.assets_by_trigger.get(t, ())], None)
                      for _, t in stored]
         plan = plan_runs(defs, per_event, queues)
         if plan.consumed_from_table:
@@ -134,8 +134,8 @@ async def _asyncpg_write(conn: Any, defs: Definitions,
                 "INSERT INTO dag_runs (id, dag_id, run_id, state, created_at)"
                 " SELECT u.id, u.dag_id, u.run_id, 'queued', $1"
                 " FROM unnest($2::bigint[], $3::text[], $4::text[]) AS u (id, dag_id, run_id)",
-                now, run_ids, [d for d, _, _ in plan.runs], [r for _, r, _ in plan.runs])
-            links = [(run, ae) for run, (_, _, consumed) in zip(run_ids, plan.runs, strict=True)
+                now, run_ids, [d for d, _, _, _ in plan.runs], [r for _, r, _, _ in plan.runs])
+            links = [(run, ae) for run, (_, _, consumed, _) in zip(run_ids, plan.runs, strict=True)
                      for ae in consumed]
             await conn.execute(
                 "INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id)"

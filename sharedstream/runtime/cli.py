@@ -383,7 +383,8 @@ def _events_list(args: argparse.Namespace, config: Config) -> int:
         rows = store.list_events(asset=args.asset, trigger_id=args.trigger, limit=args.limit)
     records = [
         {"id": r.id, "trigger": r.trigger_id, "assets": list(r.assets), "key": r.idem_key,
-         "created_at": r.created_at, "payload": unpack_kwargs(r.payload).get("payload")}
+         "created_at": r.created_at, "payload": unpack_kwargs(r.payload).get("payload"),
+         "trace_parent": r.trace_parent}
         for r in rows
     ]
     return _emit(args, records, ("id", "trigger", "assets", "created_at", "key", "payload"))
@@ -397,7 +398,7 @@ def _runs_list(args: argparse.Namespace, config: Config) -> int:
          "created_at": r.created_at, "logical_date": r.logical_date,
          "data_interval_start": r.data_interval_start, "data_interval_end": r.data_interval_end,
          "run_after": r.run_after, "assets": list(r.assets),
-         "asset_events": list(r.asset_event_ids)}
+         "asset_events": list(r.asset_event_ids), "trace_parent": r.trace_parent}
         for r in rows
     ]
     columns: tuple[str, ...] = ("dag_id", "run_id", "state", "created_at", "assets")

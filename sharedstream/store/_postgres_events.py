@@ -52,12 +52,12 @@ __all__ = ["definitions", "write_batch"]
 _NEXT_IDS = "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)"
 
 _INSERT_EVENTS = (
-    "INSERT INTO trigger_events (id, trigger_id, idem_key, payload, created_at)"
-    " SELECT b.id, b.trigger_id, b.idem_key, b.payload, %s"
-    " FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bytea[])"
-    "  AS b (id, trigger_id, idem_key, payload)"
+    "INSERT INTO trigger_events (id, trigger_id, idem_key, payload, trace_parent, created_at)"
+    " SELECT b.id, b.trigger_id, b.idem_key, b.payload, b.trace_parent, %s"
+    " FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bytea[], %s::text[])"
+    "  AS b (id, trigger_id, idem_key, payload, trace_parent)"
     " ORDER BY b.idem_key, b.id"  # lock keys in one order; the first of a repeated key wins
-    " ON CONFLICT (idem_key) DO NOTHING RETURNING id, trigger_id"
+    " ON CONFLICT (idem_key) DO NOTHING RETURNING id, trigger_id, trace_parent"
 )
 
 
@@ -98,13 +98,17 @@ def write_batch(
             [event.trigger_id for event in batch],
             [event.idem_key for event in batch],
             [event.payload for event in batch],
+            [event.trace_parent for event in batch],
         ),
     ).fetchall()
-    stored = sorted((int(event_id), int(trigger_id)) for event_id, trigger_id in returned)
+    # (event id, trigger id, trace parent) of the events stored, in batch order
+    stored = sorted(
+        (int(event_id), int(trigger_id), trace) for event_id, trigger_id, trace in returned
+    )
     # One asset event per (stored event, distinct watching asset), by event then asset id.
     asset_rows = [
         (event_id, asset_id)
-        for event_id, trigger_id in stored
+        for event_id, trigger_id, _ in stored
         for asset_id, _, _ in defs.assets_by_trigger.get(trigger_id, ())
     ]
     runs: list[str] = []
@@ -116,16 +120,16 @@ def write_batch(
             " FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS u (id, asset_id, event_id)",
             (now, asset_ids, [a for _, a in asset_rows], [e for e, _ in asset_rows]),
         )
-        dag_ids = defs.dags_of(trigger_id for _, trigger_id in stored)
+        dag_ids = defs.dags_of(trigger_id for _, trigger_id, _ in stored)
         if dag_ids:
-            per_event: list[tuple[int, list[int]]] = []
+            per_event: list[tuple[int, list[int], str | None]] = []
             taken = iter(asset_ids)
-            for _, trigger_id in stored:
+            for _, trigger_id, trace_parent in stored:
                 count = len(defs.assets_by_trigger.get(trigger_id, ()))
-                per_event.append((trigger_id, [next(taken) for _ in range(count)]))
+                per_event.append((trigger_id, [next(taken) for _ in range(count)], trace_parent))
             runs = _queue_and_run(cur, defs, dag_ids, per_event, now)
     if stored:
-        per_trigger = sorted(Counter(trigger_id for _, trigger_id in stored).items())
+        per_trigger = sorted(Counter(trigger_id for _, trigger_id, _ in stored).items())
         trigger_ids = [trigger_id for trigger_id, _ in per_trigger]
         cur.execute(
             "SELECT id FROM triggers WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",
@@ -148,7 +152,7 @@ def _queue_and_run(
     cur: psycopg.Cursor,
     defs: Definitions,
     dag_ids: list[str],
-    per_event: list[tuple[int, list[int]]],
+    per_event: list[tuple[int, list[int], str | None]],
     now: datetime,
 ) -> list[str]:
     """Lock the DAGs, read their queues, plan (:func:`plan_runs`), write the plan."""
@@ -166,7 +170,7 @@ def _queue_and_run(
         stored_queues.setdefault(str(dag_id), []).append((int(asset_event_id), str(name)))
     plan = plan_runs(defs, per_event, stored_queues)
     _write_plan(cur, plan, now)
-    return [f"{dag_id}/{run_id}" for dag_id, run_id, _ in plan.runs]
+    return [f"{dag_id}/{run_id}" for dag_id, run_id, _, _ in plan.runs]
 
 
 def _write_plan(cur: psycopg.Cursor, plan: RunPlan, now: datetime) -> None:
@@ -184,15 +188,16 @@ def _write_plan(cur: psycopg.Cursor, plan: RunPlan, now: datetime) -> None:
         return
     run_ids = _next_ids(cur, "dag_runs", len(plan.runs))
     cur.execute(
-        "INSERT INTO dag_runs (id, dag_id, run_id, state, created_at)"
-        " SELECT u.id, u.dag_id, u.run_id, %s, %s"
-        " FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u (id, dag_id, run_id)",
-        (RUN_STATE_QUEUED, now, run_ids, [d for d, _, _ in plan.runs],
-         [r for _, r, _ in plan.runs]),
+        "INSERT INTO dag_runs (id, dag_id, run_id, trace_parent, state, created_at)"
+        " SELECT u.id, u.dag_id, u.run_id, u.trace_parent, %s, %s"
+        " FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[])"
+        "  AS u (id, dag_id, run_id, trace_parent)",
+        (RUN_STATE_QUEUED, now, run_ids, [d for d, _, _, _ in plan.runs],
+         [r for _, r, _, _ in plan.runs], [t for _, _, _, t in plan.runs]),
     )
     links = [
         (run_id, asset_event_id)
-        for run_id, (_, _, consumed) in zip(run_ids, plan.runs, strict=True)
+        for run_id, (_, _, consumed, _) in zip(run_ids, plan.runs, strict=True)
         for asset_event_id in consumed
     ]
     cur.execute(

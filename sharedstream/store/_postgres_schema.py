@@ -154,7 +154,15 @@ _V4 = (
     " ADD COLUMN data_interval_end TIMESTAMPTZ, ADD COLUMN run_after TIMESTAMPTZ",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
+# Trace context: the W3C traceparent of the span that processed a stored event,
+# and of the event that completed an asset-triggered run's condition (NULL when
+# there was none, and for every row written before this version).
+_V5 = (
+    "ALTER TABLE trigger_events ADD COLUMN trace_parent TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN trace_parent TEXT",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

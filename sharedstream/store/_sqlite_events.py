@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
 from itertools import accumulate, chain, islice, repeat
+from operator import attrgetter
 from typing import Any
 
 from sharedstream.store._write_plan import Definitions, load_definitions, plan_runs
@@ -140,6 +141,9 @@ def insert_rows(
     return inserted
 
 
+_trace_parent = attrgetter("trace_parent")
+
+
 def write_batch(
     conn: sqlite3.Connection, defs: Definitions, batch: Sequence[PendingEvent], now: str
 ) -> WriteResult:
@@ -168,24 +172,26 @@ def write_batch(
     ).fetchone()
     stored = insert_rows(
         cur,
-        "INSERT INTO trigger_events (trigger_id, idem_key, payload, created_at)",
-        [(event.trigger_id, event.idem_key, event.payload) for event in batch],
+        "INSERT INTO trigger_events (trigger_id, idem_key, payload, trace_parent, created_at)",
+        [(event.trigger_id, event.idem_key, event.payload, event.trace_parent) for event in batch],
         " ON CONFLICT (idem_key) DO NOTHING",
         (now,),
     )
     if known != len(trigger_ids):
         _check_triggers(cur, before)
+    stored_traces: Iterable[str | None]
     if stored == len(batch):
         stored_triggers = [event.trigger_id for event in batch]
+        stored_traces = map(_trace_parent, batch)  # lazy: only runs need them
     else:
         # Some were duplicates (already stored, or earlier in the batch with
         # the same key): the rows this batch stored say which events remain.
-        stored_triggers = [
-            int(trigger_id)
-            for (trigger_id,) in cur.execute(
-                "SELECT trigger_id FROM trigger_events WHERE id > ? ORDER BY id", (before,)
-            )
-        ]
+        rows = cur.execute(
+            "SELECT trigger_id, trace_parent FROM trigger_events WHERE id > ? ORDER BY id",
+            (before,),
+        ).fetchall()
+        stored_triggers = [int(trigger_id) for trigger_id, _ in rows]
+        stored_traces = [trace_parent for _, trace_parent in rows]
     per_trigger = Counter(stored_triggers)
     asset_event_count = sum(
         count * len(defs.assets_by_trigger.get(trigger_id, ()))
@@ -214,7 +220,8 @@ def write_batch(
             )
         if not defs.scheduled_triggers.isdisjoint(per_trigger):
             first_asset_event_id = rowid(cur) - asset_event_count + 1
-            runs = _queue_and_run(cur, defs, stored_triggers, first_asset_event_id, now)
+            runs = _queue_and_run(cur, defs, stored_triggers, stored_traces,
+                                  first_asset_event_id=first_asset_event_id, now=now)
     if stored:
         # one statement, not one per trigger: each statement releases and
         # retakes the GIL, which the event loop is waiting for
@@ -255,13 +262,16 @@ def _queue_and_run(
     cur: sqlite3.Cursor,
     defs: Definitions,
     stored_triggers: Sequence[int],
+    stored_traces: Iterable[str | None],
+    *,
     first_asset_event_id: int,
     now: str,
 ) -> list[str]:
     """Queue a batch's asset events on their DAGs and create the runs that satisfies.
 
-    ``stored_triggers`` holds the trigger id of each stored event, in batch
-    order; the batch's asset events have consecutive ids from
+    ``stored_triggers`` and ``stored_traces`` hold the trigger id and the
+    trace parent of each stored event, in batch order; the batch's asset
+    events have consecutive ids from
     ``first_asset_event_id``, per event in the order of
     ``defs.assets_by_trigger``. The queue and run logic is
     :func:`~sharedstream.store._write_plan.plan_runs`, shared with the
@@ -273,7 +283,8 @@ def _queue_and_run(
     counts = {trigger_id: len(assets) for trigger_id, assets in defs.assets_by_trigger.items()}
     bounds = list(accumulate(map(counts.get, stored_triggers, repeat(0)),
                              initial=first_asset_event_id))
-    per_event = list(zip(stored_triggers, map(range, bounds, islice(bounds, 1, None)), strict=True))
+    per_event = zip(stored_triggers, map(range, bounds, islice(bounds, 1, None)), stored_traces,
+                    strict=True)
     stored_queues: dict[str, list[tuple[int, str]]] = {}
     for dag_id, queued_id, name in cur.execute(
         "SELECT q.dag_id, q.asset_event_id, a.name FROM asset_dag_queue q"
@@ -291,17 +302,19 @@ def _queue_and_run(
     insert_rows(cur, "INSERT INTO asset_dag_queue (dag_id, asset_event_id, asset_id)",
                 plan.queue_rows)
     _create_runs(cur, plan.runs, now)
-    return [f"{dag_id}/{run_id}" for dag_id, run_id, _ in plan.runs]
+    return [f"{dag_id}/{run_id}" for dag_id, run_id, _, _ in plan.runs]
 
 
-def _create_runs(cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int]]], now: str) -> None:
-    """Insert queued runs ``(dag id, run id, consumed asset event ids)``, in this order."""
+def _create_runs(
+    cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int], str | None]], now: str
+) -> None:
+    """Insert queued runs ``(dag id, run id, consumed asset event ids, trace parent)``, in order."""
     if not runs:
         return
     insert_rows(
         cur,
-        "INSERT INTO dag_runs (dag_id, run_id, state, created_at)",
-        [(dag_id, run_id) for dag_id, run_id, _ in runs],
+        "INSERT INTO dag_runs (dag_id, run_id, trace_parent, state, created_at)",
+        [(dag_id, run_id, trace_parent) for dag_id, run_id, _, trace_parent in runs],
         constants=(RUN_STATE_QUEUED, now),
     )
     # Consecutive ids ending at the last one inserted: AUTOINCREMENT under our
@@ -316,7 +329,7 @@ def _create_runs(cur: sqlite3.Cursor, runs: Sequence[tuple[str, str, list[int]]]
         "INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id)",
         [
             (first + index, asset_event_id)
-            for index, (_, _, consumed) in enumerate(runs)
+            for index, (_, _, consumed, _) in enumerate(runs)
             for asset_event_id in consumed
         ],
     )

@@ -14,7 +14,9 @@ stored event in batch order, its asset events join the queue of every DAG
 of their asset, then each DAG the event touched whose schedule the queue
 satisfies gets one run consuming the whole queue; its run id is
 ``asset_triggered__{largest consumed asset event id:012d}``, so a DAG's run
-ids are unique as long as an asset event is consumed at most once per DAG.
+ids are unique as long as an asset event is consumed at most once per DAG,
+and its trace parent is that event's (the one being planned, not the one
+with the largest id: on PostgreSQL a queued entry may have a larger id).
 """
 
 from __future__ import annotations
@@ -164,19 +166,21 @@ class RunPlan:
     consumed_from_table: list[str]
     # (dag id, asset event id, asset id) queue rows to insert (after the deletes)
     queue_rows: list[tuple[str, int, int]]
-    # (dag id, run id, consumed asset event ids ascending), in creation order
-    runs: list[tuple[str, str, list[int]]]
+    # (dag id, run id, consumed asset event ids ascending, trace parent of the event
+    # that completed it), in creation order
+    runs: list[tuple[str, str, list[int], str | None]]
 
 
 def plan_runs(
     defs: Definitions,
-    stored: Sequence[tuple[int, Sequence[int]]],
+    stored: Iterable[tuple[int, Sequence[int], str | None]],
     stored_queues: Mapping[str, Sequence[tuple[int, str]]],
 ) -> RunPlan:
     """Queue a batch's asset events on their DAGs and plan the runs that satisfies.
 
-    ``stored`` holds, per stored event in batch order, its trigger id and
-    the ids of its asset events (in the order of ``defs.assets_by_trigger``).
+    ``stored`` holds, per stored event in batch order, its trigger id, the
+    ids of its asset events (in the order of ``defs.assets_by_trigger``) and
+    its trace parent, which every run the event completes takes.
     ``stored_queues`` maps every DAG the batch may touch to its stored queue,
     ``(asset event id, asset name)`` rows; a DAG missing from it has an empty
     queue. Queue changes stay in memory: an entry queued and consumed within
@@ -184,10 +188,10 @@ def plan_runs(
     """
     queues: dict[str, Queue] = {}
     consumed_from_table: list[str] = []
-    runs: list[tuple[str, str, list[int]]] = []
+    runs: list[tuple[str, str, list[int], str | None]] = []
     immediate = defs.immediate
     empty: set[str] = set()  # DAGs whose queue is known to be empty now
-    for trigger_id, asset_event_ids in stored:
+    for trigger_id, asset_event_ids, trace_parent in stored:
         if trigger_id not in defs.scheduled_triggers:
             continue
         fast = immediate.get(trigger_id)
@@ -200,11 +204,13 @@ def plan_runs(
             if fast.single is not None:  # the common shape: one DAG, one asset
                 dag_id, position = fast.single
                 last = asset_event_ids[position]
-                runs.append((dag_id, f"asset_triggered__{last:012d}", [last]))
+                runs.append((dag_id, f"asset_triggered__{last:012d}", [last], trace_parent))
                 continue
             for dag_id, positions in fast.runs:
                 consumed = [asset_event_ids[position] for position in positions]
-                runs.append((dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed))
+                runs.append(
+                    (dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed, trace_parent)
+                )
             continue
         touched: dict[str, Queue] = {}  # in first-touched order
         assets = defs.assets_by_trigger[trigger_id]
@@ -223,7 +229,9 @@ def plan_runs(
         for dag_id, queue in touched.items():
             if defs.schedules[dag_id].satisfied(queue.names):
                 consumed = queue.ids if len(queue.ids) == 1 else sorted(queue.ids)
-                runs.append((dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed))
+                runs.append(
+                    (dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed, trace_parent)
+                )
                 if queue.in_table:
                     consumed_from_table.append(dag_id)
                 queues[dag_id] = Queue()

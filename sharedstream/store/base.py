@@ -19,6 +19,11 @@ Data model, in the words every backend uses:
   the caller must put into the key everything that distinguishes two genuine
   events (trigger fingerprint, broker message identity, position of the event
   among those the filter derived from that message).
+* **trace context** - a stored event keeps the W3C ``traceparent`` value
+  (``00-<trace id>-<span id>-<flags>``) of the span that processed it, and
+  an asset-triggered run keeps that of the event that completed its
+  condition. The store keeps the text as given (``None`` when there is
+  none) and never parses it.
 
 Contracts every backend keeps:
 
@@ -284,12 +289,15 @@ class PendingEvent:
     """A trigger event to store; ``payload`` is already serialized by the caller.
 
     ``idem_key`` (when not ``None``) makes the event idempotent store-wide; see
-    the module docstring for what it must contain.
+    the module docstring for what it must contain. ``trace_parent`` is the
+    W3C ``traceparent`` value of the span that processed the event (or
+    ``None``), kept as given; a duplicate's is dropped with it.
     """
 
     trigger_id: int
     idem_key: str | None
     payload: bytes
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +316,10 @@ class WriteResult:
 
 @dataclass(frozen=True, slots=True)
 class EventRow:
-    """A stored trigger event and the names of the assets it produced events for (sorted)."""
+    """A stored trigger event and the names of the assets it produced events for (sorted).
+
+    ``trace_parent`` is the one it was stored with (``None`` when it had none).
+    """
 
     id: int
     trigger_id: int
@@ -316,6 +327,7 @@ class EventRow:
     payload: bytes
     created_at: datetime
     assets: tuple[str, ...]
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +337,9 @@ class RunRow:
     ``run_type`` is one of :data:`RUN_TYPES`. A time-based run has its
     logical date and data interval; an asset-triggered one has neither
     (``None``). ``run_after`` is when it became due (an asset-triggered
-    run: when it was queued).
+    run: when it was queued). ``trace_parent`` is, for an asset-triggered
+    run, that of the stored event whose asset event completed its
+    condition (``None`` when that event had none); ``None`` for the others.
     """
 
     id: int
@@ -340,6 +354,7 @@ class RunRow:
     data_interval_start: datetime | None = None
     data_interval_end: datetime | None = None
     run_after: datetime | None = None
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,7 +569,7 @@ class MetadataStore(Protocol):
         mentions the asset; then each such DAG whose schedule is now satisfied
         gets one queued run consuming its whole queue (evaluated once per
         event, so one event watched by two assets makes at most one run per
-        DAG). Durable when it
+        DAG); that run keeps the event's ``trace_parent``. Durable when it
         returns; on failure raises :class:`StoreWriteError` and stores nothing.
         """
         ...

@@ -99,8 +99,8 @@ DIALECT = Dialect(param="%s", write_time=_utc, read_time=_utc, lock=" FOR UPDATE
 
 
 def _timed(row: Any) -> dict[str, Any]:
-    """The time-based fields of a :meth:`PostgresStore.list_runs` row (after its 7 columns)."""
-    fields = timed_fields(row[7:], DIALECT)
+    """The time-based fields of a :meth:`PostgresStore.list_runs` row (after its 8 columns)."""
+    fields = timed_fields(row[8:], DIALECT)
     fields["run_after"] = fields["run_after"] or _utc(row[4])
     return fields
 
@@ -585,6 +585,7 @@ class PostgresStore:
         # only constant fragments are concatenated; every value is a bound parameter
         sql = (
             "SELECT te.id, te.trigger_id, te.idem_key, te.payload, te.created_at,"  # noqa: S608
+            " te.trace_parent,"
             " array(SELECT DISTINCT a.name FROM asset_events ae"
             "   JOIN assets a ON a.id = ae.asset_id WHERE ae.trigger_event_id = te.id)"
             " FROM trigger_events te"
@@ -598,7 +599,8 @@ class PostgresStore:
                 idem_key=row[2],
                 payload=bytes(row[3]),
                 created_at=_utc(row[4]),
-                assets=tuple(sorted(row[5])),
+                assets=tuple(sorted(row[6])),
+                trace_parent=row[5],
             )
             for row in self._read(sql, [*params, limit])
         ]
@@ -628,7 +630,7 @@ class PostgresStore:
             " array(SELECT DISTINCT a.name FROM dag_run_asset_events l"
             "   JOIN asset_events ae ON ae.id = l.asset_event_id"
             "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id),"
-            f" {RUN_COLUMNS}"
+            f" r.trace_parent, {RUN_COLUMNS}"
             " FROM dag_runs r"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY r.id DESC LIMIT %s"
@@ -643,6 +645,7 @@ class PostgresStore:
                 **_timed(row),
                 asset_event_ids=tuple(sorted(int(i) for i in row[5])),
                 assets=tuple(sorted(row[6])),
+                trace_parent=row[7],
             )
             for row in self._read(sql, [*params, limit])
         ]

@@ -12,7 +12,7 @@ another thread than the one using it. Other processes and other instances
 may open the same file: writes serialize on SQLite's write lock, reads see
 what was committed.
 
-Schema (version 4; ``schema_version`` holds one row per applied migration)::
+Schema (version 5; ``schema_version`` holds one row per applied migration)::
 
     store_meta(key PK, value)                  definitions_generation counter
     triggers(id PK AUTOINCREMENT, fingerprint UNIQUE, classpath, kwargs_blob,
@@ -27,14 +27,15 @@ Schema (version 4; ``schema_version`` holds one row per applied migration)::
          last_interval_*, next_*, revision)   bookkeeping: _dag_schedules
     dag_schedule_assets(dag_id -> dags CASCADE, asset_id -> assets, PK both)
     trigger_events(id PK AUTOINCREMENT, trigger_id -> triggers,
-                   idem_key UNIQUE (NULLs never collide), payload BLOB, created_at)
+                   idem_key UNIQUE (NULLs never collide), payload BLOB, created_at,
+                   trace_parent)   W3C traceparent text, as given
     asset_events(id PK AUTOINCREMENT, asset_id -> assets,
                  trigger_event_id -> trigger_events, created_at)
     asset_dag_queue(dag_id -> dags CASCADE, asset_event_id -> asset_events,
                     asset_id -> assets, PK (dag_id, asset_event_id))
     dag_runs(id PK AUTOINCREMENT, dag_id, run_id, state, created_at,
              run_type, logical_date, data_interval_start, data_interval_end,
-             run_after, UNIQUE (dag_id, run_id))
+             run_after, trace_parent, UNIQUE (dag_id, run_id))
     dag_run_asset_events(dag_run_id -> dag_runs, asset_event_id -> asset_events,
                          PK both)
     triggerers(id PK, hostname, pid, started_at, heartbeat_at, running JSON)
@@ -152,8 +153,8 @@ DIALECT = Dialect(param="?", write_time=_fmt, read_time=_parse, lock="")
 
 
 def _timed(row: Any) -> dict[str, Any]:
-    """The time-based fields of a :meth:`SqliteStore.list_runs` row (after its 7 columns)."""
-    fields = timed_fields(row[7:], DIALECT)
+    """The time-based fields of a :meth:`SqliteStore.list_runs` row (after its 8 columns)."""
+    fields = timed_fields(row[8:], DIALECT)
     fields["run_after"] = fields["run_after"] or _parse(row[4])
     return fields
 
@@ -653,6 +654,7 @@ class SqliteStore:
         # only constant fragments are concatenated; every value is a bound parameter
         sql = (
             "SELECT te.id, te.trigger_id, te.idem_key, te.payload, te.created_at,"  # noqa: S608
+            " te.trace_parent,"
             " (SELECT json_group_array(a.name) FROM asset_events ae"
             "   JOIN assets a ON a.id = ae.asset_id WHERE ae.trigger_event_id = te.id)"
             " FROM trigger_events te"
@@ -666,7 +668,8 @@ class SqliteStore:
                 idem_key=row[2],
                 payload=bytes(row[3]),
                 created_at=_parse(row[4]),
-                assets=tuple(sorted(set(json.loads(row[5])))),
+                assets=tuple(sorted(set(json.loads(row[6])))),
+                trace_parent=row[5],
             )
             for row in self._read(sql, [*params, limit])
         ]
@@ -696,7 +699,7 @@ class SqliteStore:
             " (SELECT json_group_array(a.name) FROM dag_run_asset_events l"
             "   JOIN asset_events ae ON ae.id = l.asset_event_id"
             "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id),"
-            f" {RUN_COLUMNS}"
+            f" r.trace_parent, {RUN_COLUMNS}"
             " FROM dag_runs r"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY r.id DESC LIMIT ?"
@@ -711,6 +714,7 @@ class SqliteStore:
                 **_timed(row),
                 asset_event_ids=tuple(sorted(int(i) for i in json.loads(row[5]))),
                 assets=tuple(sorted(set(json.loads(row[6])))),
+                trace_parent=row[7],
             )
             for row in self._read(sql, [*params, limit])
         ]

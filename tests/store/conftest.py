@@ -79,6 +79,18 @@ class Backend:
         """Run ``sql`` and commit, on a connection of its own."""
         self._raw(sql, url, fetch=False)
 
+    def insert_old_event(self, trigger_id: int, idem_key: str) -> None:
+        """A trigger event (payload ``{}``) as schema versions 1 to 4 wrote it: no trace_parent.
+
+        For a database left at an old version, which this code's ``write_events`` cannot write.
+        """
+        if not idem_key.isalnum():
+            raise ValueError(f"idem_key must be letters and digits here, got {idem_key!r}")
+        blob = "X'7b7d'" if self.name == "sqlite" else "'{}'::bytea"
+        self.execute("INSERT INTO trigger_events (trigger_id, idem_key, payload, created_at)"  # noqa: S608 - checked above
+                     f" VALUES ({int(trigger_id)}, '{idem_key}', {blob},"
+                     " '2026-01-01T00:00:00+00:00')")
+
     def _raw(self, sql: str, url: str | None, *, fetch: bool) -> list[tuple[Any, ...]]:
         target = url or self.url
         if self.name == "sqlite":

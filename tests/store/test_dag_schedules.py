@@ -59,9 +59,17 @@ def test_a_v3_database_is_upgraded_and_its_asset_runs_keep_their_meaning(
                         "SELECT 'each', id FROM assets WHERE name = 'a'")
         backend.execute("UPDATE store_meta SET value = value + 1"
                         " WHERE key = 'definitions_generation'")
-        old.write_events([PendingEvent(ids["fp"], "k1", b"{}")])
+        # and its write of one event: the asset event and the run it made
+        backend.insert_old_event(ids["fp"], "k1")
+        backend.execute("INSERT INTO asset_events (asset_id, trigger_event_id, created_at)"
+                        " SELECT id, 1, '2026-01-01T00:00:00+00:00' FROM assets WHERE name = 'a'")
+        backend.execute("INSERT INTO dag_runs (dag_id, run_id, state, created_at) VALUES"
+                        " ('each', 'asset_triggered__000000000001', 'queued',"
+                        " '2026-01-01T00:00:00+00:00')")
+        backend.execute("INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id)"
+                        " VALUES (1, 1)")
     with backend.open() as new:
-        assert new.migrate() == len(migrations) == 4
+        assert new.migrate() == len(migrations) == 5
         (run,) = new.list_runs()
         assert (run.run_id, run.run_type) == ("asset_triggered__000000000001", "asset_triggered")
         assert (run.logical_date, run.data_interval_start, run.data_interval_end) == (

@@ -51,11 +51,11 @@ def store(db_path: Path) -> Iterator[SqliteStore]:
 def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     assert not db_path.parent.exists()
     with SqliteStore(db_path) as s:
-        assert s.migrate() == len(MIGRATIONS) == 4
-        assert s.migrate() == 4
+        assert s.migrate() == len(MIGRATIONS) == 5
+        assert s.migrate() == 5
     assert db_path.is_file()
     with SqliteStore(db_path) as again:
-        assert again.migrate() == 4
+        assert again.migrate() == 5
         assert again.counts() == {
             "triggers": 0,
             "trigger_events": 0,
@@ -65,7 +65,7 @@ def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     raw = sqlite3.connect(db_path)
     try:
         versions = raw.execute("SELECT version FROM schema_version").fetchall()
-        assert versions == [(1,), (2,), (3,), (4,)]
+        assert versions == [(1,), (2,), (3,), (4,), (5,)]
     finally:
         raw.close()
 
@@ -148,9 +148,9 @@ def _reference_write_batch(conn: sqlite3.Connection, batch: Sequence[PendingEven
     consumed_from_table: list[str] = []
     for event in batch:
         cur.execute(
-            "INSERT INTO trigger_events (trigger_id, idem_key, payload, created_at)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING",
-            (event.trigger_id, event.idem_key, event.payload, now),
+            "INSERT INTO trigger_events (trigger_id, idem_key, payload, trace_parent, created_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING",
+            (event.trigger_id, event.idem_key, event.payload, event.trace_parent, now),
         )
         if cur.rowcount == 0:
             duplicates += 1
@@ -192,8 +192,9 @@ def _reference_write_batch(conn: sqlite3.Connection, batch: Sequence[PendingEven
             consumed = sorted(ae_id for ae_id, _ in queue)
             run_id = f"asset_triggered__{consumed[-1]:012d}"
             cur.execute(
-                "INSERT INTO dag_runs (dag_id, run_id, state, created_at) VALUES (?, ?, ?, ?)",
-                (dag_id, run_id, "queued", now),
+                "INSERT INTO dag_runs (dag_id, run_id, state, created_at, trace_parent)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (dag_id, run_id, "queued", now, event.trace_parent),
             )
             cur.executemany(
                 "INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id) VALUES (?, ?)",
@@ -245,7 +246,7 @@ _TRIGGER_NAMES = ("t0", "t1", "t2", "t3")
 _ASSET_NAMES = ("a", "b", "c", "d")
 
 # ("sync", watchers, dags) | ("write", events) | ("purge",) - events are
-# (trigger name or None for an unknown trigger id, idem key, payload)
+# (trigger name or None for an unknown trigger id, idem key, payload, trace parent)
 Op = tuple[Any, ...]
 
 
@@ -281,8 +282,8 @@ def _apply(store: SqliteStore, op: Op, ids: dict[str, int]) -> object:
                 conn.execute(f"DELETE FROM {table}")  # noqa: S608
         return None
     batch = [
-        ev(_UNKNOWN_TRIGGER if t is None else ids[f"fp-{t}"], key, payload)
-        for t, key, payload in op[1]
+        PendingEvent(_UNKNOWN_TRIGGER if t is None else ids[f"fp-{t}"], key, payload, trace)
+        for t, key, payload, trace in op[1]
     ]
     try:
         return store.write_events(batch)
@@ -342,6 +343,7 @@ _events = st.tuples(
     st.sampled_from((*_TRIGGER_NAMES * 8, None)),
     st.one_of(st.none(), st.sampled_from([f"k{i}" for i in range(8)])),
     st.binary(max_size=3),
+    st.one_of(st.none(), st.sampled_from(("00-a-1-01", "00-b-2-01"))),
 )
 _write_ops = st.tuples(st.just("write"), st.lists(_events, min_size=1, max_size=30))
 _ops = st.lists(
@@ -382,6 +384,7 @@ def test_write_events_matches_the_per_row_reference_on_large_batches(tmp_path: P
                 rng.choice(_TRIGGER_NAMES),  # t3 is watched by nobody
                 rng.choice((None, f"k{rng.randrange(2_000)}", f"b{b}-{i}")),
                 rng.randbytes(rng.randrange(8)),
+                rng.choice((None, f"00-{b:032x}-{i:016x}-01")),
             )
             for i in range(500)
         ]
@@ -391,15 +394,15 @@ def test_write_events_matches_the_per_row_reference_on_large_batches(tmp_path: P
     _assert_same_as_reference(ops, tmp_path)
 
 
-@pytest.mark.parametrize("variable_limit", [999, 64, 4])
+@pytest.mark.parametrize("variable_limit", [999, 64, 5])
 def test_large_batches_fit_a_lower_bound_parameter_limit(
     tmp_path: Path, variable_limit: int
 ) -> None:
     """Builds allowing fewer bound parameters per statement get smaller VALUES chunks.
 
-    A trigger event binds 3 values per row and the batch's time once: a limit
-    of 999 (SQLite before 3.32) allows 256 rows per statement, 64 allows 16,
-    4 one row at a time.
+    A trigger event binds 4 values per row and the batch's time once: a limit
+    of 999 (SQLite before 3.32) allows 128 rows per statement, 64 allows 8,
+    5 one row at a time.
     """
     batches = [
         [ev(0, rng_key, bytes([i % 256])) for i, rng_key in enumerate(
@@ -413,13 +416,16 @@ def test_large_batches_fit_a_lower_bound_parameter_limit(
             ids = define(store, {"t": ["x"]}, {"d": asset("x")})
             if limit is not None:
                 store._connection().setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
-                assert values_chunk(store._connection(), 3, 1) == min(
-                    4096, 1 << (((limit - 1) // 3).bit_length() - 1))
+                assert values_chunk(store._connection(), 4, 1) == min(
+                    4096, 1 << (((limit - 1) // 4).bit_length() - 1))
             written = [
-                store.write_events([PendingEvent(ids["t"], e.idem_key, e.payload) for e in batch])
+                store.write_events([PendingEvent(ids["t"], e.idem_key, e.payload, f"tp-{i}")
+                                    for i, e in enumerate(batch)])
                 for batch in batches
             ]
-            rows = [(e.idem_key, e.payload) for e in store.list_events(limit=10_000)]
-            results.append((written, rows, store.counts()))
+            rows = [(e.idem_key, e.payload, e.trace_parent)
+                    for e in store.list_events(limit=10_000)]
+            runs = [r.trace_parent for r in store.list_runs(limit=10_000)]
+            results.append((written, rows, runs, store.counts()))
     assert results[0] == results[1]
-    assert results[0][2]["trigger_events"] > 1500  # duplicates and fresh keys both happened
+    assert results[0][3]["trigger_events"] > 1500  # duplicates and fresh keys both happened
