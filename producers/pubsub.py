@@ -184,6 +184,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             on_broken=(self._acks.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[str] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._client_id = uuid.uuid4().hex
+        self._pulling = False  # a streaming pull is open (connected)
 
     @property
     def discarded(self) -> int:
@@ -264,6 +265,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         Opening is retried per the retry policy; a stream that delivered
         something and then broke is reopened with a fresh budget. A fatal
         error (no such subscription, no permission) ends the poll.
+        :attr:`connected` is ``False`` from a stream's error until the next
+        one is open.
         """
         while True:
             await self._call("StreamingPull", self._stream_once)
@@ -283,7 +286,13 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
                 await asyncio.sleep(_HEARTBEAT)
                 yield types.StreamingPullRequest()
 
-        stream = await self._subscriber.streaming_pull(requests=requests(), retry=None)
+        try:
+            # Returns once the call's headers are on the wire: a connection is up.
+            stream = await self._subscriber.streaming_pull(requests=requests(), retry=None)
+        except exceptions.GoogleAPICallError:
+            self._pulling = False
+            raise
+        self._pulling = True
         delivered = False
         try:
             async for response in stream:
@@ -291,6 +300,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
                 await self._take(type(response).pb(response))
                 await self._in_flight.room()
         except exceptions.GoogleAPICallError as exc:
+            self._pulling = False
             if not delivered:
                 raise
             log.info("streaming pull ended; opening another", subscription=self.subscription,
@@ -327,6 +337,18 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             await self._dispose(poison)
 
     # -- the engine's calls --------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool | None:
+        """Whether the streaming pull is open: ``False`` until it first opens, and while reopening.
+
+        It turns ``False`` when a stream ends with an error (Pub/Sub away, a
+        broken connection) and ``True`` again once a new stream is open,
+        through the retry policy's attempts; after the last one failed the
+        poll ends, and it stays ``False``. Unary calls (acks, deadlines) do
+        not change it: they are retried, or lapse, on their own.
+        """
+        return self._pulling
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``("key", ordering_key)``, or ``("message", message_id)`` without a key."""

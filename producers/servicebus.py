@@ -182,6 +182,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
         self._links: dict[int, asyncio.Lock] = {}  # id(receiver) -> its link's turn (_link)
         self._lock_warned = False
+        self._linked = False  # a receiver is open and its last receive succeeded (connected)
 
     @property
     def discarded(self) -> int:
@@ -267,6 +268,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             receiver = self._receiver(session=False)
             await self._call("OpenReceiver", receiver.__aenter__)
             self._exit.push_async_callback(receiver.close)
+            self._linked = True
             receivers = [("receive", lambda: self._receive_loop(receiver, None))]
         # A worker's error ends the poll (the group restarts); what was received and not
         # advanced is delivered again once its lock lapses: nothing is lost.
@@ -297,8 +299,12 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                     received = await self._call("Receive", functools.partial(
                         receiver.receive_messages, max_message_count=s.max_messages,
                         max_wait_time=wait))
+            except ServiceBusProducerError:
+                self._linked = False  # the SDK's retries are spent: the poll ends
+                raise
             finally:
                 in_flight.release(s.max_messages)
+            self._linked = True
             in_flight.take(len(received))
             if received:
                 await self._take(receiver, session, received)
@@ -366,8 +372,11 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             except ServiceBusProducerError as exc:
                 await receiver.close()
                 if isinstance(exc.__cause__, servicebus_exceptions.OperationTimeoutError):
-                    continue  # no session has messages now: ask again
+                    self._linked = True  # Service Bus answered: no session has messages now
+                    continue  # ask again
+                self._linked = False
                 raise
+            self._linked = True
             session = str(receiver.session.session_id)
             self._open[id(receiver)] = 0
             try:
@@ -403,6 +412,19 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             await self._call("RenewSessionLock", receiver.session.renew_lock)
 
     # -- the engine's calls --------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool | None:
+        """Whether a receiver is open and the last receive (or session accept) succeeded.
+
+        ``False`` until the receiver opens; ``True`` from then on, also while
+        a session receiver waits for a session with messages (Service Bus
+        answered that there is none); ``False`` after a receive, open or
+        accept failed with the SDK's retries spent, which ends the poll, so
+        it stays ``False`` for this producer. The SDK's own retries and
+        reconnects happen inside one receive call and are not seen here.
+        """
+        return self._linked
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``("session", session id)``, or ``("message", sequence number)`` without sessions."""

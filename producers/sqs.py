@@ -38,6 +38,11 @@ at once, each only while ``max_in_flight`` leaves room for a full receive:
 messages received but not yet advanced are what fills the subscribers'
 queues, so when subscribers fall behind no receive is made at all.
 
+**Outages.** A receive that got no answer (SQS unreachable, botocore's
+retries spent) is tried again after the retry policy's delays (``retries``,
+``retry_backoff``) before the poll ends; meanwhile :attr:`connected` is
+``False``, which fails the runtime's readiness check.
+
 Two triggers with different consumer settings on one queue would be two
 competing consumers, each message reaching only one of them: a second
 producer for a queue already consumed in this process with other settings
@@ -55,7 +60,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from sharedstream import __version__
@@ -190,6 +195,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # Message id -> receives that were not failures of its own.
         self._bounced: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
         self._receive_ids = itertools.count()
+        self._receiving: bool | None = None  # how the last ReceiveMessage went (connected)
 
     @property
     def discarded(self) -> int:
@@ -271,8 +277,16 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 yield payload.message, payload
 
     async def _receive_loop(self) -> None:
+        """Receive while ``max_in_flight`` leaves room, for as long as the poll runs.
+
+        A receive that got no answer at all (SQS unreachable: botocore's
+        retries spent) is tried again after the retry policy's delays, with
+        :attr:`connected` ``False`` until one succeeds; an answered error, or
+        the last retry's, ends the poll.
+        """
         s = self.settings
         in_flight = self._in_flight
+        delays: Iterator[float] | None = None  # the retry policy's, while unreachable
         while True:
             await in_flight.room(s.max_messages)
             in_flight.take(s.max_messages)  # reserve room for a full receive
@@ -285,8 +299,21 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                     MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
                     MessageAttributeNames=["All"],
                 )
+            except SqsRequestError as exc:
+                self._receiving = False
+                if exc.code:
+                    raise  # SQS answered: not an outage that waiting mends
+                delays = delays or s.retry_policy().delays()
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                log.warning("receiving failed; retrying", queue=queue_name(self._url),
+                            error=exc, delay_s=round(delay, 2))
+                await asyncio.sleep(delay)
+                continue
             finally:
                 in_flight.release(s.max_messages)
+            self._receiving, delays = True, None
             received = response.get("Messages") or []
             in_flight.take(len(received))
             await self._take(received, started + s.visibility_timeout)
@@ -313,6 +340,19 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             await self._dispose(poison)
 
     # -- the engine's calls --------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool | None:
+        """How the last ``ReceiveMessage`` went: SQS is plain HTTP, with no connection to watch.
+
+        ``None`` until a receive returned or failed (a long poll may take
+        ``wait_time_seconds``); ``True`` once one returned; ``False`` from a
+        receive that got no answer (botocore's retries spent) until one
+        returns again, through the receive loop's own retries, and after
+        one that failed for good. With several receivers the last to finish
+        decides.
+        """
+        return self._receiving
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """The ``MessageGroupId`` on a FIFO queue, the receive call on a standard one."""

@@ -51,14 +51,17 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
-def start_moto(workdir: Path, *, timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
-    """Start moto's server on a free loopback port; return it and its endpoint URL.
+def start_moto(workdir: Path, *, port: int | None = None,
+               timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start moto's server on a loopback port; return it and its endpoint URL.
 
-    Returns once ``/moto-api/`` answers; its log is appended to
+    ``port``: a free one unless given (give the old one to restart a server
+    in place; moto keeps nothing across a restart, so queues are made
+    again). Returns once ``/moto-api/`` answers; its log is appended to
     ``workdir/moto.log``. Raises :class:`BrokerNotInstalled` or
     :class:`~.process.BrokerDidNotStart` (the process already stopped).
     """
-    port = free_port()
+    port = free_port() if port is None else port
     endpoint = f"http://127.0.0.1:{port}"
     process = start_process(
         "moto_server", [*moto_server_command(), "-H", "127.0.0.1", "-p", str(port)],

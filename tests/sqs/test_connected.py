@@ -1,0 +1,79 @@
+"""The SQS producer's ``connected`` follows the server: away, and back on the same port.
+
+A moto server of this test's own is stopped under a polling producer and
+started again on its port (moto keeps nothing, so the queue is made again).
+botocore's own retries are turned off, so a receive that gets no answer
+reaches the producer at once; its receive loop retries, reporting
+``connected`` ``False`` meanwhile, and the same poll goes on once the
+server is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharedstream.producers.sqs import SqsSettings, SqsSharedStreamProducer
+from sharedstream.testing.brokers.moto import start_moto, stop_moto
+from sharedstream.testing.brokers.process import BrokerNotInstalled, free_port
+from sharedstream.testing.harness import opened
+from sharedstream.testing.runner import eventually
+from tests.sqs.conftest import CREDENTIALS, REGION, SqsHarness
+
+QUEUE = "connected"
+
+
+async def make_queue(endpoint: str) -> str:
+    async with opened(SqsHarness(endpoint, fifo=False)) as harness:
+        return await harness.create_queue(QUEUE)
+
+
+@contextlib.asynccontextmanager
+async def polling(producer: SqsSharedStreamProducer) -> AsyncIterator[asyncio.Task[None]]:
+    """The producer's poll as a task for the block (what it yields is dropped)."""
+    async def poll() -> None:
+        async for _ in producer.open_stream():
+            pass
+
+    task = asyncio.create_task(poll(), name="sqs connected poll")
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+        await producer.aclose()
+
+
+async def test_connected_follows_the_server(tmp_path: Path) -> None:
+    port = free_port()
+    try:
+        process, endpoint = start_moto(tmp_path, port=port)
+    except BrokerNotInstalled as exc:
+        pytest.skip(str(exc))
+    try:
+        url = await make_queue(endpoint)
+        no_sdk_retries: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": 1}}
+        producer = SqsSharedStreamProducer(SqsSettings(
+            queue=url, region_name=REGION, endpoint_url=endpoint, credentials=CREDENTIALS,
+            wait_time_seconds=1, receive_concurrency=1, retries=60, retry_backoff=0.1,
+            client_config=no_sdk_retries))
+        assert producer.connected is None  # no receive yet
+        async with polling(producer) as task:
+            await eventually(lambda: producer.connected is True, within=10,
+                             what="connected while receiving")
+            stop_moto(process)
+            await eventually(lambda: producer.connected is False, within=10,
+                             what="not connected with the server stopped")
+            assert not task.done()  # the poll rides the outage out
+            process, _ = start_moto(tmp_path, port=port)
+            assert await make_queue(endpoint) == url
+            await eventually(lambda: producer.connected is True, within=15,
+                             what="connected again once the server is back")
+            assert not task.done()
+    finally:
+        stop_moto(process)
