@@ -15,6 +15,10 @@ Invariants:
   test accepts; an item it declines is counted in ``FanOut.skipped`` and
   never reaches its inbox. A test that raises is switched off for that
   subscriber: its filter sees that raw event and every later one.
+* :meth:`FanOut.declined` says how many raw events a subscriber's test
+  declined while it was live. Its cost: one integer add per broadcast that
+  asks tests and one per subscriber that receives the item; nothing per
+  subscriber that declines, and nothing while no live subscriber has a test.
 * Subscribers whose tests are :class:`KeyedPrefilter` objects of one shape
   cost one ``select`` call per raw event between them (then a dict lookup),
   and receive exactly what each test, asked on its own, would accept.
@@ -146,9 +150,12 @@ class Subscriber:
     ``error`` is the terminal exception the iterator raises once set;
     ``accept`` is the optional prefilter of the raw events it receives;
     ``durable`` makes its full inbox hold the poll instead of overflowing.
+    ``passed``, ``tested_from`` and ``tested_until`` are the fan-out's count
+    of what its test let through (see :meth:`FanOut.declined`).
     """
 
-    __slots__ = ("accept", "durable", "error", "inbox", "trigger_id", "waiter")
+    __slots__ = ("accept", "durable", "error", "inbox", "passed", "tested_from", "tested_until",
+                 "trigger_id", "waiter")
 
     def __init__(
         self, trigger_id: Hashable, accept: Accept | None = None, *, durable: bool = False
@@ -159,6 +166,9 @@ class Subscriber:
         self.inbox: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
+        self.passed = 0  # items of tested broadcasts it received (or overflowed on)
+        self.tested_from = 0  # the fan-out's tested broadcasts when it became live
+        self.tested_until: int | None = None  # ... and when it stopped being live
 
     def wake(self) -> None:
         """Release the parked iterator, if any. Safe to call at any time."""
@@ -196,7 +206,7 @@ class FanOut:
     __slots__ = (
         "_filtered", "_high_water", "_inboxes", "_plain", "_room", "_shapes", "_single",
         "blocked_on",
-        "capacity", "crowded", "durable", "live", "parked", "skipped",
+        "capacity", "crowded", "durable", "live", "parked", "skipped", "tested",
     )  # fmt: skip
 
     def __init__(self, capacity: int) -> None:
@@ -210,6 +220,7 @@ class FanOut:
         self.parked: dict[Subscriber, None] = {}
         self.crowded = False
         self.skipped = 0
+        self.tested = 0  # broadcasts that asked some subscriber's test (see declined)
         self._filtered = 0  # live subscribers with an accept test
         self._plain: list[Subscriber] = []  # live, outside any shape (accept may be None)
         self._shapes: dict[Hashable, _Shape] = {}  # live, KeyedPrefilter tests by shape
@@ -258,6 +269,7 @@ class FanOut:
 
     def _broadcast_filtered(self, item: Any, raw: Any) -> list[Subscriber] | None:
         """:meth:`broadcast` when some subscriber has an ``accept`` test."""
+        self.tested += 1
         single = self._single
         if single is not None:  # the usual case: N watchers of one field
             shape_key, shape = single
@@ -322,6 +334,7 @@ class FanOut:
         overflowed: list[Subscriber] | None = None
         parked = self.parked
         for sub in receivers:
+            sub.passed += 1  # the one per-delivery cost of FanOut.declined
             inbox = sub.inbox
             if len(inbox) >= high_water:
                 if len(inbox) >= capacity:
@@ -398,8 +411,22 @@ class FanOut:
 
     # -- membership ------------------------------------------------------------------
 
+    def declined(self, sub: Subscriber) -> int:
+        """Raw events ``sub``'s test declined since it was made live, until it was dropped.
+
+        They never reached its inbox. Every live subscriber without a test,
+        or whose test accepted, is handed the item of a broadcast that asks
+        tests (a full inbox overflows after that), and broadcasts that ask
+        none reach every live subscriber; so the declined ones are the
+        tested broadcasts of its live time less what it was handed. Read on
+        the event loop.
+        """
+        until = self.tested if sub.tested_until is None else sub.tested_until
+        return until - sub.tested_from - sub.passed
+
     def add(self, sub: Subscriber) -> None:
         """Make ``sub`` live: it is in the snapshot of every later broadcast."""
+        sub.passed, sub.tested_from, sub.tested_until = 0, self.tested, None
         self.live.append(sub)
         self._inboxes.append(sub.inbox)
         if sub.durable:
@@ -422,6 +449,7 @@ class FanOut:
         # By identity: two inboxes holding equal items compare equal.
         for index, candidate in enumerate(self.live):
             if candidate is sub:
+                sub.tested_until = self.tested
                 del self.live[index]
                 del self._inboxes[index]
                 if sub.durable:
@@ -442,6 +470,8 @@ class FanOut:
     def fail_all(self, error: BaseException) -> None:
         """Deliver ``error`` to every live subscriber and stop broadcasting to them."""
         subs, self.live, self._inboxes = self.live, [], []
+        for sub in subs:
+            sub.tested_until = self.tested
         self.durable = []
         self._wake_poll()
         self._filtered = 0

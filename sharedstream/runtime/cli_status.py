@@ -126,10 +126,11 @@ def render(status: dict[str, Any]) -> str:
                           round(s["oldest_unresolved_age"], 1),
                           [f"{lane['lane']}:{lane['outstanding']}" for lane in s["lanes"]]]
                          for s in status["streams"]])
-        lines += _table("LIVE WATCHERS", ["stream", "watchers", "queued", "seen", "emitted",
-                                          "rejected", "failed", "last_reject"],
+        lines += _table("LIVE WATCHERS", ["stream", "watchers", "queued", "seen", "skipped",
+                                          "emitted", "rejected", "failed", "last_reject"],
                         [[s["stream"], w["names"] or w["trigger"], w["queued"], w["seen"],
-                          w["emitted"], w["rejected"], w["failed"], w["last_reject"]]
+                          w.get("skipped", "-"), w["emitted"], w["rejected"], w["failed"],
+                          w["last_reject"]]
                          for s in status["streams"] for w in s["watchers"]])
     lines += _table("WATCHERS", ["trigger", "watchers", "state", "events_stored", "errors",
                                  "last_error"],

@@ -140,6 +140,9 @@ class TriggererCollector(Collector):
             "seen": CounterMetricFamily(_P + "watcher_raw_events", "Raw events broadcast to "
                                         "the watcher's stream since it joined the poll",
                                         labels=labels),
+            "skipped": CounterMetricFamily(_P + "watcher_skipped", "Raw events the watcher's "
+                                           "prefilter declined (never given to its filter)",
+                                           labels=labels),
             "emitted": CounterMetricFamily(_P + "watcher_emitted", "Trigger events the "
                                            "watcher's filter yielded", labels=labels),
             "rejected": CounterMetricFamily(_P + "watcher_rejected", "Raw events the watcher "

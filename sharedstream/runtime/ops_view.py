@@ -236,20 +236,23 @@ class TriggererView:
 def watcher_counts(group: Any, trigger_id: Hashable) -> dict[str, Any]:
     """Why a watcher fired or not, in its stream's current poll (zeros while there is none).
 
-    ``seen``: raw events broadcast to the stream since it joined (its
-    prefilter may have declined some); ``emitted``: trigger events its
-    filter yielded; ``rejected``: raw events it rejected, and ``last_reject``
-    the last reason; ``failed``: attempts of its filter that failed (raised,
-    hung past the ack timeout, or ended). Kept by the engine's resolution
-    book at the cost of one integer add per raw event (``seen``) and per
-    emitted event; ack mode only.
+    ``seen``: raw events broadcast to the stream since it joined;
+    ``skipped``: those of them its prefilter declined (they never reached
+    its filter); ``emitted``: trigger events its filter yielded;
+    ``rejected``: raw events it rejected, and ``last_reject`` the last
+    reason; ``failed``: attempts of its filter that failed (raised, hung
+    past the ack timeout, or ended). Kept by the engine's resolution book
+    and fan-out at the cost of one integer add per raw event (``seen``), per
+    raw event handed to a prefiltered stream's watchers (``skipped``) and
+    per emitted event; ack mode only.
     """
     book: Any = group.book if group is not None else None
     sub = book.subscribers.get(trigger_id) if book is not None else None
     if sub is None:
-        return {"seen": 0, "emitted": 0, "rejected": 0, "last_reject": None, "failed": 0}
-    return {"seen": book.broadcasts - sub.joined_at, "emitted": sub.matched,
-            "rejected": sub.rejected, "last_reject": sub.last_reject,
+        return {"seen": 0, "skipped": 0, "emitted": 0, "rejected": 0, "last_reject": None,
+                "failed": 0}
+    return {"seen": book.broadcasts - sub.joined_at, "skipped": book.fanout.declined(sub),
+            "emitted": sub.matched, "rejected": sub.rejected, "last_reject": sub.last_reject,
             "failed": sub.failed_attempts}
 
 

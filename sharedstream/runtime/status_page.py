@@ -47,8 +47,10 @@ PAGE = """<!doctype html>
 </tr></thead><tbody></tbody></table>
 <h2>Watchers</h2>
 <table id="watchers"><thead><tr><th>watchers</th><th>trigger</th><th>state</th>
-<th class="n">lag</th><th class="n">seen</th><th class="n">emitted</th><th class="n">rejected</th>
-<th class="n">failed</th><th class="n">stored</th><th class="n">errors</th>
+<th class="n">lag</th><th class="n">seen</th><th class="n" title="declined by the watcher's
+prefilter: never given to its filter">skipped</th><th class="n">emitted</th>
+<th class="n">rejected</th><th class="n">failed</th><th class="n">stored</th>
+<th class="n">errors</th>
 <th>last reject / last error</th></tr></thead><tbody></tbody></table>
 <h2>Recent dead letters</h2>
 <table id="dead_letters"><thead><tr><th>id</th><th>at</th><th>stream</th><th>source</th>
@@ -200,7 +202,7 @@ function render(status) {
   fill("watchers", watchers(status), [
     [(w) => w.names], ["trigger"], ["state"],
     ["queued", (w) => "n" + (w.queued > 0 ? " warn" : "")],
-    ["seen", "n"], ["emitted", "n"],
+    ["seen", "n"], ["skipped", "n"], ["emitted", "n"],
     ["rejected", (w) => "n" + (w.rejected > 0 ? " warn" : "")],
     ["failed", (w) => "n" + (w.failed > 0 ? " bad" : "")],
     ["events_stored", "n"], ["errors", (w) => "n" + (w.errors > 0 ? " bad" : "")],

@@ -1,4 +1,4 @@
-"""Why a watcher fired or not: raw events seen, events emitted, rejections with reasons."""
+"""Why a watcher fired or not: raw events seen and skipped, events emitted, rejections."""
 
 from __future__ import annotations
 
@@ -52,13 +52,16 @@ async def test_counts_say_why_each_watcher_fired_or_not(
     def count(name: str, watcher: str) -> float:
         return value(found, f"sharedstream_watcher_{name}_total", watchers=watcher)
 
-    assert [count(n, "orders/json") for n in ("raw_events", "emitted", "rejected", "failed")] == [
-        4, 2, 1, 0]
-    assert [count(n, "everything/raw") for n in ("raw_events", "emitted", "rejected")] == [4, 4, 0]
+    # The refund never reaches the orders filter: its prefilter (from match) declines it; the
+    # value that is not JSON passes every prefilter, and the filter rejects it.
+    assert [count(n, "orders/json")
+            for n in ("raw_events", "skipped", "emitted", "rejected", "failed")] == [4, 1, 2, 1, 0]
+    assert [count(n, "everything/raw")
+            for n in ("raw_events", "skipped", "emitted", "rejected")] == [4, 0, 4, 0]
     status = json.loads((await client.get("/status")).text)
     (stream,) = status["streams"]
     json_watcher = next(w for w in stream["watchers"] if w["names"] == ["orders/json"])
-    assert json_watcher["rejected"] == 1
+    assert (json_watcher["skipped"], json_watcher["rejected"]) == (1, 1)
     assert json_watcher["last_reject"].startswith("undecodable json value: ")
     (letter,) = status["dead_letters"]  # no dead-letter stream: kept in the store
     assert letter["reason"].endswith(json_watcher["last_reject"])
@@ -95,9 +98,9 @@ async def test_the_status_command_reads_the_endpoint_or_else_the_store(
     assert live["source"] == f"endpoint {client.base}"
     assert live["ready"]["store"]["ok"] is True
     (stream,) = live["streams"]
-    assert {tuple(w["names"]): (w["seen"], w["emitted"], w["rejected"])
-            for w in stream["watchers"]} == {("orders/json",): (2, 1, 1),
-                                             ("everything/raw",): (2, 2, 0)}
+    assert {tuple(w["names"]): (w["seen"], w["skipped"], w["emitted"], w["rejected"])
+            for w in stream["watchers"]} == {("orders/json",): (2, 0, 1, 1),
+                                             ("everything/raw",): (2, 0, 2, 0)}
     code, out, err = await sharedstream(tmp_path, "status", "--url", client.base)
     assert code == 0
     lines = out.splitlines()
@@ -105,7 +108,8 @@ async def test_the_status_command_reads_the_endpoint_or_else_the_store(
     assert lines[1] == "ready: yes"
     assert "LIVE WATCHERS" in lines
     json_row = next(line for line in lines if "orders/json" in line and "undecodable" in line)
-    assert json_row.split()[2:7] == ["0", "2", "1", "1", "0"]  # queued seen emitted rejected failed
+    # queued seen skipped emitted rejected failed
+    assert json_row.split()[2:8] == ["0", "2", "0", "1", "1", "0"]
 
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
