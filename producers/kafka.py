@@ -45,7 +45,7 @@ the commit call and the dead-letter topic.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -65,6 +65,7 @@ from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
     KafkaConfigError,
@@ -335,6 +336,17 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """``topic/partition/offset``: the same for every redelivery of a record."""
         return f"{broker_payload.topic}/{broker_payload.partition}/{broker_payload.offset}"
+
+    def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
+        """The record's headers (``traceparent``, ``tracestate``, ``baggage``)."""
+        return carrier_of(raw_event.headers) if raw_event.headers else None
+
+    @property
+    def messaging_attributes(self) -> Mapping[str, str]:
+        """``kafka``, the topics, the consumer group."""
+        return {"messaging.system": "kafka",
+                "messaging.destination.name": ",".join(self.settings.topics),
+                "messaging.consumer.group.name": self.settings.group_id}
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Dead-letter or hold records of one partition's resolved prefix; set its commit target.

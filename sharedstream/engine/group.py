@@ -402,7 +402,7 @@ class StreamGroup:
                 ) from exc
             lane = get_lane(payload)
             if tracer is not None:
-                tracer.received(payload)
+                tracer.received(raw, payload)
             try:
                 overflowed = book.broadcast(raw, payload, lane, clock())
             except TypeError as exc:

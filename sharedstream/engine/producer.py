@@ -290,9 +290,10 @@ class SharedStreamProducer(abc.ABC):
         """
         return None
 
-    def trace_carrier(self, broker_payload: Any) -> Mapping[str, str] | None:
+    def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
         """The message's trace context as a text map (``traceparent``, ...), or ``None``.
 
+        ``raw_event`` and ``broker_payload`` are one pair ``open_stream`` yielded.
         Read only when tracing is on (see :mod:`sharedstream.engine.tracing`),
         once per raw event, with the globally configured propagator: the
         message's headers, attributes or application properties, keys in

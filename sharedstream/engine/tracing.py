@@ -120,10 +120,10 @@ class StreamTracer:
 
     # -- the poll ----------------------------------------------------------------------
 
-    def received(self, payload: Any) -> None:
+    def received(self, raw: Any, payload: Any) -> None:
         """Start the raw event's ``process`` span and its ``fan-out`` child."""
         producer = self._producer
-        carrier = producer.trace_carrier(payload)
+        carrier = producer.trace_carrier(raw, payload)
         parent = propagate.extract(carrier, context=_EMPTY) if carrier else _EMPTY
         attributes = dict(self._attributes)
         attributes["messaging.operation.type"] = "process"

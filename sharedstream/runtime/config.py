@@ -62,6 +62,7 @@ __all__ = [
     "LoggingConfig",
     "SchedulerConfig",
     "StoreConfig",
+    "TracesConfig",
     "TriggererConfig",
     "load_config",
     "write_default_config",
@@ -202,6 +203,20 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
         "port": _OptionSpec(
             "int", "TCP port of the endpoint (0: any free port, logged at start-up).",
             strict=False, maximum=65535,
+        ),
+    },
+    "traces": {
+        "enabled": _OptionSpec(
+            "bool",
+            "Trace every raw event with OpenTelemetry: process, fan-out, filter, store and "
+            "settle spans, continuing the trace context the message carries.",
+        ),
+        "exporter": _OptionSpec(
+            "choice",
+            "Where spans go: otlp (OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT; needs the ops "
+            "extra), console (JSON on standard output), or global (the provider the process "
+            "already has).",
+            choices=("otlp", "console", "global"),
         ),
     },
 }
@@ -359,7 +374,8 @@ def _check_backoff(initial: _Setting, maximum: _Setting) -> None:
 
 
 def _validate_fields(
-    instance: TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig,
+    instance: TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig
+    | TracesConfig,
     section: str,
 ) -> None:
     """Validate a directly constructed section; ints given for floats become floats."""
@@ -487,6 +503,21 @@ class ApiConfig:
 
 
 @dataclass(frozen=True)
+class TracesConfig:
+    """The ``[traces]`` section: OpenTelemetry spans (:mod:`sharedstream.runtime.traces`).
+
+    Off unless ``enabled``; ``exporter`` is ``otlp``, ``console`` or
+    ``global``. Validated on construction.
+    """
+
+    enabled: bool = False
+    exporter: str = "otlp"
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "traces")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole, validated configuration of one process.
 
@@ -502,6 +533,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
+    traces: TracesConfig = field(default_factory=TracesConfig)
     source: dict[str, str] = field(default_factory=dict)
     connections: Mapping[str, Connection] = field(default_factory=dict)
     file: Path | None = None
@@ -780,6 +812,7 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
         scheduler=SchedulerConfig(**converted["scheduler"]),
         logging=LoggingConfig(**converted["logging"]),
         api=ApiConfig(**converted["api"]),
+        traces=TracesConfig(**converted["traces"]),
         source={f"{section}.{option}": source for (section, option), (_, source) in raw.items()},
         connections=connections,
         file=file,

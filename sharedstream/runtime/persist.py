@@ -32,8 +32,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from opentelemetry.trace import Tracer
+
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.telemetry import instruments
+from sharedstream.engine.tracing import record_stored
 from sharedstream.store.base import PendingEvent, WriteResult
 
 __all__ = ["PersistGate"]
@@ -65,6 +68,9 @@ class PersistGate:
     triggers). Events with a seq are always queued (holding a filter here
     would only pile raw events up in its queue); they are bounded by
     ``on_pressure``, which the runtime wires to the shared streams' intake.
+    With a ``tracer``, each committed event that carries a ``trace_parent``
+    gets a ``store`` span over its transaction (see
+    :mod:`sharedstream.engine.tracing`).
     """
 
     def __init__(
@@ -77,6 +83,7 @@ class PersistGate:
         capacity: int = 20_000,
         retry_delay: float = 0.05,
         on_pressure: Callable[[bool], None] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._write = write
         self._confirm = confirm
@@ -85,6 +92,7 @@ class PersistGate:
         self._capacity = capacity
         self._retry_delay = retry_delay
         self._on_pressure = on_pressure
+        self._tracer = tracer
         self._pressure = False
         self._failing_since: float | None = None
         self._queue: deque[_Queued] = deque()
@@ -173,6 +181,7 @@ class PersistGate:
         """Write ``batch`` until the store takes it (see the module docstring)."""
         metrics = instruments()
         started = time.perf_counter()
+        started_ns = time.time_ns() if self._tracer is not None else 0
         delay = self._retry_delay
         attempt = 0
         while True:
@@ -191,6 +200,9 @@ class PersistGate:
                             elapsed_s=round(time.monotonic() - self._failing_since, 1))
                 self._failing_since = None
             self._committed(batch, result, started)
+            if self._tracer is not None:
+                record_stored(self._tracer, [(q.event.trace_parent, q.event.trigger_id)
+                                             for q in batch], started_ns, time.time_ns())
             metrics.persist_batch_size.record(len(batch))
             if self._pressure and len(self._queue) <= self._capacity // 2:
                 self._set_pressure(False)

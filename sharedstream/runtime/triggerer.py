@@ -59,6 +59,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from opentelemetry.trace import TracerProvider
+
 from sharedstream.brokerkit.errors import BrokerConfigError
 from sharedstream.connections import ConnectionNotFound, InvalidConnection
 from sharedstream.engine.errors import SharedStreamError
@@ -68,6 +70,7 @@ from sharedstream.engine.manager import SharedStreamManager
 from sharedstream.engine.membership import Membership
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.engine.telemetry import instruments
+from sharedstream.engine.tracing import TRACER_NAME
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
 from sharedstream.runtime.assignment import Assignment
 from sharedstream.runtime.config import Config
@@ -84,6 +87,7 @@ from sharedstream.runtime.serde import (
     pack_kwargs,
     unpack_kwargs,
 )
+from sharedstream.runtime.traces import open_tracer_provider
 from sharedstream.store import (
     Claim,
     MetadataStore,
@@ -144,7 +148,11 @@ class _Progress:
 class Triggerer:
     """One triggerer process: its store thread, gate, engine and supervised triggers."""
 
-    def __init__(self, config: Config, definitions: Definitions) -> None:
+    def __init__(
+        self, config: Config, definitions: Definitions, *,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        """``tracer_provider``: trace with this provider whatever ``[traces]`` says (embedders)."""
         if not config.store.kwargs_key:
             raise SharedStreamError(
                 "no kwargs encryption key configured ([store] kwargs_key or "
@@ -162,10 +170,14 @@ class Triggerer:
             self.registry.register(classpath, cls)
         self.triggerer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         tconf = config.triggerer
+        self._close_traces: Callable[[], None] | None = None  # what shuts down our provider
+        if tracer_provider is None:
+            tracer_provider, self._close_traces = open_tracer_provider(config.traces)
         self.manager = SharedStreamManager(
             max_subscriber_queue=tconf.shared_stream_subscriber_queue_size,
             ack_timeout=tconf.shared_stream_ack_timeout,
             cohort_grace_period=tconf.shared_stream_cohort_grace_period,
+            tracer_provider=tracer_provider,
         )
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sharedstream-db")
         self._store: MetadataStore | None = None
@@ -176,6 +188,7 @@ class Triggerer:
             batch_max=config.store.persist_batch_max,
             linger=config.store.persist_linger_ms / 1000,
             on_pressure=self._store_pressure,
+            tracer=None if tracer_provider is None else tracer_provider.get_tracer(TRACER_NAME),
         )
         self.manager.dead_letter_fallback = self._keep_dead_letter
         self.progress = _Progress()
@@ -369,6 +382,8 @@ class Triggerer:
                 self._guard.close()
                 self._db_thread.shutdown(wait=True)
                 sys.setswitchinterval(switch_interval)
+                if self._close_traces is not None:  # flushes the spans still batched, off the loop
+                    await asyncio.to_thread(self._close_traces)
             finally:
                 # Last: a signal while closing is still ours (a second one exits at once),
                 # never a KeyboardInterrupt through whoever runs this coroutine.
@@ -735,10 +750,12 @@ class Triggerer:
         assert isinstance(trigger_id, int)  # noqa: S101 - the runtime's ids are row ids
         native = trigger.payload_is_native
         offer = self.gate.offer
+        traced = self.manager.tracer_provider is not None
         async for event in trigger.filter_shared_stream(stream):
             seq = member.bind()
             try:
-                pending = self._pending_event(trigger_id, event, member.raw_event_key(), native)
+                pending = self._pending_event(trigger_id, event, member.raw_event_key(), native,
+                                              member.traceparent() if traced else None)
             except SerializationError as exc:
                 self._refuse_event(member, exc)  # rejecting drops the seq just bound
                 continue
@@ -767,12 +784,13 @@ class Triggerer:
     @staticmethod
     def _pending_event(
         trigger_id: int, event: TriggerEvent, name: str | None,
-        native: Callable[[TriggerEvent], bool] | None = None,
+        native: Callable[[TriggerEvent], bool] | None = None, traceparent: str | None = None,
     ) -> PendingEvent:
         """What the gate stores for ``event``: its packed payload and idempotency key.
 
         ``native`` is the trigger's ``payload_is_native``, asked once the event
-        is known to be a :class:`TriggerEvent`.
+        is known to be a :class:`TriggerEvent`; ``traceparent`` the trace
+        context of the filter span it came from (tracing on).
         """
         if not isinstance(event, TriggerEvent):
             raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
@@ -780,5 +798,5 @@ class Triggerer:
         vouched = native is not None and native(event)
         payload = pack_event_payload(event.payload, native=vouched)
         idem_key = None if name is None else f"{trigger_id}/{name}"
-        return PendingEvent(trigger_id, idem_key, payload)
+        return PendingEvent(trigger_id, idem_key, payload, traceparent)
 

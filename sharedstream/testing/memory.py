@@ -69,6 +69,7 @@ from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.trigger import BrokerTrigger
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer, Verdict
+from sharedstream.engine.tracing import carrier_of
 from sharedstream.testing.memory_broker import Delivery, MemoryBroker, MemoryRecord
 
 __all__ = [
@@ -267,6 +268,16 @@ class MemorySharedStreamProducer(SharedStreamProducer):
         """``stream/lane/offset``, the same for every redelivery."""
         name: str = broker_payload.record.name
         return name
+
+    def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
+        """The record's headers (``traceparent`` among them, when it was published traced)."""
+        return carrier_of(raw_event.headers) if raw_event.headers else None
+
+    @property
+    def messaging_attributes(self) -> Mapping[str, str]:
+        """``memory`` and the stream's name."""
+        return {"messaging.system": "memory",
+                "messaging.destination.name": self.settings.stream}
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit or delete, dead-letter, or redeliver each record of one lane's resolved prefix.

@@ -21,18 +21,21 @@ from sharedstream.runtime.config import (
     LoggingConfig,
     SchedulerConfig,
     StoreConfig,
+    TracesConfig,
     TriggererConfig,
 )
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 SECTIONS: dict[
-    str, type[TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig]
+    str, type[TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig
+              | TracesConfig]
 ] = {
     "triggerer": TriggererConfig,
     "store": StoreConfig,
     "scheduler": SchedulerConfig,
     "logging": LoggingConfig,
     "api": ApiConfig,
+    "traces": TracesConfig,
 }
 
 _ROW = re.compile(r"^\| `(?P<option>[a-z_]+)` \| [^|]+ \| (?P<default>[^|]+?) \|", re.MULTILINE)

@@ -35,6 +35,7 @@ PAGES = (
     "airflow.md",
     "schedules.md",
     "connections.md",
+    "traces.md",
 )
 """The pages whose examples this suite owns."""
 

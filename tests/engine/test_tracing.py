@@ -25,7 +25,7 @@ from tests.engine.harness import FEEDS, Feed, FeedProducer, FeedTrigger, Runner,
 class TracedProducer(FeedProducer):
     """Payloads are ``(value, headers)``: the headers carry the trace context."""
 
-    def trace_carrier(self, broker_payload: Any) -> Mapping[str, str] | None:
+    def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
         return carrier_of(broker_payload[1])
 
     @property

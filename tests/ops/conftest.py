@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from opentelemetry.trace import TracerProvider
 
 from sharedstream.runtime.config import load_config, write_default_config
 from sharedstream.runtime.crypto import generate_key
@@ -63,7 +64,7 @@ class Running:
 
 async def start_triggerer(
     workdir: Path, environ: Mapping[str, str] | None = None, store_url: str = "sqlite:///ss.db",
-    definitions: Path = DEFS,
+    definitions: Path = DEFS, tracer_provider: TracerProvider | None = None,
 ) -> tuple[Triggerer, asyncio.Task[int]]:
     """Write a config, migrate the store, start a triggerer with ``[api]`` on; wait for it."""
     path = workdir / "sharedstream.toml"
@@ -76,7 +77,7 @@ async def start_triggerer(
     if store_url.startswith("sqlite"):
         with SqliteStore(config.sqlite_path()) as store:
             store.migrate()
-    triggerer = Triggerer(config, load_definitions(definitions))
+    triggerer = Triggerer(config, load_definitions(definitions), tracer_provider=tracer_provider)
     task = asyncio.create_task(triggerer.run())
     assert triggerer.api is not None
     serving = asyncio.create_task(triggerer.api.serving.wait())
