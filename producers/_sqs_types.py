@@ -165,7 +165,8 @@ class SqsSettings:
     delete_concurrency: int = 4
     retries: int = 3
     """Retries of a failed call after its first attempt, by botocore (standard mode),
-    then as many rounds of ours (a delete some entries of which failed)."""
+    then as many rounds of ours (a delete some entries of which failed, a receive that
+    got no answer)."""
     retry_backoff: float = 0.2
     """Seconds before our first retry round; doubles each round, capped at 2 s."""
     verify: bool | str | None = None
