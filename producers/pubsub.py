@@ -66,7 +66,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sharedstream.brokerkit.calls import BrokerCalls
@@ -86,6 +86,7 @@ from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._pubsub_types import (
     ACK_BATCH,
     DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
@@ -358,6 +359,18 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """``<subscription path>/<message id>``: the same for every redelivery."""
         return f"{self.subscription}/{broker_payload.message.message_id}"
+
+    def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
+        """The message's attributes (``traceparent`` or ``googclient_traceparent``)."""
+        attributes = raw_event.attributes
+        return carrier_of(attributes) if attributes else None
+
+    @property
+    def messaging_attributes(self) -> Mapping[str, str]:
+        """``gcp_pubsub`` and the subscription (the consumer group is the subscription too)."""
+        return {"messaging.system": "gcp_pubsub",
+                "messaging.destination.name": self.subscription,
+                "messaging.consumer.group.name": self.subscription}
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Ack, nack or dead-letter each message of one lane's resolved prefix.

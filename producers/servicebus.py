@@ -60,7 +60,7 @@ import contextlib
 import functools
 import importlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -81,6 +81,7 @@ from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._servicebus_types import (
     ServiceBusConfigError,
     ServiceBusMessage,
@@ -434,6 +435,16 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """``<entity path>/<sequence number>``: the same for every redelivery."""
         return f"{self.entity}/{broker_payload.message.sequence_number}"
+
+    def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
+        """The application properties (``traceparent``, or Azure's ``Diagnostic-Id``)."""
+        properties = raw_event.properties
+        return carrier_of(properties) if properties else None
+
+    @property
+    def messaging_attributes(self) -> Mapping[str, str]:
+        """``servicebus`` and the entity (a queue, or topic/subscriptions/name)."""
+        return {"messaging.system": "servicebus", "messaging.destination.name": self.entity}
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Complete, abandon or dead-letter each message of one lane's resolved prefix.

@@ -60,7 +60,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 from sharedstream import __version__
@@ -80,6 +88,7 @@ from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._sqs_types import (
     BATCH,
     DLQ_ATTRIBUTE_DETAIL,
@@ -362,6 +371,17 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """The SQS message id: the same for every redelivery of a message."""
         return str(broker_payload.message_id)
+
+    def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
+        """The message's ``String`` attributes (``traceparent`` among them, when traced)."""
+        attributes = raw_event.attributes
+        return carrier_of(attributes) if attributes else None
+
+    @property
+    def messaging_attributes(self) -> Mapping[str, str]:
+        """``aws_sqs`` and the queue's name."""
+        return {"messaging.system": "aws_sqs",
+                "messaging.destination.name": queue_name(self.settings.queue)}
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Delete, dead-letter, re-show or leave each message of one lane's resolved prefix.

@@ -18,6 +18,7 @@ from sharedstream.testing.runner import eventually, eventually_async
 from sharedstream.testing.scripts import Script
 from sharedstream.triggers.pubsub import PubSubSharedStreamTrigger
 from tests.pubsub.harness import ConformancePubSubTrigger, PubSubHarness, ThreadedPubSubServer
+from tests.traced import assert_continues, traced_process_span
 
 
 @pytest.fixture(params=["keyed", "unkeyed"])
@@ -179,3 +180,13 @@ async def test_other_settings_on_one_subscription_are_refused(keyless: PubSubHar
     assert short.shared_stream_key() == first.shared_stream_key()
     with pytest.raises(ValueError, match=r"ack_deadline must be within 10\.\.600"):
         PubSubSharedStreamTrigger(**{**kwargs, "ack_deadline": 5})
+
+
+async def test_a_message_s_trace_context_is_continued(keyless: PubSubHarness) -> None:
+    """``traceparent`` in the attributes: the ``process`` span continues the publisher's trace."""
+    stream = await keyless.create_stream()
+    process, _ = await traced_process_span(keyless, stream, lambda traceparent: keyless.produce(
+        stream, values(1), attributes={"googclient_traceparent": traceparent}))
+    assert_continues(process, "gcp_pubsub")
+    assert process.attributes is not None
+    assert process.attributes["messaging.destination.name"] == stream.name

@@ -151,13 +151,19 @@ class ServiceBusHarness:
         return Stream(name=queue, dead_letter=f"{queue}/$DeadLetterQueue", group="")
 
     async def produce(self, stream: Stream, values: Sequence[bytes], *,
-                      session: str | None = None) -> None:
-        """Send ``values`` in order (on a session queue to ``session``, default :data:`SESSION`)."""
+                      session: str | None = None,
+                      properties: dict[str, str] | None = None) -> None:
+        """Send ``values`` in order (on a session queue to ``session``, default :data:`SESSION`).
+
+        ``properties``: application properties of every message.
+        """
         if self.sessions:
             session = session or SESSION
         async with self.client.get_queue_sender(stream.name, keep_alive=None) as sender:
-            await sender.send_messages([ServiceBusMessage(value, session_id=session)
-                                        for value in values])
+            await sender.send_messages([
+                ServiceBusMessage(value, session_id=session,
+                                  application_properties=properties)  # type: ignore[arg-type]
+                for value in values])
         first = self.sent.get(stream.name, 0)
         self.sent[stream.name] = first + len(values)
         # The server numbers a queue's messages 1, 2, ... in the order they are sent.

@@ -20,7 +20,7 @@ from sharedstream.producers.servicebus import (
     ServiceBusConfigError,
     ServiceBusSharedStreamProducer,
 )
-from sharedstream.testing.conformance import ProducerConformance, Session
+from sharedstream.testing.conformance import ProducerConformance, Session, values
 from sharedstream.testing.harness import Stream, opened
 from sharedstream.testing.runner import SupervisedRunner, eventually, eventually_async
 from sharedstream.testing.scripts import Script
@@ -32,6 +32,7 @@ from tests.servicebus.harness import (
     ServiceBusHarness,
     ThreadedServiceBusServer,
 )
+from tests.traced import assert_continues, traced_process_span
 
 
 @pytest.fixture(scope="module")
@@ -277,3 +278,11 @@ async def test_a_lost_lock_is_a_redelivery_stored_once_never_a_loss(
     finally:
         await runner.stop()
         await manager.stop_all()
+
+
+async def test_a_message_s_trace_context_is_continued(plain: ServiceBusHarness) -> None:
+    """Azure's ``Diagnostic-Id`` property: the ``process`` span continues the sender's trace."""
+    stream = await plain.create_stream()
+    process, _ = await traced_process_span(plain, stream, lambda traceparent: plain.produce(
+        stream, values(1), properties={"Diagnostic-Id": traceparent}))
+    assert_continues(process, "servicebus")

@@ -30,6 +30,7 @@ from sharedstream.testing.scripts import Script
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
 from tests.prefilters import assert_prefilters_agree
 from tests.sqs.conftest import ConformanceSqsTrigger, SqsHarness
+from tests.traced import assert_continues, traced_process_span
 
 
 class TestSqsConformance(ProducerConformance):
@@ -368,3 +369,14 @@ def test_dead_letter_batches_keep_within_send_message_batch_limits() -> None:
     sizes = [sum(len(e["MessageBody"]) for _, e in chunk) for chunk in chunks]
     assert all(size <= MAX_BATCH_BYTES for size in sizes)
     assert _sized_chunks([(0, entry(2_000_000))]) == [[(0, entry(2_000_000))]]
+
+
+async def test_a_message_s_trace_context_is_continued(standard: SqsHarness) -> None:
+    """``traceparent`` as a message attribute: the ``process`` span continues its trace."""
+    stream = await standard.create_stream()
+    process, spans = await traced_process_span(standard, stream, lambda traceparent: (
+        standard.produce(stream, values(1), attributes={"traceparent": traceparent})))
+    assert_continues(process, "aws_sqs")
+    queue = stream.name.rsplit("/", 1)[1]
+    assert {s.name for s in spans} == {f"process {queue}", f"fan-out {queue}", "filter",
+                                       f"settle {queue}"}
