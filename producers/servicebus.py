@@ -122,9 +122,20 @@ _COMPLETE_LOST = ("completing messages did not take; Service Bus delivers them a
                   "events are skipped as duplicates")
 _MAX_HOLDS = 4096
 _GLANCE = 0.05
+"""Seconds a receive waits while settlements may be queued behind it (see _receive_loop)."""
 _COMPLETE_TURN = 500
 """Completions sent in one turn of a receiver's link at most."""
-"""Seconds a receive waits while settlements may be queued behind it (see _receive_loop)."""
+CLOSE_TIMEOUT = 5.0
+"""Seconds one SDK close (a receiver, the client) may take before it is given up.
+
+azure-servicebus 7.15 can wait forever in a receiver's close: with
+``prefetch_count=0`` it always runs a keep-alive task, and a close that
+meets an open still in flight on the same handler (a session accept cut
+short by a stop) waits on a keep-alive the open restarted. Past this bound
+the close is cancelled, which cancels that task too; the client's close
+then ends the connection. Nothing is lost either way: what was not settled
+comes again when its lock lapses.
+"""
 
 _sdk = OptionalSdk(broker="Service Bus", package="azure.servicebus", extra="servicebus",
                    error=ServiceBusConfigError)
@@ -268,7 +279,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         else:
             receiver = self._receiver(session=False)
             await self._call("OpenReceiver", receiver.__aenter__)
-            self._exit.push_async_callback(receiver.close)
+            self._exit.push_async_callback(self._close, "receiver", receiver.close)
             self._linked = True
             receivers = [("receive", lambda: self._receive_loop(receiver, None))]
         # A worker's error ends the poll (the group restarts); what was received and not
@@ -371,7 +382,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             try:
                 await self._call("AcceptSession", receiver.__aenter__)
             except ServiceBusProducerError as exc:
-                await receiver.close()
+                await self._close("session receiver", receiver.close)
                 if isinstance(exc.__cause__, servicebus_exceptions.OperationTimeoutError):
                     self._linked = True  # Service Bus answered: no session has messages now
                     continue  # ask again
@@ -396,7 +407,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             finally:
                 self._open.pop(id(receiver), None)
                 self._links.pop(id(receiver), None)
-                await receiver.close()
+                await self._close("session receiver", receiver.close)
 
     async def _keep_session(self, receiver: Any) -> None:
         """Renew the session's lock once half of what is left of it has passed, while open.
@@ -661,6 +672,15 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
 
     # -- closing -------------------------------------------------------------------------
 
+    async def _close(self, what: str, close: Callable[[], Awaitable[None]]) -> None:
+        """``close()``, given up after :data:`CLOSE_TIMEOUT` seconds (one warning says so)."""
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await close()
+        except TimeoutError:
+            log.warning("closing the SDK's handle did not finish; given up", entity=self.entity,
+                        handle=what, timeout_s=CLOSE_TIMEOUT)
+
     async def aclose(self) -> None:
         """Flush queued completions (10 s at most), stop the workers and the client, once."""
         if self._closed:
@@ -678,7 +698,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 _consumed.release(self.settings.identity(), self.settings.fingerprint())
             await self._exit.aclose()
             if self._client is not None:
-                await self._client.close()
+                await self._close("client", self._client.close)
             if self._identity is not None:
                 await self._identity.close()
 
