@@ -2,7 +2,9 @@
 
 ``AT`` (env ``STANDALONE_AT``, ISO-8601) is when the built-in
 ``DateTimeTrigger`` watcher fires; ``SLOW_CLEANUP`` makes every trigger's
-``cleanup()`` take that many seconds, to test the second signal.
+``cleanup()`` take that many seconds, to test the second signal;
+``RUN_SECONDS`` is how long its ``run()`` lasts before it ends empty (0.05 s),
+and ``RUN_MARK`` names a file each run creates as it begins.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sharedstream import BaseEventTrigger, TriggerEvent
@@ -29,7 +32,10 @@ class EndsEmpty(BaseEventTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}", {"label": self.label})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        await asyncio.sleep(0.05)
+        mark = os.environ.get("RUN_MARK")
+        if mark:  # the test waits for a run to be under way before it signals
+            Path(mark).touch()  # noqa: ASYNC240 - a test marker, microseconds
+        await asyncio.sleep(float(os.environ.get("RUN_SECONDS", "0.05")))
         return
         yield  # type: ignore[unreachable]
 

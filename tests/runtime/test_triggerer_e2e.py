@@ -260,8 +260,14 @@ def test_a_second_signal_exits_at_once(deployment: Deployment) -> None:
     d = deployment
     d.env["STANDALONE_AT"] = "2100-01-01T00:00:00+00:00"
     d.env["SLOW_CLEANUP"] = "60"  # a graceful stop would take a minute
+    d.env["RUN_SECONDS"] = "3600"  # stopped while running (cancelling a cleanup is quick)
+    mark = d.dir / "run-began"
+    d.env["RUN_MARK"] = str(mark)
     proc = d.start(STANDALONE)
     wait_for(lambda: "running=2" in d.stderr(), what="start-up")
+    # Signal once the slow trigger runs: a stop that was quick could end before the second
+    # signal, which would then meet the default handler the triggerer gave back.
+    wait_for(mark.exists, what="the slow trigger running")
     proc.send_signal(signal.SIGTERM)
     wait_for(lambda: STOPPING in d.stderr(), what="the graceful stop beginning")
     assert proc.poll() is None  # still cleaning up
