@@ -291,4 +291,5 @@ def letter_record(row: Any) -> dict[str, Any]:
 def run_record(row: Any) -> dict[str, Any]:
     """A DAG run as a status shows it."""
     return {"dag": row.dag_id, "run_id": row.run_id, "state": row.state,
-            "type": row.run_type, "at": _time(row.created_at), "assets": list(row.assets)}
+            "type": row.run_type, "at": _time(row.created_at), "assets": list(row.assets),
+            "trace_parent": row.trace_parent}

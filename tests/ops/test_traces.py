@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from sharedstream.store.sqlite import SqliteStore
 from sharedstream.testing.brokers.process import free_port
 from sharedstream.testing.brokers.tansu import start_tansu, stop_tansu, tansu_binary
 from sharedstream.testing.runner import eventually, eventually_async
-from tests.ops.conftest import start_triggerer
+from tests.ops.conftest import OpsClient, start_triggerer
 from tests.ops.test_readiness import KAFKA_DEFS, create_topic
 
 TRACE_ID = 0x5B8EFFF798038103D269B633813FC60C
@@ -79,11 +80,22 @@ async def test_a_record_s_trace_runs_through_the_triggerer_into_the_store(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     triggerer, task = await start_triggerer(tmp_path, definitions=KAFKA_DEFS,
                                             tracer_provider=provider)
+    assert triggerer.api is not None
+    assert triggerer.api.address is not None
+    client = OpsClient("http://{}:{}".format(*triggerer.api.address))
+
+    async def status_runs() -> list[dict[str, Any]]:
+        runs: list[dict[str, Any]] = json.loads((await client.get("/status")).text)["dag_runs"]
+        return runs
+
     try:
         await publish(kafka, b'{"order": 1}', [("traceparent", TRACEPARENT.encode())])
         await eventually(lambda: any(s.name == "settle orders"
                                      for s in exporter.get_finished_spans()),
                          within=30, what="the record settled")
+        await eventually_async(lambda: _count(status_runs()), 1, within=10,
+                               what="the run in /status")
+        (shown,) = await status_runs()
     finally:
         triggerer.request_stop()
         assert await asyncio.wait_for(task, 60) == 0
@@ -108,6 +120,11 @@ async def test_a_record_s_trace_runs_through_the_triggerer_into_the_store(
         (run,) = db.list_runs()
     assert event.trace_parent == expected
     assert run.trace_parent == expected
+    assert shown["trace_parent"] == expected
+
+
+async def _count(runs: Any) -> int:
+    return len(await runs)
 
 
 class OtlpReceiver:
