@@ -402,6 +402,8 @@ class Config:
     trigger_event: str = "native"
     selective: bool = False
     """Trigger ``i`` of K wants only the raw events ``raw % K == i`` (see build_trigger_class)."""
+    gc_gen0: int = 0
+    """The collector's young-generation threshold during the run (0: Python's 700)."""
 
 
 class Confirmer:
@@ -478,6 +480,8 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
 
     gc.collect()
     gc.freeze()
+    if config.gc_gen0 > 0:  # what a triggerer sets ([triggerer] gc_gen0_threshold), for both
+        gc.set_threshold(config.gc_gen0, *gc.get_threshold()[1:])
     peak_reset = reset_peak_rss()
     rss_before = current_rss_kb()
     gc_before = [gen["collections"] for gen in gc.get_stats()]
@@ -555,6 +559,7 @@ async def run_config(api: Api, config: Config) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "gc_frozen": gc.get_freeze_count(),
+        "gc_gen0_threshold": gc.get_threshold()[0],
         "gc_collections": gc_runs,
     }
     return result
@@ -574,6 +579,9 @@ def _parse_args(argv: Sequence[str] | None) -> Config:
         action="store_true",
         help="trigger i of K wants only the raw events with raw %% K == i (keyed prefilter)",
     )
+    parser.add_argument("--gc-gen0", type=int, default=0,
+                        help="the garbage collector's young-generation threshold during the run "
+                             "(0: Python's default)")
     args = parser.parse_args(argv)
     if args.subscribers < 1 or args.events < 1 or args.emit_every < 1 or args.batch < 1:
         parser.error("--subscribers, --events, --emit-every and --batch must be >= 1")
@@ -588,6 +596,7 @@ def _parse_args(argv: Sequence[str] | None) -> Config:
         batch=args.batch,
         trigger_event=args.trigger_event,
         selective=args.selective,
+        gc_gen0=args.gc_gen0,
     )
 
 

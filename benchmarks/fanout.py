@@ -37,6 +37,8 @@ from typing import Any
 
 from _revisions import export_revision, working_tree_revision
 
+from sharedstream.runtime.config import TriggererConfig
+
 BENCH_DIR = Path(__file__).resolve().parent
 WORKLOAD = BENCH_DIR / "_fanout_workload.py"
 RESULTS_DIR = BENCH_DIR / "results"
@@ -60,6 +62,10 @@ PRIMARY_EMIT = 10
 
 CHILD_TIMEOUT = 900.0
 """Seconds one child may run (including imports) before it is killed."""
+
+GC_GEN0 = TriggererConfig.gc_gen0_threshold
+"""The collector's young-generation threshold of every child: a triggerer's (see
+``sharedstream.runtime.collector``), the same for Airflow's engine."""
 
 
 @dataclass(frozen=True)
@@ -333,7 +339,7 @@ def run_workload(runner: Runner, args: Sequence[str], base: dict[str, Any]) -> d
     A child that times out or prints no result gives ``base`` with ``ok``
     false and the reason in ``error``.
     """
-    cmd = [runner.python, str(WORKLOAD), "--impl", runner.impl, *args]
+    cmd = [runner.python, str(WORKLOAD), "--impl", runner.impl, *args, "--gc-gen0", str(GC_GEN0)]
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=runner.env, check=False
@@ -871,7 +877,8 @@ def build_report(
             },
             "max_subscriber_queue": 1024,
             "ack_timeout_s": 300.0,
-            "gc": "gc.collect(); gc.freeze() after imports and setup, in every child",
+            "gc": "gc.collect(); gc.freeze() after imports and setup, in every child; young-"
+                  f"generation threshold {GC_GEN0} (the triggerer's), for both implementations",
             "rss": "VmHWM (reset via /proc/self/clear_refs) minus VmRSS right before the run",
         },
         "machine": machine,

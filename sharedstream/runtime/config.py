@@ -147,6 +147,12 @@ _SPECS: dict[str, dict[str, _OptionSpec]] = {
         "shutdown_timeout": _OptionSpec(
             "float", "Seconds a graceful shutdown may take; unfinished work is redelivered."
         ),
+        "gc_gen0_threshold": _OptionSpec(
+            "int",
+            "Allocations between two young-generation collections of Python's garbage "
+            "collector while the triggerer runs (Python's default is 700; 0: leave it).",
+            strict=False,
+        ),
     },
     "store": {
         "url": _OptionSpec(
@@ -405,6 +411,7 @@ class TriggererConfig:
     restart_backoff_initial: float = 1.0
     restart_backoff_max: float = 300.0
     shutdown_timeout: float = 30.0
+    gc_gen0_threshold: int = 7000
 
     def __post_init__(self) -> None:
         _validate_fields(self, "triggerer")

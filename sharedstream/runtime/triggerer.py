@@ -73,6 +73,7 @@ from sharedstream.engine.telemetry import instruments
 from sharedstream.engine.tracing import TRACER_NAME
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
 from sharedstream.runtime.assignment import Assignment
+from sharedstream.runtime.collector import Collector, tune_collector
 from sharedstream.runtime.config import Config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import KwargsCipher
@@ -347,8 +348,10 @@ class Triggerer:
             # The database thread takes the GIL back after every SQLite statement;
             # with the default 5 ms it waits that long whenever the loop is busy.
             sys.setswitchinterval(self.config.store.switch_interval_ms / 1000)
+        collector: Collector | None = None
         try:
             shared = await self._register()
+            collector = tune_collector(self.config.triggerer.gc_gen0_threshold)
             if self.api is not None:
                 await self.api.start()  # listens now: an address in use stops the start-up here
             async with asyncio.TaskGroup() as tasks:
@@ -382,6 +385,8 @@ class Triggerer:
                 self._guard.close()
                 self._db_thread.shutdown(wait=True)
                 sys.setswitchinterval(switch_interval)
+                if collector is not None:
+                    collector.restore()
                 if self._close_traces is not None:  # flushes the spans still batched, off the loop
                     await asyncio.to_thread(self._close_traces)
             finally:

@@ -38,7 +38,7 @@ SECTIONS: dict[
     "traces": TracesConfig,
 }
 
-_ROW = re.compile(r"^\| `(?P<option>[a-z_]+)` \| [^|]+ \| (?P<default>[^|]+?) \|", re.MULTILINE)
+_ROW = re.compile(r"^\| `(?P<option>[a-z0-9_]+)` \| [^|]+ \| (?P<default>[^|]+?) \|", re.MULTILINE)
 
 
 def documented(section: str) -> dict[str, str]:
