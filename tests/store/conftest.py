@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 
@@ -70,6 +71,21 @@ class Backend:
         store = open_store(url or self.url, create=True)
         self._stack.callback(store.close)
         return store
+
+    @contextlib.contextmanager
+    def at_version(self, version: int) -> Iterator[MetadataStore]:
+        """A store that knows only the first ``version`` migrations, migrated to that version.
+
+        What an older release made: write its rows as that release wrote
+        them (:meth:`execute`), then open the database with today's code.
+        """
+        if self.name == "sqlite":
+            from sharedstream.store import sqlite as module  # noqa: PLC0415
+        else:
+            from sharedstream.store import postgres as module  # type: ignore[no-redef]  # noqa: PLC0415
+        with patch.object(module, "MIGRATIONS", module.MIGRATIONS[:version]), self.open() as old:
+            assert old.migrate() == version
+            yield old
 
     def query(self, sql: str, url: str | None = None) -> list[tuple[Any, ...]]:
         """Rows of ``sql`` run on a connection of its own (outside any store)."""
