@@ -1,11 +1,14 @@
-"""The SQS producer's ``connected`` follows the server: away, and back on the same port.
+"""The SQS producer's ``connected`` follows the network: the server away, and back.
 
-A moto server of this test's own is stopped under a polling producer and
-started again on its port (moto keeps nothing, so the queue is made again).
-botocore's own retries are turned off, so a receive that gets no answer
-reaches the producer at once; its receive loop retries, reporting
-``connected`` ``False`` meanwhile, and the same poll goes on once the
-server is back.
+The producer reaches a moto server of this test's own through a TCP relay
+on a port of its own; the relay is closed under the polling producer (every
+connection through it cut, new ones refused) and opened again on the same
+port, while moto, and the queue in it, stay up. (Restarting moto itself
+would lose the queue, and a receive that met the new server before the
+queue was made again would rightly end the poll.) botocore's own retries
+are turned off, so a receive that gets no answer reaches the producer at
+once; its receive loop retries, reporting ``connected`` ``False``
+meanwhile, and the same poll goes on once the server is reachable again.
 """
 
 from __future__ import annotations
@@ -33,6 +36,52 @@ async def make_queue(endpoint: str) -> str:
         return await harness.create_queue(QUEUE)
 
 
+class Relay:
+    """A TCP relay from ``127.0.0.1:port`` to ``target``, that can be cut and restored."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port, self.target = port, target
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port,
+                                                  reuse_address=True)
+
+    async def cut(self) -> None:
+        """Refuse new connections and drop every open one."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        pipes, self._pipes = self._pipes, set()
+        for pipe in pipes:
+            pipe.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pipe = asyncio.current_task()
+        assert pipe is not None
+        self._pipes.add(pipe)
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        try:
+            await asyncio.gather(_copy(reader, upstream_writer), _copy(upstream_reader, writer))
+        finally:
+            for end in (writer, upstream_writer):
+                end.close()
+                with contextlib.suppress(Exception):
+                    await end.wait_closed()
+            self._pipes.discard(pipe)
+
+
+async def _copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    while data := await source.read(65536):
+        sink.write(data)
+        await sink.drain()
+    with contextlib.suppress(Exception):
+        sink.write_eof()
+
+
 @contextlib.asynccontextmanager
 async def polling(producer: SqsSharedStreamProducer) -> AsyncIterator[asyncio.Task[None]]:
     """The producer's poll as a task for the block (what it yields is dropped)."""
@@ -50,30 +99,35 @@ async def polling(producer: SqsSharedStreamProducer) -> AsyncIterator[asyncio.Ta
 
 
 async def test_connected_follows_the_server(tmp_path: Path) -> None:
-    port = free_port()
     try:
-        process, endpoint = start_moto(tmp_path, port=port)
+        process, endpoint = start_moto(tmp_path, port=free_port())
     except BrokerNotInstalled as exc:
         pytest.skip(str(exc))
+    moto_port = int(endpoint.rsplit(":", 1)[1])
+    relay = Relay(free_port(), ("127.0.0.1", moto_port))
+    await relay.open()
+    through = f"http://127.0.0.1:{relay.port}"
     try:
-        url = await make_queue(endpoint)
-        no_sdk_retries: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": 1}}
+        url = (await make_queue(endpoint)).replace(endpoint, through)
+        # No retries inside botocore, and no call that can hang on a server gone away.
+        no_sdk_retries: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": 1},
+                                          "connect_timeout": 2, "read_timeout": 5}
         producer = SqsSharedStreamProducer(SqsSettings(
-            queue=url, region_name=REGION, endpoint_url=endpoint, credentials=CREDENTIALS,
+            queue=url, region_name=REGION, endpoint_url=through, credentials=CREDENTIALS,
             wait_time_seconds=1, receive_concurrency=1, retries=60, retry_backoff=0.1,
             client_config=no_sdk_retries))
         assert producer.connected is None  # no receive yet
         async with polling(producer) as task:
             await eventually(lambda: producer.connected is True, within=10,
                              what="connected while receiving")
-            stop_moto(process)
+            await relay.cut()
             await eventually(lambda: producer.connected is False, within=10,
-                             what="not connected with the server stopped")
+                             what="not connected with the server away")
             assert not task.done()  # the poll rides the outage out
-            process, _ = start_moto(tmp_path, port=port)
-            assert await make_queue(endpoint) == url
+            await relay.open()
             await eventually(lambda: producer.connected is True, within=15,
                              what="connected again once the server is back")
             assert not task.done()
     finally:
+        await relay.cut()
         stop_moto(process)

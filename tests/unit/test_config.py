@@ -34,6 +34,7 @@ AIRFLOW_TRIGGERER_DEFAULTS = {
     "restart_backoff_initial": 1.0,
     "restart_backoff_max": 300.0,
     "shutdown_timeout": 30.0,
+    "gc_gen0_threshold": 7000,  # ours, not Airflow's: see sharedstream.runtime.collector
 }
 
 
