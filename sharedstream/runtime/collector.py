@@ -1,4 +1,4 @@
-"""The garbage collector's settings while a triggerer runs.
+"""The garbage collector's young-generation threshold while a triggerer runs.
 
 A triggerer allocates a few short-lived objects per raw event and per
 delivery (records, futures, advance items, trigger events); reference
@@ -10,13 +10,12 @@ long-lived state (one parked coroutine per subscriber, the records in
 flight): work that finds almost nothing. At K = 1000 selective watchers that
 was about a fifth of the engine's CPU (see ``docs/benchmarks.md``).
 
-:func:`tune_collector` collects once, freezes what start-up made (modules,
-definitions, registries: never garbage, so moved out of every later
-collection) and raises the young-generation threshold; the older two keep
-Python's ratios. Cycles are still collected, a little later: memory held by
-cyclic garbage grows by at most the threshold's worth of objects.
-:meth:`Collector.restore` puts everything back (the embedded triggerer and
-the tests run in processes that go on afterwards).
+:func:`tune_collector` raises the young-generation threshold; the older two
+keep Python's values. Nothing is collected or frozen at that moment, so
+starting costs nothing. Cycles are still collected, a little later: cyclic
+garbage waits for at most the threshold's worth of allocations.
+:meth:`Collector.restore` puts the thresholds back (the embedded triggerer
+and the tests run in processes that go on afterwards).
 """
 
 from __future__ import annotations
@@ -34,17 +33,14 @@ class Collector:
     thresholds: tuple[int, int, int]
 
     def restore(self) -> None:
-        """Python's thresholds as they were; start-up objects back under collection."""
-        gc.unfreeze()
+        """Python's thresholds as they were."""
         gc.set_threshold(*self.thresholds)
 
 
 def tune_collector(gen0_threshold: int) -> Collector | None:
-    """Freeze start-up objects and set the young-generation threshold (``0``: change nothing)."""
+    """Set the young-generation threshold to ``gen0_threshold`` (``0``: change nothing)."""
     if gen0_threshold <= 0:
         return None
     before = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
     gc.set_threshold(gen0_threshold, before[1], before[2])
     return Collector(before)
