@@ -52,16 +52,27 @@ class _Connection(Protocol):
 
 @dataclass(frozen=True)
 class Dialect:
-    """What differs between the stores: ``?`` or ``%s``, times on disk, the row lock."""
+    """What differs between the stores: ``?`` or ``%s``, times on disk, the row lock, lists.
+
+    ``aggregate`` makes a list of a subquery's column, given ``{column}`` and
+    the rest of the subquery (``{rest}``: from ``FROM`` on); ``items`` reads
+    such a list back as a sequence.
+    """
 
     param: str
     write_time: Callable[[datetime], Any]
     read_time: Callable[[Any], datetime]
     lock: str  # appended to the SELECT of a DAG row about to be changed
+    aggregate: str
+    items: Callable[[Any], Sequence[Any]]
 
     def sql(self, text: str) -> str:
         """``text`` with its ``?`` placeholders in this dialect's style."""
         return text.replace("?", self.param)
+
+    def array(self, column: str, rest: str) -> str:
+        """The expression listing ``column`` of ``SELECT column rest`` (see :attr:`aggregate`)."""
+        return self.aggregate.format(column=column, rest=rest)
 
     def time(self, value: datetime | None) -> Any:
         """A time to bind (``None`` stays ``None``)."""

@@ -22,17 +22,11 @@ Invariants:
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 from sharedstream.engine.producer import DeadLetter
-from sharedstream.store._rows import DEAD_LETTER_COLUMNS, dead_letter_values
+from sharedstream.store._rows import dead_letter_values
 
-__all__ = ["dead_letters_query", "insert_dead_letter"]
-
-_SELECT = f"SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters"  # noqa: S608 - constant text only
-_NEWEST = f"{_SELECT} ORDER BY id DESC LIMIT ?"
-_NEWEST_OF_STREAM = f"{_SELECT} WHERE stream = ? ORDER BY id DESC LIMIT ?"
-
+__all__ = ["insert_dead_letter"]
 
 def insert_dead_letter(conn: sqlite3.Connection, letter: DeadLetter, now: str) -> bool:
     """Insert the letter unless its ``(stream, source, reason)`` is kept; True if inserted.
@@ -47,9 +41,3 @@ def insert_dead_letter(conn: sqlite3.Connection, letter: DeadLetter, now: str) -
     )
     return cur.rowcount == 1
 
-
-def dead_letters_query(limit: int, stream: str | None) -> tuple[str, list[Any]]:
-    """The ``SELECT`` (and its parameters) of the newest ``limit`` rows, of one stream or all."""
-    if stream is None:
-        return _NEWEST, [limit]
-    return _NEWEST_OF_STREAM, [stream, limit]

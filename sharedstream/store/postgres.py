@@ -38,25 +38,22 @@ from psycopg_pool import ConnectionPool
 
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
+from sharedstream.store import _listing as listing
 from sharedstream.store._dag_schedules import (
-    RUN_COLUMNS,
     Dialect,
     list_dags,
     queue_runs,
     sync_dags,
-    timed_fields,
 )
 from sharedstream.store._postgres_events import definitions, write_batch
 from sharedstream.store._postgres_schema import MIGRATION_LOCK, MIGRATIONS
 from sharedstream.store._rows import (
     COUNTS_SQL,
-    DEAD_LETTER_COLUMNS,
     TRIGGER_COLUMNS,
     TRIGGERERS_SQL,
     WATCHERS_SQL,
     check_limit,
     counts_of,
-    dead_letter_row,
     dead_letter_values,
     trigger_row,
     triggerer_row,
@@ -94,15 +91,9 @@ def _utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
 
 
-DIALECT = Dialect(param="%s", write_time=_utc, read_time=_utc, lock=" FOR UPDATE")
-"""Times as ``TIMESTAMPTZ``; a DAG row being changed is locked."""
-
-
-def _timed(row: Any) -> dict[str, Any]:
-    """The time-based fields of a :meth:`PostgresStore.list_runs` row (after its 8 columns)."""
-    fields = timed_fields(row[8:], DIALECT)
-    fields["run_after"] = fields["run_after"] or _utc(row[4])
-    return fields
+DIALECT = Dialect(param="%s", write_time=_utc, read_time=_utc, lock=" FOR UPDATE",
+                  aggregate="array(SELECT {column} {rest})", items=list)
+"""Times as ``TIMESTAMPTZ``; a DAG row being changed is locked; lists as arrays."""
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -555,100 +546,25 @@ class PostgresStore:
 
     def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
         """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
-        check_limit(limit)
-        where, params = ("", [limit]) if stream is None else ("WHERE stream = %s", [stream, limit])
-        rows = self._read(
-            f"SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters {where}"  # noqa: S608 - constants
-            " ORDER BY id DESC LIMIT %s",
-            params,
-        )
-        return [dead_letter_row(row, _utc) for row in rows]
+        return listing.dead_letters(self._read, DIALECT, limit=limit, stream=stream)
 
     # -- read API for the CLI ---------------------------------------------------
 
     def list_events(
         self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
     ) -> list[EventRow]:
-        """Trigger events, newest first, optionally of one trigger and/or one asset."""
-        check_limit(limit)
-        where: list[str] = []
-        params: list[Any] = []
-        if trigger_id is not None:
-            where.append("te.trigger_id = %s")
-            params.append(trigger_id)
-        if asset is not None:
-            where.append(
-                "te.id IN (SELECT ae.trigger_event_id FROM asset_events ae"
-                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = %s)"
-            )
-            params.append(asset)
-        # only constant fragments are concatenated; every value is a bound parameter
-        sql = (
-            "SELECT te.id, te.trigger_id, te.idem_key, te.payload, te.created_at,"  # noqa: S608
-            " te.trace_parent,"
-            " array(SELECT DISTINCT a.name FROM asset_events ae"
-            "   JOIN assets a ON a.id = ae.asset_id WHERE ae.trigger_event_id = te.id)"
-            " FROM trigger_events te"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY te.id DESC LIMIT %s"
-        )
-        return [
-            EventRow(
-                id=int(row[0]),
-                trigger_id=int(row[1]),
-                idem_key=row[2],
-                payload=bytes(row[3]),
-                created_at=_utc(row[4]),
-                assets=tuple(sorted(row[6])),
-                trace_parent=row[5],
-            )
-            for row in self._read(sql, [*params, limit])
-        ]
+        """Trigger events, newest first, optionally of one trigger and/or one asset.
+
+        ``asset`` keeps the events that produced an asset event of that asset.
+        """
+        return listing.list_events(self._read, DIALECT, asset=asset, trigger_id=trigger_id,
+                                   limit=limit)
 
     def list_runs(
         self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
     ) -> list[RunRow]:
         """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
-        check_limit(limit)
-        where: list[str] = []
-        params: list[Any] = []
-        if dag_id is not None:
-            where.append("r.dag_id = %s")
-            params.append(dag_id)
-        if asset is not None:
-            where.append(
-                "r.id IN (SELECT l.dag_run_id FROM dag_run_asset_events l"
-                " JOIN asset_events ae ON ae.id = l.asset_event_id"
-                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = %s)"
-            )
-            params.append(asset)
-        # only constant fragments are concatenated; every value is a bound parameter
-        sql = (
-            "SELECT r.id, r.dag_id, r.run_id, r.state, r.created_at,"  # noqa: S608
-            " array(SELECT l.asset_event_id FROM dag_run_asset_events l"
-            "   WHERE l.dag_run_id = r.id),"
-            " array(SELECT DISTINCT a.name FROM dag_run_asset_events l"
-            "   JOIN asset_events ae ON ae.id = l.asset_event_id"
-            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id),"
-            f" r.trace_parent, {RUN_COLUMNS}"
-            " FROM dag_runs r"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY r.id DESC LIMIT %s"
-        )
-        return [
-            RunRow(
-                id=int(row[0]),
-                dag_id=str(row[1]),
-                run_id=str(row[2]),
-                state=str(row[3]),
-                created_at=_utc(row[4]),
-                **_timed(row),
-                asset_event_ids=tuple(sorted(int(i) for i in row[5])),
-                assets=tuple(sorted(row[6])),
-                trace_parent=row[7],
-            )
-            for row in self._read(sql, [*params, limit])
-        ]
+        return listing.list_runs(self._read, DIALECT, dag_id=dag_id, asset=asset, limit=limit)
 
     # -- time-based schedules ---------------------------------------------------
 

@@ -82,13 +82,12 @@ from typing import Any, Self
 
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
+from sharedstream.store import _listing as listing
 from sharedstream.store._dag_schedules import (
-    RUN_COLUMNS,
     Dialect,
     list_dags,
     queue_runs,
     sync_dags,
-    timed_fields,
 )
 from sharedstream.store._rows import (
     COUNTS_SQL,
@@ -97,12 +96,11 @@ from sharedstream.store._rows import (
     WATCHERS_SQL,
     check_limit,
     counts_of,
-    dead_letter_row,
     trigger_row,
     triggerer_row,
     watcher_names,
 )
-from sharedstream.store._sqlite_dead_letters import dead_letters_query, insert_dead_letter
+from sharedstream.store._sqlite_dead_letters import insert_dead_letter
 from sharedstream.store._sqlite_events import (
     Definitions,
     StaleDefinitions,
@@ -148,15 +146,9 @@ def _parse(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-DIALECT = Dialect(param="?", write_time=_fmt, read_time=_parse, lock="")
-"""Times as ISO text; no row lock (the ``BEGIN IMMEDIATE`` writer is alone)."""
-
-
-def _timed(row: Any) -> dict[str, Any]:
-    """The time-based fields of a :meth:`SqliteStore.list_runs` row (after its 8 columns)."""
-    fields = timed_fields(row[8:], DIALECT)
-    fields["run_after"] = fields["run_after"] or _parse(row[4])
-    return fields
+DIALECT = Dialect(param="?", write_time=_fmt, read_time=_parse, lock="",
+                  aggregate="(SELECT json_group_array({column}) {rest})", items=json.loads)
+"""Times as ISO text; no row lock (the ``BEGIN IMMEDIATE`` writer is alone); lists as JSON."""
 
 
 class SqliteStore:
@@ -626,9 +618,7 @@ class SqliteStore:
 
     def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
         """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
-        check_limit(limit)
-        return [dead_letter_row(row, _parse)
-                for row in self._read(*dead_letters_query(limit, stream))]
+        return listing.dead_letters(self._read, DIALECT, limit=limit, stream=stream)
 
     # -- read API for the CLI ---------------------------------------------------
 
@@ -639,85 +629,14 @@ class SqliteStore:
 
         ``asset`` keeps the events that produced an asset event of that asset.
         """
-        check_limit(limit)
-        where: list[str] = []
-        params: list[Any] = []
-        if trigger_id is not None:
-            where.append("te.trigger_id = ?")
-            params.append(trigger_id)
-        if asset is not None:
-            where.append(
-                "te.id IN (SELECT ae.trigger_event_id FROM asset_events ae"
-                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)"
-            )
-            params.append(asset)
-        # only constant fragments are concatenated; every value is a bound parameter
-        sql = (
-            "SELECT te.id, te.trigger_id, te.idem_key, te.payload, te.created_at,"  # noqa: S608
-            " te.trace_parent,"
-            " (SELECT json_group_array(a.name) FROM asset_events ae"
-            "   JOIN assets a ON a.id = ae.asset_id WHERE ae.trigger_event_id = te.id)"
-            " FROM trigger_events te"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY te.id DESC LIMIT ?"
-        )
-        return [
-            EventRow(
-                id=int(row[0]),
-                trigger_id=int(row[1]),
-                idem_key=row[2],
-                payload=bytes(row[3]),
-                created_at=_parse(row[4]),
-                assets=tuple(sorted(set(json.loads(row[6])))),
-                trace_parent=row[5],
-            )
-            for row in self._read(sql, [*params, limit])
-        ]
+        return listing.list_events(self._read, DIALECT, asset=asset, trigger_id=trigger_id,
+                                   limit=limit)
 
     def list_runs(
         self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
     ) -> list[RunRow]:
         """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
-        check_limit(limit)
-        where: list[str] = []
-        params: list[Any] = []
-        if dag_id is not None:
-            where.append("r.dag_id = ?")
-            params.append(dag_id)
-        if asset is not None:
-            where.append(
-                "r.id IN (SELECT l.dag_run_id FROM dag_run_asset_events l"
-                " JOIN asset_events ae ON ae.id = l.asset_event_id"
-                " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)"
-            )
-            params.append(asset)
-        # only constant fragments are concatenated; every value is a bound parameter
-        sql = (
-            "SELECT r.id, r.dag_id, r.run_id, r.state, r.created_at,"  # noqa: S608
-            " (SELECT json_group_array(l.asset_event_id) FROM dag_run_asset_events l"
-            "   WHERE l.dag_run_id = r.id),"
-            " (SELECT json_group_array(a.name) FROM dag_run_asset_events l"
-            "   JOIN asset_events ae ON ae.id = l.asset_event_id"
-            "   JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id),"
-            f" r.trace_parent, {RUN_COLUMNS}"
-            " FROM dag_runs r"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY r.id DESC LIMIT ?"
-        )
-        return [
-            RunRow(
-                id=int(row[0]),
-                dag_id=str(row[1]),
-                run_id=str(row[2]),
-                state=str(row[3]),
-                created_at=_parse(row[4]),
-                **_timed(row),
-                asset_event_ids=tuple(sorted(int(i) for i in json.loads(row[5]))),
-                assets=tuple(sorted(set(json.loads(row[6])))),
-                trace_parent=row[7],
-            )
-            for row in self._read(sql, [*params, limit])
-        ]
+        return listing.list_runs(self._read, DIALECT, dag_id=dag_id, asset=asset, limit=limit)
 
     # -- time-based schedules ---------------------------------------------------
 
