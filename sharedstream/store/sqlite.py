@@ -100,6 +100,7 @@ from sharedstream.store._rows import (
     triggerer_row,
     watcher_names,
 )
+from sharedstream.store._sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 from sharedstream.store._sqlite_dead_letters import insert_dead_letter
 from sharedstream.store._sqlite_events import (
     Definitions,
@@ -182,6 +183,8 @@ class SqliteStore:
             raise StoreError(f"cannot open metadata database {self.path}: {exc}") from exc
         self._conn: sqlite3.Connection | None = conn
         self._foreign_keys_on = True
+        self._checkpointer: Checkpointer | None = None
+        self._checkpointer_failed = False
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -239,7 +242,10 @@ class SqliteStore:
             raise StoreError(f"reading {self.path} failed: {exc}") from exc
 
     def close(self) -> None:
-        """Close the connection; idempotent."""
+        """Close the connection (and stop the checkpoint thread); idempotent."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
         if self._conn is not None:
             conn, self._conn = self._conn, None
             self._rollback(conn)
@@ -533,7 +539,33 @@ class SqliteStore:
         except BaseException:
             self._rollback(conn)
             raise
+        self._poke_checkpointer(conn)
         return result
+
+    def _poke_checkpointer(self, conn: sqlite3.Connection) -> None:
+        """After a ``write_events`` commit: let the checkpoint thread copy the log back.
+
+        The thread starts on first use; from then on this connection
+        checkpoints by itself only past
+        :data:`~sharedstream.store._sqlite_checkpoints.BACKSTOP_PAGES`. When
+        it cannot start, this connection keeps checkpointing as SQLite does
+        by default (logged once); the batch is stored either way.
+        """
+        if self._checkpointer is None:
+            if self._checkpointer_failed:
+                return
+            checkpointer = None
+            try:
+                checkpointer = Checkpointer(self.path)
+                conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+                self._checkpointer = checkpointer
+            except sqlite3.Error as exc:
+                if checkpointer is not None:
+                    checkpointer.close()
+                self._checkpointer_failed = True
+                log.warning("WAL checkpoints stay in the writer's commits", error=str(exc))
+                return
+        self._checkpointer.poke()
 
     def _write_batch(self, conn: sqlite3.Connection, batch: Sequence[PendingEvent]) -> WriteResult:
         """:func:`~sharedstream.store._sqlite_events.write_batch` with the cached definitions.
