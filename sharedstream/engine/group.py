@@ -46,6 +46,7 @@ from sharedstream.engine.fanout import Accept, FanOut, Subscriber
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetterFallback, SharedStreamProducer
 from sharedstream.engine.pump import AdvancePump, StreamTotals
+from sharedstream.engine.records import UNNAMED
 from sharedstream.engine.resolution import ResolutionBook, overflow_error
 from sharedstream.engine.seqs import SeqRouter
 from sharedstream.engine.stream import ack_stream, fast_stream
@@ -268,7 +269,10 @@ class StreamGroup:
         sub = self.book.subscribers.get(trigger_id)
         if sub is None or sub.current is None or sub.bound_record is not sub.current:
             return None
-        name = self._producer.raw_event_name(sub.current.broker_payload)
+        record = sub.current
+        name = record.raw_name
+        if name is UNNAMED:  # asked once per raw event, however many subscribers bind it
+            name = record.raw_name = self._producer.raw_event_name(record.broker_payload)
         return None if name is None else f"{name}#{sub.bind_index}"
 
     # -- ending ----------------------------------------------------------------

@@ -21,7 +21,10 @@ from typing import Any
 
 from sharedstream.engine.producer import AdvanceOutcome, Verdict, annotated_outcome
 
-__all__ = ["EventRecord", "add_verdict", "failure_verdict"]
+__all__ = ["UNNAMED", "EventRecord", "add_verdict", "failure_verdict"]
+
+UNNAMED = object()
+"""``EventRecord.raw_name`` before anyone asked the producer for it."""
 
 _new_tuple = tuple.__new__
 """Builds the NamedTuples below without their Python-level ``__new__`` (hot path)."""
@@ -40,6 +43,7 @@ class EventRecord:
         "pending",
         "position",
         "raw",
+        "raw_name",
         "rejected",
         "unseen",
         "verdicts",
@@ -66,6 +70,7 @@ class EventRecord:
         self.rejected = 0
         self.unseen = 0  # failures of subscribers that never pulled it (part of failed)
         self.verdicts: list[Verdict] | None = None  # who failed on it or rejected it, and why
+        self.raw_name: str | object | None = UNNAMED  # the producer's name, once asked for
 
     def outcome(self) -> AdvanceOutcome:
         """The resolution counts handed to the producer."""
