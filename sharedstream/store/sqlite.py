@@ -556,7 +556,10 @@ class SqliteStore:
                 return
             checkpointer = None
             try:
-                checkpointer = Checkpointer(self.path)
+                # The file this connection has open, however the process moved since.
+                main = next(row[2] for row in conn.execute("PRAGMA database_list")
+                            if row[1] == "main")
+                checkpointer = Checkpointer(Path(main))
                 conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
                 self._checkpointer = checkpointer
             except sqlite3.Error as exc:

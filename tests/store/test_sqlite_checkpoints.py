@@ -97,3 +97,21 @@ def test_without_the_thread_the_writer_checkpoints_as_before(
     assert len(warnings) == 1
     assert "WAL checkpoints stay in the writer's commits" in warnings[0]
     assert "unable to open database file" in warnings[0]
+
+
+def test_the_thread_opens_the_writer_s_file_wherever_the_process_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened by a relative path keeps checkpointing its own file after a chdir."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with SqliteStore(Path("meta.db")) as relative:
+        relative.migrate()
+        ids = define(relative, {"t": ["a"]}, {})
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        _write(relative, ids["t"], 0)
+        checkpointer = _checkpointer(relative)
+        _wait_for_checkpoints(checkpointer, 1)
+        files = [row[2] for row in checkpointer._conn.execute("PRAGMA database_list")]
+        assert files == [str(tmp_path / "meta.db")]
+    assert not (tmp_path / "elsewhere" / "meta.db").exists()
