@@ -38,7 +38,6 @@ from psycopg_pool import ConnectionPool
 
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
-from sharedstream.store import _listing as listing
 from sharedstream.store._dag_schedules import (
     Dialect,
     list_dags,
@@ -47,17 +46,9 @@ from sharedstream.store._dag_schedules import (
 )
 from sharedstream.store._postgres_events import definitions, write_batch
 from sharedstream.store._postgres_schema import MIGRATION_LOCK, MIGRATIONS
+from sharedstream.store._reads import StoreReads
 from sharedstream.store._rows import (
-    COUNTS_SQL,
-    TRIGGER_COLUMNS,
-    TRIGGERERS_SQL,
-    WATCHERS_SQL,
-    check_limit,
-    counts_of,
     dead_letter_values,
-    trigger_row,
-    triggerer_row,
-    watcher_names,
 )
 from sharedstream.store._write_plan import Definitions
 from sharedstream.store.base import (
@@ -65,18 +56,13 @@ from sharedstream.store.base import (
     Claim,
     DagRow,
     DagSpec,
-    DeadLetterRow,
-    EventRow,
     PendingEvent,
     QueuedRuns,
-    RunRow,
     Schedule,
     SchemaStatus,
     StoreError,
     StoreWriteError,
     TimedRun,
-    TriggererRow,
-    TriggerRow,
     TriggerSpec,
     WatcherSpec,
     WriteResult,
@@ -106,7 +92,7 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.autocommit = False
 
 
-class PostgresStore:
+class PostgresStore(StoreReads):
     """The :class:`~sharedstream.store.base.MetadataStore` on a PostgreSQL database.
 
     ``url`` is a libpq URL (``postgresql://user:password@host:port/database``);
@@ -118,6 +104,8 @@ class PostgresStore:
     Close it (or use it as a context manager); a closed store raises
     :class:`StoreError`.
     """
+
+    _dialect = DIALECT
 
     def __init__(
         self,
@@ -369,30 +357,6 @@ class PostgresStore:
 
     # -- triggers ---------------------------------------------------------------
 
-    def active_triggers(self, limit: int) -> list[TriggerRow]:
-        """At most ``limit`` triggers in state ``active``, by id."""
-        check_limit(limit)
-        rows = self._read(
-            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE state = 'active'"  # noqa: S608
-            " ORDER BY id LIMIT %s",
-            (limit,),
-        )
-        return [trigger_row(row, _utc) for row in rows]
-
-    def get_trigger(self, trigger_id: int) -> TriggerRow | None:
-        """The trigger with this id, or ``None``."""
-        rows = self._read(
-            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE id = %s",  # noqa: S608
-            (trigger_id,),
-        )
-        return trigger_row(rows[0], _utc) if rows else None
-
-    def list_triggers(self) -> list[TriggerRow]:
-        """Every trigger, by id, with the ``asset/watcher`` names that use it."""
-        rows = self._read(f"SELECT {TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
-        watchers = watcher_names(self._read(WATCHERS_SQL))
-        return [trigger_row(row, _utc, watchers.get(int(row[0]), ())) for row in rows]
-
     def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
         """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
         with self._write("record_trigger_error") as conn:
@@ -464,10 +428,6 @@ class PostgresStore:
                 "  heartbeat_at = excluded.heartbeat_at, running = excluded.running",
                 (triggerer_id, hostname, pid, json.dumps(sorted(running))),
             )
-
-    def triggerers(self) -> list[TriggererRow]:
-        """Every triggerer that ever sent a heartbeat, by id."""
-        return [triggerer_row(row, _utc) for row in self._read(TRIGGERERS_SQL)]
 
     def claim_triggers(
         self, triggerer_id: str, candidates: Sequence[int], capacity: int, threshold: float
@@ -544,28 +504,6 @@ class PostgresStore:
             )
             return cur.rowcount == 1
 
-    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
-        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
-        return listing.dead_letters(self._read, DIALECT, limit=limit, stream=stream)
-
-    # -- read API for the CLI ---------------------------------------------------
-
-    def list_events(
-        self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
-    ) -> list[EventRow]:
-        """Trigger events, newest first, optionally of one trigger and/or one asset.
-
-        ``asset`` keeps the events that produced an asset event of that asset.
-        """
-        return listing.list_events(self._read, DIALECT, asset=asset, trigger_id=trigger_id,
-                                   limit=limit)
-
-    def list_runs(
-        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
-    ) -> list[RunRow]:
-        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
-        return listing.list_runs(self._read, DIALECT, dag_id=dag_id, asset=asset, limit=limit)
-
     # -- time-based schedules ---------------------------------------------------
 
     def list_dags(self) -> list[DagRow]:
@@ -588,8 +526,3 @@ class PostgresStore:
         """
         with self._write("queue_timed_runs") as conn:
             return queue_runs(conn, DIALECT, dag_id, revision, runs, next_run, datetime.now(UTC))
-
-    def counts(self) -> dict[str, int]:
-        """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
-        (row,) = self._read(COUNTS_SQL)
-        return counts_of(row)

@@ -82,24 +82,13 @@ from typing import Any, Self
 
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
-from sharedstream.store import _listing as listing
 from sharedstream.store._dag_schedules import (
     Dialect,
     list_dags,
     queue_runs,
     sync_dags,
 )
-from sharedstream.store._rows import (
-    COUNTS_SQL,
-    TRIGGER_COLUMNS,
-    TRIGGERERS_SQL,
-    WATCHERS_SQL,
-    check_limit,
-    counts_of,
-    trigger_row,
-    triggerer_row,
-    watcher_names,
-)
+from sharedstream.store._reads import StoreReads
 from sharedstream.store._sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 from sharedstream.store._sqlite_dead_letters import insert_dead_letter
 from sharedstream.store._sqlite_events import (
@@ -114,18 +103,13 @@ from sharedstream.store.base import (
     Claim,
     DagRow,
     DagSpec,
-    DeadLetterRow,
-    EventRow,
     PendingEvent,
     QueuedRuns,
-    RunRow,
     Schedule,
     SchemaStatus,
     StoreError,
     StoreWriteError,
     TimedRun,
-    TriggererRow,
-    TriggerRow,
     TriggerSpec,
     WatcherSpec,
     WriteResult,
@@ -152,7 +136,7 @@ DIALECT = Dialect(param="?", write_time=_fmt, read_time=_parse, lock="",
 """Times as ISO text; no row lock (the ``BEGIN IMMEDIATE`` writer is alone); lists as JSON."""
 
 
-class SqliteStore:
+class SqliteStore(StoreReads):
     """The :class:`~sharedstream.store.base.MetadataStore` on one SQLite file.
 
     Creates the file and its parent directories when missing; call
@@ -160,6 +144,8 @@ class SqliteStore:
     be used from one thread at a time. Close it (or use it as a context
     manager); a closed store raises :class:`StoreError`.
     """
+
+    _dialect = DIALECT
 
     _foreign_keys_per_row = False
     """Whether ``write_events`` leaves SQLite's per-row foreign-key checks on (tests' reference)."""
@@ -449,29 +435,6 @@ class SqliteStore:
 
     # -- triggers ---------------------------------------------------------------
 
-    def active_triggers(self, limit: int) -> list[TriggerRow]:
-        """At most ``limit`` triggers in state ``active``, by id."""
-        check_limit(limit)
-        rows = self._read(
-            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE state = 'active' ORDER BY id LIMIT ?",  # noqa: S608
-            (limit,),
-        )
-        return [trigger_row(row, _parse) for row in rows]
-
-    def get_trigger(self, trigger_id: int) -> TriggerRow | None:
-        """The trigger with this id, or ``None``."""
-        rows = self._read(
-            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE id = ?",  # noqa: S608
-            (trigger_id,),
-        )
-        return trigger_row(rows[0], _parse) if rows else None
-
-    def list_triggers(self) -> list[TriggerRow]:
-        """Every trigger, by id, with the ``asset/watcher`` names that use it."""
-        rows = self._read(f"SELECT {TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
-        watchers = watcher_names(self._read(WATCHERS_SQL))
-        return [trigger_row(row, _parse, watchers.get(int(row[0]), ())) for row in rows]
-
     def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
         """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
         with self._write("record_trigger_error") as conn:
@@ -598,10 +561,6 @@ class SqliteStore:
                 (triggerer_id, hostname, pid, now, now, json.dumps(sorted(running))),
             )
 
-    def triggerers(self) -> list[TriggererRow]:
-        """Every triggerer that ever sent a heartbeat, by id."""
-        return [triggerer_row(row, _parse) for row in self._read(TRIGGERERS_SQL)]
-
     def claim_triggers(
         self, triggerer_id: str, candidates: Sequence[int], capacity: int, threshold: float
     ) -> Claim:
@@ -651,28 +610,6 @@ class SqliteStore:
         with self._write("add_dead_letter") as conn:
             return insert_dead_letter(conn, letter, _now())
 
-    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
-        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
-        return listing.dead_letters(self._read, DIALECT, limit=limit, stream=stream)
-
-    # -- read API for the CLI ---------------------------------------------------
-
-    def list_events(
-        self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
-    ) -> list[EventRow]:
-        """Trigger events, newest first, optionally of one trigger and/or one asset.
-
-        ``asset`` keeps the events that produced an asset event of that asset.
-        """
-        return listing.list_events(self._read, DIALECT, asset=asset, trigger_id=trigger_id,
-                                   limit=limit)
-
-    def list_runs(
-        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
-    ) -> list[RunRow]:
-        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
-        return listing.list_runs(self._read, DIALECT, dag_id=dag_id, asset=asset, limit=limit)
-
     # -- time-based schedules ---------------------------------------------------
 
     def list_dags(self) -> list[DagRow]:
@@ -693,8 +630,3 @@ class SqliteStore:
         """
         with self._write("queue_timed_runs") as conn:
             return queue_runs(conn, DIALECT, dag_id, revision, runs, next_run, datetime.now(UTC))
-
-    def counts(self) -> dict[str, int]:
-        """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
-        (row,) = self._read(COUNTS_SQL)
-        return counts_of(row)

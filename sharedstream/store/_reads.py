@@ -1,0 +1,174 @@
+"""The read-only half of the store contract: the same SQL and rows for both stores.
+
+:class:`StoreReads` is a base of :class:`~sharedstream.store.sqlite.SqliteStore`
+and :class:`~sharedstream.store.postgres.PostgresStore`: the triggers,
+triggerers, dead letters, events, runs and counts they read, given the
+store's ``_read`` and its :class:`~sharedstream.store._dag_schedules.Dialect`
+(``DIALECT`` of its module, as the class attribute ``_dialect``). The stores
+differ in parameter style, stored times and how a subquery becomes a list:
+SQLite aggregates it into a JSON array text (``json_group_array``),
+PostgreSQL into an ``ARRAY``.
+
+Contracts: newest first where it says so (ids descending: ids are never
+reused); ``limit`` checked first (:func:`~sharedstream.store._rows.check_limit`);
+every value is a bound parameter, only constant fragments are concatenated;
+asset names come back sorted and distinct, asset event ids ascending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
+from sharedstream.store._rows import (
+    COUNTS_SQL,
+    DEAD_LETTER_COLUMNS,
+    TRIGGER_COLUMNS,
+    TRIGGERERS_SQL,
+    WATCHERS_SQL,
+    check_limit,
+    counts_of,
+    dead_letter_row,
+    trigger_row,
+    triggerer_row,
+    watcher_names,
+)
+from sharedstream.store.base import DeadLetterRow, EventRow, RunRow, TriggererRow, TriggerRow
+
+__all__ = ["StoreReads"]
+
+_ASSETS_OF_EVENT = ("a.name", "FROM asset_events ae JOIN assets a ON a.id = ae.asset_id"
+                             " WHERE ae.trigger_event_id = te.id")
+_EVENTS_OF_RUN = ("l.asset_event_id", "FROM dag_run_asset_events l WHERE l.dag_run_id = r.id")
+_ASSETS_OF_RUN = ("a.name", "FROM dag_run_asset_events l"
+                            " JOIN asset_events ae ON ae.id = l.asset_event_id"
+                            " JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id")
+
+
+def _where(conditions: Sequence[tuple[str, Any]]) -> tuple[str, list[Any]]:
+    """`` WHERE a AND b`` over the conditions whose value is not ``None``, and their values."""
+    kept = [(sql, value) for sql, value in conditions if value is not None]
+    if not kept:
+        return "", []
+    return " WHERE " + " AND ".join(sql for sql, _ in kept), [value for _, value in kept]
+
+
+def _names(dialect: Dialect, value: Any) -> tuple[str, ...]:
+    return tuple(sorted({str(name) for name in dialect.items(value)}))
+
+
+class StoreReads:
+    """The reads both stores share; a subclass gives ``_dialect`` and ``_read``."""
+
+    _dialect: ClassVar[Dialect]
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run one ``SELECT`` with its parameters and return every row (the store's own)."""
+        raise NotImplementedError
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """:meth:`_read` of ``sql`` written with ``?`` placeholders."""
+        return self._read(self._dialect.sql(sql), params)
+
+    # -- triggers and triggerers -------------------------------------------------
+
+    def active_triggers(self, limit: int) -> list[TriggerRow]:
+        """At most ``limit`` triggers in state ``active``, by id."""
+        check_limit(limit)
+        rows = self._rows(
+            f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE state = 'active' ORDER BY id LIMIT ?",  # noqa: S608
+            (limit,),
+        )
+        return [trigger_row(row, self._dialect.read_time) for row in rows]
+
+    def get_trigger(self, trigger_id: int) -> TriggerRow | None:
+        """The trigger with this id, or ``None``."""
+        rows = self._rows(f"SELECT {TRIGGER_COLUMNS} FROM triggers WHERE id = ?", (trigger_id,))  # noqa: S608
+        return trigger_row(rows[0], self._dialect.read_time) if rows else None
+
+    def list_triggers(self) -> list[TriggerRow]:
+        """Every trigger, by id, with the ``asset/watcher`` names that use it."""
+        rows = self._read(f"SELECT {TRIGGER_COLUMNS} FROM triggers ORDER BY id")  # noqa: S608
+        watchers = watcher_names(self._read(WATCHERS_SQL))
+        return [trigger_row(row, self._dialect.read_time, watchers.get(int(row[0]), ()))
+                for row in rows]
+
+    def triggerers(self) -> list[TriggererRow]:
+        """Every triggerer that ever sent a heartbeat, by id."""
+        return [triggerer_row(row, self._dialect.read_time) for row in self._read(TRIGGERERS_SQL)]
+
+    # -- dead letters, events, runs, counts ---------------------------------------
+
+    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
+        check_limit(limit)
+        where, params = _where([("stream = ?", stream)])
+        sql = f"SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters{where} ORDER BY id DESC LIMIT ?"  # noqa: S608
+        return [dead_letter_row(row, self._dialect.read_time)
+                for row in self._rows(sql, [*params, limit])]
+
+    def list_events(
+        self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100
+    ) -> list[EventRow]:
+        """Trigger events, newest first, optionally of one trigger and/or one asset.
+
+        ``asset`` keeps the events that produced an asset event of that asset.
+        """
+        check_limit(limit)
+        dialect = self._dialect
+        where, params = _where([
+            ("te.trigger_id = ?", trigger_id),
+            ("te.id IN (SELECT ae.trigger_event_id FROM asset_events ae"
+             " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)", asset),
+        ])
+        sql = (
+            "SELECT te.id, te.trigger_id, te.idem_key, te.payload, te.created_at, te.trace_parent, "  # noqa: S608
+            + dialect.array(*_ASSETS_OF_EVENT)
+            + " FROM trigger_events te" + where + " ORDER BY te.id DESC LIMIT ?"
+        )
+        return [
+            EventRow(
+                id=int(row[0]), trigger_id=int(row[1]), idem_key=row[2], payload=bytes(row[3]),
+                created_at=dialect.read_time(row[4]), assets=_names(dialect, row[6]),
+                trace_parent=row[5],
+            )
+            for row in self._rows(sql, [*params, limit])
+        ]
+
+    def list_runs(
+        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
+    ) -> list[RunRow]:
+        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
+        check_limit(limit)
+        dialect = self._dialect
+        where, params = _where([
+            ("r.dag_id = ?", dag_id),
+            ("r.id IN (SELECT l.dag_run_id FROM dag_run_asset_events l"
+             " JOIN asset_events ae ON ae.id = l.asset_event_id"
+             " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)", asset),
+        ])
+        sql = (
+            "SELECT r.id, r.dag_id, r.run_id, r.state, r.created_at, "  # noqa: S608
+            + dialect.array(*_EVENTS_OF_RUN) + ", " + dialect.array(*_ASSETS_OF_RUN)
+            + f", r.trace_parent, {RUN_COLUMNS} FROM dag_runs r" + where
+            + " ORDER BY r.id DESC LIMIT ?"
+        )
+        runs = []
+        for row in self._rows(sql, [*params, limit]):
+            created_at: datetime = dialect.read_time(row[4])
+            timed = timed_fields(row[8:], dialect)
+            timed["run_after"] = timed["run_after"] or created_at  # an asset-triggered run's
+            runs.append(RunRow(
+                id=int(row[0]), dag_id=str(row[1]), run_id=str(row[2]), state=str(row[3]),
+                created_at=created_at, **timed,
+                asset_event_ids=tuple(sorted(int(i) for i in dialect.items(row[5]))),
+                assets=_names(dialect, row[6]), trace_parent=row[7],
+            ))
+        return runs
+
+    def counts(self) -> dict[str, int]:
+        """Row counts under the keys triggers, trigger_events, asset_events, dag_runs."""
+        (row,) = self._read(COUNTS_SQL)
+        return counts_of(row)
