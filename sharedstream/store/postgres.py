@@ -46,13 +46,12 @@ from sharedstream.store._dag_schedules import (
 )
 from sharedstream.store._postgres_events import definitions, write_batch
 from sharedstream.store._postgres_schema import MIGRATION_LOCK, MIGRATIONS
-from sharedstream.store._reads import StoreReads
 from sharedstream.store._rows import (
     dead_letter_values,
 )
+from sharedstream.store._shared_sql import SharedSql
 from sharedstream.store._write_plan import Definitions
 from sharedstream.store.base import (
-    TRIGGER_STATES,
     Claim,
     DagRow,
     DagSpec,
@@ -92,7 +91,7 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.autocommit = False
 
 
-class PostgresStore(StoreReads):
+class PostgresStore(SharedSql):
     """The :class:`~sharedstream.store.base.MetadataStore` on a PostgreSQL database.
 
     ``url`` is a libpq URL (``postgresql://user:password@host:port/database``);
@@ -354,36 +353,6 @@ class PostgresStore(StoreReads):
                 " AND s.asset_id = asset_dag_queue.asset_id)"
             )
         return ids
-
-    # -- triggers ---------------------------------------------------------------
-
-    def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
-        """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
-        with self._write("record_trigger_error") as conn:
-            updated = conn.execute(
-                "UPDATE triggers SET error_count = error_count + 1, last_error = %s,"
-                " last_traceback = %s, last_error_at = %s WHERE id = %s",
-                (message, traceback, datetime.now(UTC), trigger_id),
-            ).rowcount
-            if updated != 1:
-                raise StoreError(f"no trigger with id {trigger_id}")
-
-    def set_trigger_state(self, trigger_id: int, state: str) -> None:
-        """Set the state of an existing trigger.
-
-        :class:`StoreError` for a state outside :data:`TRIGGER_STATES` or an
-        unknown id.
-        """
-        if state not in TRIGGER_STATES:
-            raise StoreError(
-                f"trigger state must be one of {sorted(TRIGGER_STATES)}, got {state!r}"
-            )
-        with self._write("set_trigger_state") as conn:
-            updated = conn.execute(
-                "UPDATE triggers SET state = %s WHERE id = %s", (state, trigger_id)
-            ).rowcount
-            if updated != 1:
-                raise StoreError(f"no trigger with id {trigger_id}")
 
     # -- events -----------------------------------------------------------------
 

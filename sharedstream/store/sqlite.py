@@ -88,7 +88,7 @@ from sharedstream.store._dag_schedules import (
     queue_runs,
     sync_dags,
 )
-from sharedstream.store._reads import StoreReads
+from sharedstream.store._shared_sql import SharedSql
 from sharedstream.store._sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 from sharedstream.store._sqlite_dead_letters import insert_dead_letter
 from sharedstream.store._sqlite_events import (
@@ -99,7 +99,6 @@ from sharedstream.store._sqlite_events import (
 )
 from sharedstream.store._sqlite_schema import MIGRATIONS
 from sharedstream.store.base import (
-    TRIGGER_STATES,
     Claim,
     DagRow,
     DagSpec,
@@ -136,7 +135,7 @@ DIALECT = Dialect(param="?", write_time=_fmt, read_time=_parse, lock="",
 """Times as ISO text; no row lock (the ``BEGIN IMMEDIATE`` writer is alone); lists as JSON."""
 
 
-class SqliteStore(StoreReads):
+class SqliteStore(SharedSql):
     """The :class:`~sharedstream.store.base.MetadataStore` on one SQLite file.
 
     Creates the file and its parent directories when missing; call
@@ -432,36 +431,6 @@ class SqliteStore(StoreReads):
         if generation != self._defs.generation:
             self._defs = load_definitions(conn, int(generation))
         return self._defs
-
-    # -- triggers ---------------------------------------------------------------
-
-    def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
-        """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
-        with self._write("record_trigger_error") as conn:
-            updated = conn.execute(
-                "UPDATE triggers SET error_count = error_count + 1, last_error = ?,"
-                " last_traceback = ?, last_error_at = ? WHERE id = ?",
-                (message, traceback, _now(), trigger_id),
-            ).rowcount
-            if updated != 1:
-                raise StoreError(f"no trigger with id {trigger_id}")
-
-    def set_trigger_state(self, trigger_id: int, state: str) -> None:
-        """Set the state of an existing trigger.
-
-        :class:`StoreError` for a state outside :data:`TRIGGER_STATES` or an
-        unknown id.
-        """
-        if state not in TRIGGER_STATES:
-            raise StoreError(
-                f"trigger state must be one of {sorted(TRIGGER_STATES)}, got {state!r}"
-            )
-        with self._write("set_trigger_state") as conn:
-            updated = conn.execute(
-                "UPDATE triggers SET state = ? WHERE id = ?", (state, trigger_id)
-            ).rowcount
-            if updated != 1:
-                raise StoreError(f"no trigger with id {trigger_id}")
 
     # -- events -----------------------------------------------------------------
 

@@ -1,9 +1,10 @@
-"""The read-only half of the store contract: the same SQL and rows for both stores.
+"""What both stores do with the same SQL: the reads, and the updates of one trigger.
 
-:class:`StoreReads` is a base of :class:`~sharedstream.store.sqlite.SqliteStore`
+:class:`SharedSql` is a base of :class:`~sharedstream.store.sqlite.SqliteStore`
 and :class:`~sharedstream.store.postgres.PostgresStore`: the triggers,
-triggerers, dead letters, events, runs and counts they read, given the
-store's ``_read`` and its :class:`~sharedstream.store._dag_schedules.Dialect`
+triggerers, dead letters, events, runs and counts they read, and a
+trigger's error and state updates, given the store's ``_read``, its
+``_write`` transaction and its :class:`~sharedstream.store._dag_schedules.Dialect`
 (``DIALECT`` of its module, as the class attribute ``_dialect``). The stores
 differ in parameter style, stored times and how a subquery becomes a list:
 SQLite aggregates it into a JSON array text (``json_group_array``),
@@ -18,7 +19,8 @@ asset names come back sorted and distinct, asset event ids ascending.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
@@ -35,9 +37,17 @@ from sharedstream.store._rows import (
     triggerer_row,
     watcher_names,
 )
-from sharedstream.store.base import DeadLetterRow, EventRow, RunRow, TriggererRow, TriggerRow
+from sharedstream.store.base import (
+    TRIGGER_STATES,
+    DeadLetterRow,
+    EventRow,
+    RunRow,
+    StoreError,
+    TriggererRow,
+    TriggerRow,
+)
 
-__all__ = ["StoreReads"]
+__all__ = ["SharedSql"]
 
 _ASSETS_OF_EVENT = ("a.name", "FROM asset_events ae JOIN assets a ON a.id = ae.asset_id"
                              " WHERE ae.trigger_event_id = te.id")
@@ -59,14 +69,24 @@ def _names(dialect: Dialect, value: Any) -> tuple[str, ...]:
     return tuple(sorted({str(name) for name in dialect.items(value)}))
 
 
-class StoreReads:
-    """The reads both stores share; a subclass gives ``_dialect`` and ``_read``."""
+class SharedSql:
+    """The SQL both stores share; a subclass gives ``_dialect``, ``_read`` and ``_write``."""
 
     _dialect: ClassVar[Dialect]
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run one ``SELECT`` with its parameters and return every row (the store's own)."""
         raise NotImplementedError
+
+    def _write(self, what: str) -> AbstractContextManager[Any]:
+        """One write transaction, its connection yielded (the store's own; see its module)."""
+        raise NotImplementedError
+
+    def _update_one_trigger(self, what: str, sql: str, params: Sequence[Any]) -> None:
+        """Run an ``UPDATE`` (``?`` placeholders) that must change exactly one trigger."""
+        with self._write(what) as conn:
+            if conn.execute(self._dialect.sql(sql), params).rowcount != 1:
+                raise StoreError(f"no trigger with id {params[-1]}")
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """:meth:`_read` of ``sql`` written with ``?`` placeholders."""
@@ -94,6 +114,29 @@ class StoreReads:
         watchers = watcher_names(self._read(WATCHERS_SQL))
         return [trigger_row(row, self._dialect.read_time, watchers.get(int(row[0]), ()))
                 for row in rows]
+
+    def record_trigger_error(self, trigger_id: int, message: str, traceback: str) -> None:
+        """Count one error and remember it as the last; :class:`StoreError` for an unknown id."""
+        now = self._dialect.write_time(datetime.now(UTC))
+        self._update_one_trigger(
+            "record_trigger_error",
+            "UPDATE triggers SET error_count = error_count + 1, last_error = ?,"
+            " last_traceback = ?, last_error_at = ? WHERE id = ?",
+            (message, traceback, now, trigger_id),
+        )
+
+    def set_trigger_state(self, trigger_id: int, state: str) -> None:
+        """Set the state of an existing trigger.
+
+        :class:`StoreError` for a state outside :data:`TRIGGER_STATES` or an
+        unknown id.
+        """
+        if state not in TRIGGER_STATES:
+            raise StoreError(
+                f"trigger state must be one of {sorted(TRIGGER_STATES)}, got {state!r}"
+            )
+        self._update_one_trigger("set_trigger_state", "UPDATE triggers SET state = ? WHERE id = ?",
+                                 (state, trigger_id))
 
     def triggerers(self) -> list[TriggererRow]:
         """Every triggerer that ever sent a heartbeat, by id."""
