@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
 from sharedstream.store._rows import (
@@ -39,15 +39,19 @@ from sharedstream.store._rows import (
 )
 from sharedstream.store.base import (
     TRIGGER_STATES,
+    DagSpec,
     DeadLetterRow,
     EventRow,
     RunRow,
+    Schedule,
     StoreError,
     TriggererRow,
     TriggerRow,
+    TriggerSpec,
+    WatcherSpec,
 )
 
-__all__ = ["SharedSql"]
+__all__ = ["CheckedDefinitions", "SharedSql", "check_definitions"]
 
 _ASSETS_OF_EVENT = ("a.name", "FROM asset_events ae JOIN assets a ON a.id = ae.asset_id"
                              " WHERE ae.trigger_event_id = te.id")
@@ -67,6 +71,57 @@ def _where(conditions: Sequence[tuple[str, Any]]) -> tuple[str, list[Any]]:
 
 def _names(dialect: Dialect, value: Any) -> tuple[str, ...]:
     return tuple(sorted({str(name) for name in dialect.items(value)}))
+
+
+class CheckedDefinitions(NamedTuple):
+    """What ``sync_definitions`` writes, checked before its transaction starts."""
+
+    specs: dict[str, TriggerSpec]
+    """By fingerprint; the last spec wins for a repeated one."""
+    referenced: set[str]
+    """Fingerprints of the triggers some watcher uses (these are active)."""
+    schedules: dict[str, Schedule]
+    """Parsed asset schedules by DAG id (a DAG only time schedules has none)."""
+    asset_names: list[str]
+    """Every asset a watcher or a schedule names, sorted."""
+
+
+def check_definitions(
+    triggers: Sequence[TriggerSpec], watchers: Sequence[WatcherSpec], dags: Sequence[DagSpec]
+) -> CheckedDefinitions:
+    """Check the definitions ``sync_definitions`` is given, for both stores.
+
+    Raises :class:`StoreError` for a watcher naming a trigger not in
+    ``triggers``, a repeated watcher ``(asset, name)`` or ``dag_id``, or an
+    invalid schedule.
+    """
+    specs = {spec.fingerprint: spec for spec in triggers}
+    referenced: set[str] = set()
+    seen_watchers: set[tuple[str, str]] = set()
+    for watcher in watchers:
+        if watcher.trigger_fingerprint not in specs:
+            raise StoreError(
+                f"watcher {watcher.name!r} of asset {watcher.asset!r} references trigger"
+                f" {watcher.trigger_fingerprint!r}, which is not among the triggers given"
+            )
+        if (watcher.asset, watcher.name) in seen_watchers:
+            raise StoreError(f"asset {watcher.asset!r} has two watchers named {watcher.name!r}")
+        seen_watchers.add((watcher.asset, watcher.name))
+        referenced.add(watcher.trigger_fingerprint)
+    schedules: dict[str, Schedule] = {}
+    seen_dags: set[str] = set()
+    for dag in dags:
+        if dag.dag_id in seen_dags:
+            raise StoreError(f"dag {dag.dag_id!r} is defined twice")
+        seen_dags.add(dag.dag_id)
+        if dag.schedule is not None:  # None: only time schedules it
+            schedules[dag.dag_id] = Schedule.parse(
+                dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
+            )
+    asset_names = sorted({w.asset for w in watchers}.union(
+        *(schedule.assets for schedule in schedules.values())
+    ))
+    return CheckedDefinitions(specs, referenced, schedules, asset_names)
 
 
 class SharedSql:

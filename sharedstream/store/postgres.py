@@ -49,7 +49,7 @@ from sharedstream.store._postgres_schema import MIGRATION_LOCK, MIGRATIONS
 from sharedstream.store._rows import (
     dead_letter_values,
 )
-from sharedstream.store._shared_sql import SharedSql
+from sharedstream.store._shared_sql import SharedSql, check_definitions
 from sharedstream.store._write_plan import Definitions
 from sharedstream.store.base import (
     Claim,
@@ -57,7 +57,6 @@ from sharedstream.store.base import (
     DagSpec,
     PendingEvent,
     QueuedRuns,
-    Schedule,
     SchemaStatus,
     StoreError,
     StoreWriteError,
@@ -249,32 +248,7 @@ class PostgresStore(SharedSql):
         watcher naming a trigger not in ``triggers``, a repeated watcher
         ``(asset, name)`` or ``dag_id``, or an invalid schedule.
         """
-        specs = {spec.fingerprint: spec for spec in triggers}
-        referenced: set[str] = set()
-        seen_watchers: set[tuple[str, str]] = set()
-        for watcher in watchers:
-            if watcher.trigger_fingerprint not in specs:
-                raise StoreError(
-                    f"watcher {watcher.name!r} of asset {watcher.asset!r} references trigger"
-                    f" {watcher.trigger_fingerprint!r}, which is not among the triggers given"
-                )
-            if (watcher.asset, watcher.name) in seen_watchers:
-                raise StoreError(f"asset {watcher.asset!r} has two watchers named {watcher.name!r}")
-            seen_watchers.add((watcher.asset, watcher.name))
-            referenced.add(watcher.trigger_fingerprint)
-        schedules: dict[str, Schedule] = {}
-        seen_dags: set[str] = set()
-        for dag in dags:
-            if dag.dag_id in seen_dags:
-                raise StoreError(f"dag {dag.dag_id!r} is defined twice")
-            seen_dags.add(dag.dag_id)
-            if dag.schedule is not None:  # None: only time schedules it
-                schedules[dag.dag_id] = Schedule.parse(
-                    dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
-                )
-        asset_names = sorted({w.asset for w in watchers}.union(
-            *(schedule.assets for schedule in schedules.values())
-        ))
+        specs, referenced, schedules, asset_names = check_definitions(triggers, watchers, dags)
         now = datetime.now(UTC)
         with self._write("sync_definitions") as conn:
             conn.execute(

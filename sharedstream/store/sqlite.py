@@ -88,7 +88,7 @@ from sharedstream.store._dag_schedules import (
     queue_runs,
     sync_dags,
 )
-from sharedstream.store._shared_sql import SharedSql
+from sharedstream.store._shared_sql import SharedSql, check_definitions
 from sharedstream.store._sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 from sharedstream.store._sqlite_dead_letters import insert_dead_letter
 from sharedstream.store._sqlite_events import (
@@ -104,7 +104,6 @@ from sharedstream.store.base import (
     DagSpec,
     PendingEvent,
     QueuedRuns,
-    Schedule,
     SchemaStatus,
     StoreError,
     StoreWriteError,
@@ -317,32 +316,7 @@ class SqliteStore(SharedSql):
         a repeated watcher ``(asset, name)`` or ``dag_id``, or an invalid
         schedule.
         """
-        specs = {spec.fingerprint: spec for spec in triggers}
-        referenced: set[str] = set()
-        seen_watchers: set[tuple[str, str]] = set()
-        for watcher in watchers:
-            if watcher.trigger_fingerprint not in specs:
-                raise StoreError(
-                    f"watcher {watcher.name!r} of asset {watcher.asset!r} references trigger"
-                    f" {watcher.trigger_fingerprint!r}, which is not among the triggers given"
-                )
-            if (watcher.asset, watcher.name) in seen_watchers:
-                raise StoreError(f"asset {watcher.asset!r} has two watchers named {watcher.name!r}")
-            seen_watchers.add((watcher.asset, watcher.name))
-            referenced.add(watcher.trigger_fingerprint)
-        schedules: dict[str, Schedule] = {}
-        seen_dags: set[str] = set()
-        for dag in dags:
-            if dag.dag_id in seen_dags:
-                raise StoreError(f"dag {dag.dag_id!r} is defined twice")
-            seen_dags.add(dag.dag_id)
-            if dag.schedule is not None:  # None: only time schedules it
-                schedules[dag.dag_id] = Schedule.parse(
-                    dag.schedule, where=f"dag {dag.dag_id!r}: schedule"
-                )
-        asset_names = {w.asset for w in watchers}.union(
-            *(schedule.assets for schedule in schedules.values())
-        )
+        specs, referenced, schedules, asset_names = check_definitions(triggers, watchers, dags)
         now = _now()
         with self._write("sync_definitions") as conn:
             # Update the known triggers and insert only the new ones: an upsert that
@@ -389,7 +363,7 @@ class SqliteStore(SharedSql):
             }
             conn.executemany(  # only the new names, so no id is burned (see above)
                 "INSERT INTO assets (name, created_at) VALUES (?, ?)",
-                [(name, now) for name in sorted(asset_names - known_assets)],
+                [(name, now) for name in asset_names if name not in known_assets],
             )
             asset_ids = {
                 str(name): int(asset_id)
