@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Any, ClassVar, NamedTuple
+from types import TracebackType
+from typing import Any, ClassVar, NamedTuple, Self
 
 from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
 from sharedstream.store._rows import (
@@ -136,6 +137,21 @@ class SharedSql:
     def _write(self, what: str) -> AbstractContextManager[Any]:
         """One write transaction, its connection yielded (the store's own; see its module)."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the store's connections (the store's own; idempotent)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def _update_one_trigger(self, what: str, sql: str, params: Sequence[Any]) -> None:
         """Run an ``UPDATE`` (``?`` placeholders) that must change exactly one trigger."""

@@ -30,8 +30,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -172,17 +171,6 @@ class PostgresStore(SharedSql):
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- schema -----------------------------------------------------------------
 
