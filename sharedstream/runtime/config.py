@@ -25,30 +25,36 @@ Invariants:
 - The file's ``[connections.<conn_id>]`` tables become :attr:`Config.connections`
   (:mod:`sharedstream.runtime.config_connections`); a connection's password
   and secret-looking extra keys are masked like the secret option.
+
+What each option accepts, and the conversions and messages, are in
+:mod:`sharedstream.runtime.config_options`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import difflib
-import ipaddress
-import math
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from sharedstream.connections import Connection, InvalidConnection
-from sharedstream.engine.errors import SharedStreamError
 from sharedstream.runtime.config_connections import (
     connections_as_dict,
     read_connections,
     render_connections,
+)
+from sharedstream.runtime.config_options import (
+    MASK,
+    SECRETS,
+    SPECS,
+    SQLITE_PREFIX,
+    ConfigError,
+    convert_value,
+    invalid,
 )
 from sharedstream.store import MetadataStore, open_store, redact_url
 
@@ -77,290 +83,6 @@ CONFIG_ENV_VAR = "SHAREDSTREAM_CONFIG"
 DEFAULT_CONFIG_FILENAME = "sharedstream.toml"
 """File discovered in the working directory when neither a path nor the env var is given."""
 
-_MASK = "********"
-_SQLITE_PREFIX = "sqlite:///"
-_POSTGRES_PREFIXES = ("postgresql://", "postgres://")
-_FERNET_KEY_BYTES = 32
-
-
-class ConfigError(SharedStreamError):
-    """The configuration is invalid; raised at start-up, before anything runs.
-
-    The message is a single line. ``option`` is the ``section.option`` the
-    error is about (just the section name for an unknown section), or
-    ``None`` when it concerns a whole file. ``source`` says where the
-    offending value came from (``"file /path"``, ``"env NAME"``), or ``None``.
-    Not retryable: the same configuration fails the same way.
-    """
-
-    retryable = False
-
-    def __init__(
-        self, message: str, *, option: str | None = None, source: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.option = option
-        self.source = source
-
-
-@dataclass(frozen=True)
-class _OptionSpec:
-    """How one option is parsed, bounded and described."""
-
-    kind: Literal["int", "float", "store_url", "secret", "choice", "bool", "host"]
-    help: str
-    minimum: float = 0
-    maximum: float = math.inf
-    strict: bool = True  # value must be > minimum; otherwise >= minimum
-    choices: tuple[str, ...] = ()  # kind "choice": the accepted words (any case)
-
-
-_SPECS: dict[str, dict[str, _OptionSpec]] = {
-    "triggerer": {
-        "capacity": _OptionSpec("int", "Triggers one triggerer process runs at most."),
-        "shared_stream_subscriber_queue_size": _OptionSpec(
-            "int", "Raw events a subscriber may have waiting before it fails (SubscriberOverflow)."
-        ),
-        "shared_stream_ack_timeout": _OptionSpec(
-            "float",
-            "Seconds a subscriber may take to resolve an event before it fails (AckTimeout).",
-        ),
-        "shared_stream_cohort_grace_period": _OptionSpec(
-            "float",
-            "Seconds a new shared-stream group waits before its first poll.",
-            strict=False,
-        ),
-        "job_heartbeat_sec": _OptionSpec(
-            "float", "Seconds between the triggerer's heartbeats in the metadata database."
-        ),
-        "triggerer_health_check_threshold": _OptionSpec(
-            "float",
-            "Seconds after its last heartbeat a triggerer counts as dead: its standalone "
-            "triggers go to another triggerer (keep it several job_heartbeat_sec).",
-        ),
-        "restart_backoff_initial": _OptionSpec(
-            "float", "Seconds before the first restart of a trigger that failed."
-        ),
-        "restart_backoff_max": _OptionSpec(
-            "float", "Longest delay, in seconds, between restarts (>= restart_backoff_initial)."
-        ),
-        "shutdown_timeout": _OptionSpec(
-            "float", "Seconds a graceful shutdown may take; unfinished work is redelivered."
-        ),
-        "gc_gen0_threshold": _OptionSpec(
-            "int",
-            "Allocations between two young-generation collections of Python's garbage "
-            "collector while the triggerer runs (Python's default is 700; 0: leave it).",
-            strict=False,
-        ),
-    },
-    "store": {
-        "url": _OptionSpec(
-            "store_url",
-            "Metadata database: sqlite:///path (relative to this file), or "
-            "postgresql://user:password@host:port/database for several triggerers.",
-        ),
-        "pool_size": _OptionSpec(
-            "int", "PostgreSQL only: most connections the store's pool keeps open."
-        ),
-        "persist_batch_max": _OptionSpec(
-            "int", "Most trigger events written in one transaction (group commit)."
-        ),
-        "persist_linger_ms": _OptionSpec(
-            "float", "Milliseconds a batch waits for more events before committing.", strict=False
-        ),
-        "switch_interval_ms": _OptionSpec(
-            "float",
-            "Python's thread switch interval while the triggerer runs, so the database thread "
-            "gets the GIL back quickly (0: leave Python's setting).",
-            strict=False,
-        ),
-        "kwargs_key": _OptionSpec(
-            "secret",
-            "SECRET. Fernet key(s) encrypting trigger kwargs at rest; comma-separated to rotate.",
-        ),
-    },
-    "scheduler": {
-        "max_catchup_runs_per_loop": _OptionSpec(
-            "int",
-            "Most time-based runs of one DAG the schedule loop queues per pass when catching "
-            "up (the rest follow in the next passes, in order).",
-        ),
-    },
-    "logging": {
-        "format": _OptionSpec(
-            "choice",
-            "Log lines: text (one readable line each) or json (one JSON object per line, "
-            "with timestamp, level, logger, message and the key-values as fields).",
-            choices=("text", "json"),
-        ),
-    },
-    "api": {
-        "enabled": _OptionSpec(
-            "bool",
-            "Serve /healthz, /readyz, /metrics and the status page over HTTP (needs the "
-            "ops extra: pip install 'sharedstream[ops]').",
-        ),
-        "host": _OptionSpec(
-            "host",
-            "Address the endpoint listens on; loopback unless you mean to expose it "
-            "(0.0.0.0: every interface).",
-        ),
-        "port": _OptionSpec(
-            "int", "TCP port of the endpoint (0: any free port, logged at start-up).",
-            strict=False, maximum=65535,
-        ),
-    },
-    "traces": {
-        "enabled": _OptionSpec(
-            "bool",
-            "Trace every raw event with OpenTelemetry: process, fan-out, filter, store and "
-            "settle spans, continuing the trace context the message carries.",
-        ),
-        "exporter": _OptionSpec(
-            "choice",
-            "Where spans go: otlp (OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT; needs the ops "
-            "extra), console (JSON on standard output), or global (the provider the process "
-            "already has).",
-            choices=("otlp", "console", "global"),
-        ),
-    },
-}
-_SECRETS = frozenset({"store.kwargs_key"})
-
-
-def _invalid(section: str, option: str, shown: object, source: str, expected: str) -> ConfigError:
-    return ConfigError(
-        f"invalid [{section}] {option} = {shown!r} (from {source}): {expected}",
-        option=f"{section}.{option}",
-        source=source,
-    )
-
-
-_redact_url = redact_url
-
-
-def _check_fernet_keys(value: str) -> bool:
-    """True if ``value`` is one or more comma-separated Fernet keys.
-
-    Blank entries are ignored, as the kwargs cipher ignores them; at least one
-    key must remain.
-    """
-    keys = [key.strip() for key in value.split(",") if key.strip()]
-    if not keys:
-        return False
-    for key in keys:
-        try:
-            decoded = base64.urlsafe_b64decode(key.encode("ascii"))
-        except (binascii.Error, UnicodeEncodeError, ValueError):
-            return False
-        if len(decoded) != _FERNET_KEY_BYTES:
-            return False
-    return True
-
-
-def _convert_number(
-    section: str, option: str, raw: object, source: str, spec: _OptionSpec, *, from_text: bool
-) -> int | float:
-    integral = spec.kind == "int"
-    bound = f"{'>' if spec.strict else '>='} {spec.minimum:g}"
-    if spec.maximum != math.inf:
-        bound += f" and <= {spec.maximum:g}"
-    expected = f"expected {'an integer' if integral else 'a number'} {bound}"
-    value: object = raw
-    if from_text and isinstance(raw, str):
-        try:
-            value = int(raw) if integral else float(raw)
-        except ValueError:
-            raise _invalid(section, option, raw, source, expected) from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _invalid(section, option, raw, source, expected)
-    if integral and not isinstance(value, int):
-        raise _invalid(section, option, raw, source, expected)
-    number: int | float = value if integral else float(value)
-    too_small = number <= spec.minimum if spec.strict else number < spec.minimum
-    too_small = too_small or number > spec.maximum  # out of range, either way
-    if not math.isfinite(number):
-        raise _invalid(
-            section, option, raw, source, expected.replace("a number", "a finite number")
-        )
-    if too_small:
-        raise _invalid(section, option, raw, source, expected)
-    return number
-
-
-_TRUE_WORDS = ("true", "1", "yes", "on")
-_FALSE_WORDS = ("false", "0", "no", "off")
-
-
-def _convert_bool(section: str, option: str, raw: object, source: str, *, from_text: bool) -> bool:
-    """A TOML boolean, or (environment only) one of true/false, 1/0, yes/no, on/off."""
-    if isinstance(raw, bool):
-        return raw
-    if from_text and isinstance(raw, str):
-        word = raw.strip().lower()
-        if word in _TRUE_WORDS or word in _FALSE_WORDS:
-            return word in _TRUE_WORDS
-    expected = "expected true or false" + (" (or 1/0, yes/no, on/off)" if from_text else "")
-    raise _invalid(section, option, raw, source, expected)
-
-
-def _convert_host(section: str, option: str, raw: object, source: str) -> str:
-    """An IP address or host name to listen on: no scheme, port, path or blanks."""
-    expected = "expected an IP address or host name, such as 127.0.0.1, ::1 or 0.0.0.0"
-    if not isinstance(raw, str) or not raw or len(raw) > 253:
-        raise _invalid(section, option, raw, source, expected)
-    try:
-        ipaddress.ip_address(raw)
-    except ValueError:
-        if not _HOST_NAME.fullmatch(raw):
-            raise _invalid(section, option, raw, source, expected) from None
-    return raw
-
-
-_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
-
-
-def _convert_store_url(option: str, raw: object, source: str) -> str:
-    expected = "expected sqlite:///path/to/file.db or postgresql://user@host:port/database"
-    if not isinstance(raw, str):
-        raise _invalid("store", option, raw, source, expected)
-    if raw.startswith(_POSTGRES_PREFIXES):
-        return raw
-    if raw.startswith("postgresql+"):
-        raise _invalid("store", option, _redact_url(raw), source,
-                       f"no driver suffix (psycopg is the driver); {expected}")
-    path = raw.removeprefix(_SQLITE_PREFIX)
-    if not raw.startswith(_SQLITE_PREFIX) or not path.strip() or path == ":memory:":
-        raise _invalid("store", option, _redact_url(raw), source, expected)
-    return raw
-
-
-def _convert(
-    section: str, option: str, raw: object, source: str, *, from_text: bool
-) -> int | float | str:
-    """Parse and bound one raw value; ``from_text`` (environment) parses strings."""
-    spec = _SPECS[section][option]
-    if spec.kind == "store_url":
-        return _convert_store_url(option, raw, source)
-    if spec.kind == "bool":
-        return _convert_bool(section, option, raw, source, from_text=from_text)
-    if spec.kind == "host":
-        return _convert_host(section, option, raw, source)
-    if spec.kind == "choice":
-        if not isinstance(raw, str) or raw.lower() not in spec.choices:
-            raise _invalid(section, option, raw, source,
-                           f"expected one of: {', '.join(spec.choices)}")
-        return raw.lower()
-    if spec.kind == "secret":
-        if not isinstance(raw, str) or not _check_fernet_keys(raw):
-            # Never echo a secret, not even inside a mistyped value.
-            expected = "expected one or more comma-separated Fernet keys (32 base64url bytes)"
-            raise _invalid(section, option, _MASK, source, expected)
-        return raw
-    return _convert_number(section, option, raw, source, spec, from_text=from_text)
-
 
 _Setting = tuple[float, object, str]
 """An option's parsed value, its value as given (for messages) and its source."""
@@ -373,10 +95,10 @@ def _check_backoff(initial: _Setting, maximum: _Setting) -> None:
         return
     if high_source == "default":
         expected = f"expected a number <= restart_backoff_max ({high!r}, the default)"
-        raise _invalid("triggerer", "restart_backoff_initial", low_shown, low_source, expected)
+        raise invalid("triggerer", "restart_backoff_initial", low_shown, low_source, expected)
     where = "the default" if low_source == "default" else f"from {low_source}"
     expected = f"expected a number >= restart_backoff_initial ({low!r}, {where})"
-    raise _invalid("triggerer", "restart_backoff_max", high_shown, high_source, expected)
+    raise invalid("triggerer", "restart_backoff_max", high_shown, high_source, expected)
 
 
 def _validate_fields(
@@ -387,10 +109,10 @@ def _validate_fields(
     """Validate a directly constructed section; ints given for floats become floats."""
     for item in dataclasses.fields(instance):
         value = getattr(instance, item.name)
-        if value is None and _SPECS[section][item.name].kind == "secret":
+        if value is None and SPECS[section][item.name].kind == "secret":
             continue
         source = f"{type(instance).__name__}({item.name}=...)"
-        converted = _convert(section, item.name, value, source, from_text=False)
+        converted = convert_value(section, item.name, value, source, from_text=False)
         object.__setattr__(instance, item.name, converted)
 
 
@@ -446,12 +168,12 @@ class StoreConfig:
 
     def sqlite_path(self) -> Path:
         """The database file of a ``sqlite:///`` URL, absolute (relative to the cwd now)."""
-        if not self.url.startswith(_SQLITE_PREFIX):
+        if not self.url.startswith(SQLITE_PREFIX):
             raise ConfigError(
-                f"[store] url {_redact_url(self.url)!r} is not a sqlite:/// URL",
+                f"[store] url {redact_url(self.url)!r} is not a sqlite:/// URL",
                 option="store.url",
             )
-        return Path.cwd() / self.url.removeprefix(_SQLITE_PREFIX)
+        return Path.cwd() / self.url.removeprefix(SQLITE_PREFIX)
 
     def open_store(self, *, create: bool = False) -> MetadataStore:
         """The metadata store of ``url`` (:func:`sharedstream.store.open_store`), not migrated.
@@ -559,11 +281,11 @@ class Config:
         that are set. The result is a fresh dict.
         """
         result: dict[str, dict[str, Any]] = {}
-        for section in _SPECS:
+        for section in SPECS:
             values = dataclasses.asdict(getattr(self, section))
             for option, value in values.items():
-                if mask_secrets and value is not None and f"{section}.{option}" in _SECRETS:
-                    values[option] = _MASK
+                if mask_secrets and value is not None and f"{section}.{option}" in SECRETS:
+                    values[option] = MASK
                 elif mask_secrets and f"{section}.{option}" == "store.url":
                     values[option] = redact_url(value)  # a password in a PostgreSQL URL
             result[section] = values
@@ -624,7 +346,7 @@ def _render_toml(
         lines += ["", f"[{section}]"]
         for option, value in options.items():
             if help_comments:
-                lines.append(_comment(_SPECS[section][option].help))
+                lines.append(_comment(SPECS[section][option].help))
             if value is None:
                 lines.append(_comment(f"{option} is not set"))
                 continue
@@ -681,12 +403,12 @@ def _file_values(document: dict[str, Any], path: Path) -> _RawValues:
     source = f"file {path}"
     raw: _RawValues = {}
     for section, table in document.items():
-        if section not in _SPECS:
-            owners = [name for name, specs in _SPECS.items() if section in specs]
+        if section not in SPECS:
+            owners = [name for name, specs in SPECS.items() if section in specs]
             hint = (
                 f"options go in a section: [{owners[0]}] {section}"
                 if owners
-                else _suggest(section, [*_SPECS, "connections"])
+                else _suggest(section, [*SPECS, "connections"])
             )
             raise ConfigError(
                 f"unknown section [{section}] in {source}: {hint}", option=section, source=source
@@ -698,10 +420,10 @@ def _file_values(document: dict[str, Any], path: Path) -> _RawValues:
                 source=source,
             )
         for option, value in table.items():
-            if option not in _SPECS[section]:
+            if option not in SPECS[section]:
                 raise ConfigError(
                     f"unknown option [{section}] {option} in {source}: "
-                    + _suggest(option, list(_SPECS[section])),
+                    + _suggest(option, list(SPECS[section])),
                     option=f"{section}.{option}",
                     source=source,
                 )
@@ -720,15 +442,15 @@ def _env_hint(parts: list[str]) -> str:
     if len(parts) != 2 or not all(parts):
         return f"expected {ENV_PREFIX}<SECTION>__<OPTION>"
     section, option = parts
-    if section not in _SPECS:
-        match = difflib.get_close_matches(section, list(_SPECS), n=1)
+    if section not in SPECS:
+        match = difflib.get_close_matches(section, list(SPECS), n=1)
         if not match:
-            return f"unknown section {section!r}; " + _suggest(section, list(_SPECS))
+            return f"unknown section {section!r}; " + _suggest(section, list(SPECS))
         section = match[0]
-    match = difflib.get_close_matches(option, list(_SPECS[section]), n=1)
+    match = difflib.get_close_matches(option, list(SPECS[section]), n=1)
     if not match:
         return f"unknown option {option!r} of [{section}]; " + _suggest(
-            option, list(_SPECS[section])
+            option, list(SPECS[section])
         )
     return f"did you mean {_env_name(section, match[0])}?"
 
@@ -741,7 +463,7 @@ def _env_values(environ: Mapping[str, str]) -> _RawValues:
         source = f"env {name}"
         parts = name[len(ENV_PREFIX) :].lower().split("__")
         section, option = parts if len(parts) == 2 else ("", "")
-        if option not in _SPECS.get(section, {}):
+        if option not in SPECS.get(section, {}):
             raise ConfigError(
                 f"unknown environment variable {name}: {_env_hint(parts)}",
                 option=".".join(p for p in parts if p) or None,
@@ -795,10 +517,11 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     raw = _file_values(document, file) if file is not None else {}
     raw |= _env_values(env)
 
-    converted: dict[str, dict[str, Any]] = {section: {} for section in _SPECS}
+    converted: dict[str, dict[str, Any]] = {section: {} for section in SPECS}
     for (section, option), (value, source) in raw.items():
         from_text = source.startswith("env ")
-        converted[section][option] = _convert(section, option, value, source, from_text=from_text)
+        converted[section][option] = convert_value(section, option, value, source,
+                                                   from_text=from_text)
 
     def setting(option: str) -> _Setting:
         default = getattr(TriggererConfig, option)
@@ -808,10 +531,10 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     _check_backoff(setting("restart_backoff_initial"), setting("restart_backoff_max"))
 
     url = converted["store"].get("url", StoreConfig().url)
-    if url.startswith(_SQLITE_PREFIX):
+    if url.startswith(SQLITE_PREFIX):
         url_source = raw.get(("store", "url"), (None, "default"))[1]
         base = file.parent if file is not None and url_source.startswith("file ") else Path.cwd()
-        converted["store"]["url"] = _SQLITE_PREFIX + str(base / url.removeprefix(_SQLITE_PREFIX))
+        converted["store"]["url"] = SQLITE_PREFIX + str(base / url.removeprefix(SQLITE_PREFIX))
 
     return Config(
         triggerer=TriggererConfig(**converted["triggerer"]),
@@ -838,8 +561,8 @@ def write_default_config(
     value is invalid (``source`` says where the value came from), or the
     file cannot be written.
     """
-    _convert("store", "kwargs_key", kwargs_key, source, from_text=False)
-    _convert("store", "url", store_url, source, from_text=False)
+    convert_value("store", "kwargs_key", kwargs_key, source, from_text=False)
+    convert_value("store", "url", store_url, source, from_text=False)
     values = Config().as_dict(mask_secrets=False)
     values["store"] |= {"url": store_url, "kwargs_key": kwargs_key}
     header = [
