@@ -12,11 +12,11 @@ shared ones leave. Every event
 goes through the :class:`PersistGate`; in ack mode the broker is advanced
 only after the gate confirmed the event's seq.
 
-Supervision: a trigger that raises is recorded in the store (error and
-traceback) and restarted with exponential backoff - a watcher never stops
-silently. A trigger whose class is not registered, or whose stored kwargs
-cannot be decrypted, is marked failed and not restarted. ``cleanup()``
-always runs.
+Supervision (:mod:`sharedstream.runtime.supervisor`): a trigger that raises
+is recorded in the store (error and traceback) and restarted with
+exponential backoff - a watcher never stops silently. A trigger whose
+class is not registered, or whose stored kwargs cannot be decrypted, is
+marked failed and not restarted. ``cleanup()`` always runs.
 
 A shared-stream trigger is a durable member of its stream
 (:meth:`SharedStreamManager.join`) and each attempt of its filter is one
@@ -51,27 +51,21 @@ import os
 import signal
 import socket
 import sys
-import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from opentelemetry.trace import TracerProvider
 
-from sharedstream.brokerkit.errors import BrokerConfigError
 from sharedstream.connections import ConnectionNotFound, InvalidConnection
 from sharedstream.engine.errors import SharedStreamError
-from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.manager import SharedStreamManager
-from sharedstream.engine.membership import Membership
 from sharedstream.engine.producer import DeadLetter
-from sharedstream.engine.telemetry import instruments
 from sharedstream.engine.tracing import TRACER_NAME
-from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger, uses_ack_mode
+from sharedstream.engine.trigger import BaseEventTrigger, uses_ack_mode
 from sharedstream.runtime.assignment import Assignment
 from sharedstream.runtime.collector import Collector, tune_collector
 from sharedstream.runtime.config import Config
@@ -83,11 +77,9 @@ from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.registry import TriggerRegistry
 from sharedstream.runtime.schedule_loop import ScheduleLoop, dag_specs
 from sharedstream.runtime.serde import (
-    SerializationError,
-    pack_event_payload,
     pack_kwargs,
-    unpack_kwargs,
 )
+from sharedstream.runtime.supervisor import Progress, Supervisor, TriggerEnded, Unrunnable
 from sharedstream.runtime.traces import open_tracer_provider
 from sharedstream.store import (
     Claim,
@@ -111,40 +103,6 @@ def _say_stopping(signal_name: str) -> None:
     log.info("stopping (send the signal again to exit at once)", signal=signal_name)
 
 T = TypeVar("T")
-
-CLEANUP_TIMEOUT = 10.0
-"""Seconds one trigger's ``cleanup()`` may take before it is abandoned."""
-
-STABLE_AFTER = 60.0
-"""A trigger that ran this many seconds before failing restarts with the initial backoff."""
-
-
-class TriggerEnded(SharedStreamError):
-    """A watcher's filter or ``run()`` ended in a way a watcher must not (restarted)."""
-
-    retryable = True
-
-
-class _Unrunnable(SharedStreamError):
-    """The trigger cannot be built at all (unregistered class, undecryptable kwargs)."""
-
-
-@dataclass
-class _Attempt:
-    """A supervised trigger's membership of its stream, kept across restarts."""
-
-    trigger_id: int
-    member: Membership | None = None
-
-
-@dataclass
-class _Progress:
-    running: int = 0
-    restarts: int = 0
-    refused: int = 0  # events whose payload could not be stored (their raw events rejected)
-    fallbacks: int = 0  # raw events kept in the store's dead-letter table
-    unrunnable: int = 0  # triggers marked failed for good (cannot be built)
-
 
 class Triggerer:
     """One triggerer process: its store thread, gate, engine and supervised triggers."""
@@ -192,8 +150,11 @@ class Triggerer:
             tracer=None if tracer_provider is None else tracer_provider.get_tracer(TRACER_NAME),
         )
         self.manager.dead_letter_fallback = self._keep_dead_letter
-        self.progress = _Progress()
-        self._last_shared_error: BaseException | None = None
+        self.progress = Progress()
+        self.supervisor = Supervisor(
+            config=tconf, cipher=self.cipher, registry=self.registry, manager=self.manager,
+            gate=self.gate, progress=self.progress, store=lambda: self.store, db=self._db,
+        )
         self._idle = False  # stopped because no trigger was left running
         self._schedules: ScheduleLoop | None = None  # set when a DAG is scheduled on time
         self.on_stop_signal: Callable[[str], None] = _say_stopping
@@ -318,7 +279,7 @@ class Triggerer:
             watchers = ", ".join(f"{asset}/{name}" for asset, name in names.get(
                 row.fingerprint, [])) or f"trigger {row.id}"
             try:
-                trigger = self._rehydrate(row)
+                trigger = self.supervisor.rehydrate(row)
                 if isinstance(trigger, BaseEventTrigger) and (
                         trigger.shared_stream_key() is not None):
                     shared.add(row.id)
@@ -329,8 +290,8 @@ class Triggerer:
                 # when it starts (its producer raises the same), the others run.
                 log.error("watcher cannot run", watchers=watchers,  # noqa: TRY400
                           classpath=row.classpath, error=exc)
-            except (_Unrunnable, SharedStreamError, ImportError, TypeError, ValueError) as exc:
-                cause = exc.__cause__ if isinstance(exc, _Unrunnable) and exc.__cause__ else exc
+            except (Unrunnable, SharedStreamError, ImportError, TypeError, ValueError) as exc:
+                cause = exc.__cause__ if isinstance(exc, Unrunnable) and exc.__cause__ else exc
                 problems.append(f"watcher {watchers} ({row.classpath}) cannot run: {cause}")
         if problems:
             raise SharedStreamError("; ".join(problems))
@@ -359,7 +320,8 @@ class Triggerer:
                     self.api.serve(), name="sharedstream-api")  # first: it owns the socket
                 gate_task = tasks.create_task(self.gate.run(), name="sharedstream-persist-gate")
                 self._shared = [
-                    tasks.create_task(self._supervise(row), name=f"sharedstream-trigger[{row.id}]")
+                    tasks.create_task(self.supervisor.supervise(row),
+                                      name=f"sharedstream-trigger[{row.id}]")
                     for row in shared
                 ]
                 self._shared_ids = [row.id for row in shared]
@@ -518,7 +480,7 @@ class Triggerer:
 
     def _start_standalone(self, tasks: asyncio.TaskGroup, trigger_id: int) -> asyncio.Task[None]:
         """Supervise a standalone trigger the store assigned to this triggerer."""
-        task = tasks.create_task(self._supervise(self._standalone[trigger_id]),
+        task = tasks.create_task(self.supervisor.supervise(self._standalone[trigger_id]),
                                  name=f"sharedstream-trigger[{trigger_id}]")
         task.add_done_callback(lambda _: self._claim_now.set())  # its end may free capacity
         return task
@@ -595,213 +557,3 @@ class Triggerer:
         if not self.manager.intake.is_open:
             note["intake_paused"] = sorted(self.manager.intake.reasons)
         return note
-
-    # -- one trigger ------------------------------------------------------------------
-
-    def _rehydrate(self, row: TriggerRow) -> BaseTrigger:
-        try:
-            kwargs = unpack_kwargs(self.cipher.decrypt(row.kwargs_blob))
-            trigger = self.registry.rehydrate(row.classpath, kwargs)
-        except (SharedStreamError, TypeError, ValueError) as exc:
-            raise _Unrunnable(str(exc)) from exc
-        trigger.trigger_id = row.id
-        return trigger
-
-    async def _supervise(self, row: TriggerRow) -> None:
-        tconf = self.config.triggerer
-        backoff = tconf.restart_backoff_initial
-        delay = 0.0  # before consuming (a kept subscription) or before starting again
-        attempt = _Attempt(row.id)
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                trigger = self._rehydrate(row)
-            except _Unrunnable as exc:
-                log.error("not running a trigger",  # noqa: TRY400 - the reason is it
-                          trigger=row.id, classpath=row.classpath, error=exc)
-                await self._release(attempt)
-                await self._note_error(row.id, str(exc), "")
-                await self._note_state(row.id, "failed")
-                self.progress.unrunnable += 1
-                return
-            if attempt.member is None and delay:
-                await asyncio.sleep(delay)  # not a member: back off before starting again
-                delay = 0.0
-            started = loop.time()
-            finished = False
-            self.progress.running += 1
-            instruments().triggers_running.add(1)
-            try:
-                finished = await self._run_once(attempt, trigger, delay)
-            except BrokerConfigError as exc:
-                # The broker refused the stream's settings for good (no such subscription,
-                # queue or topic; no permission): restarting cannot help. Said once for the
-                # stream, recorded for each of its triggers, which are marked failed.
-                if exc is not self._last_shared_error:
-                    log.error("trigger cannot run; marked failed, not restarted (nor the "  # noqa: TRY400
-                              "other triggers of its stream)", trigger=row.id,
-                              classpath=row.classpath, error=exc)
-                self._last_shared_error = exc
-                await self._release(attempt)
-                await self._note_error(row.id, f"{type(exc).__name__}: {exc}",
-                                       "".join(traceback.format_exception(exc)))
-                await self._note_state(row.id, "failed")
-                self.progress.unrunnable += 1
-                return
-            except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
-                # Any failure of the trigger's own code: record it, restart it. An error
-                # every trigger of a stream gets at once (its poll ended) is said once.
-                if exc is not self._last_shared_error:
-                    log.warning("trigger failed; restarting", trigger=row.id,
-                                classpath=row.classpath, error=exc, delay_s=round(backoff, 1))
-                self._last_shared_error = exc
-                await self._note_error(
-                    row.id, f"{type(exc).__name__}: {exc}",
-                    "".join(traceback.format_exception(exc)),
-                )
-            finally:
-                self.progress.running -= 1
-                instruments().triggers_running.add(-1)
-                await self._cleanup(row.id, trigger)
-            if finished:
-                await self._note_state(row.id, "finished")
-                return
-            if loop.time() - started >= STABLE_AFTER:
-                backoff = tconf.restart_backoff_initial
-            self.progress.restarts += 1
-            delay = backoff
-            backoff = min(backoff * 2, tconf.restart_backoff_max)
-
-    async def _note_error(self, trigger_id: int, message: str, traceback_text: str) -> None:
-        """Record an error of the trigger (see :meth:`_note`)."""
-        store = self.store
-        await self._note("an error", trigger_id,
-                         partial(store.record_trigger_error, trigger_id, message, traceback_text))
-
-    async def _note_state(self, trigger_id: int, state: str) -> None:
-        """Record the trigger's new state (see :meth:`_note`)."""
-        store = self.store
-        await self._note(f"state {state}", trigger_id,
-                         partial(store.set_trigger_state, trigger_id, state))
-
-    async def _note(self, what: str, trigger_id: int, record: Callable[[], None]) -> None:
-        """Record trigger bookkeeping in the store; a failure is logged, not raised.
-
-        Losing an error note must not stop the supervisor (and with it the
-        triggerer): the trigger keeps being supervised either way.
-        """
-        try:
-            await self._db(record)
-        except Exception:
-            # Only the record is lost; the log line carries the same facts.
-            log.exception("could not record a trigger's state in the store", what=what,
-                          trigger=trigger_id)
-
-    async def _release(self, attempt: _Attempt) -> None:
-        member, attempt.member = attempt.member, None
-        if member is not None:
-            await member.leave()
-
-    async def _cleanup(self, trigger_id: int, trigger: BaseTrigger) -> None:
-        try:
-            async with asyncio.timeout(CLEANUP_TIMEOUT):
-                await trigger.cleanup()
-        except Exception:
-            # cleanup() is best-effort by contract; its failure is only logged.
-            log.exception("cleanup() of a trigger failed", trigger=trigger_id)
-
-    async def _run_once(self, attempt: _Attempt, trigger: BaseTrigger, delay: float) -> bool:
-        """Run one attempt; return True when a standalone trigger finished for good."""
-        trigger_id = attempt.trigger_id
-        if isinstance(trigger, BaseEventTrigger):
-            key = trigger.shared_stream_key()
-            if key is not None:
-                await self._run_shared(attempt, trigger, key, delay)
-                return False
-        fired = 0
-        async for event in trigger.run():
-            await self._store_event(trigger_id, event)
-            fired += 1
-        if not fired:
-            raise TriggerEnded(f"trigger {trigger_id}: run() ended without firing an event")
-        return True
-
-    async def _run_shared(
-        self, attempt: _Attempt, trigger: BaseEventTrigger, key: Hashable, delay: float
-    ) -> None:
-        """One attempt of a shared-stream trigger's filter, as a durable member of ``key``.
-
-        ``Membership.run_attempt`` waits ``delay`` (events queue for the member
-        meanwhile), fails the raw event a failed, hung or ended filter was on,
-        and raises what ended the attempt; the supervisor records it and
-        restarts. Cancelled (shutdown): the trigger leaves its stream.
-        """
-        member = attempt.member
-        if member is None or member.left:
-            member = attempt.member = self.manager.join(
-                trigger_id=attempt.trigger_id, trigger=trigger, key=key
-            )
-        try:
-            await member.run_attempt(partial(self._consume, member, trigger), delay=delay)
-        except asyncio.CancelledError:
-            await self._release(attempt)
-            raise
-
-    async def _consume(
-        self, member: Membership, trigger: BaseEventTrigger, stream: AsyncIterator[Any]
-    ) -> None:
-        """Run the filter over ``stream``; queue every event it yields for storing, bound."""
-        trigger_id = member.trigger_id
-        assert isinstance(trigger_id, int)  # noqa: S101 - the runtime's ids are row ids
-        native = trigger.payload_is_native
-        offer = self.gate.offer
-        traced = self.manager.tracer_provider is not None
-        async for event in trigger.filter_shared_stream(stream):
-            seq = member.bind()
-            try:
-                pending = self._pending_event(trigger_id, event, member.raw_event_key(), native,
-                                              member.traceparent() if traced else None)
-            except SerializationError as exc:
-                self._refuse_event(member, exc)  # rejecting drops the seq just bound
-                continue
-            if not offer(pending, seq):  # the gate's queue is full: wait for room
-                await self.gate.put(pending, seq)
-
-    def _refuse_event(self, member: Membership, exc: SerializationError) -> None:
-        """An event whose payload the store cannot take: reject its raw event, with the reason."""
-        detail = str(exc)
-        if len(detail) > 300:
-            detail = detail[:297] + "..."
-        reason = f"the trigger event cannot be stored: {detail}"
-        self.progress.refused += 1
-        instruments().events_refused.add(1)
-        if member.reject(reason):
-            log.warning("trigger event cannot be stored; rejecting its raw event",
-                        trigger=member.trigger_id, reason=reason)
-        else:
-            log.error("trigger event cannot be stored; the event is dropped",
-                      trigger=member.trigger_id, reason=reason)
-
-    async def _store_event(self, trigger_id: int, event: TriggerEvent) -> None:
-        """Queue an event of a standalone trigger (not gated, no idempotency key)."""
-        await self.gate.put(self._pending_event(trigger_id, event, None), None)
-
-    @staticmethod
-    def _pending_event(
-        trigger_id: int, event: TriggerEvent, name: str | None,
-        native: Callable[[TriggerEvent], bool] | None = None, traceparent: str | None = None,
-    ) -> PendingEvent:
-        """What the gate stores for ``event``: its packed payload and idempotency key.
-
-        ``native`` is the trigger's ``payload_is_native``, asked once the event
-        is known to be a :class:`TriggerEvent`; ``traceparent`` the trace
-        context of the filter span it came from (tracing on).
-        """
-        if not isinstance(event, TriggerEvent):
-            raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
-                            "not a TriggerEvent")
-        vouched = native is not None and native(event)
-        payload = pack_event_payload(event.payload, native=vouched)
-        idem_key = None if name is None else f"{trigger_id}/{name}"
-        return PendingEvent(trigger_id, idem_key, payload, traceparent)
-

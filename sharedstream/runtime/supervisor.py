@@ -1,0 +1,315 @@
+"""Supervision of one trigger: rebuild it, run it, record its failures, restart it.
+
+:meth:`Supervisor.supervise` is the task the triggerer runs per trigger. A
+trigger that raises is recorded in the store (error and traceback) and
+restarted with exponential backoff (back to the initial delay after
+:data:`STABLE_AFTER` seconds of running); one whose class is not
+registered, whose stored kwargs cannot be decrypted, or whose broker
+refused its stream's settings for good is marked failed and not restarted.
+``cleanup()`` always runs. A shared-stream trigger is a durable member of
+its stream, kept across restarts (:class:`Attempt`); every event it yields
+is packed here and offered to the persistence gate with its seq, and a
+payload the store could not take rejects its raw event instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from sharedstream.brokerkit.errors import BrokerConfigError
+from sharedstream.engine.errors import SharedStreamError
+from sharedstream.engine.events import TriggerEvent
+from sharedstream.engine.keyvalue_log import key_value_logger
+from sharedstream.engine.manager import SharedStreamManager
+from sharedstream.engine.membership import Membership
+from sharedstream.engine.telemetry import instruments
+from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
+from sharedstream.runtime.config import TriggererConfig
+from sharedstream.runtime.crypto import KwargsCipher
+from sharedstream.runtime.persist import PersistGate
+from sharedstream.runtime.registry import TriggerRegistry
+from sharedstream.runtime.serde import SerializationError, pack_event_payload, unpack_kwargs
+from sharedstream.store import MetadataStore, PendingEvent, TriggerRow
+
+__all__ = ["CLEANUP_TIMEOUT", "STABLE_AFTER", "Attempt", "Progress", "Supervisor",
+           "TriggerEnded", "Unrunnable"]
+
+log = key_value_logger("sharedstream.runtime")
+
+CLEANUP_TIMEOUT = 10.0
+"""Seconds one trigger's ``cleanup()`` may take before it is abandoned."""
+
+STABLE_AFTER = 60.0
+"""A trigger that ran this many seconds before failing restarts with the initial backoff."""
+
+
+class TriggerEnded(SharedStreamError):
+    """A watcher's filter or ``run()`` ended in a way a watcher must not (restarted)."""
+
+    retryable = True
+
+
+class Unrunnable(SharedStreamError):
+    """The trigger cannot be built at all (unregistered class, undecryptable kwargs)."""
+
+
+@dataclass
+class Attempt:
+    """A supervised trigger's membership of its stream, kept across restarts."""
+
+    trigger_id: int
+    member: Membership | None = None
+
+
+@dataclass
+class Progress:
+    """What the triggerer counts for its progress lines and stop summary."""
+
+    running: int = 0
+    restarts: int = 0
+    refused: int = 0  # events whose payload could not be stored (their raw events rejected)
+    fallbacks: int = 0  # raw events kept in the store's dead-letter table
+    unrunnable: int = 0  # triggers marked failed for good (cannot be built)
+
+
+class Supervisor:
+    """Runs the triggers of one triggerer, each in its own :meth:`supervise` task."""
+
+    def __init__(
+        self, *, config: TriggererConfig, cipher: KwargsCipher, registry: TriggerRegistry,
+        manager: SharedStreamManager, gate: PersistGate, progress: Progress,
+        store: Callable[[], MetadataStore],
+        db: Callable[..., Awaitable[Any]],
+    ) -> None:
+        """``store`` gives the open store; ``db`` runs a call on the database thread."""
+        self._config = config
+        self._cipher = cipher
+        self._registry = registry
+        self._manager = manager
+        self._gate = gate
+        self.progress = progress
+        self._store = store
+        self._db = db
+        self._last_shared_error: BaseException | None = None
+
+    def rehydrate(self, row: TriggerRow) -> BaseTrigger:
+        """The trigger of ``row``, built from its class and decrypted kwargs.
+
+        Raises :class:`Unrunnable` when it cannot be built at all.
+        """
+        try:
+            kwargs = unpack_kwargs(self._cipher.decrypt(row.kwargs_blob))
+            trigger = self._registry.rehydrate(row.classpath, kwargs)
+        except (SharedStreamError, TypeError, ValueError) as exc:
+            raise Unrunnable(str(exc)) from exc
+        trigger.trigger_id = row.id
+        return trigger
+
+    async def supervise(self, row: TriggerRow) -> None:
+        """Run ``row``'s trigger until it finishes for good, restarting it with backoff.
+
+        Returns when a standalone trigger finished, or when the trigger cannot
+        run at all (marked failed); cancelled at shutdown.
+        """
+        tconf = self._config
+        backoff = tconf.restart_backoff_initial
+        delay = 0.0  # before consuming (a kept subscription) or before starting again
+        attempt = Attempt(row.id)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                trigger = self.rehydrate(row)
+            except Unrunnable as exc:
+                log.error("not running a trigger",  # noqa: TRY400 - the reason is it
+                          trigger=row.id, classpath=row.classpath, error=exc)
+                await self._release(attempt)
+                await self._note_error(row.id, str(exc), "")
+                await self._note_state(row.id, "failed")
+                self.progress.unrunnable += 1
+                return
+            if attempt.member is None and delay:
+                await asyncio.sleep(delay)  # not a member: back off before starting again
+                delay = 0.0
+            started = loop.time()
+            finished = False
+            self.progress.running += 1
+            instruments().triggers_running.add(1)
+            try:
+                finished = await self._run_once(attempt, trigger, delay)
+            except BrokerConfigError as exc:
+                # The broker refused the stream's settings for good (no such subscription,
+                # queue or topic; no permission): restarting cannot help. Said once for the
+                # stream, recorded for each of its triggers, which are marked failed.
+                if exc is not self._last_shared_error:
+                    log.error("trigger cannot run; marked failed, not restarted (nor the "  # noqa: TRY400
+                              "other triggers of its stream)", trigger=row.id,
+                              classpath=row.classpath, error=exc)
+                self._last_shared_error = exc
+                await self._release(attempt)
+                await self._note_error(row.id, f"{type(exc).__name__}: {exc}",
+                                       "".join(traceback.format_exception(exc)))
+                await self._note_state(row.id, "failed")
+                self.progress.unrunnable += 1
+                return
+            except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
+                # Any failure of the trigger's own code: record it, restart it. An error
+                # every trigger of a stream gets at once (its poll ended) is said once.
+                if exc is not self._last_shared_error:
+                    log.warning("trigger failed; restarting", trigger=row.id,
+                                classpath=row.classpath, error=exc, delay_s=round(backoff, 1))
+                self._last_shared_error = exc
+                await self._note_error(
+                    row.id, f"{type(exc).__name__}: {exc}",
+                    "".join(traceback.format_exception(exc)),
+                )
+            finally:
+                self.progress.running -= 1
+                instruments().triggers_running.add(-1)
+                await self._cleanup(row.id, trigger)
+            if finished:
+                await self._note_state(row.id, "finished")
+                return
+            if loop.time() - started >= STABLE_AFTER:
+                backoff = tconf.restart_backoff_initial
+            self.progress.restarts += 1
+            delay = backoff
+            backoff = min(backoff * 2, tconf.restart_backoff_max)
+
+    async def _note_error(self, trigger_id: int, message: str, traceback_text: str) -> None:
+        """Record an error of the trigger (see :meth:`_note`)."""
+        store = self._store()
+        await self._note("an error", trigger_id,
+                         partial(store.record_trigger_error, trigger_id, message, traceback_text))
+
+    async def _note_state(self, trigger_id: int, state: str) -> None:
+        """Record the trigger's new state (see :meth:`_note`)."""
+        store = self._store()
+        await self._note(f"state {state}", trigger_id,
+                         partial(store.set_trigger_state, trigger_id, state))
+
+    async def _note(self, what: str, trigger_id: int, record: Callable[[], None]) -> None:
+        """Record trigger bookkeeping in the store; a failure is logged, not raised.
+
+        Losing an error note must not stop the supervisor (and with it the
+        triggerer): the trigger keeps being supervised either way.
+        """
+        try:
+            await self._db(record)
+        except Exception:
+            # Only the record is lost; the log line carries the same facts.
+            log.exception("could not record a trigger's state in the store", what=what,
+                          trigger=trigger_id)
+
+    async def _release(self, attempt: Attempt) -> None:
+        member, attempt.member = attempt.member, None
+        if member is not None:
+            await member.leave()
+
+    async def _cleanup(self, trigger_id: int, trigger: BaseTrigger) -> None:
+        try:
+            async with asyncio.timeout(CLEANUP_TIMEOUT):
+                await trigger.cleanup()
+        except Exception:
+            # cleanup() is best-effort by contract; its failure is only logged.
+            log.exception("cleanup() of a trigger failed", trigger=trigger_id)
+
+    async def _run_once(self, attempt: Attempt, trigger: BaseTrigger, delay: float) -> bool:
+        """Run one attempt; return True when a standalone trigger finished for good."""
+        trigger_id = attempt.trigger_id
+        if isinstance(trigger, BaseEventTrigger):
+            key = trigger.shared_stream_key()
+            if key is not None:
+                await self._run_shared(attempt, trigger, key, delay)
+                return False
+        fired = 0
+        async for event in trigger.run():
+            await self._store_event(trigger_id, event)
+            fired += 1
+        if not fired:
+            raise TriggerEnded(f"trigger {trigger_id}: run() ended without firing an event")
+        return True
+
+    async def _run_shared(
+        self, attempt: Attempt, trigger: BaseEventTrigger, key: Hashable, delay: float
+    ) -> None:
+        """One attempt of a shared-stream trigger's filter, as a durable member of ``key``.
+
+        ``Membership.run_attempt`` waits ``delay`` (events queue for the member
+        meanwhile), fails the raw event a failed, hung or ended filter was on,
+        and raises what ended the attempt; the supervisor records it and
+        restarts. Cancelled (shutdown): the trigger leaves its stream.
+        """
+        member = attempt.member
+        if member is None or member.left:
+            member = attempt.member = self._manager.join(
+                trigger_id=attempt.trigger_id, trigger=trigger, key=key
+            )
+        try:
+            await member.run_attempt(partial(self._consume, member, trigger), delay=delay)
+        except asyncio.CancelledError:
+            await self._release(attempt)
+            raise
+
+    async def _consume(
+        self, member: Membership, trigger: BaseEventTrigger, stream: AsyncIterator[Any]
+    ) -> None:
+        """Run the filter over ``stream``; queue every event it yields for storing, bound."""
+        trigger_id = member.trigger_id
+        assert isinstance(trigger_id, int)  # noqa: S101 - the runtime's ids are row ids
+        native = trigger.payload_is_native
+        offer = self._gate.offer
+        traced = self._manager.tracer_provider is not None
+        async for event in trigger.filter_shared_stream(stream):
+            seq = member.bind()
+            try:
+                pending = self._pending_event(trigger_id, event, member.raw_event_key(), native,
+                                              member.traceparent() if traced else None)
+            except SerializationError as exc:
+                self._refuse_event(member, exc)  # rejecting drops the seq just bound
+                continue
+            if not offer(pending, seq):  # the gate's queue is full: wait for room
+                await self._gate.put(pending, seq)
+
+    def _refuse_event(self, member: Membership, exc: SerializationError) -> None:
+        """An event whose payload the store cannot take: reject its raw event, with the reason."""
+        detail = str(exc)
+        if len(detail) > 300:
+            detail = detail[:297] + "..."
+        reason = f"the trigger event cannot be stored: {detail}"
+        self.progress.refused += 1
+        instruments().events_refused.add(1)
+        if member.reject(reason):
+            log.warning("trigger event cannot be stored; rejecting its raw event",
+                        trigger=member.trigger_id, reason=reason)
+        else:
+            log.error("trigger event cannot be stored; the event is dropped",
+                      trigger=member.trigger_id, reason=reason)
+
+    async def _store_event(self, trigger_id: int, event: TriggerEvent) -> None:
+        """Queue an event of a standalone trigger (not gated, no idempotency key)."""
+        await self._gate.put(self._pending_event(trigger_id, event, None), None)
+
+    @staticmethod
+    def _pending_event(
+        trigger_id: int, event: TriggerEvent, name: str | None,
+        native: Callable[[TriggerEvent], bool] | None = None, traceparent: str | None = None,
+    ) -> PendingEvent:
+        """What the gate stores for ``event``: its packed payload and idempotency key.
+
+        ``native`` is the trigger's ``payload_is_native``, asked once the event
+        is known to be a :class:`TriggerEvent`; ``traceparent`` the trace
+        context of the filter span it came from (tracing on).
+        """
+        if not isinstance(event, TriggerEvent):
+            raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
+                            "not a TriggerEvent")
+        vouched = native is not None and native(event)
+        payload = pack_event_payload(event.payload, native=vouched)
+        idem_key = None if name is None else f"{trigger_id}/{name}"
+        return PendingEvent(trigger_id, idem_key, payload, traceparent)
+
