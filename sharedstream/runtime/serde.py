@@ -58,7 +58,6 @@ of insertion order; the runtime uses it to collapse identical triggers.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import decimal
 import hashlib
@@ -182,9 +181,10 @@ def pack_event_payload(payload: Any, *, native: bool = False) -> bytes:
     kwargs = {"payload": payload}
     packed: bytes | None = None
     if native:
-        # Not as promised: the checked way below names what is wrong.
-        with contextlib.suppress(TypeError, ValueError, OverflowError):
+        try:  # noqa: SIM105 - not contextlib.suppress (5x the cost): once per stored event
             packed = _packb(kwargs)
+        except (TypeError, ValueError, OverflowError):
+            pass  # not as promised: the checked way below names what is wrong
     if packed is None:
         try:
             packed = pack_kwargs(kwargs)
