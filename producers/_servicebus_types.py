@@ -11,6 +11,7 @@ imports azure-servicebus: the SDK's modules are passed in by the caller.
 
 from __future__ import annotations
 
+import importlib
 import json
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
@@ -40,7 +41,9 @@ __all__ = [
     "credential_of",
     "dead_letter_details",
     "namespace_of",
+    "open_client",
     "read_message",
+    "receiver_options",
     "sdk_error",
     "transient",
 ]
@@ -249,6 +252,60 @@ def credential_of(settings: ServiceBusSettings, core_credentials: Any) -> Any:
 
 
 Property = str | bytes | int | float | bool | None
+
+
+def open_client(settings: ServiceBusSettings, aio: Any, core_credentials: Any) -> tuple[Any, Any]:
+    """The SDK's ``ServiceBusClient`` for ``settings`` (no I/O yet), and a credential to close.
+
+    From the connection string; or for ``namespace`` with the given key or
+    SAS token, or else Microsoft Entra ID (azure-identity's
+    ``DefaultAzureCredential``, returned second: the caller closes it with
+    the client; ``None`` otherwise). ``aio`` is ``azure.servicebus.aio`` and
+    ``core_credentials`` ``azure.core.credentials``. Raises
+    :class:`ServiceBusConfigError` for a connection string the SDK refuses
+    (never showing the string) and when Entra ID is needed but
+    azure-identity is not installed.
+    """
+    s = settings
+    retry = {"retry_total": s.retries, "retry_backoff_factor": s.retry_backoff}
+    if s.connection_string is None:
+        identity = None
+        credential = credential_of(s, core_credentials)
+        if credential is None:
+            try:
+                identity_aio = importlib.import_module("azure.identity.aio")
+            except ImportError:
+                raise ServiceBusConfigError(
+                    f"namespace {s.namespace!r} without a credential signs in with "
+                    "Microsoft Entra ID, which needs azure-identity: pip install "
+                    "azure-identity (or give a credential)") from None
+            credential = identity = identity_aio.DefaultAzureCredential()
+        client = aio.ServiceBusClient(fully_qualified_namespace=s.namespace_host,
+                                      credential=credential, **retry)
+        return client, identity
+    try:
+        return aio.ServiceBusClient.from_connection_string(s.connection_string, **retry), None
+    except ValueError as exc:  # the SDK's own check of the string; never show the string
+        raise ServiceBusConfigError(
+            f"connection_string for {s.entity_path!r} is not usable: "
+            f"{str(exc).splitlines()[0][:200]}") from None
+
+
+def receiver_options(settings: ServiceBusSettings, servicebus: Any, *,
+                     session: bool) -> dict[str, Any]:
+    """The keyword arguments of a peek-lock receiver (``servicebus``: ``azure.servicebus``).
+
+    No prefetch (the producer's ``max_in_flight`` is the read-ahead) and no
+    keep-alive pings: the receive loop is never idle for longer than
+    ``max_wait_time`` (each receive call is link traffic), and the pinging
+    task makes closing wait for it. With ``session``, the next free session.
+    """
+    kwargs: dict[str, Any] = {"receive_mode": servicebus.ServiceBusReceiveMode.PEEK_LOCK,
+                              "prefetch_count": 0, "keep_alive": None}
+    if session:
+        kwargs.update(session_id=servicebus.NEXT_AVAILABLE_SESSION,
+                      max_wait_time=settings.max_wait_time)
+    return kwargs
 
 
 class ServiceBusMessage(DecodeCache):

@@ -58,7 +58,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -89,10 +88,11 @@ from sharedstream.producers._servicebus_types import (
     ServiceBusProducerError,
     ServiceBusRequestError,
     ServiceBusSettings,
-    credential_of,
     dead_letter_details,
     namespace_of,
+    open_client,
     read_message,
+    receiver_options,
     sdk_error,
     transient,
 )
@@ -204,46 +204,14 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     # -- connection ----------------------------------------------------------------------
 
     def _connect(self) -> None:
-        """Create the client (no I/O until a receiver opens).
-
-        From the connection string; or for ``namespace`` with the given key
-        or SAS token, or else Microsoft Entra ID (azure-identity's
-        ``DefaultAzureCredential``, closed with the producer).
-        """
-        aio, s = _sdk("azure.servicebus.aio"), self.settings
-        retry = {"retry_total": s.retries, "retry_backoff_factor": s.retry_backoff}
-        if s.connection_string is None:
-            credential = credential_of(s, _sdk("azure.core.credentials"))
-            if credential is None:
-                try:
-                    identity = importlib.import_module("azure.identity.aio")
-                except ImportError:
-                    raise ServiceBusConfigError(
-                        f"namespace {s.namespace!r} without a credential signs in with "
-                        "Microsoft Entra ID, which needs azure-identity: pip install "
-                        "azure-identity (or give a credential)") from None
-                credential = self._identity = identity.DefaultAzureCredential()
-            self._client = aio.ServiceBusClient(fully_qualified_namespace=s.namespace_host,
-                                                credential=credential, **retry)
-            return
-        try:
-            self._client = aio.ServiceBusClient.from_connection_string(
-                s.connection_string, **retry)
-        except ValueError as exc:  # the SDK's own check of the string; never show the string
-            raise ServiceBusConfigError(
-                f"connection_string for {self.entity!r} is not usable: "
-                f"{str(exc).splitlines()[0][:200]}") from None
+        """Create the client (no I/O until a receiver opens); see :func:`open_client`."""
+        self._client, self._identity = open_client(
+            self.settings, _sdk("azure.servicebus.aio"), _sdk("azure.core.credentials"))
 
     def _receiver(self, *, session: bool) -> Any:
         """A peek-lock receiver of the entity (of the next free session when ``session``)."""
-        servicebus, s = _sdk("azure.servicebus"), self.settings
-        # No keep-alive pings: the receive loop is never idle for longer than max_wait_time
-        # (each receive call is link traffic), and the pinging task makes closing wait for it.
-        kwargs: dict[str, Any] = {"receive_mode": servicebus.ServiceBusReceiveMode.PEEK_LOCK,
-                                  "prefetch_count": 0, "keep_alive": None}
-        if session:
-            kwargs.update(session_id=servicebus.NEXT_AVAILABLE_SESSION,
-                          max_wait_time=s.max_wait_time)
+        s = self.settings
+        kwargs = receiver_options(s, _sdk("azure.servicebus"), session=session)
         if s.queue is not None:
             return self._client.get_queue_receiver(queue_name=s.queue, **kwargs)
         return self._client.get_subscription_receiver(
