@@ -186,3 +186,33 @@ def test_entra_id_without_azure_identity_is_one_clear_line(
         connection_string=None, namespace="orders-ns.servicebus.windows.net").settings())
     with pytest.raises(ServiceBusConfigError, match=r"needs azure-identity: pip install"):
         producer._connect()
+
+
+def test_a_receiver_is_peek_lock_without_prefetch_or_keep_alive() -> None:
+    servicebus = pytest.importorskip("azure.servicebus")
+    from sharedstream.producers._servicebus_types import receiver_options  # noqa: PLC0415
+
+    plain = receiver_options(trigger().settings(), servicebus, session=False)
+    assert plain == {"receive_mode": servicebus.ServiceBusReceiveMode.PEEK_LOCK,
+                     "prefetch_count": 0, "keep_alive": None}
+    settings = trigger(sessions=True).settings()
+    sessions = receiver_options(settings, servicebus, session=True)
+    assert sessions == {**plain, "session_id": servicebus.NEXT_AVAILABLE_SESSION,
+                        "max_wait_time": settings.max_wait_time}
+
+
+async def test_a_client_from_a_connection_string_owns_no_credential() -> None:
+    pytest.importorskip("azure.servicebus")
+    import importlib  # noqa: PLC0415
+
+    from sharedstream.producers._servicebus_types import open_client  # noqa: PLC0415
+
+    aio = importlib.import_module("azure.servicebus.aio")
+    client, identity = open_client(trigger().settings(), aio,
+                                   importlib.import_module("azure.core.credentials"))
+    try:
+        assert isinstance(client, aio.ServiceBusClient)
+        assert client.fully_qualified_namespace.lower() == "orders-ns.servicebus.windows.net"
+        assert identity is None  # nothing for the producer to close but the client
+    finally:
+        await client.close()
