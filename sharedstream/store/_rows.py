@@ -10,13 +10,18 @@ Dead-letter columns: ``triggers`` is a JSON array of the trigger ids as
 text, in the producer's order; ``payload`` the first
 :data:`~sharedstream.store.base.DEAD_LETTER_PAYLOAD_LIMIT` bytes of the body
 and ``payload_size`` the whole body's size; ``headers`` a JSON array of
-``[name, base64 of the value]`` pairs, in the producer's order.
+``[name, base64 of the value]`` pairs, in the producer's order. ``stream``,
+``source`` and ``reason`` are text as given, except that a NUL or a lone
+surrogate (which PostgreSQL's text, or UTF-8 at all, cannot hold) becomes
+U+FFFD (:func:`storable_text`): a letter is kept whatever its text, never
+refused and redelivered for it.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -40,6 +45,7 @@ __all__ = [
     "counts_of",
     "dead_letter_row",
     "dead_letter_values",
+    "storable_text",
     "trigger_row",
     "triggerer_row",
     "watcher_names",
@@ -112,6 +118,14 @@ def triggerer_row(row: Sequence[Any], when: When) -> TriggererRow:
     )
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` with each NUL and lone surrogate replaced by U+FFFD (both stores hold it)."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
 def dead_letter_values(letter: DeadLetter, created_at: object) -> tuple[Any, ...]:
     """The values to insert for ``letter``: :data:`DEAD_LETTER_COLUMNS` but ``id``, in order.
 
@@ -119,9 +133,9 @@ def dead_letter_values(letter: DeadLetter, created_at: object) -> tuple[Any, ...
     """
     return (
         created_at,
-        letter.stream,
-        letter.source,
-        letter.reason,
+        storable_text(letter.stream),
+        storable_text(letter.source),
+        storable_text(letter.reason),
         json.dumps([str(trigger) for trigger in letter.triggers]),
         bytes(letter.payload[:DEAD_LETTER_PAYLOAD_LIMIT]),
         len(letter.payload),

@@ -443,7 +443,9 @@ class SqliteStore(SharedSql):
         checkpoints by itself only past
         :data:`~sharedstream.store._sqlite_checkpoints.BACKSTOP_PAGES`. When
         it cannot start, this connection keeps checkpointing as SQLite does
-        by default (logged once); the batch is stored either way.
+        by default (logged once); the batch is stored either way, so nothing
+        here may raise: a batch reported failed after its commit would be
+        written again, and events without an idempotency key twice.
         """
         if self._checkpointer is None:
             if self._checkpointer_failed:
@@ -456,7 +458,7 @@ class SqliteStore(SharedSql):
                 checkpointer = Checkpointer(Path(main))
                 conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
                 self._checkpointer = checkpointer
-            except sqlite3.Error as exc:
+            except Exception as exc:  # noqa: BLE001 - the batch is committed (see above)
                 if checkpointer is not None:
                     checkpointer.close()
                 self._checkpointer_failed = True

@@ -79,12 +79,15 @@ def test_close_stops_the_thread(store: SqliteStore) -> None:
     store.close()  # idempotent
 
 
+@pytest.mark.parametrize("refused", [
+    sqlite3.OperationalError("unable to open database file"),
+    RuntimeError("can't start new thread"),
+])
 def test_without_the_thread_the_writer_checkpoints_as_before(
-    store: SqliteStore, caplog: pytest.LogCaptureFixture
+    store: SqliteStore, caplog: pytest.LogCaptureFixture, refused: Exception
 ) -> None:
-    """A thread that cannot start costs nothing but the speed: the batch is stored."""
+    """A thread that cannot start costs nothing but the speed: the batch is stored, once."""
     ids = define(store, {"t": ["a"]}, {})
-    refused = sqlite3.OperationalError("unable to open database file")
     with patch.object(sqlite_store, "Checkpointer", side_effect=refused) as started, \
             caplog.at_level(logging.WARNING, logger="sharedstream.store"):
         _write(store, ids["t"], 0)
@@ -96,7 +99,7 @@ def test_without_the_thread_the_writer_checkpoints_as_before(
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "WAL checkpoints stay in the writer's commits" in warnings[0]
-    assert "unable to open database file" in warnings[0]
+    assert str(refused) in warnings[0]
 
 
 def test_the_thread_opens_the_writer_s_file_wherever_the_process_moved(
