@@ -52,6 +52,7 @@ __all__ = [
     "PubSubSettings",
     "ack_failures",
     "dead_letter_attributes",
+    "raw_request",
     "resource_path",
     "sdk_error",
     "transient",
@@ -126,6 +127,17 @@ def ack_failures(exc: Exception) -> dict[str, str] | None:
     if not found or not hasattr(found, "items"):
         return None
     return {str(ack_id): str(status) for ack_id, status in dict(found).items()}
+
+
+def raw_request(request_type: Any, **fields: Any) -> Any:
+    """A GAPIC request of ``request_type`` built on its protobuf message directly.
+
+    The same request as ``request_type(**fields)``, but the fields are set
+    by the protobuf runtime in C: proto-plus would copy a list of ack ids
+    into the message one Python call at a time (about 0.2 us per ack id,
+    against 0.02 here), and every acknowledged message passes through one.
+    """
+    return request_type.wrap(request_type.pb()(**fields))
 
 
 def resource_path(project: str, kind: str, name: str) -> str:

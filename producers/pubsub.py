@@ -105,6 +105,7 @@ from sharedstream.producers._pubsub_types import (
     PubSubSettings,
     ack_failures,
     dead_letter_attributes,
+    raw_request,
     sdk_error,
     transient,
 )
@@ -463,9 +464,11 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         """
         exceptions = _sdk("google.api_core.exceptions")
         try:
+            request = raw_request(_sdk("google.pubsub_v1.types").ModifyAckDeadlineRequest,
+                                  subscription=self.subscription, ack_ids=ack_ids,
+                                  ack_deadline_seconds=seconds)
             await self._call("ModifyAckDeadline", lambda: self._subscriber.modify_ack_deadline(
-                subscription=self.subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds,
-                retry=None, timeout=_CALL_TIMEOUT))
+                request=request, retry=None, timeout=_CALL_TIMEOUT))
         except PubSubProducerError as exc:
             failures = ack_failures(exc.__cause__) if isinstance(
                 exc.__cause__, exceptions.GoogleAPICallError) else None
@@ -486,11 +489,11 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         when it cannot succeed (the poll ends).
         """
         exceptions = _sdk("google.api_core.exceptions")
-        ack_ids = [p.ack_id for p in chunk]
+        request = raw_request(_sdk("google.pubsub_v1.types").AcknowledgeRequest,
+                              subscription=self.subscription, ack_ids=[p.ack_id for p in chunk])
         self.calls.count("Acknowledge")
         try:
-            await self._subscriber.acknowledge(subscription=self.subscription, ack_ids=ack_ids,
-                                               retry=None, timeout=_CALL_TIMEOUT)
+            await self._subscriber.acknowledge(request=request, retry=None, timeout=_CALL_TIMEOUT)
         except exceptions.GoogleAPICallError as exc:
             failures = ack_failures(exc)
             if failures is None:

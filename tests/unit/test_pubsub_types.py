@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sharedstream.producers._pubsub_types import PubSubMessage, iso_utc
+from sharedstream.producers._pubsub_types import PubSubMessage, iso_utc, raw_request
 
 types = pytest.importorskip("google.pubsub_v1.types")
 
@@ -85,3 +85,18 @@ async def test_a_nacked_message_is_no_longer_renewed() -> None:
     await producer._nack([payload])
     assert changed == [(["a-1"], 0)]
     assert producer._leases.held() == {}
+
+
+@pytest.mark.parametrize(("request_type", "fields"), [
+    ("AcknowledgeRequest", {"subscription": "projects/p/subscriptions/s",
+                            "ack_ids": [f"ack-{n}" for n in range(300)]}),
+    ("ModifyAckDeadlineRequest", {"subscription": "projects/p/subscriptions/s",
+                                  "ack_ids": ["a", "b"], "ack_deadline_seconds": 0}),
+])
+def test_raw_requests_are_the_requests_the_client_builds(request_type: str,
+                                                         fields: dict[str, object]) -> None:
+    kind = getattr(types, request_type)
+    built = raw_request(kind, **fields)
+    assert isinstance(built, kind)  # the GAPIC client takes it as is, without copying
+    assert kind.serialize(built) == kind.serialize(kind(**fields))
+    assert list(built.ack_ids) == fields["ack_ids"]
