@@ -47,12 +47,21 @@ MET / NOT MET (the median of the rounds' ratios); reported, never asserted.
 Writes ``benchmarks/results/pubsub_e2e.{json,csv,png}`` (``pubsub_e2e-quick.*``
 with ``--quick``).
 
+``--diagnose`` adds, for each K, the case ``unstored K``: ``shared K`` with
+the SQLite store's ``write_events`` replaced, for that case only, by a stub
+that keeps nothing and reports every event stored. It is a diagnostic,
+never a way to run sharedstream (messages are acked without their events
+being stored): the same-round ratio ``unstored K / shared K`` shows how much
+of the shared case's time waits on the store's writes. The results go to
+``pubsub_e2e-diagnose.*``.
+
 Usage: ``python benchmarks/pubsub_e2e.py [--messages N] [--quick] [--ks 1,10]
-[--repeat R] [--output-dir D]``
+[--repeat R] [--diagnose] [--output-dir D]``
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib
 import logging
@@ -63,7 +72,8 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +99,10 @@ PUBLISH_BATCH, PUBLISH_IN_FLIGHT = 1_000, 4
 MAX_IN_FLIGHT = 1000  # every stream's max_outstanding_messages: the shared trigger's default
 ACK_DEADLINE = 60
 TARGETS: dict[str, float | None] = {
-    "shared 10 / client": 0.8, "shared 10 / independent 10": 3.0, "shared 10 / raw": None}
-"""Same-round ratios reported; ``None``: no target (the ceiling, for reading the others)."""
+    "shared 10 / client": 0.8, "shared 10 / independent 10": 3.0, "shared 10 / raw": None,
+    "unstored 10 / shared 10": None, "unstored 10 / independent 10": None}
+"""Same-round ratios reported; ``None``: no target (the ceiling, or the ``--diagnose``
+case, for reading the others). A ratio whose cases did not run is left out."""
 
 Handler = Callable[[Sequence[tuple[str, int, int, bytes]]], Awaitable[None]]
 
@@ -285,6 +297,26 @@ async def run_shared(host: str, subscription: str, messages: int, *, k: int, cas
                                limit=limit)
 
 
+@contextmanager
+def store_skipped() -> Iterator[None]:
+    """While inside: ``SqliteStore.write_events`` keeps nothing and reports it all stored.
+
+    The ``unstored K`` diagnostic only (see the module docstring).
+    """
+    from sharedstream.store.base import PendingEvent, WriteResult  # noqa: PLC0415
+    from sharedstream.store.sqlite import SqliteStore  # noqa: PLC0415
+
+    def write_nothing(_store: SqliteStore, batch: Sequence[PendingEvent]) -> WriteResult:
+        return WriteResult(stored=len(batch), duplicates=0, asset_events=len(batch), dag_runs=())
+
+    real = SqliteStore.write_events
+    SqliteStore.write_events = write_nothing  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        SqliteStore.write_events = real  # type: ignore[method-assign]
+
+
 # -- a case ---------------------------------------------------------------------------------
 
 
@@ -302,12 +334,13 @@ async def run_case(host: str, server_pid: int, kind: str, k: int, *, round_: int
                                      limit=limit)
     elif kind == "client":
         progress = await run_client(host, subscriptions[0], messages, limit=limit)
-    elif kind == "shared":
+    elif kind in ("shared", "unstored"):
         casedir = workdir / name
         casedir.mkdir()
-        progress, events = await run_shared(host, subscriptions[0], messages, k=k,
-                                            casedir=casedir, limit=limit)
-        expected = expected_events(messages, k)
+        with store_skipped() if kind == "unstored" else nullcontext():
+            progress, events = await run_shared(host, subscriptions[0], messages, k=k,
+                                                casedir=casedir, limit=limit)
+        expected = expected_events(messages, k) if kind == "shared" else 0
     else:
         with independent_stores(workdir / f"{name}.db", k) as stores:
             progress = await run_streams(host, subscriptions, [s.handle for s in stores],
@@ -326,15 +359,24 @@ async def run_case(host: str, server_pid: int, kind: str, k: int, *, round_: int
 # -- main -----------------------------------------------------------------------------------
 
 
-def case_list(ks: list[int]) -> list[tuple[str, int]]:
+def case_list(ks: list[int], *, diagnose: bool = False) -> list[tuple[str, int]]:
     cases = [("raw", 1), ("client", 1)]
     for k in ks:
         cases += [("shared", k), ("independent", k)]
+        if diagnose:
+            cases.append(("unstored", k))
     return cases
 
 
+def _more_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--diagnose", action="store_true",
+                        help="add 'unstored K' (shared K with the store's writes stubbed out; "
+                             "a diagnostic); writes pubsub_e2e-diagnose.*")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv, (__doc__ or "").splitlines()[0], quick_messages=3_000)
+    args = parse_args(argv, (__doc__ or "").splitlines()[0], quick_messages=3_000,
+                      more=_more_args)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix="sharedstream-pubsub-e2e-"))
@@ -348,13 +390,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return await run_case(host, process.pid, kind, k, round_=round_, n=n,
                                   messages=args.messages, workdir=workdir, limit=args.timeout)
 
-        runs = asyncio.run(run_rounds(case_list(args.ks), args.repeat, run_one))
+        runs = asyncio.run(run_rounds(case_list(args.ks, diagnose=args.diagnose), args.repeat,
+                                      run_one))
     finally:
         stop_pubsub(process)
         shutil.rmtree(workdir, ignore_errors=True)
     load["end"] = list(os.getloadavg())
+    name = "pubsub_e2e-diagnose" if args.diagnose else "pubsub_e2e"
     return report(
-        args, "pubsub_e2e", runs, targets=TARGETS, chart=Chart(
+        args, name, runs, targets=TARGETS, chart=Chart(
             f"Pub/Sub end to end (kit's test server, {args.messages:,} JSON messages, "
             "1 in 10 stored per watcher)", "messages/s, publish -> acked", ("raw", "client"),
             ("client", TARGETS["shared 10 / client"] or 0,
