@@ -242,3 +242,25 @@ async def run_triggerer(definitions: Path, sources: list[str], messages: int, *,
             await task
     with SqliteStore(config.sqlite_path()) as store:
         return progress, store.counts()["trigger_events"]
+
+
+@contextlib.contextmanager
+def store_skipped() -> Iterator[None]:
+    """While inside: ``SqliteStore.write_events`` keeps nothing and reports it all stored.
+
+    The ``unstored K`` case of ``--diagnose`` (``kafka_e2e.py``, ``pubsub_e2e.py``) and
+    nothing else: it measures what the store's writes cost a shared case, and a triggerer
+    run inside acks messages whose events were never stored.
+    """
+    from sharedstream.store.base import PendingEvent, WriteResult  # noqa: PLC0415
+    from sharedstream.store.sqlite import SqliteStore  # noqa: PLC0415
+
+    def write_nothing(_store: SqliteStore, batch: Sequence[PendingEvent]) -> WriteResult:
+        return WriteResult(stored=len(batch), duplicates=0, asset_events=len(batch), dag_runs=())
+
+    real = SqliteStore.write_events
+    SqliteStore.write_events = write_nothing  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        SqliteStore.write_events = real  # type: ignore[method-assign]

@@ -46,9 +46,16 @@ the case (the raw loop's included), so short runs measure mostly the join.
 reports for each case the run with the median ``msgs/s`` (all runs are in
 the JSON and CSV).
 
+``--diagnose`` adds, for each K, the case ``unstored K``: ``shared K`` with
+the SQLite store's ``write_events`` replaced, for that case only, by a stub
+that keeps nothing and reports every event stored (``_e2e.store_skipped``).
+A diagnostic, never a way to run sharedstream: the ratio ``unstored K /
+shared K`` shows how much of the shared case's time waits on the store's
+writes. Results go to ``kafka_e2e-diagnose.*`` unless ``--name`` is given.
+
 Usage: ``python benchmarks/kafka_e2e.py [--messages N] [--quick] [--ks 1,10]
 [--partitions P] [--repeat N] [--brokers auto|tansu|testcontainers]
-[--output-dir D] [--name STEM]``
+[--diagnose] [--output-dir D] [--name STEM]``
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ from _e2e import (
     expected_events,
     independent_stores,
     message_body,
+    store_skipped,
     stored_rows,
     write_definitions,
 )
@@ -336,7 +344,13 @@ class BenchWatcher(LabelledWatcher, KafkaSharedStreamTrigger):
 
 
 async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages: int, *,
-                     k: int, workdir: Path, limit: float, selective: bool = False) -> CaseResult:
+                     k: int, workdir: Path, limit: float, selective: bool = False,
+                     unstored: bool = False) -> CaseResult:
+    """The in-process triggerer with K watchers until every offset is committed.
+
+    ``unstored``: the ``--diagnose`` case, the store's writes stubbed out
+    (:func:`_e2e.store_skipped`); nothing is stored, so nothing is expected.
+    """
     from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415
 
@@ -349,25 +363,26 @@ async def run_shared(bootstrap: str, topic: str, ends: dict[int, int], messages:
         "payload_format": "json", "consumer_overrides": OVERRIDES}, k, selective=selective)
     config = make_config(casedir)
     triggerer = Triggerer(config, load_definitions(definitions))
+    label = f"unstored {k}" if unstored else f"shared {k}"
     started = time.perf_counter()
-    task = asyncio.create_task(triggerer.run())
-    try:
-        waiter = asyncio.create_task(wait_committed(
-            bootstrap, topic, ends, [group], started=started, limit=limit, label=f"shared {k}"))
-        done, _ = await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-        if waiter not in done:
-            waiter.cancel()
-            raise RuntimeError(f"the triggerer ended early: {task.result()}")
-        progress = waiter.result()
-    finally:
-        triggerer.request_stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    with store_skipped() if unstored else contextlib.nullcontext():
+        task = asyncio.create_task(triggerer.run())
+        try:
+            waiter = asyncio.create_task(wait_committed(
+                bootstrap, topic, ends, [group], started=started, limit=limit, label=label))
+            done, _ = await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter not in done:
+                waiter.cancel()
+                raise RuntimeError(f"the triggerer ended early: {task.result()}")
+            progress = waiter.result()
+        finally:
+            triggerer.request_stop()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     with SqliteStore(config.sqlite_path()) as store:
         events = store.counts()["trigger_events"]
-    expected = messages if selective else expected_events(messages, k)
-    return summarize(f"shared {k}", k, messages, progress, events=events,
-                     expected=expected)
+    expected = 0 if unstored else messages if selective else expected_events(messages, k)
+    return summarize(label, k, messages, progress, events=events, expected=expected)
 
 
 # -- output -------------------------------------------------------------------------------
@@ -407,19 +422,22 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
         cases += [("shared", k, "")]
         if not args.selective:
             cases += [("independent", k, d) for d in args.independent_json]
+        if args.diagnose:
+            cases += [("unstored", k, "")]
     for n, (kind, k, decoder) in enumerate(cases * args.repeat):
         topic = f"bench.e2e.{n}.{kind}-{k}"
         await create_topic(bootstrap, topic, args.partitions)
         customers = (k if kind == "shared" else max(args.ks)) if args.selective else None
         ends = await produce(bootstrap, topic, messages, args.partitions, customers)
-        label = ("raw" if kind == "raw" else f"shared {k}" if kind == "shared"
+        label = ("raw" if kind == "raw" else f"{kind} {k}" if kind in ("shared", "unstored")
                  else independent_case(k, decoder))
         _say(f"{label}: {sum(ends.values())} records on {topic} ({args.partitions} partitions)")
         if kind == "raw":
             result = await run_raw(bootstrap, topic, ends, messages, args.timeout)
-        elif kind == "shared":
+        elif kind in ("shared", "unstored"):
             result = await run_shared(bootstrap, topic, ends, messages, k=k, workdir=workdir,
-                                      limit=args.timeout, selective=args.selective)
+                                      limit=args.timeout, selective=args.selective,
+                                      unstored=kind == "unstored")
         else:
             result = await run_independent(bootstrap, topic, ends, messages, k=k,
                                            workdir=workdir, limit=args.timeout, decoder=decoder)
@@ -435,24 +453,33 @@ def ratios(results: list[CaseResult]) -> dict[str, float]:
     out: dict[str, float] = {}
     raw = by["raw"]
     for r in results:
+        if r.case.startswith("unstored"):
+            for other in (o for o in results if o.k == r.k and o.case.startswith(
+                    ("shared", "independent"))):
+                _ratio(out, r, other)
         if r.case.startswith("shared"):
             out[f"{r.case} / raw"] = r.per_s / raw.per_s
             out[f"{r.case} / raw (steady)"] = r.steady_per_s / raw.steady_per_s
             # nan propagates when a steady rate could not be measured
             for other in (o for o in results if o.case.startswith(f"independent {r.k}")
                           and o.k == r.k):
-                name = f"{r.case} / {other.case}"
-                out[name] = r.per_s / other.per_s
-                out[f"{name} (steady)"] = r.steady_per_s / other.steady_per_s
-                if len(r.repeats) > 1 and len(r.repeats) == len(other.repeats):
-                    # Each round's own ratio, then the median: noise that hits a whole
-                    # round (the machine is shared) cancels out.
-                    pairs = list(zip(r.repeats, other.repeats, strict=True))
-                    out[f"{name} (same-round median)"] = (
-                        statistics.median(a.per_s / b.per_s for a, b in pairs))
-                    out[f"{name} (steady, same-round median)"] = (
-                        statistics.median(a.steady_per_s / b.steady_per_s for a, b in pairs))
+                _ratio(out, r, other)
     return out
+
+
+def _ratio(out: dict[str, float], top: CaseResult, bottom: CaseResult) -> None:
+    """``top / bottom``, whole and steady, and their same-round medians with ``--repeat``."""
+    name = f"{top.case} / {bottom.case}"
+    out[name] = top.per_s / bottom.per_s
+    out[f"{name} (steady)"] = top.steady_per_s / bottom.steady_per_s
+    if len(top.repeats) > 1 and len(top.repeats) == len(bottom.repeats):
+        # Each round's own ratio, then the median: noise that hits a whole
+        # round (the machine is shared) cancels out.
+        pairs = list(zip(top.repeats, bottom.repeats, strict=True))
+        out[f"{name} (same-round median)"] = (
+            statistics.median(a.per_s / b.per_s for a, b in pairs))
+        out[f"{name} (steady, same-round median)"] = (
+            statistics.median(a.steady_per_s / b.steady_per_s for a, b in pairs))
 
 
 def write_results(out: Path, stem: str, broker: str, partitions: int,
@@ -515,11 +542,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", default=None,
                         help="stem of the result files (default kafka_e2e, or "
                         "kafka_e2e-selective with --selective)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="add 'unstored K' (shared K with the store's writes stubbed out; "
+                        "a diagnostic); writes kafka_e2e-diagnose.* unless --name is given")
     parser.add_argument("--selective", action="store_true",
                         help="watcher j of K matches one customer (customer == j): every record "
                         "stored once; raw and shared K only")
     args = parser.parse_args(argv)
-    args.name = args.name or ("kafka_e2e-selective" if args.selective else "kafka_e2e")
+    args.name = args.name or ("kafka_e2e-selective" if args.selective
+                              else "kafka_e2e-diagnose" if args.diagnose else "kafka_e2e")
     messages = 3_000 if args.quick else args.messages
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

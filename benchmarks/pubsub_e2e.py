@@ -72,8 +72,8 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,7 @@ from _e2e import (
     independent_stores,
     message_body,
     run_triggerer,
+    store_skipped,
     stored_rows,
     wait_acked,
     write_definitions,
@@ -295,26 +296,6 @@ async def run_shared(host: str, subscription: str, messages: int, *, k: int, cas
     }, k)
     return await run_triggerer(definitions, [subscription], messages, label=f"shared {k}",
                                limit=limit)
-
-
-@contextmanager
-def store_skipped() -> Iterator[None]:
-    """While inside: ``SqliteStore.write_events`` keeps nothing and reports it all stored.
-
-    The ``unstored K`` diagnostic only (see the module docstring).
-    """
-    from sharedstream.store.base import PendingEvent, WriteResult  # noqa: PLC0415
-    from sharedstream.store.sqlite import SqliteStore  # noqa: PLC0415
-
-    def write_nothing(_store: SqliteStore, batch: Sequence[PendingEvent]) -> WriteResult:
-        return WriteResult(stored=len(batch), duplicates=0, asset_events=len(batch), dag_runs=())
-
-    real = SqliteStore.write_events
-    SqliteStore.write_events = write_nothing  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        SqliteStore.write_events = real  # type: ignore[method-assign]
 
 
 # -- a case ---------------------------------------------------------------------------------
