@@ -63,7 +63,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mappin
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sharedstream.brokerkit.batches import in_batches
 from sharedstream.brokerkit.calls import BrokerCalls
 from sharedstream.brokerkit.deadletters import (
     REASON_MAX_REDELIVERIES,
@@ -81,6 +80,12 @@ from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._servicebus_settle import (
+    LinkTurns,
+    report_failures,
+    said,
+    settle_each,
+)
 from sharedstream.producers._servicebus_types import (
     ServiceBusConfigError,
     ServiceBusMessage,
@@ -180,7 +185,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._arrived: dict[str, float] = {}  # lock token -> when it arrived (max renewal)
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
-        # Completions go one at a time in turns of the link (see _link): one sender takes
+        # Completions go one at a time in turns of the link (see LinkTurns): one sender takes
         # every queued completion, up to _COMPLETE_TURN, per turn.
         self._completes: SettleSender[ServiceBusPayload] = SettleSender(
             self._send_completes, batch_size=_COMPLETE_TURN, senders=1,
@@ -192,7 +197,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             on_broken=(self._completes.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[int] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
-        self._links: dict[int, asyncio.Lock] = {}  # id(receiver) -> its link's turn (_link)
+        self._turns = LinkTurns()  # one receive or one run of settlements per link at a time
         self._lock_warned = False
         self._linked = False  # a receiver is open and its last receive succeeded (connected)
 
@@ -275,7 +280,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                     else self._held or not self._completes.idle)
             wait = _GLANCE if busy else min(s.max_wait_time, self._leases.lease / 4)
             try:
-                async with self._link(receiver):
+                async with self._turns.lock(receiver):
                     received = await self._call("Receive", functools.partial(
                         receiver.receive_messages, max_message_count=s.max_messages,
                         max_wait_time=wait))
@@ -374,7 +379,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                             "comes again", entity=self.entity, session=session)
             finally:
                 self._open.pop(id(receiver), None)
-                self._links.pop(id(receiver), None)
+                self._turns.drop(receiver)
                 await self._close("session receiver", receiver.close)
 
     async def _keep_session(self, receiver: Any) -> None:
@@ -499,67 +504,23 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
 
     # -- settlements ---------------------------------------------------------------------
 
-    def _link(self, receiver: Any) -> asyncio.Lock:
-        """The lock of ``receiver``'s link: one receive or one run of settlements at a time.
-
-        The SDK waits for a settlement's echo (and a receive for its
-        messages) by polling the receiver's connection, and overlapping
-        waits queue behind each other's polls (a completion behind a pending
-        receive took ~100 ms instead of 0.3 ms on the test server): taking
-        turns is much faster. ``asyncio.Lock`` is fair, so receiving and
-        settling alternate under load.
-        """
-        lock = self._links.get(id(receiver))
-        if lock is None:
-            lock = self._links[id(receiver)] = asyncio.Lock()
-        return lock
-
     async def _settle_each(self, operation: str, payloads: Sequence[ServiceBusPayload],
                            settle: Callable[[ServiceBusPayload], Awaitable[None]], *,
                            in_turn: bool = False) -> list[tuple[ServiceBusPayload, BaseException]]:
-        """Settle each payload; the ones that raised.
-
-        ``in_turn`` (completions, renewals: the volume): one at a time,
-        holding the receiver's link (see :meth:`_link`). Otherwise (abandons
-        and dead-letterings: rare) ``settle_concurrency`` at a time while a
-        receive may be pending: a message handed back must go to that
-        receive, in the session's order, not arrive between two receives.
-        """
-        self.calls.count(operation, len(payloads))
-        failed: list[tuple[ServiceBusPayload, BaseException]] = []
-        if in_turn:
-            by_receiver: dict[int, list[ServiceBusPayload]] = {}
-            for payload in payloads:
-                by_receiver.setdefault(id(payload.receiver), []).append(payload)
-            for group in by_receiver.values():
-                async with self._link(group[0].receiver):
-                    for payload in group:
-                        try:
-                            await settle(payload)
-                        except Exception as exc:  # noqa: BLE001 - the caller reports them
-                            failed.append((payload, exc))
-            return failed
-
-        async def chunk(part: Sequence[ServiceBusPayload]) -> None:
-            results = await asyncio.gather(*(settle(p) for p in part), return_exceptions=True)
-            for payload, result in zip(part, results, strict=True):
-                if isinstance(result, BaseException):
-                    if not isinstance(result, Exception):
-                        raise result  # a cancellation
-                    failed.append((payload, result))
-
-        await in_batches(payloads, chunk, size=self.settings.settle_concurrency, concurrency=1)
-        return failed
+        """Every settlement of this producer: :func:`settle_each` on its links; what raised."""
+        return await settle_each(operation, payloads, settle, calls=self.calls,
+                                 turns=self._turns, concurrency=self.settings.settle_concurrency,
+                                 in_turn=in_turn)
 
     async def _send_completes(self, chunk: Sequence[ServiceBusPayload]) -> list[
             tuple[ServiceBusPayload, str]]:
         """Complete a chunk; returns what failed transiently (the sender retries it)."""
         failed = await self._settle_each(
             "Complete", chunk, lambda p: p.receiver.complete_message(p.received), in_turn=True)
-        retry = [(p, _said(exc)) for p, exc in failed if transient(exc)]
+        retry = [(p, said(exc)) for p, exc in failed if transient(exc)]
         again = {id(p) for p, _ in retry}
         self._report(logging.WARNING, _COMPLETE_LOST, [
-            (p, _said(exc)) for p, exc in failed if id(p) not in again])
+            (p, said(exc)) for p, exc in failed if id(p) not in again])
         self._done([p for p in chunk if id(p) not in again])
         return retry
 
@@ -570,17 +531,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
 
     def _report(self, level: int, event: str,
                 failed: Sequence[tuple[ServiceBusPayload, str]]) -> None:
-        """Log a batch of failed settlements as one ``event`` line (sequence numbers, first reason).
-
-        After an outage they fail in hundreds, and a line per message would
-        say the same thing each time.
-        """
-        if not failed:
-            return
-        numbers = [p.message.sequence_number for p, _ in failed]
-        reasons = {detail for _, detail in failed}
-        log.log(level, event, entity=self.entity, count=len(failed),
-                sequence_numbers=numbers[:10], error=failed[0][1], other_errors=len(reasons) - 1)
+        report_failures(log, level, event, self.entity, failed)
 
     async def _abandon(self, payloads: list[ServiceBusPayload]) -> None:
         log.info("abandoning messages", entity=self.entity, count=len(payloads),
@@ -589,7 +540,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             "Abandon", payloads, lambda p: p.receiver.abandon_message(p.received))
         self._report(logging.WARNING,
                      "abandoning messages did not take; their locks lapse and they come again",
-                     [(p, _said(exc)) for p, exc in failed])
+                     [(p, said(exc)) for p, exc in failed])
         self._done(payloads)
 
     async def _dispose(self, items: list[_Disposal]) -> None:
@@ -612,7 +563,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         refused = {id(p) for p, _ in failed}
         self._report(logging.ERROR, "dead-lettering messages did not take; their locks lapse, "
                      "they come again and are dead-lettered then",
-                     [(p, _said(exc)) for p, exc in failed])
+                     [(p, said(exc)) for p, exc in failed])
         for payload, reason, verdicts in items:
             number = payload.message.sequence_number
             if id(payload) in refused:
@@ -635,7 +586,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             in_turn=True)
         lost = {p.key for p, _ in failed}
         self._report(logging.INFO, "renewing message locks did not take; tried again next "
-                     "round until the lock expires", [(p, _said(exc)) for p, exc in failed])
+                     "round until the lock expires", [(p, said(exc)) for p, exc in failed])
         return [t for t in due if t not in lost]
 
     # -- closing -------------------------------------------------------------------------
@@ -670,8 +621,3 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             if self._identity is not None:
                 await self._identity.close()
 
-
-def _said(exc: BaseException) -> str:
-    """``Type: first line`` of an error, for a log line."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
