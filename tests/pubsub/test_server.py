@@ -26,6 +26,8 @@ from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 from google.pubsub_v1.types import PubsubMessage, StreamingPullRequest, StreamingPullResponse
 
+from sharedstream.testing.pubsub.service import PubSubService, _Stream
+from sharedstream.testing.pubsub.state import Consumer, SubscriptionSettings
 from tests.pubsub.conftest import PROJECT, pubsub_v1, streaming
 from tests.pubsub.harness import ThreadedPubSubServer
 
@@ -553,3 +555,33 @@ def test_a_state_file_keeps_topics_subscriptions_and_unacked_messages_across_a_k
             subscriber.close()
     finally:
         server.stop()
+
+
+async def test_a_client_gone_during_a_write_ends_its_stream_without_an_error() -> None:
+    """A stream whose client went away mid-write ends quietly; any other write error is raised.
+
+    (A stopping process used to leave a traceback from gRPC here: the write failed, the
+    handler raised, and sending that error status to nobody failed too.)
+    """
+    service = PubSubService()
+    topic, name = f"projects/{PROJECT}/topics/gone-t", f"projects/{PROJECT}/subscriptions/gone-s"
+    service.state.create_topic(topic, object())
+    service.state.create_subscription(name, SubscriptionSettings(topic=topic), object())
+
+    class Context:
+        def __init__(self, *, gone: bool) -> None:
+            self.gone = gone
+
+        async def write(self, response: object) -> None:
+            raise RuntimeError("Failed execute_batch")
+
+        def done(self) -> bool:
+            return self.gone
+
+    service.state.publish(topic, [(b"one", {}, "")])
+    stream = _Stream(name, Consumer(10, 0), deadline=10.0)
+    await asyncio.wait_for(service._deliver(stream, Context(gone=True)), 5)  # type: ignore[arg-type]
+    service.state.publish(topic, [(b"two", {}, "")])
+    with pytest.raises(RuntimeError, match="execute_batch"):
+        await service._deliver(_Stream(name, Consumer(10, 0), deadline=10.0),
+                               Context(gone=False))  # type: ignore[arg-type]

@@ -531,7 +531,15 @@ class PubSubService:
             stream.confirmed.clear()
             if taken:
                 self._rescheduled.set()
-            await context.write(response)
+            try:
+                await context.write(response)
+            except Exception:
+                if context.done():
+                    # The client went away during the write (a cancelled stream, a process
+                    # stopping): nobody to tell. What the stream leased comes again once
+                    # its deadline passes, as after any stream that ends.
+                    return
+                raise
 
 
 def _serialize(message: _Pb) -> bytes:
