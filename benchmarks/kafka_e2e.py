@@ -427,14 +427,15 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
     for n, (kind, k, decoder) in enumerate(cases * args.repeat):
         topic = f"bench.e2e.{n}.{kind}-{k}"
         await create_topic(bootstrap, topic, args.partitions)
-        customers = (k if kind == "shared" else max(args.ks)) if args.selective else None
+        ours = kind in ("shared", "unstored")
+        customers = (k if ours else max(args.ks)) if args.selective else None
         ends = await produce(bootstrap, topic, messages, args.partitions, customers)
-        label = ("raw" if kind == "raw" else f"{kind} {k}" if kind in ("shared", "unstored")
+        label = ("raw" if kind == "raw" else f"{kind} {k}" if ours
                  else independent_case(k, decoder))
         _say(f"{label}: {sum(ends.values())} records on {topic} ({args.partitions} partitions)")
         if kind == "raw":
             result = await run_raw(bootstrap, topic, ends, messages, args.timeout)
-        elif kind in ("shared", "unstored"):
+        elif ours:
             result = await run_shared(bootstrap, topic, ends, messages, k=k, workdir=workdir,
                                       limit=args.timeout, selective=args.selective,
                                       unstored=kind == "unstored")

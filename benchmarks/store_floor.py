@@ -101,13 +101,13 @@ def sql_only(path: Path, trigger_id: int, events: int, batch: int,
                 " created_at) SELECT ?3, ?3 || '/' || ?4 || n || '#0', ?5, NULL, ?6 FROM s"
                 " WHERE true ON CONFLICT (idem_key) DO NOTHING",
                 (start, last, trigger_id, PREFIX, PAYLOAD, CREATED_AT))
-            (first_asset_event,) = conn.execute(
-                "SELECT coalesce(max(id), 0) + 1 FROM asset_events").fetchone()
             conn.execute(
                 "INSERT INTO asset_events (asset_id, trigger_event_id, created_at)"
                 " SELECT ?1, id, ?3 FROM trigger_events WHERE id > ?2 ORDER BY id",
                 (asset_id, before, CREATED_AT))
-            if runs:
+            if runs:  # the batch's asset events: the last ones, consecutive ids
+                (first_asset_event,) = conn.execute(
+                    "SELECT max(id) - ?1 + 1 FROM asset_events", (last - start + 1,)).fetchone()
                 (first_run,) = conn.execute(
                     "SELECT coalesce(max(id), 0) + 1 FROM dag_runs").fetchone()
                 conn.execute(

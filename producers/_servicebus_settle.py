@@ -24,7 +24,7 @@ from typing import Any
 from sharedstream.brokerkit.batches import in_batches
 from sharedstream.brokerkit.calls import BrokerCalls
 from sharedstream.engine.keyvalue_log import KeyValueLogger
-from sharedstream.producers._servicebus_types import ServiceBusPayload
+from sharedstream.producers._servicebus_types import ServiceBusPayload, first_line
 
 __all__ = ["LinkTurns", "report_failures", "said", "settle_each"]
 
@@ -117,6 +117,6 @@ def report_failures(log: KeyValueLogger, level: int, event: str, entity: str,
 
 
 def said(exc: BaseException) -> str:
-    """``Type: first line`` of an error, for a log line."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+    """``Type: first line`` of an error (the type alone when it says nothing), for a log line."""
+    kind = type(exc).__name__
+    return f"{kind}: {first_line(exc, 200)}" if str(exc).strip() else kind

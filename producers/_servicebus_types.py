@@ -40,6 +40,7 @@ __all__ = [
     "ServiceBusSettings",
     "credential_of",
     "dead_letter_details",
+    "first_line",
     "namespace_of",
     "open_client",
     "read_message",
@@ -84,15 +85,16 @@ def sdk_error(what: str, exc: BaseException) -> ServiceBusProducerError:
     """
     names = {kind.__name__ for kind in type(exc).__mro__}
     if "MessagingEntityNotFoundError" in names:
-        return ServiceBusConfigError(f"{what}: not found ({_first_line(exc)})")
+        return ServiceBusConfigError(f"{what}: not found ({first_line(exc)})")
     if names.intersection(_REFUSED):
-        return ServiceBusConfigError(f"{what}: not authorized ({_first_line(exc)})")
-    return ServiceBusRequestError(f"{what} failed: {_first_line(exc)}")
+        return ServiceBusConfigError(f"{what}: not authorized ({first_line(exc)})")
+    return ServiceBusRequestError(f"{what} failed: {first_line(exc)}")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none), cut at ``limit``."""
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+    return text.splitlines()[0][:limit]
 
 
 def namespace_of(connection_string: str) -> str:
@@ -288,7 +290,7 @@ def open_client(settings: ServiceBusSettings, aio: Any, core_credentials: Any) -
     except ValueError as exc:  # the SDK's own check of the string; never show the string
         raise ServiceBusConfigError(
             f"connection_string for {s.entity_path!r} is not usable: "
-            f"{str(exc).splitlines()[0][:200]}") from None
+            f"{first_line(exc, 200)}") from None
 
 
 def receiver_options(settings: ServiceBusSettings, servicebus: Any, *,

@@ -463,10 +463,10 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         redelivered, which costs a duplicate at most.
         """
         exceptions = _sdk("google.api_core.exceptions")
+        request = raw_request(_sdk("google.pubsub_v1.types").ModifyAckDeadlineRequest,
+                              subscription=self.subscription, ack_ids=ack_ids,
+                              ack_deadline_seconds=seconds)
         try:
-            request = raw_request(_sdk("google.pubsub_v1.types").ModifyAckDeadlineRequest,
-                                  subscription=self.subscription, ack_ids=ack_ids,
-                                  ack_deadline_seconds=seconds)
             await self._call("ModifyAckDeadline", lambda: self._subscriber.modify_ack_deadline(
                 request=request, retry=None, timeout=_CALL_TIMEOUT))
         except PubSubProducerError as exc:

@@ -620,4 +620,3 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 await self._close("client", self._client.close)
             if self._identity is not None:
                 await self._identity.close()
-
