@@ -133,6 +133,36 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def chosen_backends(choice: str, *, local: str, container: str, label: str,
+                    unavailable: Callable[[], str | None] | None = None) -> list[str] | str:
+    """The backends a benchmark's backend option runs, in order, or why the one asked for cannot.
+
+    ``choice`` is ``"auto"`` (``local``, then ``container`` when a Docker
+    engine answers: else skipped with one line saying why), ``local`` or
+    ``container``. A string is the reason the ``container`` backend, asked
+    for by name, cannot run here (the benchmark exits with status 2).
+    ``label`` names that backend in those lines (``"Pub/Sub emulator"``);
+    ``unavailable`` says why containers cannot run (the testing kit's
+    :func:`~sharedstream.testing.brokers.containers_unavailable` by default).
+    """
+    if choice not in ("auto", local, container):
+        return f"unknown backend {choice!r} (auto, {local} or {container})"
+    chosen = [local] if choice in ("auto", local) else []
+    if choice in ("auto", container):
+        if unavailable is None:
+            from sharedstream.testing.brokers import containers_unavailable  # noqa: PLC0415
+
+            unavailable = containers_unavailable
+        why_not = unavailable()
+        if why_not is None:
+            chosen.append(container)
+        elif choice == container:
+            return f"cannot run the {label} backend: {why_not}"
+        else:
+            say(f"skipping the {label} backend: {why_not}")
+    return chosen
+
+
 @dataclass
 class Progress:
     """When the sources were done (s since the case started): the case is the slowest."""

@@ -81,6 +81,7 @@ from typing import Any
 
 from _e2e import (
     IndependentStore,
+    chosen_backends,
     expected_events,
     independent_stores,
     message_body,
@@ -92,7 +93,7 @@ from _triggerer_config import make_config
 
 from sharedstream.brokerkit.codecs import DECODERS
 from sharedstream.store.sqlite import SqliteStore
-from sharedstream.testing.brokers import containers_unavailable, kafka_container, tansu_broker
+from sharedstream.testing.brokers import kafka_container, tansu_broker
 from sharedstream.testing.brokers.containers import KAFKA_IMAGE
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -555,17 +556,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     messages = 3_000 if args.quick else args.messages
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    brokers = ["tansu"] if args.brokers in ("auto", "tansu") else []
-    if args.brokers in ("auto", "testcontainers"):
-        why_not = containers_unavailable()
-        if why_not is None:
-            brokers.append("testcontainers")
-        elif args.brokers == "testcontainers":
-            print(f"error: cannot run the testcontainers Kafka backend: {why_not}",
-                  file=sys.stderr)
-            return 2
-        else:
-            _say(f"skipping the testcontainers Kafka backend: {why_not}")
+    brokers = chosen_backends(args.brokers, local="tansu", container="testcontainers",
+                              label="testcontainers Kafka")
+    if isinstance(brokers, str):
+        print(f"error: {brokers}", file=sys.stderr)
+        return 2
     suffix = "-quick" if args.quick else ""
     bad: list[str] = []
     for broker in brokers:

@@ -1,4 +1,4 @@
-"""Pub/Sub end to end: messages/s from publish to acknowledged, on the kit's Pub/Sub test server.
+"""Pub/Sub end to end: messages/s from publish to acknowledged, on a test server or the emulator.
 
 Starts the testing kit's Pub/Sub test server as its own process on a free
 loopback port (``python -m sharedstream.testing.pubsub --port N``, through
@@ -55,14 +55,24 @@ being stored): the same-round ratio ``unstored K / shared K`` shows how much
 of the shared case's time waits on the store's writes. The results go to
 ``pubsub_e2e-diagnose.*``.
 
+**Backends.** ``--backend auto`` (the default) runs every case on the kit's
+test server, then again on Google's own emulator (``gcloud beta emulators
+pubsub``, the gcloud CLI image, through the testing kit's
+``pubsub_container``) when a Docker engine answers; without one that run
+is skipped with one line saying why. ``--backend server`` runs the test
+server alone, ``--backend emulator`` the emulator alone (exit status 2
+without Docker). The emulator's results go to ``pubsub_e2e-emulator.*``
+(``pubsub_e2e-diagnose-emulator.*``); its CPU is not read (a container).
+
 Usage: ``python benchmarks/pubsub_e2e.py [--messages N] [--quick] [--ks 1,10]
-[--repeat R] [--diagnose] [--output-dir D]``
+[--repeat R] [--diagnose] [--backend auto|server|emulator] [--output-dir D]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -80,6 +90,7 @@ from typing import Any
 from _e2e import (
     ACKED,
     Progress,
+    chosen_backends,
     cpu_seconds,
     expected_events,
     independent_stores,
@@ -93,6 +104,7 @@ from _e2e import (
 from _e2e import say as _say
 from _e2e_rounds import CaseResult, Chart, parse_args, report, run_rounds
 
+from sharedstream.testing.brokers.containers import PUBSUB_IMAGE, pubsub_container
 from sharedstream.testing.brokers.pubsub import start_pubsub, stop_pubsub
 
 PROJECT = "bench"
@@ -301,7 +313,7 @@ async def run_shared(host: str, subscription: str, messages: int, *, k: int, cas
 # -- a case ---------------------------------------------------------------------------------
 
 
-async def run_case(host: str, server_pid: int, kind: str, k: int, *, round_: int, n: int,
+async def run_case(host: str, server_pid: int | None, kind: str, k: int, *, round_: int, n: int,
                    messages: int, workdir: Path, limit: float) -> CaseResult:
     """One case on a fresh topic: publish, consume until N acks each, check nothing is left."""
     label = kind if kind in ("raw", "client") else f"{kind} {k}"
@@ -350,9 +362,35 @@ def case_list(ks: list[int], *, diagnose: bool = False) -> list[tuple[str, int]]
 
 
 def _more_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("auto", "server", "emulator"), default="auto",
+                        help="auto (default): the kit's test server, then Google's emulator "
+                        "(the gcloud CLI image) in a container when a Docker engine answers")
     parser.add_argument("--diagnose", action="store_true",
                         help="add 'unstored K' (shared K with the store's writes stubbed out; "
                              "a diagnostic); writes pubsub_e2e-diagnose.*")
+
+
+def run_backend(args: argparse.Namespace, backend: str, workdir: Path) -> list[CaseResult]:
+    """Every case on ``backend`` (``server`` or ``emulator``), ``--repeat`` rounds."""
+    with contextlib.ExitStack() as stack:
+        if backend == "server":
+            process, host = start_pubsub(workdir)
+            stack.callback(stop_pubsub, process)
+            server_pid: int | None = process.pid
+            _say(f"the Pub/Sub test server (pid {process.pid}) on {host}; {args.messages} "
+                 f"messages per case; in {workdir}")
+        else:
+            host = stack.enter_context(pubsub_container(project=PROJECT))
+            server_pid = None  # in a container: its CPU is not ours to read
+            _say(f"Google's Pub/Sub emulator ({PUBSUB_IMAGE}) on {host}; {args.messages} "
+                 f"messages per case; in {workdir}")
+
+        async def run_one(kind: str, k: int, round_: int, n: int) -> CaseResult:
+            return await run_case(host, server_pid, kind, k, round_=round_, n=n,
+                                  messages=args.messages, workdir=workdir, limit=args.timeout)
+
+        return asyncio.run(run_rounds(case_list(args.ks, diagnose=args.diagnose), args.repeat,
+                                      run_one))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -360,36 +398,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                       more=_more_args)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    workdir = Path(tempfile.mkdtemp(prefix="sharedstream-pubsub-e2e-"))
-    load = {"start": list(os.getloadavg())}
-    process, host = start_pubsub(workdir)
-    try:
-        _say(f"the Pub/Sub test server (pid {process.pid}) on {host}; {args.messages} "
-             f"messages per case; in {workdir}")
-
-        async def run_one(kind: str, k: int, round_: int, n: int) -> CaseResult:
-            return await run_case(host, process.pid, kind, k, round_=round_, n=n,
-                                  messages=args.messages, workdir=workdir, limit=args.timeout)
-
-        runs = asyncio.run(run_rounds(case_list(args.ks, diagnose=args.diagnose), args.repeat,
-                                      run_one))
-    finally:
-        stop_pubsub(process)
-        shutil.rmtree(workdir, ignore_errors=True)
-    load["end"] = list(os.getloadavg())
-    name = "pubsub_e2e-diagnose" if args.diagnose else "pubsub_e2e"
-    return report(
-        args, name, runs, targets=TARGETS, chart=Chart(
-            f"Pub/Sub end to end (kit's test server, {args.messages:,} JSON messages, "
-            "1 in 10 stored per watcher)", "messages/s, publish -> acked", ("raw", "client"),
-            ("client", TARGETS["shared 10 / client"] or 0,
-             "80% of the client loop (target for shared 10)")),
-        about={"broker": "sharedstream.testing.pubsub (own process)",
-               "max_in_flight": MAX_IN_FLIGHT, "load_average": load,
-               "done_when": "each consumer counted N acks (raw/independent: ack ids written on "
-                            "the stream; client: message.ack() calls; shared: ack ids of "
-                            "Acknowledge calls that returned), then a final "
-                            "Pull(return_immediately) after the consumers stopped got nothing"})
+    chosen = chosen_backends(args.backend, local="server", container="emulator",
+                             label="Pub/Sub emulator")
+    if isinstance(chosen, str):
+        print(f"error: {chosen}", file=sys.stderr)
+        return 2
+    status = 0
+    for backend in chosen:
+        workdir = Path(tempfile.mkdtemp(prefix=f"sharedstream-pubsub-e2e-{backend}-"))
+        load = {"start": list(os.getloadavg())}
+        try:
+            runs = run_backend(args, backend, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        load["end"] = list(os.getloadavg())
+        name = "pubsub_e2e-diagnose" if args.diagnose else "pubsub_e2e"
+        where = "kit's test server" if backend == "server" else "Google's emulator"
+        status |= report(
+            args, name if backend == "server" else f"{name}-emulator", runs, targets=TARGETS,
+            chart=Chart(
+                f"Pub/Sub end to end ({where}, {args.messages:,} JSON messages, "
+                "1 in 10 stored per watcher)", "messages/s, publish -> acked", ("raw", "client"),
+                ("client", TARGETS["shared 10 / client"] or 0,
+                 "80% of the client loop (target for shared 10)")),
+            about={"broker": "sharedstream.testing.pubsub (own process)"
+                   if backend == "server" else f"{PUBSUB_IMAGE} (a container)",
+                   "max_in_flight": MAX_IN_FLIGHT, "load_average": load,
+                   "done_when": "each consumer counted N acks (raw/independent: ack ids written on "
+                                "the stream; client: message.ack() calls; shared: ack ids of "
+                                "Acknowledge calls that returned), then a final "
+                                "Pull(return_immediately) after the consumers stopped got nothing"})
+    return status
 
 
 if __name__ == "__main__":

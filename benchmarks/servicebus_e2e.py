@@ -81,6 +81,7 @@ from typing import Any
 from _e2e import (
     ACKED,
     Progress,
+    chosen_backends,
     cpu_seconds,
     expected_events,
     independent_stores,
@@ -95,7 +96,6 @@ from _e2e_rounds import CaseResult, Chart, parse_args, report, run_rounds
 
 from sharedstream.testing.brokers.containers import (
     SERVICEBUS_EMULATOR_IMAGE,
-    containers_unavailable,
     servicebus_emulator_container,
 )
 from sharedstream.testing.brokers.servicebus import start_servicebus, stop_servicebus
@@ -322,20 +322,6 @@ def _backend_option(parser: argparse.ArgumentParser) -> None:
                         "emulator in containers when a Docker engine answers")
 
 
-def backends(choice: str) -> list[str] | str:
-    """The backends to run for ``--backend choice``, or why the one asked for cannot run."""
-    chosen = ["server"] if choice in ("auto", "server") else []
-    if choice in ("auto", "emulator"):
-        why_not = containers_unavailable()
-        if why_not is None:
-            chosen.append("emulator")
-        elif choice == "emulator":
-            return f"cannot run the Service Bus emulator backend: {why_not}"
-        else:
-            _say(f"skipping the Service Bus emulator backend: {why_not}")
-    return chosen
-
-
 def run_backend(args: argparse.Namespace, backend: str, workdir: Path) -> list[CaseResult]:
     """Every case on ``backend`` (``server`` or ``emulator``), ``--repeat`` rounds."""
     entities = entities_document(case_list(args.ks), args.repeat)
@@ -363,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       timeout=600.0, more=_backend_option)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    chosen = backends(args.backend)
+    chosen = chosen_backends(args.backend, local="server", container="emulator",
+                             label="Service Bus emulator")
     if isinstance(chosen, str):
         print(f"error: {chosen}", file=sys.stderr)
         return 2
