@@ -1,10 +1,11 @@
 """An end-to-end benchmark run in rounds: its arguments, the rounds, medians, ratios, files.
 
 Used by the benchmarks whose cases are counted the same way (``pubsub_e2e.py``,
-``servicebus_e2e.py``): every case runs once per round (``--repeat R``
-rounds, round-robin, so noise that hits a round hits every case of it), a
-case's reported run is its median by msgs/s, and each target ratio is the
-median of the rounds' own ratios (the two cases of a round ran minutes apart
+``servicebus_e2e.py``), on one backend or several (:func:`run_backends`):
+every case runs once per round (``--repeat R`` rounds, round-robin, so
+noise that hits a round hits every case of it), a case's reported run is
+its median by msgs/s, and each target ratio is the median of the rounds'
+own ratios (the two cases of a round ran minutes apart
 at most). A verdict is MET / NOT MET, printed and written, never asserted;
 a run with wrong event counts or messages left behind makes the exit
 status 1. Writes ``<stem>.json`` (every run, the medians, the verdicts),
@@ -19,8 +20,10 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,3 +223,36 @@ def report(args: argparse.Namespace, name: str, runs: list[CaseResult], *, targe
         say(f"error: wrong event counts or messages left in {', '.join(bad)}")
         return 1
     return 0
+
+
+RunBackend = Callable[[argparse.Namespace, str, Path], list[CaseResult]]
+"""Every case on one backend, ``--repeat`` rounds: ``run(args, backend, workdir)``."""
+
+ReportBackend = Callable[[str, list[CaseResult], Mapping[str, list[float]]], int]
+"""Report one backend's runs: ``report(backend, runs, load_average)``; an exit status."""
+
+
+def run_backends(args: argparse.Namespace, chosen: list[str] | str, *, prefix: str,
+                 run: RunBackend, report_backend: ReportBackend) -> int:
+    """Run and report each backend of ``chosen`` in a temporary folder of its own.
+
+    ``chosen`` is :func:`_e2e.chosen_backends`' answer: a string (the backend
+    asked for cannot run) is printed as an error and gives exit status 2.
+    Otherwise the exit status is that of every report together (1 if any
+    run stored a wrong count or left messages behind). The load average at
+    the start and the end of each backend goes to its report.
+    """
+    if isinstance(chosen, str):
+        print(f"error: {chosen}", file=sys.stderr)
+        return 2
+    status = 0
+    for backend in chosen:
+        workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-{backend}-"))
+        load = {"start": list(os.getloadavg())}
+        try:
+            runs = run(args, backend, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        load["end"] = list(os.getloadavg())
+        status |= report_backend(backend, runs, load)
+    return status

@@ -76,13 +76,11 @@ import contextlib
 import importlib
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -102,7 +100,7 @@ from _e2e import (
     write_definitions,
 )
 from _e2e import say as _say
-from _e2e_rounds import CaseResult, Chart, parse_args, report, run_rounds
+from _e2e_rounds import CaseResult, Chart, parse_args, report, run_backends, run_rounds
 
 from sharedstream.testing.brokers.containers import PUBSUB_IMAGE, pubsub_container
 from sharedstream.testing.brokers.pubsub import start_pubsub, stop_pubsub
@@ -400,21 +398,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chosen = chosen_backends(args.backend, local="server", container="emulator",
                              label="Pub/Sub emulator")
-    if isinstance(chosen, str):
-        print(f"error: {chosen}", file=sys.stderr)
-        return 2
-    status = 0
-    for backend in chosen:
-        workdir = Path(tempfile.mkdtemp(prefix=f"sharedstream-pubsub-e2e-{backend}-"))
-        load = {"start": list(os.getloadavg())}
-        try:
-            runs = run_backend(args, backend, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        load["end"] = list(os.getloadavg())
+
+    def report_backend(backend: str, runs: list[CaseResult],
+                       load: Mapping[str, list[float]]) -> int:
         name = "pubsub_e2e-diagnose" if args.diagnose else "pubsub_e2e"
         where = "kit's test server" if backend == "server" else "Google's emulator"
-        status |= report(
+        return report(
             args, name if backend == "server" else f"{name}-emulator", runs, targets=TARGETS,
             chart=Chart(
                 f"Pub/Sub end to end ({where}, {args.messages:,} JSON messages, "
@@ -428,7 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "the stream; client: message.ack() calls; shared: ack ids of "
                                 "Acknowledge calls that returned), then a final "
                                 "Pull(return_immediately) after the consumers stopped got nothing"})
-    return status
+
+    return run_backends(args, chosen, prefix="sharedstream-pubsub-e2e", run=run_backend,
+                        report_backend=report_backend)
 
 
 if __name__ == "__main__":

@@ -69,12 +69,9 @@ import asyncio
 import contextlib
 import importlib
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +89,7 @@ from _e2e import (
     write_definitions,
 )
 from _e2e import say as _say
-from _e2e_rounds import CaseResult, Chart, parse_args, report, run_rounds
+from _e2e_rounds import CaseResult, Chart, parse_args, report, run_backends, run_rounds
 
 from sharedstream.testing.brokers.containers import (
     SERVICEBUS_EMULATOR_IMAGE,
@@ -351,21 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chosen = chosen_backends(args.backend, local="server", container="emulator",
                              label="Service Bus emulator")
-    if isinstance(chosen, str):
-        print(f"error: {chosen}", file=sys.stderr)
-        return 2
-    status = 0
-    for backend in chosen:
-        workdir = Path(tempfile.mkdtemp(prefix=f"sharedstream-servicebus-e2e-{backend}-"))
-        load = {"start": list(os.getloadavg())}
-        try:
-            runs = run_backend(args, backend, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        load["end"] = list(os.getloadavg())
+
+    def report_backend(backend: str, runs: list[CaseResult],
+                       load: Mapping[str, list[float]]) -> int:
         where = ("kit's test server" if backend == "server"
                  else "the official emulator, in containers")
-        status |= report(
+        return report(
             args, "servicebus_e2e" if backend == "server" else "servicebus_e2e-emulator", runs,
             targets=TARGETS, chart=Chart(
                 f"Service Bus end to end ({where}, {args.messages:,} JSON messages, "
@@ -379,7 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "(shared: the producer's completions that did not raise), then "
                                 "a peek of each entity and its dead-letter sub-queue after the "
                                 "consumers stopped saw nothing"})
-    return status
+
+    return run_backends(args, chosen, prefix="sharedstream-servicebus-e2e", run=run_backend,
+                        report_backend=report_backend)
 
 
 if __name__ == "__main__":
