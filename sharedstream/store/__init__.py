@@ -31,19 +31,39 @@ from sharedstream.store.base import (
     redact_url,
 )
 from sharedstream.store.factory import open_store, serves_one_triggerer, triggerer_guard
+from sharedstream.store.outbox import (
+    FINISHED_STATES,
+    RUN_STATES,
+    UNFINISHED_STATES,
+    AttemptRow,
+    ClaimedRun,
+    DispatchResult,
+    OutboxStore,
+    PruneResult,
+    RunEvent,
+)
 from sharedstream.store.sqlite import SqliteStore
 
 __all__ = [
+    "FINISHED_STATES",
+    "RUN_STATES",
     "RUN_STATE_QUEUED",
     "RUN_TYPES",
     "TRIGGER_STATES",
+    "UNFINISHED_STATES",
+    "AttemptRow",
     "Claim",
+    "ClaimedRun",
     "DagRow",
     "DagSpec",
+    "DispatchResult",
     "EventRow",
     "MetadataStore",
+    "OutboxStore",
     "PendingEvent",
+    "PruneResult",
     "QueuedRuns",
+    "RunEvent",
     "RunRow",
     "Schedule",
     "SchemaStatus",

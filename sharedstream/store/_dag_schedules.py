@@ -65,6 +65,20 @@ class Dialect:
     lock: str  # appended to the SELECT of a DAG row about to be changed
     aggregate: str
     items: Callable[[Any], Sequence[Any]]
+    member: str = "{column} IN (SELECT value FROM json_each(?))"
+    """A condition: ``{column}`` is one of a list bound as one parameter (:meth:`bind_list`)."""
+    list_param: Callable[[Sequence[Any]], Any] = lambda values: json.dumps(list(values))
+    """A list as that one parameter."""
+    skip_locked: str = ""
+    """Appended to a ``SELECT`` of rows to claim: take them, skipping any another claimer holds."""
+
+    def one_of(self, column: str) -> str:
+        """The condition ``column`` is in a list given by :meth:`bind_list`, ``?`` style."""
+        return self.member.format(column=column)
+
+    def bind_list(self, values: Sequence[Any]) -> Any:
+        """``values`` as the parameter of :meth:`one_of`."""
+        return self.list_param(values)
 
     def sql(self, text: str) -> str:
         """``text`` with its ``?`` placeholders in this dialect's style."""
@@ -113,6 +127,15 @@ def _timetable_text(spec: DagSpec) -> str | None:
         raise StoreError(f"dag {spec.dag_id!r}: timetable is not JSON-able: {exc}") from exc
 
 
+def _target_text(spec: DagSpec) -> str | None:
+    if spec.target is None:
+        return None
+    try:
+        return json.dumps(spec.target, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"dag {spec.dag_id!r}: target is not JSON-able: {exc}") from exc
+
+
 def sync_dags(conn: _Connection, dialect: Dialect, dags: Sequence[DagSpec], now: datetime) -> None:
     """Replace the stored DAGs with ``dags``, keeping or resetting each one's bookkeeping.
 
@@ -136,21 +159,22 @@ def sync_dags(conn: _Connection, dialect: Dialect, dags: Sequence[DagSpec], now:
     for dag in dags:
         text = _timetable_text(dag)
         schedule = json.dumps(dag.schedule, sort_keys=True)  # "null": no asset schedules it
+        target = _target_text(dag)
         fields = (text, dialect.time(dag.start_date), dialect.time(dag.end_date), dag.catchup)
         old = stored.get(dag.dag_id)
         if old is None:
             conn.execute(
-                q("INSERT INTO dags (dag_id, schedule, updated_at, timetable_summary, timetable,"
-                  " start_date, end_date, catchup) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
-                (dag.dag_id, schedule, stamp, dag.summary, *fields),
+                q("INSERT INTO dags (dag_id, schedule, updated_at, timetable_summary, target,"
+                  " timetable, start_date, end_date, catchup) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                (dag.dag_id, schedule, stamp, dag.summary, target, *fields),
             )
             if text is not None:
                 _resume_from_runs(conn, dialect, dag.dag_id)
             continue
-        conn.execute(
-            q("UPDATE dags SET schedule = ?, updated_at = ?, timetable_summary = ?"
+        conn.execute(  # paused is a person's choice: kept
+            q("UPDATE dags SET schedule = ?, updated_at = ?, timetable_summary = ?, target = ?"
               " WHERE dag_id = ?"),
-            (schedule, stamp, dag.summary, dag.dag_id),
+            (schedule, stamp, dag.summary, target, dag.dag_id),
         )
         if old != (text, dag.start_date, dag.end_date, dag.catchup):
             # The schedule changed: the new one continues after the last automated
@@ -188,7 +212,8 @@ _DAG_COLUMNS = (
     " d.catchup, d.last_interval_start, d.last_interval_end, d.next_logical_date,"
     " d.next_interval_start, d.next_interval_end, d.next_run_after, d.next_run_id, d.revision,"
     " (SELECT r.run_id FROM dag_runs r WHERE r.dag_id = d.dag_id ORDER BY r.id DESC LIMIT 1),"
-    " (SELECT r.created_at FROM dag_runs r WHERE r.dag_id = d.dag_id ORDER BY r.id DESC LIMIT 1)"
+    " (SELECT r.created_at FROM dag_runs r WHERE r.dag_id = d.dag_id ORDER BY r.id DESC LIMIT 1),"
+    " d.paused, d.target"
 )
 
 
@@ -219,6 +244,8 @@ def _dag_row(row: Sequence[Any], dialect: Dialect) -> DagRow:
         revision=int(row[14]),
         last_run_id=row[15],
         last_run_at=when(row[16]),
+        paused=bool(row[17]),
+        target=None if row[18] is None else json.loads(row[18]),
     )
 
 

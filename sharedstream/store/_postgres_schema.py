@@ -162,7 +162,36 @@ _V5 = (
     "ALTER TABLE dag_runs ADD COLUMN trace_parent TEXT",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
+# Dispatch (sharedstream.store.outbox): a queued run is the outbox's message. Its
+# state moves on as a dispatcher claims it (claimed_by: a triggerer id, whose
+# heartbeat is the claim's lease), delivers it and follows it at its target; each
+# delivery is an attempt row. A DAG can be paused (its runs wait) and names its
+# target (JSON); a manual run keeps its conf (JSON). attempt_base: the attempts made
+# before the last `runs retry` (its new retry budget counts from there).
+_V6 = (
+    "ALTER TABLE dag_runs ADD COLUMN conf TEXT, ADD COLUMN target TEXT,"
+    " ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0, ADD COLUMN attempt_base INTEGER NOT NULL"
+    " DEFAULT 0, ADD COLUMN next_attempt_at TIMESTAMPTZ,"
+    " ADD COLUMN claimed_by TEXT, ADD COLUMN last_error TEXT, ADD COLUMN external_id TEXT,"
+    " ADD COLUMN external_url TEXT, ADD COLUMN dispatched_at TIMESTAMPTZ,"
+    " ADD COLUMN ended_at TIMESTAMPTZ, ADD COLUMN updated_at TIMESTAMPTZ",
+    "CREATE INDEX dag_runs_state ON dag_runs (state, id)",
+    """CREATE TABLE dag_run_attempts (
+        dag_run_id BIGINT NOT NULL REFERENCES dag_runs (id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        triggerer_id TEXT,
+        target TEXT,
+        started_at TIMESTAMPTZ NOT NULL,
+        ended_at TIMESTAMPTZ,
+        outcome TEXT,
+        detail TEXT,
+        output TEXT,
+        PRIMARY KEY (dag_run_id, attempt)
+    )""",
+    "ALTER TABLE dags ADD COLUMN paused BOOLEAN NOT NULL DEFAULT false, ADD COLUMN target TEXT",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

@@ -18,6 +18,7 @@ asset names come back sorted and distinct, asset event ids ascending.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from types import TracebackType
 from typing import Any, ClassVar, NamedTuple, Self
 
 from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
+from sharedstream.store._outbox_sql import OutboxSql
 from sharedstream.store._rows import (
     COUNTS_SQL,
     DEAD_LETTER_COLUMNS,
@@ -51,12 +53,15 @@ from sharedstream.store.base import (
     TriggerSpec,
     WatcherSpec,
 )
+from sharedstream.store.outbox import RUN_STATES
 
 __all__ = ["CheckedDefinitions", "SharedSql", "check_definitions"]
 
 _ASSETS_OF_EVENT = ("a.name", "FROM asset_events ae JOIN assets a ON a.id = ae.asset_id"
                              " WHERE ae.trigger_event_id = te.id")
 _EVENTS_OF_RUN = ("l.asset_event_id", "FROM dag_run_asset_events l WHERE l.dag_run_id = r.id")
+_DISPATCH_COLUMNS = ("r.target, r.attempts, r.last_error, r.external_id, r.external_url,"
+                     " r.dispatched_at, r.ended_at, r.conf")
 _ASSETS_OF_RUN = ("a.name", "FROM dag_run_asset_events l"
                             " JOIN asset_events ae ON ae.id = l.asset_event_id"
                             " JOIN assets a ON a.id = ae.asset_id WHERE l.dag_run_id = r.id")
@@ -125,8 +130,11 @@ def check_definitions(
     return CheckedDefinitions(specs, referenced, schedules, asset_names)
 
 
-class SharedSql:
-    """The SQL both stores share; a subclass gives ``_dialect``, ``_read`` and ``_write``."""
+class SharedSql(OutboxSql):
+    """The SQL both stores share; a subclass gives ``_dialect``, ``_read`` and ``_write``.
+
+    The dispatch methods come from :class:`~sharedstream.store._outbox_sql.OutboxSql`.
+    """
 
     _dialect: ClassVar[Dialect]
 
@@ -252,13 +260,20 @@ class SharedSql:
         ]
 
     def list_runs(
-        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
+        self, *, dag_id: str | None = None, asset: str | None = None,
+        state: str | None = None, limit: int = 100,
     ) -> list[RunRow]:
-        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
+        """DAG runs, newest first, optionally of one DAG, one state, consuming one asset's events.
+
+        ``ValueError`` for a ``state`` outside :data:`~sharedstream.store.outbox.RUN_STATES`.
+        """
         check_limit(limit)
+        if state is not None and state not in RUN_STATES:
+            raise ValueError(f"no run state {state!r} (one of: {', '.join(RUN_STATES)})")
         dialect = self._dialect
         where, params = _where([
             ("r.dag_id = ?", dag_id),
+            ("r.state = ?", state),
             ("r.id IN (SELECT l.dag_run_id FROM dag_run_asset_events l"
              " JOIN asset_events ae ON ae.id = l.asset_event_id"
              " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)", asset),
@@ -266,19 +281,24 @@ class SharedSql:
         sql = (
             "SELECT r.id, r.dag_id, r.run_id, r.state, r.created_at, "  # noqa: S608
             + dialect.array(*_EVENTS_OF_RUN) + ", " + dialect.array(*_ASSETS_OF_RUN)
-            + f", r.trace_parent, {RUN_COLUMNS} FROM dag_runs r" + where
+            + f", r.trace_parent, {RUN_COLUMNS}, {_DISPATCH_COLUMNS} FROM dag_runs r" + where
             + " ORDER BY r.id DESC LIMIT ?"
         )
         runs = []
+        when = dialect.when
         for row in self._rows(sql, [*params, limit]):
             created_at: datetime = dialect.read_time(row[4])
-            timed = timed_fields(row[8:], dialect)
+            timed = timed_fields(row[8:13], dialect)
             timed["run_after"] = timed["run_after"] or created_at  # an asset-triggered run's
+            target, attempts, error, external_id, url, dispatched, ended, conf = row[13:]
             runs.append(RunRow(
                 id=int(row[0]), dag_id=str(row[1]), run_id=str(row[2]), state=str(row[3]),
                 created_at=created_at, **timed,
                 asset_event_ids=tuple(sorted(int(i) for i in dialect.items(row[5]))),
                 assets=_names(dialect, row[6]), trace_parent=row[7],
+                target=target, attempts=int(attempts), last_error=error,
+                external_id=external_id, external_url=url, dispatched_at=when(dispatched),
+                ended_at=when(ended), conf=None if conf is None else json.loads(conf),
             ))
         return runs
 

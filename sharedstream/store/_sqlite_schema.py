@@ -159,7 +159,43 @@ _V5 = (
     "ALTER TABLE dag_runs ADD COLUMN trace_parent TEXT",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
+# Dispatch (sharedstream.store.outbox): a queued run is the outbox's message. Its
+# state moves on as a dispatcher claims it (claimed_by: a triggerer id, whose
+# heartbeat is the claim's lease), delivers it and follows it at its target; each
+# delivery is an attempt row. A DAG can be paused (its runs wait) and names its
+# target (JSON); a manual run keeps its conf (JSON). attempt_base: the attempts made
+# before the last `runs retry` (its new retry budget counts from there).
+_V6 = (
+    "ALTER TABLE dag_runs ADD COLUMN conf TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN target TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE dag_runs ADD COLUMN attempt_base INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE dag_runs ADD COLUMN next_attempt_at TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN claimed_by TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN last_error TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN external_id TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN external_url TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN dispatched_at TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN ended_at TEXT",
+    "ALTER TABLE dag_runs ADD COLUMN updated_at TEXT",
+    "CREATE INDEX dag_runs_state ON dag_runs (state, id)",
+    """CREATE TABLE dag_run_attempts (
+        dag_run_id INTEGER NOT NULL REFERENCES dag_runs (id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        triggerer_id TEXT,
+        target TEXT,
+        started_at TEXT NOT NULL,
+        ended_at TEXT,
+        outcome TEXT,
+        detail TEXT,
+        output TEXT,
+        PRIMARY KEY (dag_run_id, attempt)
+    ) WITHOUT ROWID""",
+    "ALTER TABLE dags ADD COLUMN paused INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE dags ADD COLUMN target TEXT",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

@@ -61,6 +61,7 @@ from urllib.parse import urlsplit
 
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.producer import DeadLetter
+from sharedstream.store.outbox import OutboxStore
 
 __all__ = [
     "DEAD_LETTER_PAYLOAD_LIMIT",
@@ -200,6 +201,7 @@ class DagSpec:
     start_date: datetime | None = None
     end_date: datetime | None = None
     catchup: bool = False
+    target: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +229,9 @@ class DagRow:
     next one as the loop last computed it (``None`` when not computed yet
     or when the timetable has no more runs). ``revision`` is what
     :meth:`MetadataStore.queue_timed_runs` compares. ``last_run_id`` /
-    ``last_run_at`` are the DAG's newest run of any type.
+    ``last_run_at`` are the DAG's newest run of any type. ``paused``: its
+    runs are not dispatched (``sharedstream dags pause``); ``target`` as
+    :class:`DagSpec` gives it.
     """
 
     dag_id: str
@@ -242,6 +246,8 @@ class DagRow:
     revision: int
     last_run_id: str | None = None
     last_run_at: datetime | None = None
+    paused: bool = False
+    target: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +346,14 @@ class RunRow:
     run: when it was queued). ``trace_parent`` is, for an asset-triggered
     run, that of the stored event whose asset event completed its
     condition (``None`` when that event had none); ``None`` for the others.
+
+    Dispatch (:mod:`sharedstream.store.outbox`): ``state`` is one of
+    :data:`~sharedstream.store.outbox.RUN_STATES`; ``target`` the target it
+    was last claimed for; ``attempts`` how many deliveries were tried;
+    ``last_error`` the last one-line detail; ``external_id`` /
+    ``external_url`` the target's own name of it; ``dispatched_at`` when it
+    first reached the target, ``ended_at`` when it finished; ``conf`` a
+    manual run's configuration.
     """
 
     id: int
@@ -355,6 +369,14 @@ class RunRow:
     data_interval_end: datetime | None = None
     run_after: datetime | None = None
     trace_parent: str | None = None
+    target: str | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    external_id: str | None = None
+    external_url: str | None = None
+    dispatched_at: datetime | None = None
+    ended_at: datetime | None = None
+    conf: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,12 +493,13 @@ class Schedule:
         return any(child.satisfied(pending) for child in self.children)
 
 
-class MetadataStore(Protocol):
+class MetadataStore(OutboxStore, Protocol):
     """What the runtime and the CLI need from a metadata database.
 
     An instance is used from one thread at a time. Every mutation is a single
-    transaction (see the module docstring for the contracts). Build one with
-    :func:`sharedstream.store.open_store`.
+    transaction (see the module docstring for the contracts; the dispatch
+    methods are :class:`~sharedstream.store.outbox.OutboxStore`'s). Build one
+    with :func:`sharedstream.store.open_store`.
     """
 
     location: str
@@ -626,9 +649,10 @@ class MetadataStore(Protocol):
         ...
 
     def list_runs(
-        self, *, dag_id: str | None = None, asset: str | None = None, limit: int = 100
+        self, *, dag_id: str | None = None, asset: str | None = None,
+        state: str | None = None, limit: int = 100,
     ) -> list[RunRow]:
-        """DAG runs, newest first, optionally of one DAG and/or consuming an event of one asset."""
+        """DAG runs, newest first, optionally of one DAG, one state, using one asset's events."""
         ...
 
     def counts(self) -> dict[str, int]:

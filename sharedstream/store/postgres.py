@@ -75,8 +75,11 @@ def _utc(moment: datetime) -> datetime:
 
 
 DIALECT = Dialect(param="%s", write_time=_utc, read_time=_utc, lock=" FOR UPDATE",
-                  aggregate="array(SELECT {column} {rest})", items=list)
-"""Times as ``TIMESTAMPTZ``; a DAG row being changed is locked; lists as arrays."""
+                  aggregate="array(SELECT {column} {rest})", items=list,
+                  member="{column} = ANY(?)", list_param=list,
+                  skip_locked=" FOR UPDATE OF r SKIP LOCKED")
+"""Times as ``TIMESTAMPTZ``; a DAG row being changed is locked; lists as arrays; claims skip
+rows another transaction holds."""
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -165,6 +168,11 @@ class PostgresStore(SharedSql):
                 return conn.execute(sql, params).fetchall()
         except psycopg.Error as exc:
             raise StoreError(f"reading {self.location} failed: {exc}") from exc
+
+    def _clock(self, conn: psycopg.Connection) -> datetime:
+        """The server's time (its transaction's), as heartbeats are stamped: claims compare it."""
+        row = conn.execute("SELECT now()").fetchone()
+        return datetime.now(UTC) if row is None else _utc(row[0])
 
     def close(self) -> None:
         """Close the pool and its connections; idempotent."""

@@ -51,11 +51,11 @@ def store(db_path: Path) -> Iterator[SqliteStore]:
 def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     assert not db_path.parent.exists()
     with SqliteStore(db_path) as s:
-        assert s.migrate() == len(MIGRATIONS) == 5
-        assert s.migrate() == 5
+        assert s.migrate() == len(MIGRATIONS) == 6
+        assert s.migrate() == 6
     assert db_path.is_file()
     with SqliteStore(db_path) as again:
-        assert again.migrate() == 5
+        assert again.migrate() == 6
         assert again.counts() == {
             "triggers": 0,
             "trigger_events": 0,
@@ -65,7 +65,7 @@ def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     raw = sqlite3.connect(db_path)
     try:
         versions = raw.execute("SELECT version FROM schema_version").fetchall()
-        assert versions == [(1,), (2,), (3,), (4,), (5,)]
+        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,)]
     finally:
         raw.close()
 

@@ -112,7 +112,14 @@ def test_time_based_runs_have_no_trace_parent(store: MetadataStore) -> None:
 def test_a_v4_database_is_upgraded_and_keeps_its_rows(backend: Backend) -> None:
     # the v4 code's writes, as it wrote them (no trace_parent column to write)
     with backend.at_version(4) as old:
-        ids = define(old, {"each_a": {"asset": "a"}})
+        ids = define(old, {})
+        # the v4 code's DAG row, written as it wrote it (no target column to write)
+        backend.execute("INSERT INTO dags (dag_id, schedule, updated_at) VALUES "
+                        "('each_a', '{\"asset\": \"a\"}', '2026-01-01T00:00:00+00:00')")
+        backend.execute("INSERT INTO dag_schedule_assets (dag_id, asset_id) "
+                        "SELECT 'each_a', id FROM assets WHERE name = 'a'")
+        backend.execute("UPDATE store_meta SET value = value + 1"
+                        " WHERE key = 'definitions_generation'")
         backend.insert_old_event(ids["a"], "old")
         backend.execute("INSERT INTO dag_runs (dag_id, run_id, state, created_at, run_type)"
                         " VALUES ('each_a', 'manual__old', 'queued',"
@@ -121,8 +128,8 @@ def test_a_v4_database_is_upgraded_and_keeps_its_rows(backend: Backend) -> None:
         assert (status.current, status.latest, status.behind) == (4, 4, False)
     new = backend.open()
     status = new.schema_status()
-    assert (status.current, status.latest, status.behind) == (4, 5, True)
-    assert new.migrate() == 5
+    assert (status.current, status.latest, status.behind) == (4, 6, True)
+    assert new.migrate() == 6
     assert not new.schema_status().behind
     (event,) = new.list_events()
     (run,) = new.list_runs()
