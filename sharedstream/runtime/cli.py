@@ -38,7 +38,7 @@ from sharedstream.runtime.config import Config, load_config, write_default_confi
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
-from sharedstream.runtime.serde import unpack_kwargs
+from sharedstream.runtime.serde import unpack_event_payload
 from sharedstream.store import MetadataStore, StoreError
 
 __all__ = ["main"]
@@ -383,7 +383,7 @@ def _events_list(args: argparse.Namespace, config: Config) -> int:
         rows = store.list_events(asset=args.asset, trigger_id=args.trigger, limit=args.limit)
     records = [
         {"id": r.id, "trigger": r.trigger_id, "assets": list(r.assets), "key": r.idem_key,
-         "created_at": r.created_at, "payload": unpack_kwargs(r.payload).get("payload"),
+         "created_at": r.created_at, "payload": unpack_event_payload(r.payload),
          "trace_parent": r.trace_parent}
         for r in rows
     ]

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sharedstream.connections import Connection, InvalidConnection
+from sharedstream.dispatch.target import LOCAL_TARGET, TargetConfigError
 from sharedstream.runtime.config_connections import (
     connections_as_dict,
     read_connections,
@@ -56,6 +57,12 @@ from sharedstream.runtime.config_options import (
     convert_value,
     invalid,
 )
+from sharedstream.runtime.config_targets import (
+    TargetConfig,
+    local_target,
+    read_targets,
+    render_targets,
+)
 from sharedstream.store import MetadataStore, open_store, redact_url
 
 __all__ = [
@@ -65,6 +72,7 @@ __all__ = [
     "ApiConfig",
     "Config",
     "ConfigError",
+    "DispatchConfig",
     "LoggingConfig",
     "SchedulerConfig",
     "StoreConfig",
@@ -102,8 +110,8 @@ def _check_backoff(initial: _Setting, maximum: _Setting) -> None:
 
 
 def _validate_fields(
-    instance: TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig
-    | TracesConfig,
+    instance: TriggererConfig | StoreConfig | SchedulerConfig | DispatchConfig | LoggingConfig
+    | ApiConfig | TracesConfig,
     section: str,
 ) -> None:
     """Validate a directly constructed section; ints given for floats become floats."""
@@ -200,6 +208,26 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class DispatchConfig:
+    """The ``[dispatch]`` section: handing queued runs to their targets (``docs/dispatch.md``).
+
+    ``enabled`` turns the triggerer's dispatcher on; ``default_target`` is
+    the target of DAGs that name none and have no ``run=`` (``""``: none);
+    ``poll_interval``, ``follow_interval`` and ``claim_batch`` pace it.
+    Validated on construction.
+    """
+
+    enabled: bool = True
+    default_target: str = ""
+    poll_interval: float = 1.0
+    follow_interval: float = 5.0
+    claim_batch: int = 100
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "dispatch")
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     """The ``[logging]`` section: how the triggerer writes its log lines.
 
@@ -254,22 +282,33 @@ class Config:
     from the defaults was read (``"file /abs/path"`` or ``"env NAME"``);
     options left at their defaults are absent from it. ``connections`` are
     the file's ``[connections.<conn_id>]`` tables by conn id (each says its
-    own source); ``file`` is the file read, if any.
+    own source); ``targets`` the file's ``[targets.<name>]`` tables by name
+    (:meth:`target` adds the built-in ``local``); ``file`` is the file
+    read, if any.
     """
 
     triggerer: TriggererConfig = field(default_factory=TriggererConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     traces: TracesConfig = field(default_factory=TracesConfig)
     source: dict[str, str] = field(default_factory=dict)
     connections: Mapping[str, Connection] = field(default_factory=dict)
+    targets: Mapping[str, TargetConfig] = field(default_factory=dict)
     file: Path | None = None
 
     def sqlite_path(self) -> Path:
         """The SQLite database file (absolute); :class:`ConfigError` for other URLs."""
         return self.store.sqlite_path()
+
+    def target(self, name: str) -> TargetConfig | None:
+        """The target ``name``: a ``[targets.<name>]``, the built-in ``local``, or ``None``."""
+        found = self.targets.get(name)
+        if found is None and name == LOCAL_TARGET:
+            return local_target()
+        return found
 
     def as_dict(self, *, mask_secrets: bool = True) -> dict[str, dict[str, Any]]:
         """Every option by section; a set secret (and a URL's password) shows as ``"********"``.
@@ -292,6 +331,8 @@ class Config:
         if self.connections:
             result["connections"] = connections_as_dict(self.connections,
                                                         mask_secrets=mask_secrets)
+        if self.targets:
+            result["targets"] = render_targets(self.targets)
         return result
 
     def to_toml(self, *, mask_secrets: bool = True) -> str:
@@ -303,9 +344,13 @@ class Config:
         """
         values = self.as_dict(mask_secrets=mask_secrets)
         values.pop("connections", None)
+        targets = values.pop("targets", {})
         notes = {key: f"from {where}" for key, where in self.source.items()}
         text = _render_toml(values, header=["sharedstream configuration"], trailing=notes)
         lines = render_connections(self.connections, mask_secrets=mask_secrets)
+        for name, options in targets.items():
+            lines += ["", _comment(f"from {self.targets[name].source}"), f"[targets.{name}]"]
+            lines += [f"{option} = {_toml_value(value)}" for option, value in options.items()]
         return text + "".join(line + "\n" for line in lines)
 
 
@@ -322,6 +367,8 @@ def _toml_string(text: str) -> str:
 def _toml_value(value: object) -> str:
     if isinstance(value, str):
         return _toml_string(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -399,6 +446,19 @@ def _file_connections(document: dict[str, Any], path: Path) -> dict[str, Connect
         raise ConfigError(str(exc), option=option, source=source) from None
 
 
+def _file_targets(document: dict[str, Any], path: Path) -> dict[str, TargetConfig]:
+    """Take the ``[targets]`` section out of ``document`` and read it."""
+    section = document.pop("targets", {})
+    source = f"file {path}"
+    if not isinstance(section, dict):
+        raise ConfigError(f"[targets] in {source} must hold [targets.<name>] tables, got a "
+                          f"{type(section).__name__}", option="targets", source=source)
+    try:
+        return read_targets(section, path)
+    except TargetConfigError as exc:
+        raise ConfigError(str(exc), option="targets", source=source) from None
+
+
 def _file_values(document: dict[str, Any], path: Path) -> _RawValues:
     source = f"file {path}"
     raw: _RawValues = {}
@@ -408,7 +468,7 @@ def _file_values(document: dict[str, Any], path: Path) -> _RawValues:
             hint = (
                 f"options go in a section: [{owners[0]}] {section}"
                 if owners
-                else _suggest(section, [*SPECS, "connections"])
+                else _suggest(section, [*SPECS, "connections", "targets"])
             )
             raise ConfigError(
                 f"unknown section [{section}] in {source}: {hint}", option=section, source=source
@@ -514,6 +574,7 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     file = _pick_file(path, env)
     document = _read_toml(file) if file is not None else {}
     connections = _file_connections(document, file) if file is not None else {}
+    targets = _file_targets(document, file) if file is not None else {}
     raw = _file_values(document, file) if file is not None else {}
     raw |= _env_values(env)
 
@@ -540,11 +601,13 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
         triggerer=TriggererConfig(**converted["triggerer"]),
         store=StoreConfig(**converted["store"]),
         scheduler=SchedulerConfig(**converted["scheduler"]),
+        dispatch=DispatchConfig(**converted["dispatch"]),
         logging=LoggingConfig(**converted["logging"]),
         api=ApiConfig(**converted["api"]),
         traces=TracesConfig(**converted["traces"]),
         source={f"{section}.{option}": source for (section, option), (_, source) in raw.items()},
         connections=connections,
+        targets=targets,
         file=file,
     )
 

@@ -57,7 +57,7 @@ class ConfigError(SharedStreamError):
 class OptionSpec:
     """How one option is parsed, bounded and described."""
 
-    kind: Literal["int", "float", "store_url", "secret", "choice", "bool", "host"]
+    kind: Literal["int", "float", "store_url", "secret", "choice", "bool", "host", "name"]
     help: str
     minimum: float = 0
     maximum: float = math.inf
@@ -136,6 +136,29 @@ SPECS: dict[str, dict[str, OptionSpec]] = {
             "Most time-based runs of one DAG the schedule loop queues per pass when catching "
             "up (the rest follow in the next passes, in order).",
         ),
+    },
+    "dispatch": {
+        "enabled": OptionSpec(
+            "bool",
+            "Hand queued DAG runs to their targets (docs/dispatch.md); false: they wait in "
+            "the store for something else to read them.",
+        ),
+        "default_target": OptionSpec(
+            "name",
+            "The target of DAGs that name none and have no run= (a [targets.<name>], or "
+            "local); empty: their runs wait in the store.",
+        ),
+        "poll_interval": OptionSpec(
+            "float",
+            "Seconds between looks for runs this triggerer was not told of (queued by "
+            "another triggerer or the CLI, retries coming due, claims of dead triggerers).",
+        ),
+        "follow_interval": OptionSpec(
+            "float",
+            "Seconds between questions to targets that can tell what became of a run they "
+            "accepted (Airflow: running, success, failed).",
+        ),
+        "claim_batch": OptionSpec("int", "Most runs one claim takes from the store."),
     },
     "logging": {
         "format": OptionSpec(
@@ -268,6 +291,8 @@ def _convert_host(section: str, option: str, raw: object, source: str) -> str:
     return raw
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]*")
+
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                         r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
@@ -287,6 +312,25 @@ def _convert_store_url(option: str, raw: object, source: str) -> str:
     return raw
 
 
+def _convert_text(section: str, option: str, raw: object, source: str, spec: OptionSpec) -> str:
+    """A ``name``, ``choice`` or ``secret`` option: text that must match its rule."""
+    if spec.kind == "name":
+        if not isinstance(raw, str) or not _NAME.fullmatch(raw):
+            raise invalid(section, option, raw, source,
+                          "expected a name (letters, digits, '_', '.', '-'), or \"\" for none")
+        return raw
+    if spec.kind == "choice":
+        if not isinstance(raw, str) or raw.lower() not in spec.choices:
+            raise invalid(section, option, raw, source,
+                           f"expected one of: {', '.join(spec.choices)}")
+        return raw.lower()
+    if not isinstance(raw, str) or not _check_fernet_keys(raw):
+        # Never echo a secret, not even inside a mistyped value.
+        expected = "expected one or more comma-separated Fernet keys (32 base64url bytes)"
+        raise invalid(section, option, MASK, source, expected)
+    return raw
+
+
 def convert_value(
     section: str, option: str, raw: object, source: str, *, from_text: bool
 ) -> int | float | str:
@@ -298,15 +342,6 @@ def convert_value(
         return _convert_bool(section, option, raw, source, from_text=from_text)
     if spec.kind == "host":
         return _convert_host(section, option, raw, source)
-    if spec.kind == "choice":
-        if not isinstance(raw, str) or raw.lower() not in spec.choices:
-            raise invalid(section, option, raw, source,
-                           f"expected one of: {', '.join(spec.choices)}")
-        return raw.lower()
-    if spec.kind == "secret":
-        if not isinstance(raw, str) or not _check_fernet_keys(raw):
-            # Never echo a secret, not even inside a mistyped value.
-            expected = "expected one or more comma-separated Fernet keys (32 base64url bytes)"
-            raise invalid(section, option, MASK, source, expected)
-        return raw
+    if spec.kind in ("name", "choice", "secret"):
+        return _convert_text(section, option, raw, source, spec)
     return _convert_number(section, option, raw, source, spec, from_text=from_text)

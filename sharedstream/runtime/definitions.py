@@ -26,7 +26,7 @@ import datetime as dt
 import importlib.util
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -187,8 +187,21 @@ class Dag:
 
     ``start_date`` and ``end_date`` (timezone-aware; a naive one is refused)
     bound its time-based runs; ``catchup`` (default ``False``, as in Airflow
-    3) queues the runs missed since the last one, in order. Raises
-    :class:`DefinitionsError` (one line naming the DAG) for anything else.
+    3) queues the runs missed since the last one, in order.
+
+    Where its runs go (``docs/dispatch.md``): ``run`` is what runs each of
+    them here, on the built-in ``local`` target - a callable taking the
+    :class:`~sharedstream.dispatch.document.RunDocument` (a function or a
+    coroutine function), or a command line (a list of strings, the run
+    document on its standard input). ``target`` names another target (a
+    ``[targets.<name>]`` of the configuration, or ``"local"``);
+    ``target_options`` overrides the options of that target a DAG may set
+    (an Airflow target's ``mode``, say). A DAG with neither ``run`` nor
+    ``target`` goes to ``[dispatch] default_target``, if one is set, else
+    its runs wait in the store.
+
+    Raises :class:`DefinitionsError` (one line naming the DAG) for anything
+    else.
 
     After construction: :attr:`asset_condition` is the condition the asset
     path evaluates (or ``None``), :attr:`timetable` the timetable the
@@ -204,10 +217,24 @@ class Dag:
         start_date: dt.datetime | None = None,
         end_date: dt.datetime | None = None,
         catchup: bool = False,
+        run: Callable[..., Any] | Sequence[str] | None = None,
+        target: str | None = None,
+        target_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(dag_id, str) or not dag_id:
             raise DefinitionsError(f"Dag id must be a non-empty string, got {dag_id!r}")
         self.dag_id = dag_id
+        self.run = _runnable(dag_id, run)
+        if target is not None and (not isinstance(target, str) or not target):
+            raise DefinitionsError(f"Dag {dag_id!r}: target must be a target's name (a "
+                                   f"[targets.<name>] of the configuration, or 'local'), "
+                                   f"got {target!r}")
+        self.target = target
+        if target_options is not None and (not isinstance(target_options, Mapping) or not all(
+                isinstance(key, str) for key in target_options)):
+            raise DefinitionsError(f"Dag {dag_id!r}: target_options must be a dict of option "
+                                   f"names to values, got {target_options!r}")
+        self.target_options: dict[str, Any] = dict(target_options or {})
         self.start_date = _aware(dag_id, "start_date", start_date)
         self.end_date = _aware(dag_id, "end_date", end_date)
         if self.start_date and self.end_date and self.end_date < self.start_date:
@@ -250,6 +277,19 @@ class Dag:
 
     def __repr__(self) -> str:
         return f"Dag({self.dag_id!r})"
+
+
+def _runnable(
+    dag_id: str, run: Callable[..., Any] | Sequence[str] | None
+) -> Callable[..., Any] | list[str] | None:
+    """A Dag's ``run=`` as given (a callable) or as a list (a command line), or an error."""
+    if run is None or callable(run):
+        return run
+    if (isinstance(run, Sequence) and not isinstance(run, str) and run
+            and all(isinstance(part, str) and part for part in run)):
+        return list(run)
+    raise DefinitionsError(f"Dag {dag_id!r}: run must be a function (it gets the run document) "
+                           f'or a command line such as ["python", "job.py"], got {run!r}')
 
 
 def _aware(dag_id: str, what: str, value: dt.datetime | None) -> dt.datetime | None:

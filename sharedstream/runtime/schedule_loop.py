@@ -70,12 +70,19 @@ class RunsInDb(Protocol):
     def __call__(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]: ...
 
 
-def dag_specs(definitions: Definitions) -> list[DagSpec]:
-    """What the store keeps of each DAG of ``definitions`` (its asset tree and timetable)."""
-    return [_spec(dag, definitions.timetables.get(dag.dag_id)) for dag in definitions.dags.values()]
+def dag_specs(
+    definitions: Definitions, targets: Callable[[str], dict[str, Any] | None] = lambda _: None
+) -> list[DagSpec]:
+    """What the store keeps of each DAG of ``definitions`` (its asset tree and timetable).
+
+    ``targets`` gives a DAG's target as the store keeps it
+    (:meth:`~sharedstream.runtime.dispatch_setup.DispatchPlan.stored_target`).
+    """
+    return [_spec(dag, definitions.timetables.get(dag.dag_id), targets(dag.dag_id))
+            for dag in definitions.dags.values()]
 
 
-def _spec(dag: Dag, timetable: dict[str, Any] | None) -> DagSpec:
+def _spec(dag: Dag, timetable: dict[str, Any] | None, target: dict[str, Any] | None) -> DagSpec:
     condition = dag.asset_condition
     return DagSpec(
         dag.dag_id,
@@ -85,6 +92,7 @@ def _spec(dag: Dag, timetable: dict[str, Any] | None) -> DagSpec:
         start_date=dag.start_date,
         end_date=dag.end_date,
         catchup=dag.catchup,
+        target=target,
     )
 
 

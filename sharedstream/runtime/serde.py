@@ -79,6 +79,7 @@ __all__ = [
     "kwargs_fingerprint",
     "pack_event_payload",
     "pack_kwargs",
+    "unpack_event_payload",
     "unpack_kwargs",
 ]
 
@@ -203,6 +204,14 @@ def pack_event_payload(payload: Any, *, native: bool = False) -> bytes:
             f"{MAX_EVENT_PAYLOAD_BYTES:,} (MAX_EVENT_PAYLOAD_BYTES)"
         )
     return packed
+
+
+def unpack_event_payload(data: bytes) -> Any:
+    """The payload :func:`pack_event_payload` packed (its inverse).
+
+    Raises :class:`SerializationError` as :func:`unpack_kwargs` does.
+    """
+    return unpack_kwargs(data).get("payload")
 
 
 def unpack_kwargs(data: bytes) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from sharedstream.runtime.config import Config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import KwargsCipher
 from sharedstream.runtime.definitions import Definitions, timetable_registry
+from sharedstream.runtime.dispatch_setup import DispatchService, dispatch_plan
 from sharedstream.runtime.ops import open_endpoint
 from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.registry import TriggerRegistry
@@ -128,6 +129,9 @@ class Triggerer:
         for classpath, cls in definitions.trigger_classes.items():
             self.registry.register(classpath, cls)
         self.triggerer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.dispatch = DispatchService(config, definitions, dispatch_plan(definitions, config),
+                                        self.triggerer_id) if config.dispatch.enabled else None
+        """Hands the queued runs to their targets (``[dispatch] enabled``), else ``None``."""
         tconf = config.triggerer
         self._close_traces: Callable[[], None] | None = None  # what shuts down our provider
         if tracer_provider is None:
@@ -225,7 +229,10 @@ class Triggerer:
         return version
 
     def _write(self, batch: Sequence[PendingEvent]) -> WriteResult:
-        return self.store.write_events(batch)
+        result = self.store.write_events(batch)
+        if result.dag_runs and self.dispatch is not None:
+            self.dispatch.wake_threadsafe()  # new runs: the dispatcher claims them now
+        return result
 
     # -- start-up ---------------------------------------------------------------
 
@@ -241,7 +248,8 @@ class Triggerer:
             for t in defs.triggers.values()
             for asset, name in t.watchers
         ]
-        dags = dag_specs(defs)
+        plan = None if self.dispatch is None else self.dispatch.plan
+        dags = dag_specs(defs, plan.stored_target if plan is not None else lambda _: None)
         store = self.store
         await self._db(store.sync_definitions, specs, watchers, dags)
         rows = await self._db(store.active_triggers, sys.maxsize)
@@ -259,6 +267,8 @@ class Triggerer:
         )
         log.info("this triggerer's id (see `sharedstream triggerers list`)",
                  triggerer=self.triggerer_id)
+        for dag_id, why in ({} if plan is None else plan.waiting).items():
+            log.info("this DAG's runs wait in the store", dag=dag_id, why=why)
         return shared
 
     def _preflight(self, rows: list[TriggerRow]) -> set[int]:
@@ -327,30 +337,19 @@ class Triggerer:
                 self._shared_ids = [row.id for row in shared]
                 one = serves_one_triggerer(self.config.store.url)
                 lease = None if one else self.config.triggerer.triggerer_health_check_threshold
+                dispatching = await self._start_dispatch(tasks, alone=one)
                 assignment = self._assignment = Assignment(
                     partial(self._start_standalone, tasks), lease)
                 heartbeat = tasks.create_task(self._heartbeat(assignment, one),
                                               name="sharedstream-heartbeat")
-                side = [
-                    tasks.create_task(self._report_progress(), name="sharedstream-progress"),
-                    self._run_schedules(tasks) or tasks.create_task(
-                        self._stop_when_idle(assignment), name="sharedstream-idle-watch"),
-                ]
+                side = self._side_tasks(tasks, assignment, stay=dispatching)
                 if ops is not None:
                     side.append(ops)  # cancelled last: the probes answer while it drains
                 await self._stop.wait()
                 await self._shutdown(assignment, heartbeat, side, gate_task)
         finally:
             try:
-                if self._store is not None:
-                    await self._db(self._store.close)
-                self._guard.close()
-                self._db_thread.shutdown(wait=True)
-                sys.setswitchinterval(switch_interval)
-                if collector is not None:
-                    collector.restore()
-                if self._close_traces is not None:  # flushes the spans still batched, off the loop
-                    await asyncio.to_thread(self._close_traces)
+                await self._close(switch_interval, collector)
             finally:
                 # Last: a signal while closing is still ours (a second one exits at once),
                 # never a KeyboardInterrupt through whoever runs this coroutine.
@@ -364,6 +363,44 @@ class Triggerer:
         if self._idle and self.progress.unrunnable:
             return 1  # it could do nothing useful: a supervisor restarts it, a person looks
         return 0
+
+    def _side_tasks(self, tasks: asyncio.TaskGroup, assignment: Assignment, *,
+                    stay: bool) -> list[asyncio.Task[None]]:
+        """Progress lines, and the schedule loop or (unless ``stay``) the idle watch."""
+        side = [tasks.create_task(self._report_progress(), name="sharedstream-progress")]
+        schedules = self._run_schedules(tasks)
+        if schedules is not None:
+            side.append(schedules)
+        elif not stay:  # runs to dispatch are work enough to stay for
+            side.append(tasks.create_task(self._stop_when_idle(assignment),
+                                          name="sharedstream-idle-watch"))
+        return side
+
+    async def _close(self, switch_interval: float, collector: Collector | None) -> None:
+        """Close the dispatcher's and the gate's stores, restore what :meth:`run` changed."""
+        if self.dispatch is not None:
+            await self.dispatch.close()
+        if self._store is not None:
+            await self._db(self._store.close)
+        self._guard.close()
+        self._db_thread.shutdown(wait=True)
+        sys.setswitchinterval(switch_interval)
+        if collector is not None:
+            collector.restore()
+        if self._close_traces is not None:  # flushes the spans still batched, off the loop
+            await asyncio.to_thread(self._close_traces)
+
+    async def _start_dispatch(self, tasks: asyncio.TaskGroup, *, alone: bool) -> bool:
+        """Start the dispatcher if some DAG's runs have a target; whether it started.
+
+        ``alone`` (a store serving one triggerer): every other claim is a
+        dead triggerer's, taken over at once (threshold 0).
+        """
+        if self.dispatch is None or not self.dispatch.plan.routes:
+            return False
+        threshold = 0.0 if alone else self.config.triggerer.triggerer_health_check_threshold
+        await self.dispatch.start(tasks, float(threshold))
+        return True
 
     def _run_schedules(self, tasks: asyncio.TaskGroup) -> asyncio.Task[None] | None:
         """Start the schedule loop if a DAG is scheduled on time; ``None`` if none is.
@@ -429,6 +466,8 @@ class Triggerer:
                 "shutdown timed out; leaving the rest to broker redelivery", timeout_s=budget)
             for task in [*supervisors, gate_task]:
                 task.cancel()
+        if self.dispatch is not None:  # after the gate: the runs it stored are queued
+            await self.dispatch.stop(within=max(1.0, budget / 3))
         for task in side:
             task.cancel()
         await self._release_standalone()

@@ -30,11 +30,16 @@ fixture                   value
                           (``$SHAREDSTREAM_TEST_POSTGRES_URL``, or a throwaway
                           cluster started with ``initdb`` + ``pg_ctl``)
 ``postgres_database``     the URL of an empty database on it, dropped after the test
+``airflow_server``        a real Apache Airflow 3 (:mod:`sharedstream.testing.airflow`,
+                          installed from PyPI into its own virtualenv on first
+                          use): an ``AirflowServer`` on the session's
+                          ``dags_folder``
 ========================  =====================================================
 
-PostgreSQL is the one exception to the skip rule: where ``CI`` is set in
-the environment, missing PostgreSQL binaries fail the tests instead of
-skipping them (CI installs the package; a skip there would hide a gap).
+PostgreSQL and Airflow are the exceptions to the skip rule: where ``CI`` is
+set in the environment, a missing PostgreSQL or an Airflow that cannot be
+installed fails the tests instead of skipping them (CI provides both; a
+skip there would hide a gap).
 
 :func:`running_or_skip` is the same skip rule for a ``conftest.py`` that
 starts a broker its own way.
@@ -46,10 +51,11 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
+from sharedstream.testing import airflow as airflow_kit
 from sharedstream.testing.brokers import (
     BrokerNotInstalled,
     containers,
@@ -62,6 +68,7 @@ from sharedstream.testing.brokers.postgres import fresh_database, postgres_serve
 from sharedstream.testing.brokers.servicebus import servicebus_server
 
 __all__ = [
+    "airflow_server",
     "fauxqs_endpoint",
     "kafka_container",
     "localstack_endpoint",
@@ -82,6 +89,9 @@ SERVICEBUS_ENV = "SHAREDSTREAM_SERVICEBUS_CONNECTION_STRING"
 """Names a real namespace or the official emulator to use instead of the kit's test server."""
 
 
+_T = TypeVar("_T")
+
+
 def _skip(exc: BrokerNotInstalled) -> NoReturn:
     pytest.skip(str(exc))
 
@@ -99,6 +109,20 @@ def running_or_skip(broker: contextlib.AbstractContextManager[str]) -> Iterator[
         except BrokerNotInstalled as exc:
             _skip(exc)
         yield address
+
+
+@contextlib.contextmanager
+def _running_or_skip_unless_ci(what: str,
+                               broker: contextlib.AbstractContextManager[_T]) -> Iterator[_T]:
+    """:func:`running_or_skip`, but a failure where ``CI`` is set (CI must provide ``what``)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            value = stack.enter_context(broker)
+        except BrokerNotInstalled as exc:
+            if os.environ.get("CI"):
+                pytest.fail(f"{what} is required where CI is set: {exc}")
+            _skip(exc)
+        yield value
 
 
 @pytest.fixture(scope="session")
@@ -216,13 +240,7 @@ def postgres_url() -> Iterator[str]:
     if given:
         yield given
         return
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(postgres_server())
-        except BrokerNotInstalled as exc:
-            if os.environ.get("CI"):
-                pytest.fail(f"PostgreSQL is required where CI is set: {exc}")
-            _skip(exc)
+    with _running_or_skip_unless_ci("PostgreSQL", postgres_server()) as url:
         yield url
 
 
@@ -231,3 +249,20 @@ def postgres_database(postgres_url: str) -> Iterator[str]:
     """The URL of a new, empty database on the session's server; dropped after the test."""
     with fresh_database(postgres_url) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def airflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[airflow_kit.AirflowServer]:
+    """A real Airflow 3 for the session (API server, scheduler, DAG processor), no DAGs at first.
+
+    Tests write DAG files into ``server.dags_folder`` under names of their
+    own, then call ``server.wait_for_dag(dag_id)`` (about a second). The
+    version is ``$SHAREDSTREAM_AIRFLOW_VERSION`` (default 3.3.2); the first
+    use installs it (about 30 s, cached; see
+    :func:`~sharedstream.testing.airflow_venv.airflow_venv`), each start
+    about 10 s more. Skipped when it cannot be installed, failed where ``CI`` is
+    set; a start that fails fails the tests.
+    """
+    dags = tmp_path_factory.mktemp("airflow-dags")
+    with _running_or_skip_unless_ci("Apache Airflow", airflow_kit.airflow_server(dags)) as server:
+        yield server

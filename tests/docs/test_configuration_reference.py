@@ -18,6 +18,7 @@ import pytest
 from sharedstream.runtime.config import (
     ApiConfig,
     Config,
+    DispatchConfig,
     LoggingConfig,
     SchedulerConfig,
     StoreConfig,
@@ -27,12 +28,13 @@ from sharedstream.runtime.config import (
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 SECTIONS: dict[
-    str, type[TriggererConfig | StoreConfig | SchedulerConfig | LoggingConfig | ApiConfig
-              | TracesConfig]
+    str, type[TriggererConfig | StoreConfig | SchedulerConfig | DispatchConfig | LoggingConfig
+              | ApiConfig | TracesConfig]
 ] = {
     "triggerer": TriggererConfig,
     "store": StoreConfig,
     "scheduler": SchedulerConfig,
+    "dispatch": DispatchConfig,
     "logging": LoggingConfig,
     "api": ApiConfig,
     "traces": TracesConfig,

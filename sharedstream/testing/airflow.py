@@ -1,0 +1,444 @@
+"""A real Apache Airflow 3 for tests and benchmarks: its own virtualenv, its own home, its REST API.
+
+:func:`airflow_venv` (from :mod:`sharedstream.testing.airflow_venv`)
+installs ``apache-airflow==<version>`` from the package index into a
+virtualenv of its own, cached between runs. :func:`airflow_server` (or
+:class:`AirflowServer` as a context manager) runs that Airflow on a DAGs
+folder you give: a SQLite
+metadata database in a temporary ``AIRFLOW_HOME``, ``airflow db migrate``,
+then one process each for the API server, the scheduler and the DAG
+processor (and the triggerer when asked), all configured by environment.
+The server object speaks to the REST API with the standard library only.
+
+Guarantees:
+
+1. Airflow's pins never meet ours: nothing here imports Airflow, and its
+   processes run from its own virtualenv, with no inherited ``AIRFLOW*``,
+   ``PYTHONPATH``, ``PYTHONHOME`` or ``VIRTUAL_ENV`` variable.
+2. The virtualenv is complete or absent, built by one process at a time;
+   an install that fails raises :class:`~.brokers.process.BrokerNotInstalled`
+   (a test should skip) naming the command and pip's last line.
+3. Every component listens on ``127.0.0.1`` only, on ports chosen free just
+   before the start, and runs in its own session (process group), its output
+   in ``<home>/logs-of-processes/<component>.log``.
+4. :meth:`AirflowServer.start` returns only once ``/api/v2/monitor/health``
+   reports the metadatabase and every started component healthy; if that
+   does not happen in time, a component exits, or the wait is interrupted,
+   whatever was started is stopped before the exception
+   (:class:`BrokerDidNotStart`, naming each log and its last line) leaves,
+   and the home directory is kept for those logs.
+5. :meth:`AirflowServer.stop` is idempotent and bounded: SIGTERM to every
+   process group, one shared wait, then SIGKILL; the home directory is
+   removed unless ``keep=True``.
+
+Per server, the API's ``admin`` gets a generated password, and the fernet
+key and API and JWT secrets are generated once and shared by the components
+(tasks reach the execution API only if they agree). A new DAG file is parsed
+within about a second: the DAG processor lists the folder every second.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+from sharedstream.testing.airflow_venv import (
+    DEFAULT_AIRFLOW_VERSION,
+    airflow_venv,
+    airflow_venv_path,
+    last_line,
+    run_logged,
+)
+from sharedstream.testing.brokers.process import (
+    BrokerDidNotStart,
+    LocalBrokerError,
+    free_port,
+    start_process,
+)
+
+__all__ = [
+    "COMPONENTS",
+    "DEFAULT_AIRFLOW_VERSION",
+    "DEFAULT_COMPONENTS",
+    "AirflowApiError",
+    "AirflowServer",
+    "airflow_server",
+    "airflow_venv",
+    "airflow_venv_path",
+]
+
+COMPONENTS = ("scheduler", "dag-processor", "triggerer")
+"""What may run besides the API server (which always runs), by ``airflow`` subcommand name."""
+
+DEFAULT_COMPONENTS = ("scheduler", "dag-processor")
+"""What runs besides the API server unless told otherwise."""
+
+_REQUEST_TIMEOUT = 30.0
+_STOP_TIMEOUT = 10.0
+_PAGE = 100  # the API's default [api] maximum_page_limit
+_SIMPLE_AUTH = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+
+
+class AirflowApiError(LocalBrokerError):
+    """Airflow's API answered a kit call with something unusable (``status``, ``body``)."""
+
+    def __init__(self, what: str, status: int, body: Any) -> None:
+        super().__init__(f"{what}: HTTP {status}: {str(body)[:300]}")
+        self.status = status
+        self.body = body
+
+
+class AirflowServer:
+    """One Airflow 3 running on ``dags_folder``: start it, call its API, stop it.
+
+    Construct, then :meth:`start` (or use it as a context manager, which
+    starts and stops). ``components`` run besides the API server (any of
+    :data:`COMPONENTS`); ``extra`` are more requirements for the virtualenv
+    (a provider); ``environment`` goes into the components' environment
+    last (``AIRFLOW_CONN_*``, settings of your own, what a DAG file reads);
+    ``keep`` leaves :attr:`home` in place after :meth:`stop`. :meth:`request`
+    and :meth:`token` may be called from several threads; starting,
+    restarting and stopping are for one thread.
+
+    Attributes: ``url`` (``http://127.0.0.1:<port>``, set by :meth:`start`),
+    ``username`` and ``password`` (the API's admin), ``home``
+    (``AIRFLOW_HOME``: the SQLite DB, task logs under ``logs``, the
+    components' under ``logs-of-processes``), ``dags_folder``, ``version``.
+    """
+
+    username = "admin"
+
+    def __init__(self, dags_folder: Path, *, version: str = DEFAULT_AIRFLOW_VERSION,
+                 components: Collection[str] = DEFAULT_COMPONENTS,
+                 extra: Sequence[str] = (), environment: Mapping[str, str] | None = None,
+                 keep: bool = False, start_timeout: float = 120.0) -> None:
+        unknown = set(components) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"unknown Airflow components {sorted(unknown)}; known: {COMPONENTS}")
+        self.dags_folder = Path(dags_folder).resolve()
+        self.version = version
+        self.password = secrets.token_urlsafe(18)
+        self.home = Path()
+        self.url = ""
+        self._components = [name for name in COMPONENTS if name in components]
+        self._extra, self._environment = tuple(extra), dict(environment or {})
+        self._keep, self._start_timeout = keep, start_timeout
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._env: dict[str, str] = {}
+        self._airflow = ""
+        self._token: str | None = None
+        self._token_lock = threading.Lock()
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
+
+    # -- life cycle --
+
+    def start(self) -> AirflowServer:
+        """Install (first use only), migrate, start every component; return once all are healthy.
+
+        Call once. Raises :class:`BrokerNotInstalled` (the install failed: a
+        test should skip) or :class:`BrokerDidNotStart` (``airflow db
+        migrate`` failed, a component exited, or health was not reported
+        within ``start_timeout`` s; the message names the logs and their last
+        lines). Every component is stopped before any exception leaves; the
+        home directory is then kept, for those logs.
+        """
+        if self.url:
+            raise RuntimeError("AirflowServer.start() was already called")
+        venv = airflow_venv(self.version, extra=self._extra)
+        self._airflow = str(venv / "bin" / "airflow")
+        self.home = Path(tempfile.mkdtemp(prefix="sharedstream-airflow-"))
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            self._env = self._environment_for(venv, port)
+            run_logged([self._airflow, "db", "migrate"], self._log("db-migrate"), self._env,
+                        timeout=self._start_timeout, failure=BrokerDidNotStart)
+            deadline = time.monotonic() + self._start_timeout
+            for name in ["api-server", *self._components]:
+                self._start_component(name)
+            self._wait_healthy(deadline)
+        except BaseException:  # an error, a timeout or Ctrl-C: leave no component behind
+            _stop_groups(list(self._processes.values()))
+            self._processes.clear()
+            raise  # the home directory stays: the message names logs in it
+        return self
+
+    def restart_api_server(self) -> None:
+        """Stop the API server's process group, start it again on the same port, wait until healthy.
+
+        For tests of a dispatcher that must survive the API going away; call
+        after :meth:`start`. Takes about 8 s; the token stays valid (the JWT
+        secret is fixed). Raises :class:`BrokerDidNotStart` as :meth:`start`
+        does (the other components keep running).
+        """
+        _stop_groups([self._processes.pop("api-server")])
+        self._start_component("api-server")
+        self._wait_healthy(time.monotonic() + self._start_timeout)
+
+    def stop(self) -> None:
+        """Stop every component (SIGTERM to its group, a shared bounded wait, SIGKILL); idempotent.
+
+        Also removes the home directory (DB, logs) unless ``keep=True``.
+        Safe to call after a failed or partial :meth:`start`.
+        """
+        processes, self._processes = list(self._processes.values()), {}
+        _stop_groups(processes)
+        if not self._keep and self.home != Path() and self.home.exists():
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> AirflowServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
+
+    def _environment_for(self, venv: Path, port: int) -> dict[str, str]:
+        passwords = self.home / "simple_auth_manager_passwords.json"
+        passwords.write_text(json.dumps({self.username: self.password}))
+        inherited = {key: value for key, value in os.environ.items()
+                     if not key.startswith("AIRFLOW")
+                     and key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        return {
+            **inherited,
+            "PATH": os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", os.defpath)]),
+            "VIRTUAL_ENV": str(venv),
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__AUTH_MANAGER": _SIMPLE_AUTH,
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.username}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            # New files are found at the next listing of the folder; list it every second.
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "1",
+            "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH": str(self.home / "bundles"),
+            **self._environment,
+        }
+
+    def _log(self, name: str) -> Path:
+        return self.home / "logs-of-processes" / f"{name}.log"
+
+    def _start_component(self, name: str) -> None:
+        # start_process for its guarantees (own session, log file); readiness is the health wait.
+        self._processes[name] = start_process(
+            f"Airflow's {name}", [self._airflow, name], log_path=self._log(name),
+            ready=lambda: True, env=self._env)
+
+    def _wait_healthy(self, deadline: float) -> None:
+        wanted = ["metadatabase", *(name.replace("-", "_") for name in self._components)]
+        health: Any = None
+        while True:
+            for name, process in self._processes.items():
+                if process.poll() is not None:
+                    raise BrokerDidNotStart(f"Airflow's {name} exited with {process.returncode}: "
+                                            f"{last_line(self._log(name))} (see {self._log(name)})")
+            health = self._health()
+            if isinstance(health, dict) and all(
+                    isinstance(health.get(key), dict) and health[key].get("status") == "healthy"
+                    for key in wanted):
+                return
+            if time.monotonic() > deadline:
+                logs = "; ".join(f"{self._log(name)}: {last_line(self._log(name))}"
+                                 for name in self._processes)
+                raise BrokerDidNotStart(f"Airflow was not healthy within {self._start_timeout:.0f}"
+                                        f" s (last health: {json.dumps(health)}); logs: {logs}")
+            time.sleep(0.25)
+
+    def _health(self) -> Any:
+        try:
+            status, body = self._send("GET", "/api/v2/monitor/health", None, None, timeout=2.0)
+        except OSError:  # not listening yet, or restarting: the caller polls again
+            return None
+        return body if status == 200 else None
+
+    # -- the API --
+
+    def token(self) -> str:
+        """A JWT for ``admin`` (``POST /auth/token``), fetched once and cached.
+
+        A :meth:`request` answered 401 drops the cached token and fetches a
+        new one. Raises :class:`AirflowApiError` when the API refuses the
+        credentials, ``OSError`` when it does not answer.
+        """
+        with self._token_lock:
+            if self._token is None:
+                body = {"username": self.username, "password": self.password}
+                status, answer = self._send("POST", "/auth/token", body, None)
+                if status not in (200, 201) or not isinstance(answer, dict) or not isinstance(
+                        answer.get("access_token"), str):
+                    raise AirflowApiError("POST /auth/token", status, answer)
+                self._token = answer["access_token"]
+            return self._token
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """Call the API as ``admin``: ``path`` is from the root (``/api/v2/...``), ``body`` JSON.
+
+        Returns the HTTP status and the parsed JSON answer (the text when it
+        is not JSON, ``None`` when empty); never raises for a status code.
+        On 401 it fetches a new token and sends once more. Raises ``OSError``
+        (``urllib.error.URLError`` included) when the API does not answer
+        within 30 s, and what :meth:`token` raises.
+        """
+        token = self.token()
+        status, answer = self._send(method, path, body, token)
+        if status == 401:
+            with self._token_lock:
+                if self._token == token:
+                    self._token = None
+            status, answer = self._send(method, path, body, self.token())
+        return status, answer
+
+    def _send(self, method: str, path: str, body: Any, token: str | None,
+              timeout: float = _REQUEST_TIMEOUT) -> tuple[int, Any]:
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self.url + path, data, headers, method=method)  # noqa: S310 - our own http URL
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                return response.status, _parsed(response.read())
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, _parsed(error.read())
+        except http.client.HTTPException as exc:  # a torn answer (a restart): as a dropped line
+            raise ConnectionError(f"{method} {path}: {exc!r}") from exc
+
+    def connection_uri(self) -> str:
+        """The API as an ``AIRFLOW_CONN_*``-style URI: ``http://admin:<password>@127.0.0.1:<port>``."""
+        return self.url.replace("://", f"://{self.username}:{quote(self.password, safe='')}@", 1)
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until ``GET /api/v2/dags/{dag_id}`` answers 200, not paused; return that DAG.
+
+        Call after writing its file into :attr:`dags_folder`. Raises
+        ``TimeoutError`` after ``timeout`` s, naming the last answer and
+        the DAG processor's import errors (a file that does not parse).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            status, dag = self.request("GET", f"/api/v2/dags/{quote(dag_id, safe='')}")
+            if status == 200 and isinstance(dag, dict) and dag.get("is_paused") is False:
+                return dag
+            if time.monotonic() > deadline:
+                _, errors = self.request("GET", "/api/v2/importErrors")
+                raise TimeoutError(f"DAG {dag_id!r} not ready within {timeout:.0f} s (last answer:"
+                                   f" HTTP {status} {str(dag)[:200]}; import errors: "
+                                   f"{_import_errors(errors)}; see {self._log('dag-processor')})")
+            time.sleep(0.25)
+
+    def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
+        """Every run of ``dag_id``, oldest first (all pages); raises :class:`AirflowApiError`."""
+        runs: list[dict[str, Any]] = []
+        while True:
+            path = (f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns"
+                    f"?limit={_PAGE}&offset={len(runs)}&order_by=id")
+            status, page = self.request("GET", path)
+            if status != 200 or not isinstance(page, dict):
+                raise AirflowApiError(f"GET {path}", status, page)
+            runs.extend(page["dag_runs"])
+            if not page["dag_runs"] or len(runs) >= page["total_entries"]:
+                return runs
+
+    def wait_for_runs(self, dag_id: str, count: int, states: Collection[str] = ("success",),
+                      timeout: float = 60.0) -> list[dict[str, Any]]:
+        """Wait until at least ``count`` runs of ``dag_id`` are in ``states``; return those runs.
+
+        Raises ``TimeoutError`` after ``timeout`` s, saying how many runs
+        are in which state (failed tasks' logs are under ``<home>/logs``).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = self.dag_runs(dag_id)
+            done = [run for run in runs if run.get("state") in states]
+            if len(done) >= count:
+                return done
+            if time.monotonic() > deadline:
+                seen = dict(Counter(str(run.get("state")) for run in runs))
+                raise TimeoutError(f"{len(done)} of {count} runs of {dag_id!r} in {sorted(states)}"
+                                   f" after {timeout:.0f} s (runs by state: {seen}; task logs "
+                                   f"under {self.home / 'logs'})")
+            time.sleep(0.25)
+
+
+def _parsed(raw: bytes) -> Any:
+    text = raw.decode(errors="replace")
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return text
+
+
+def _import_errors(answer: Any) -> str:
+    if not isinstance(answer, dict) or not answer.get("import_errors"):
+        return "none"
+    return " | ".join(f"{error.get('filename')}: {str(error.get('stack_trace')).strip()[-200:]}"
+                      for error in answer["import_errors"][:3])
+
+
+def _stop_groups(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process's group, wait for all (one bounded wait), then SIGKILL what is left."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_TIMEOUT
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        # The leader may be gone while its children (workers, parsers) linger: kill the group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=_STOP_TIMEOUT)
+
+
+@contextlib.contextmanager
+def airflow_server(dags_folder: Path, *, version: str = DEFAULT_AIRFLOW_VERSION,
+                   components: Collection[str] = DEFAULT_COMPONENTS,
+                   extra: Sequence[str] = (), environment: Mapping[str, str] | None = None,
+                   keep: bool = False, start_timeout: float = 120.0) -> Iterator[AirflowServer]:
+    """Run Airflow on ``dags_folder`` for the ``with`` block; yields the :class:`AirflowServer`.
+
+    The arguments are :class:`AirflowServer`'s; raises what its ``start``
+    raises. The server is stopped when the block ends, however it ends.
+    """
+    server = AirflowServer(dags_folder, version=version, components=components, extra=extra,
+                           environment=environment, keep=keep, start_timeout=start_timeout)
+    with server:
+        yield server

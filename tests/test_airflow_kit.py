@@ -1,0 +1,286 @@
+"""The testing kit's real Apache Airflow 3, as a test that dispatches DAG runs to it meets it.
+
+The tests marked ``airflow`` (deselected by default: ``pytest -m airflow``)
+share the session's ``airflow_server`` fixture: the first use installs
+Airflow into its own virtualenv (about 30 s, cached), the start takes 10-20
+s more. They drop one DAG file whose task writes its run's ``conf`` to a
+file, create runs through the REST API and watch them finish, and restart
+the API server under a live client.
+
+The unit tests at the end need no Airflow: where the virtualenv cache lives,
+that a complete one is reused without running pip, that two builders make
+one virtualenv, and what a failed install says; a few lines of Python stand
+in for pip.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from sharedstream.testing import airflow as airflow_kit
+from sharedstream.testing.airflow import AirflowServer, airflow_venv, airflow_venv_path
+from sharedstream.testing.airflow_venv import VENV_ENV
+from sharedstream.testing.brokers import BrokerDidNotStart, BrokerNotInstalled
+from sharedstream.testing.brokers.process import port_answers
+from sharedstream.testing.fixtures import airflow_server
+
+__all__ = ["airflow_server"]
+
+DAG_ID = "kit_conf_writer"
+
+DAG_FILE = '''
+import json
+import pathlib
+
+from airflow.sdk import dag, get_current_context, task
+
+OUT = pathlib.Path({out!r})
+
+
+@dag(dag_id={dag_id!r}, schedule=None)
+def conf_writer():
+    @task
+    def write_conf():
+        conf = get_current_context()["dag_run"].conf
+        (OUT / (conf["name"] + ".json")).write_text(json.dumps(conf))
+
+    write_conf()
+
+
+conf_writer()
+'''
+
+
+@pytest.fixture(scope="module")
+def conf_writer(airflow_server: AirflowServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The DAG ``kit_conf_writer``, parsed and unpaused; returns the folder its task writes to."""
+    out = tmp_path_factory.mktemp("airflow-out")
+    (airflow_server.dags_folder / f"{DAG_ID}.py").write_text(
+        DAG_FILE.format(out=str(out), dag_id=DAG_ID))
+    airflow_server.wait_for_dag(DAG_ID)
+    return out
+
+
+def create_run(server: AirflowServer, run_id: str, conf: dict[str, object]) -> tuple[int, object]:
+    return server.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
+                          {"dag_run_id": run_id, "logical_date": None, "conf": conf})
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
+def test_a_run_is_created_once_and_its_task_sees_the_first_conf(
+        airflow_server: AirflowServer, conf_writer: Path) -> None:
+    first = {"name": "x1", "amount": 42}
+    status, created = create_run(airflow_server, "x1", first)
+    assert status == 200, created
+    assert isinstance(created, dict)
+    assert created["dag_run_id"] == "x1"
+    assert created["conf"] == first
+
+    status, _ = create_run(airflow_server, "x1", {"name": "x1", "amount": 7})
+    assert status == 409
+
+    [run] = [run for run in airflow_server.wait_for_runs(DAG_ID, 1, timeout=120)
+             if run["dag_run_id"] == "x1"]
+    assert run["conf"] == first
+    assert json.loads((conf_writer / "x1.json").read_text()) == first
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
+def test_dag_runs_reads_every_page_oldest_first(
+        airflow_server: AirflowServer, conf_writer: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for index in range(3):
+        status, answer = create_run(airflow_server, f"page-{index}", {"name": f"page-{index}"})
+        assert status == 200, answer
+    monkeypatch.setattr(airflow_kit, "_PAGE", 2)
+
+    ids = [run["dag_run_id"] for run in airflow_server.dag_runs(DAG_ID)]
+
+    assert [run_id for run_id in ids if run_id.startswith("page-")] == [
+        "page-0", "page-1", "page-2"]
+    assert len(ids) == len(set(ids))
+    airflow_server.wait_for_runs(DAG_ID, len(ids), timeout=120)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def expired(token: str, secret: str) -> str:
+    """``token`` with its times an hour ago, signed again with the server's secret (HS512)."""
+    header, payload, _ = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims.update(iat=claims["iat"] - 7200, nbf=claims["nbf"] - 7200, exp=claims["iat"] - 3600)
+    signed = f"{header}.{_b64(json.dumps(claims).encode())}"
+    signature = hmac.new(secret.encode(), signed.encode(), hashlib.sha512).digest()
+    return f"{signed}.{_b64(signature)}"
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
+def test_an_expired_token_is_replaced(airflow_server: AirflowServer,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = airflow_server._env["AIRFLOW__API_AUTH__JWT_SECRET"]  # to forge an expired token
+    stale = expired(airflow_server.token(), secret)
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        direct.open(urllib.request.Request(  # noqa: S310 - the test's own http server
+            f"{airflow_server.url}/api/v2/dags", headers={"Authorization": f"Bearer {stale}"}))
+    with refused.value:
+        assert refused.value.code == 401  # Airflow says "Token Expired" (403: a bad signature)
+    monkeypatch.setattr(airflow_server, "_token", stale)
+
+    status, _ = airflow_server.request("GET", "/api/v2/dags")
+
+    assert status == 200
+    assert airflow_server.token() != stale
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
+def test_the_connection_uri_names_the_api_and_its_admin(airflow_server: AirflowServer) -> None:
+    uri = urlsplit(airflow_server.connection_uri())
+
+    assert (uri.scheme, uri.hostname) == ("http", "127.0.0.1")
+    assert f"http://127.0.0.1:{uri.port}" == airflow_server.url
+    assert (uri.username, unquote(uri.password or "")) == ("admin", airflow_server.password)
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
+def test_the_api_answers_again_after_a_restart(airflow_server: AirflowServer,
+                                               conf_writer: Path) -> None:
+    token = airflow_server.token()
+
+    airflow_server.restart_api_server()
+
+    assert airflow_server.request("GET", "/api/v2/monitor/health")[0] == 200
+    status, answer = create_run(airflow_server, "after-restart", {"name": "after-restart"})
+    assert status == 200, answer
+    assert airflow_server.token() == token  # the JWT secret outlives the process
+    airflow_server.wait_for_runs(DAG_ID, len(airflow_server.dag_runs(DAG_ID)), timeout=120)
+    assert json.loads((conf_writer / "after-restart.json").read_text())["name"] == "after-restart"
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
+def test_a_component_that_dies_at_start_is_named_and_nothing_is_left_running(
+        airflow_server: AirflowServer, tmp_path: Path) -> None:
+    broken = AirflowServer(tmp_path, environment={"AIRFLOW__CORE__EXECUTOR": "NoSuchExecutor"})
+
+    with pytest.raises(BrokerDidNotStart) as raised:
+        broken.start()
+
+    log = broken.home / "logs-of-processes" / "scheduler.log"
+    message = str(raised.value)
+    assert message.startswith("Airflow's scheduler exited with 1: ")
+    assert "NoSuchExecutor" in message
+    assert str(log) in message
+    assert log.is_file()  # kept for reading
+    assert not port_answers(int(broken.url.rpartition(":")[2]))
+    shutil.rmtree(broken.home)
+
+
+# -- the virtualenv cache, without Airflow ----------------------------------------------------
+
+FAKE_PIP = textwrap.dedent("""
+    import os, pathlib, sys, time
+    with open(sys.argv[1], "a") as runs:
+        runs.write(" ".join(sys.argv[2:]) + "\\n")
+    time.sleep(0.5)
+    (pathlib.Path(os.environ["VIRTUAL_ENV"]) / "bin" / "airflow").write_text("#!/bin/sh\\n")
+""")
+
+FAILING_PIP = textwrap.dedent("""
+    import sys
+    print("Collecting " + sys.argv[1])
+    print("ERROR: No matching distribution found for " + sys.argv[1])
+    sys.exit(1)
+""")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache directory (``$XDG_CACHE_HOME``), no ``$SHAREDSTREAM_AIRFLOW_VENV``."""
+    monkeypatch.delenv(VENV_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "sharedstream"
+
+
+def test_the_cached_venv_is_named_after_version_extras_and_python(cache: Path) -> None:
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    kafka = "apache-airflow-providers-apache-kafka==2.1.0"
+
+    plain = airflow_venv_path("3.3.2")
+    with_kafka = airflow_venv_path("3.3.2", [kafka, "confluent-kafka"])
+
+    assert plain == cache / f"airflow-3.3.2-{python}"
+    assert with_kafka.parent == cache
+    assert with_kafka.name.startswith("airflow-3.3.2-")
+    assert with_kafka.name.endswith(f"-{python}")
+    assert with_kafka != plain
+    assert airflow_venv_path("3.3.2", ["confluent-kafka", kafka]) == with_kafka
+    assert airflow_venv_path("3.3.2", [kafka]) != with_kafka
+
+
+def test_a_named_venv_with_airflow_is_used_as_is(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    venv = tmp_path / "my-airflow"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "airflow").write_text("#!/bin/sh\n")
+    monkeypatch.setenv(VENV_ENV, str(venv))
+
+    assert airflow_venv("0.0.0.dev0", pip=[sys.executable, "-c", "raise SystemExit(3)"]) == venv
+
+
+def test_two_builders_make_one_venv_where_its_scripts_run(cache: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "pip-runs.txt"
+    pip = [sys.executable, "-c", FAKE_PIP, str(runs)]
+    results: list[Path] = []
+
+    builders = [threading.Thread(target=lambda: results.append(airflow_venv("9.9.9", pip=pip)))
+                for _ in range(2)]
+    for builder in builders:
+        builder.start()
+    for builder in builders:
+        builder.join(timeout=60)
+
+    venv = cache / f"airflow-9.9.9-py{sys.version_info.major}{sys.version_info.minor}"
+    assert results == [venv, venv]
+    assert runs.read_text().splitlines() == ["apache-airflow==9.9.9"]
+    assert (venv / "bin" / "airflow").is_file()
+    assert [path.name for path in cache.iterdir() if path.is_dir()] == [venv.name]
+    pip_script = (venv / "bin" / "pip").read_text()
+    assert str(venv / "bin" / "python") in pip_script
+    assert ".building-" not in pip_script
+    ran = subprocess.run([venv / "bin" / "pip", "--version"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert str(venv) in ran.stdout  # the scripts moved with the virtualenv
+
+
+def test_a_failed_install_says_why_in_one_line_and_leaves_nothing(cache: Path) -> None:
+    with pytest.raises(BrokerNotInstalled) as raised:
+        airflow_venv("0.0.0.dev0", pip=[sys.executable, "-c", FAILING_PIP])
+
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("`python -c ")
+    assert " apache-airflow==0.0.0.dev0` failed with exit code 1: " in message
+    assert message.rpartition(" (see ")[0].endswith(
+        "ERROR: No matching distribution found for apache-airflow==0.0.0.dev0")
+    assert [path.name for path in cache.iterdir() if path.is_dir()] == []
