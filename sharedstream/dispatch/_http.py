@@ -1,0 +1,137 @@
+"""What the HTTP targets share: one aiohttp session, answers, and what an answer means.
+
+The ``webhook`` and ``airflow`` targets talk HTTP through :class:`HttpClient`:
+a session opened in the target's ``open`` and closed in its ``aclose``,
+every request bounded by the target's timeout. aiohttp comes with the
+``dispatch`` extra; it is imported only when an HTTP target opens, and its
+absence is one line naming the extra (:func:`need_aiohttp`).
+
+What an answer means for a delivery (:func:`refusal`), the same for every
+HTTP target:
+
+* a connection that fails, a timeout, ``408``, ``429`` and any ``5xx``:
+  the target may take it later - a retryable :class:`TargetError`;
+* any other ``4xx``: it never will - not retryable (the run is
+  ``undeliverable``, with the status and the answer's first line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from sharedstream.dispatch.target import TargetConfigError, TargetError
+
+__all__ = ["HttpAnswer", "HttpClient", "first_line", "need_aiohttp", "refusal"]
+
+_RETRYABLE_4XX = frozenset({408, 425, 429})
+_LINE = 300  # characters of an answer kept in a detail
+
+
+def need_aiohttp(target_type: str) -> ModuleType:
+    """The ``aiohttp`` module; :class:`TargetConfigError` naming the extra when it is missing."""
+    try:
+        import aiohttp  # noqa: PLC0415 - the dispatch extra, needed only by HTTP targets
+    except ImportError as exc:
+        raise TargetConfigError(
+            f"the {target_type} target needs the dispatch extra: pip install "
+            f"'sharedstream[dispatch]' ({exc})") from exc
+    return aiohttp
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text``, cut to a few hundred characters."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if len(line) <= _LINE else line[: _LINE - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpAnswer:
+    """A response: its status, its body as text, and that body as JSON when it is JSON."""
+
+    status: int
+    text: str
+    document: Any = None
+
+    @property
+    def ok(self) -> bool:
+        """A ``2xx``."""
+        return 200 <= self.status < 300
+
+    def summary(self) -> str:
+        """``HTTP <status>: <first line>``, preferring a JSON answer's ``detail`` or ``title``."""
+        said = self.text
+        if isinstance(self.document, Mapping):
+            for key in ("detail", "title", "message", "error"):
+                value = self.document.get(key)
+                if value:
+                    said = value if isinstance(value, str) else json.dumps(value)
+                    break
+        line = first_line(said)
+        return f"HTTP {self.status}: {line}" if line else f"HTTP {self.status}"
+
+
+def refusal(answer: HttpAnswer, what: str) -> TargetError:
+    """The error a non-``2xx`` answer to ``what`` (``"POST /api/v2/..."``) is for a delivery."""
+    retryable = answer.status >= 500 or answer.status in _RETRYABLE_4XX
+    return TargetError(f"{what}: {answer.summary()}", retryable=retryable)
+
+
+class HttpClient:
+    """One aiohttp session of a target; :meth:`request` never raises but :class:`TargetError`.
+
+    ``base`` is prefixed to every path; ``timeout`` bounds each request.
+    :meth:`open` before the first request, :meth:`close` once at the end.
+    """
+
+    def __init__(self, target_type: str, base: str, timeout: float) -> None:
+        self._type = target_type
+        self.base = base.rstrip("/")
+        self._timeout = timeout
+        self._session: Any = None
+
+    async def open(self) -> None:
+        """Start the session (no connection is made yet)."""
+        aiohttp = need_aiohttp(self._type)
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._timeout), trust_env=False,
+            raise_for_status=False)
+
+    async def close(self) -> None:
+        """Close the session; idempotent."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def request(self, method: str, path: str, *, body: Any = None,
+                      data: bytes | None = None,
+                      headers: Mapping[str, str] | None = None) -> HttpAnswer:
+        """One request to ``base + path`` (JSON ``body`` or raw ``data``); the answer, any status.
+
+        A connection that cannot be made or breaks, or no answer within the
+        timeout, raises a retryable :class:`TargetError` naming the host.
+        """
+        if self._session is None:
+            raise TargetError(f"the {self._type} target is not open", retryable=True)
+        aiohttp = need_aiohttp(self._type)
+        url = self.base + path
+        try:
+            async with self._session.request(method, url, json=body, data=data,
+                                             headers=dict(headers or {})) as response:
+                text = await response.text(errors="replace")
+                status = int(response.status)
+        except TimeoutError as exc:
+            raise TargetError(f"{method} {url}: no answer within {self._timeout:g} s",
+                              retryable=True) from exc
+        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise TargetError(f"{method} {url}: {reason}", retryable=True) from exc
+        try:
+            document = json.loads(text) if text else None
+        except ValueError:
+            document = None
+        return HttpAnswer(status, text, document)
