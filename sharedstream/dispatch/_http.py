@@ -12,7 +12,14 @@ HTTP target:
 * a connection that fails, a timeout, ``408``, ``429`` and any ``5xx``:
   the target may take it later - a retryable :class:`TargetError`;
 * any other ``4xx``: it never will - not retryable (the run is
-  ``undeliverable``, with the status and the answer's first line).
+  ``undeliverable``, with the status and the answer's first line);
+* a redirect (``3xx``) is not followed: a client following one repeats a
+  POST as a GET without its body, and the new address's ``200`` would count
+  a run delivered that never arrived. It is not retryable; the message
+  names the ``Location`` to configure instead.
+
+Answers are read up to :data:`ANSWER_LIMIT` bytes (what a detail needs);
+the standard proxy variables (``HTTPS_PROXY``, ``NO_PROXY``) apply.
 """
 
 from __future__ import annotations
@@ -26,7 +33,10 @@ from typing import Any
 
 from sharedstream.dispatch.target import TargetConfigError, TargetError
 
-__all__ = ["HttpAnswer", "HttpClient", "first_line", "need_aiohttp", "refusal"]
+__all__ = ["ANSWER_LIMIT", "HttpAnswer", "HttpClient", "first_line", "need_aiohttp", "refusal"]
+
+ANSWER_LIMIT = 256 * 1024
+"""Most bytes of an answer's body read (the rest is left unread)."""
 
 _RETRYABLE_4XX = frozenset({408, 425, 429})
 _LINE = 300  # characters of an answer kept in a detail
@@ -56,6 +66,7 @@ class HttpAnswer:
     status: int
     text: str
     document: Any = None
+    location: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -77,6 +88,10 @@ class HttpAnswer:
 
 def refusal(answer: HttpAnswer, what: str) -> TargetError:
     """The error a non-``2xx`` answer to ``what`` (``"POST /api/v2/..."``) is for a delivery."""
+    if 300 <= answer.status < 400:
+        return TargetError(f"{what}: HTTP {answer.status}: redirected to "
+                           f"{answer.location or '(no Location)'}; configure that address "
+                           "instead (redirects are not followed)", retryable=False)
     retryable = answer.status >= 500 or answer.status in _RETRYABLE_4XX
     return TargetError(f"{what}: {answer.summary()}", retryable=retryable)
 
@@ -98,7 +113,7 @@ class HttpClient:
         """Start the session (no connection is made yet)."""
         aiohttp = need_aiohttp(self._type)
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self._timeout), trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=self._timeout), trust_env=True,
             raise_for_status=False)
 
     async def close(self) -> None:
@@ -121,9 +136,15 @@ class HttpClient:
         url = self.base + path
         try:
             async with self._session.request(method, url, json=body, data=data,
-                                             headers=dict(headers or {})) as response:
-                text = await response.text(errors="replace")
+                                             headers=dict(headers or {}),
+                                             allow_redirects=False) as response:
+                raw = await response.content.read(ANSWER_LIMIT)
+                try:
+                    text = raw.decode(response.charset or "utf-8", errors="replace")
+                except LookupError:  # a charset Python does not know
+                    text = raw.decode("utf-8", errors="replace")
                 status = int(response.status)
+                location = response.headers.get("Location")
         except TimeoutError as exc:
             raise TargetError(f"{method} {url}: no answer within {self._timeout:g} s",
                               retryable=True) from exc
@@ -134,4 +155,4 @@ class HttpClient:
             document = json.loads(text) if text else None
         except ValueError:
             document = None
-        return HttpAnswer(status, text, document)
+        return HttpAnswer(status, text, document, location)

@@ -375,7 +375,11 @@ class Dispatcher:
 
     async def _ask(self, run: ClaimedRun) -> None:
         route = self.routes[run.dag_id]
-        document: RunDocument = document_of(run, self._payload_of)
+        try:
+            document: RunDocument = document_of(run, self._payload_of)
+        except Exception:  # a payload that cannot be read: asking cannot help, nor may it stop us
+            log.exception("a followed run's document cannot be built", run=run.run_id)
+            return
         async with self._asking[route.target_name]:
             try:
                 async with asyncio.timeout(route.target.timeout + _GRACE):

@@ -111,7 +111,8 @@ class TargetOption:
     Kinds: ``str``, ``int``, ``float``, ``bool``, ``choice`` (one of
     ``choices``), ``argv`` (a non-empty list of strings: a command line).
     ``minimum`` bounds numbers (inclusive). ``per_dag``: a DAG's
-    ``target_options`` may override it.
+    ``target_options`` may override it. ``required``: the target's table
+    must set it (there is no sensible default).
     """
 
     kind: Literal["str", "int", "float", "bool", "choice", "argv"]
@@ -120,6 +121,7 @@ class TargetOption:
     choices: tuple[str, ...] = ()
     minimum: float = -math.inf
     per_dag: bool = False
+    required: bool = False
 
 
 COMMON_OPTIONS: Mapping[str, TargetOption] = {
@@ -248,6 +250,11 @@ def check_options(
             raise TargetConfigError(f"{where}: unknown option {option!r}; {hint}")
         values[option] = _convert(specs[option], value, f"{where}: {option}")
     if not dag_only:
+        missing = sorted(option for option, spec in specs.items()
+                         if spec.required and option not in values)
+        if missing:
+            raise TargetConfigError(f"{where}: {missing[0]} is required "
+                                    f"({specs[missing[0]].help})")
         for option, spec in specs.items():
             values.setdefault(option, spec.default)
         if values["max_concurrency"] is None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import dataclasses
 import json
 import sys
@@ -34,12 +33,21 @@ from typing import Any
 from sharedstream import __version__
 from sharedstream.connections import Connection, env_connections, get_connection
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.cli_output import (
+    emit,
+    open_migrated_store,
+    plain,
+    positive,
+    preview,
+    to_base64,
+)
+from sharedstream.runtime.cli_runs import add_run_commands
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import generate_key
 from sharedstream.runtime.logs import configure_logging
 from sharedstream.runtime.serde import unpack_event_payload
-from sharedstream.store import MetadataStore, StoreError
+from sharedstream.store import StoreError
 
 __all__ = ["main"]
 
@@ -54,17 +62,6 @@ def _log_level(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"invalid level {text!r} (choose from {', '.join(LOG_LEVELS)})")
     return text.upper()
-
-
-def _positive(text: str) -> int:
-    """A ``--limit`` or count: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="run the pipeline against a broker started locally (Kafka, Pub/Sub or "
         "Service Bus)"
     )
-    demo.add_argument("--messages", type=_positive, default=2000, metavar="N",
+    demo.add_argument("--messages", type=positive, default=2000, metavar="N",
                       help="records to produce (default: 2000)")
     demo.add_argument("--keep", type=Path, default=None, metavar="DIR",
                       help="work in DIR (new or empty) and keep it, instead of a temp directory")
@@ -187,7 +184,6 @@ def _parser() -> argparse.ArgumentParser:
         ("triggers", "triggers", _triggers_list, ()),
         ("triggerers", "triggerer processes", _triggerers_list, ()),
         ("events", "events", _events_list, ("--asset", "--trigger", "--limit")),
-        ("runs", "runs", _runs_list, ("--dag", "--asset", "--limit")),
         ("deadletters", "dead letters", _deadletters_list, ("--stream", "--limit")),
     ):
         group = commands.add_parser(noun, help=f"inspect stored {what}")
@@ -205,11 +201,11 @@ def _parser() -> argparse.ArgumentParser:
         if "--stream" in extra:
             listing.add_argument("--stream", help="only those of this stream (\"kafka orders\")")
         if "--limit" in extra:
-            listing.add_argument("--limit", type=_positive, default=100,
+            listing.add_argument("--limit", type=positive, default=100,
                                  help="at most this many (default: 100)")
         listing.set_defaults(handler=handler)
 
-    _add_dags_commands(commands, anywhere)
+    dag_verbs = _add_dags_commands(commands, anywhere)
 
     db = commands.add_parser("db", help="the metadata database's schema")
     db_verbs = _Commands(db.add_subparsers(title="actions", required=True, metavar="ACTION"),
@@ -220,14 +216,15 @@ def _parser() -> argparse.ArgumentParser:
     db_verbs.add_parser(
         "check", help="check that the database answers and its schema is current (exit 2 if not)"
     ).set_defaults(handler=_db_check)
+    add_run_commands(commands, anywhere, dag_verbs, db_verbs)
 
     _add_config_commands(commands, anywhere)
     _add_status_command(commands)
     return parser
 
 
-def _add_dags_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -> None:
-    """``dags list`` and ``dags next-runs DAG -n N``."""
+def _add_dags_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -> _Commands:
+    """``dags list`` and ``dags next-runs DAG -n N``; returns the ``dags`` verbs (for more)."""
     dags = commands.add_parser("dags", help="the DAGs in the store and their schedules")
     dag_verbs = _Commands(dags.add_subparsers(title="actions", required=True, metavar="ACTION"),
                           anywhere)
@@ -237,13 +234,14 @@ def _add_dags_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -
     upcoming = dag_verbs.add_parser(
         "next-runs", help="a DAG's next logical dates, data intervals and run-after times")
     upcoming.add_argument("dag_id", metavar="DAG")
-    upcoming.add_argument("-n", type=_positive, default=5, metavar="N",
+    upcoming.add_argument("-n", type=positive, default=5, metavar="N",
                           help="how many (default: 5)")
     upcoming.add_argument("--definitions", type=Path, metavar="FILE",
                           help="also register FILE's timetable classes (and know its DAGs the "
                           "store does not have yet)")
     upcoming.add_argument("--json", action="store_true", help="one JSON document on stdout")
     upcoming.set_defaults(handler=_dags_next_runs)
+    return dag_verbs
 
 
 def _add_status_command(commands: _Commands) -> None:
@@ -311,17 +309,6 @@ def _triggerer(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(run())
 
 
-def _open_store(config: Config) -> MetadataStore:
-    """The configured store, migrated (the listing commands bring an old schema up to date)."""
-    store = config.store.open_store()
-    try:
-        store.migrate()
-    except BaseException:
-        store.close()
-        raise
-    return store
-
-
 def _db_upgrade(args: argparse.Namespace, config: Config) -> int:
     with config.store.open_store() as store:
         before = store.schema_status()
@@ -350,7 +337,7 @@ def _db_check(args: argparse.Namespace, config: Config) -> int:
 
 
 def _triggers_list(args: argparse.Namespace, config: Config) -> int:
-    with _open_store(config) as store:
+    with open_migrated_store(config) as store:
         rows = store.list_triggers()
     records = [
         {"id": r.id, "watchers": list(r.watchers), "classpath": r.classpath, "state": r.state,
@@ -359,12 +346,12 @@ def _triggers_list(args: argparse.Namespace, config: Config) -> int:
         for r in rows
     ]
     columns = ("id", "state", "events", "errors", "watchers", "classpath", "last_error")
-    return _emit(args, records, columns)
+    return emit(args, records, columns)
 
 
 def _triggerers_list(args: argparse.Namespace, config: Config) -> int:
     threshold = config.triggerer.triggerer_health_check_threshold
-    with _open_store(config) as store:
+    with open_migrated_store(config) as store:
         rows = store.triggerers()
     now = datetime.now(UTC)
     records = [
@@ -375,11 +362,11 @@ def _triggerers_list(args: argparse.Namespace, config: Config) -> int:
         for r in rows
     ]
     columns = ("id", "host", "pid", "alive", "heartbeat_at", "heartbeat_age", "triggers")
-    return _emit(args, records, columns)
+    return emit(args, records, columns)
 
 
 def _events_list(args: argparse.Namespace, config: Config) -> int:
-    with _open_store(config) as store:
+    with open_migrated_store(config) as store:
         rows = store.list_events(asset=args.asset, trigger_id=args.trigger, limit=args.limit)
     records = [
         {"id": r.id, "trigger": r.trigger_id, "assets": list(r.assets), "key": r.idem_key,
@@ -387,35 +374,17 @@ def _events_list(args: argparse.Namespace, config: Config) -> int:
          "trace_parent": r.trace_parent}
         for r in rows
     ]
-    return _emit(args, records, ("id", "trigger", "assets", "created_at", "key", "payload"))
-
-
-def _runs_list(args: argparse.Namespace, config: Config) -> int:
-    with _open_store(config) as store:
-        rows = store.list_runs(dag_id=args.dag, asset=args.asset, limit=args.limit)
-    records = [
-        {"dag_id": r.dag_id, "run_id": r.run_id, "run_type": r.run_type, "state": r.state,
-         "created_at": r.created_at, "logical_date": r.logical_date,
-         "data_interval_start": r.data_interval_start, "data_interval_end": r.data_interval_end,
-         "run_after": r.run_after, "assets": list(r.assets),
-         "asset_events": list(r.asset_event_ids), "trace_parent": r.trace_parent}
-        for r in rows
-    ]
-    columns: tuple[str, ...] = ("dag_id", "run_id", "state", "created_at", "assets")
-    if any(r.logical_date is not None for r in rows):  # time-based runs: their dates too
-        columns = (*columns[:4], "logical_date", "data_interval_start", "data_interval_end",
-                   "assets")
-    return _emit(args, records, columns)
+    return emit(args, records, ("id", "trigger", "assets", "created_at", "key", "payload"))
 
 
 def _dags_list(args: argparse.Namespace, config: Config) -> int:
     from sharedstream.runtime import cli_dags  # noqa: PLC0415 - only these commands need it
     from sharedstream.runtime.definitions import timetable_registry  # noqa: PLC0415
 
-    with _open_store(config) as store:
+    with open_migrated_store(config) as store:
         rows = store.list_dags()
     registry = timetable_registry({})
-    return _emit(args, cli_dags.dag_records(rows, registry), cli_dags.DAG_COLUMNS)
+    return emit(args, cli_dags.dag_records(rows, registry), cli_dags.DAG_COLUMNS)
 
 
 def _dags_next_runs(args: argparse.Namespace, config: Config) -> int:
@@ -423,16 +392,16 @@ def _dags_next_runs(args: argparse.Namespace, config: Config) -> int:
     from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - user code
 
     definitions = None if args.definitions is None else load_definitions(args.definitions)
-    with _open_store(config) as store:
+    with open_migrated_store(config) as store:
         rows = store.list_dags()
     records, source = cli_dags.next_run_records(rows, args.dag_id, args.n, definitions)
     if not args.json:
         print(source)
-    return _emit(args, records, cli_dags.NEXT_RUN_COLUMNS)
+    return emit(args, records, cli_dags.NEXT_RUN_COLUMNS)
 
 
 def _deadletters_list(args: argparse.Namespace, config: Config) -> int:
-    with _open_store(config) as store:
+    with open_migrated_store(config) as store:
         rows = store.dead_letters(args.limit, stream=args.stream)
     records: list[dict[str, Any]] = []
     for r in rows:
@@ -440,14 +409,14 @@ def _deadletters_list(args: argparse.Namespace, config: Config) -> int:
                   "source": r.source, "reason": r.reason, "triggers": list(r.triggers)}
         if args.json:  # everything, bytes as base64
             record |= {"payload_size": r.payload_size, "truncated": r.truncated,
-                       "payload": _base64(r.payload),
-                       "headers": [[name, _base64(value)] for name, value in r.headers]}
+                       "payload": to_base64(r.payload),
+                       "headers": [[name, to_base64(value)] for name, value in r.headers]}
         else:
             record |= {"size": f"{r.payload_size} (truncated)" if r.truncated else r.payload_size,
-                       "preview": _preview(r.payload)}
+                       "preview": preview(r.payload)}
         records.append(record)
     columns = ("id", "created_at", "stream", "source", "reason", "triggers", "size", "preview")
-    return _emit(args, records, columns)
+    return emit(args, records, columns)
 
 
 def _effective_connections(config: Config) -> dict[str, Connection]:
@@ -458,11 +427,11 @@ def _effective_connections(config: Config) -> dict[str, Connection]:
 def _status(args: argparse.Namespace, config: Config) -> int:
     from sharedstream.runtime import cli_status  # noqa: PLC0415 - only this command needs it
 
-    status, note = cli_status.fetch_status(config, args.url, partial(_open_store, config))
+    status, note = cli_status.fetch_status(config, args.url, partial(open_migrated_store, config))
     if note is not None:
         print(f"sharedstream: {note}", file=sys.stderr)
     if args.json:
-        print(json.dumps(status, indent=2, default=_plain))
+        print(json.dumps(status, indent=2, default=plain))
     else:
         print(cli_status.render(status), end="")
     return 0
@@ -483,74 +452,13 @@ def _config_show(args: argparse.Namespace, config: Config) -> int:
 def _connections_list(args: argparse.Namespace, config: Config) -> int:
     records = [conn.masked() for conn in _effective_connections(config).values()]
     records.sort(key=lambda record: record["conn_id"])
-    return _emit(args, records, ("conn_id", "conn_type", "host", "port", "login", "source"))
+    return emit(args, records, ("conn_id", "conn_type", "host", "port", "login", "source"))
 
 
 def _connections_get(args: argparse.Namespace, config: Config) -> int:
     install_connections(config.connections, config.file)
     print(json.dumps(get_connection(args.conn_id).masked(), indent=2))
     return 0
-
-
-# -- output ---------------------------------------------------------------------------
-
-
-def _plain(value: Any) -> Any:
-    """JSON for what ``json`` cannot write: times as ISO 8601, bytes as base64."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return _base64(value)
-    return str(value)
-
-
-def _readable(value: Any) -> Any:
-    """Like :func:`_plain`, for a table cell: bytes as text (see :func:`_preview`)."""
-    return _preview(value) if isinstance(value, bytes) else _plain(value)
-
-
-def _emit(args: argparse.Namespace, records: list[dict[str, Any]], columns: Sequence[str]) -> int:
-    if args.json:
-        print(json.dumps(records, indent=2, default=_plain))
-        return 0
-    if not records:
-        print("(none)")
-        return 0
-    cells = [[_cell(record[column]) for column in columns] for record in records]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-    return 0
-
-
-def _base64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _preview(payload: bytes) -> str:
-    """The payload's start as text; bytes that are not UTF-8 and control characters as ``.``.
-
-    Decodes enough bytes for :func:`_cell` to fill its width and mark the cut.
-    """
-    text = payload[:256].decode("utf-8", errors="replace")
-    return "".join(
-        " " if char.isspace() else char if char.isprintable() and char != "\ufffd" else "."
-        for char in text
-    )
-
-
-def _cell(value: Any, limit: int = 60) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, datetime):
-        text = value.strftime("%Y-%m-%d %H:%M:%S")
-    elif isinstance(value, (list, dict)):
-        text = json.dumps(value, default=_readable)
-    else:
-        text = str(value)
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -261,11 +261,12 @@ class SharedSql(OutboxSql):
 
     def list_runs(
         self, *, dag_id: str | None = None, asset: str | None = None,
-        state: str | None = None, limit: int = 100,
+        state: str | None = None, run_id: str | None = None, limit: int = 100,
     ) -> list[RunRow]:
         """DAG runs, newest first, optionally of one DAG, one state, consuming one asset's events.
 
-        ``ValueError`` for a ``state`` outside :data:`~sharedstream.store.outbox.RUN_STATES`.
+        ``run_id`` keeps the runs of that id (one per DAG). ``ValueError`` for
+        a ``state`` outside :data:`~sharedstream.store.outbox.RUN_STATES`.
         """
         check_limit(limit)
         if state is not None and state not in RUN_STATES:
@@ -274,6 +275,7 @@ class SharedSql(OutboxSql):
         where, params = _where([
             ("r.dag_id = ?", dag_id),
             ("r.state = ?", state),
+            ("r.run_id = ?", run_id),
             ("r.id IN (SELECT l.dag_run_id FROM dag_run_asset_events l"
              " JOIN asset_events ae ON ae.id = l.asset_event_id"
              " JOIN assets a ON a.id = ae.asset_id WHERE a.name = ?)", asset),

@@ -650,7 +650,7 @@ class MetadataStore(OutboxStore, Protocol):
 
     def list_runs(
         self, *, dag_id: str | None = None, asset: str | None = None,
-        state: str | None = None, limit: int = 100,
+        state: str | None = None, run_id: str | None = None, limit: int = 100,
     ) -> list[RunRow]:
         """DAG runs, newest first, optionally of one DAG, one state, using one asset's events."""
         ...

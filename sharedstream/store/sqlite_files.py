@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -23,22 +24,35 @@ from sharedstream.store.base import StoreError
 
 __all__ = ["TriggererLock", "require_database"]
 
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
 def require_database(path: Path) -> Path:
-    """``path`` if it holds an SQLite database; :class:`StoreError` naming the problem otherwise."""
+    """``path`` if it holds an SQLite database; :class:`StoreError` naming the problem otherwise.
+
+    The file is looked at through SQLite itself (a read-only connection),
+    never with a plain ``open()``: closing any descriptor of a file drops
+    every POSIX lock the process holds on it, including those of its open
+    SQLite connections, and another process could then take itself for the
+    last user of the database, checkpoint and delete the write-ahead log
+    under them. SQLite's own files know about each other within a process.
+    """
     if not path.exists():
         raise StoreError(f"no database at {path}; run `sharedstream init` first "
                          "(or check [store] url)")
     try:
-        with path.open("rb") as handle:
-            header = handle.read(len(_SQLITE_HEADER))
+        empty = path.stat().st_size == 0
     except OSError as exc:
         raise StoreError(f"cannot read the database {path}: {exc}") from exc
-    if header != _SQLITE_HEADER:
-        what = "is empty" if not header else "is not an SQLite database"
-        raise StoreError(f"{path} {what}; run `sharedstream init` to create a database")
+    if empty:
+        raise StoreError(f"{path} is empty; run `sharedstream init` to create a database")
+    try:
+        probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            probe.close()
+    except sqlite3.DatabaseError as exc:
+        what = ("is not an SQLite database" if "not a database" in str(exc)
+                else f"cannot be read ({exc})")
+        raise StoreError(f"{path} {what}; run `sharedstream init` to create a database") from exc
     return path
 
 

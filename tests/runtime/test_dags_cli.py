@@ -142,4 +142,4 @@ def test_runs_list_shows_the_dates_of_time_based_runs(
     _, table, _ = cli(capsys, "runs", "list")
     assert table.splitlines()[0].split() == [
         "DAG_ID", "RUN_ID", "STATE", "CREATED_AT", "LOGICAL_DATE", "DATA_INTERVAL_START",
-        "DATA_INTERVAL_END", "ASSETS"]
+        "DATA_INTERVAL_END", "ASSETS", "TARGET", "ATTEMPTS", "LAST_ERROR"]

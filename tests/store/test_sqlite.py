@@ -429,3 +429,33 @@ def test_large_batches_fit_a_lower_bound_parameter_limit(
             results.append((written, rows, runs, store.counts()))
     assert results[0] == results[1]
     assert results[0][3]["trigger_events"] > 1500  # duplicates and fresh keys both happened
+
+
+def test_opening_a_second_store_keeps_the_first_ones_writes_visible(tmp_path: Path) -> None:
+    """A second store opened in-process (the dispatcher's) must not drop the first's file locks.
+
+    Closing any descriptor of the database file drops every POSIX lock the
+    process holds on it; another process would then checkpoint and delete
+    the write-ahead log under the first connection, whose later commits
+    went to an unlinked file no other process could see.
+    """
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from sharedstream.store import open_store  # noqa: PLC0415
+
+    path = tmp_path / "meta.db"
+    first = SqliteStore(path)
+    first.migrate()
+    define(first, {"t": ["a"]}, {})
+    second = open_store(f"sqlite:///{path}")  # checks the file, then opens it
+    reader = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]);"
+              " print(c.execute('SELECT count(*) FROM trigger_events').fetchone()[0]); c.close()")
+    subprocess.run([sys.executable, "-c", reader, str(path)], check=True, timeout=30)
+    first.write_events([ev(1, "k1")])
+    seen = subprocess.run([sys.executable, "-c", reader, str(path)], check=True, timeout=30,
+                          capture_output=True, text=True).stdout.strip()
+    assert seen == "1"
+    assert Path(f"{path}-wal").exists()
+    second.close()
+    first.close()
