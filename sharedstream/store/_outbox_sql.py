@@ -51,6 +51,12 @@ _DEAD_CLAIM = (
     "(r.claimed_by IS NULL OR (r.claimed_by != ? AND NOT EXISTS ("
     " SELECT 1 FROM triggerers t WHERE t.id = r.claimed_by AND t.heartbeat_at > ?)))"
 )
+# The run's last attempt has no outcome yet: a delivery under way (dispatching), or a run
+# its target runs in place (the local command target's running) - not one a target took.
+_OPEN_ATTEMPT = (
+    "EXISTS (SELECT 1 FROM dag_run_attempts a WHERE a.dag_run_id = r.id"
+    " AND a.attempt = r.attempts AND a.outcome IS NULL)"
+)
 _OUTCOME_UNKNOWN = "its triggerer stopped before recording what the target answered"
 _FOLLOWED = ("dispatched", "running")
 
@@ -130,10 +136,11 @@ class OutboxSql:
             now = self._clock(conn)
             rows = conn.execute(self._q(
                 "SELECT r.id, r.state, r.attempts, r.dag_id FROM dag_runs r"  # noqa: S608
-                f" WHERE r.state IN ('queued', 'dispatching') AND {d.one_of('r.dag_id')}"
+                f" WHERE r.state IN ('queued', 'dispatching', 'running')"
+                f" AND {d.one_of('r.dag_id')}"
                 " AND ((r.state = 'queued' AND (r.next_attempt_at IS NULL"
                 "  OR r.next_attempt_at <= ?))"
-                f"  OR (r.state = 'dispatching' AND {_DEAD_CLAIM}))"
+                f"  OR (r.state != 'queued' AND {_DEAD_CLAIM} AND {_OPEN_ATTEMPT}))"
                 " AND NOT EXISTS (SELECT 1 FROM dags p WHERE p.dag_id = r.dag_id AND p.paused)"
                 f" ORDER BY r.id LIMIT ?{d.skip_locked}"),
                 (d.bind_list(sorted(targets)), d.write_time(now), triggerer_id,
@@ -142,7 +149,7 @@ class OutboxSql:
             if not rows:
                 return []
             stamp = d.write_time(now)
-            recovered = frozenset(int(r[0]) for r in rows if r[1] == "dispatching")
+            recovered = frozenset(int(r[0]) for r in rows if r[1] != "queued")
             cursor = conn.cursor()
             if recovered:
                 cursor.executemany(self._q(

@@ -202,9 +202,12 @@ class OutboxStore(Protocol):
         ``targets`` maps each DAG the caller can deliver to the name of its
         target; only runs of those DAGs are considered, and the claimed run
         records its target. Due: ``queued`` with no ``next_attempt_at`` or
-        one that has passed, or ``dispatching`` under a claim whose
-        triggerer's heartbeat is more than ``threshold`` seconds old (or
-        gone) - *recovered* (its open attempt is closed as ``unknown``).
+        one that has passed; or, under a claim whose triggerer's heartbeat
+        is more than ``threshold`` seconds old (or gone), a run whose last
+        attempt has no outcome yet (``dispatching``, or ``running`` in place
+        on the local target) - *recovered* (that attempt is closed as
+        ``unknown``). A run a target accepted (its attempt ended
+        ``dispatched`` or ``running``) is followed, never delivered again.
         Never a run of a paused DAG. Each claimed run becomes
         ``dispatching``, claimed by ``triggerer_id``, its attempt count
         one higher, with a new attempt row. Returns them in id order, with

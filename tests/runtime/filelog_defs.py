@@ -9,7 +9,9 @@ Kafka consumer group would. A failed outcome rewinds the reader to that
 offset (redelivery in-session); a rejected one is appended to ``<log>.dlq``.
 
 Configured by environment: ``FILELOG_PATH`` (the log), ``FILELOG_SECRET``
-(a kwarg that must never appear in the database in clear).
+(a kwarg that must never appear in the database in clear), ``FILELOG_RUN``
+(a JSON command line that runs each ``process_orders`` run: see
+``run_job.py``).
 """
 
 from __future__ import annotations
@@ -162,6 +164,8 @@ refunds = Asset("refunds", watchers=[
     AssetWatcher("refunds_again", trigger=FileLogTrigger(LOG, ["refund"])),
 ])
 
-process_orders = Dag("process_orders", schedule=orders)
+# FILELOG_RUN: a JSON command line that runs each process_orders run (the local target)
+_RUN = json.loads(os.environ["FILELOG_RUN"]) if os.environ.get("FILELOG_RUN") else None
+process_orders = Dag("process_orders", schedule=orders, run=_RUN)
 reconcile = Dag("reconcile", schedule=orders & refunds)
 either = Dag("either", schedule=orders | refunds)

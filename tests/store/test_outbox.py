@@ -270,3 +270,19 @@ def test_concurrent_claimers_never_share_a_run(backend: Backend) -> None:
         thread.join(timeout=60)
     every = [run for runs in got.values() for run in runs]
     assert len(every) == len(set(every)) == 400
+
+
+def test_a_run_running_in_place_is_recovered_one_a_target_took_is_not(
+        store: MetadataStore) -> None:
+    trigger = define(store)
+    fire(store, trigger, "k1")
+    alive(store, "t1")
+    (local,) = store.claim_runs("t1", {"ship": "local"}, 1, 30.0)
+    (taken,) = store.claim_runs("t1", {"audit": "airflow"}, 1, 30.0)
+    store.record_dispatch("t1", [DispatchResult(local.id, "running"),  # in place: attempt open
+                                 DispatchResult(taken.id, "running", attempt=1)])  # the target has it
+    time.sleep(0.3)
+    alive(store, "t2")
+    (again,) = store.claim_runs("t2", TARGETS, 10, 0.2)
+    assert (again.id, again.recovered, again.attempt) == (local.id, True, 2)
+    assert [r.id for r in store.follow_runs("t2", {"audit": "airflow"}, 10, 0.2)] == [taken.id]
