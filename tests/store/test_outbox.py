@@ -279,8 +279,10 @@ def test_a_run_running_in_place_is_recovered_one_a_target_took_is_not(
     alive(store, "t1")
     (local,) = store.claim_runs("t1", {"ship": "local"}, 1, 30.0)
     (taken,) = store.claim_runs("t1", {"audit": "airflow"}, 1, 30.0)
-    store.record_dispatch("t1", [DispatchResult(local.id, "running"),  # in place: attempt open
-                                 DispatchResult(taken.id, "running", attempt=1)])  # the target has it
+    store.record_dispatch("t1", [
+        DispatchResult(local.id, "running"),  # running in place: its attempt is open
+        DispatchResult(taken.id, "running", attempt=1),  # the target has it: attempt over
+    ])
     time.sleep(0.3)
     alive(store, "t2")
     (again,) = store.claim_runs("t2", TARGETS, 10, 0.2)
