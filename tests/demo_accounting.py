@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SUMMARY = re.compile(
     r"done: (\d+) messages, (\d+) trigger events stored, (\d+) asset events, "
-    r"DAG runs: ship (\d+), reconcile (\d+), notify (\d+), (\d+) dead-lettered, "
-    r"[\d.]+s, \d+ msgs/s once consuming")
+    r"DAG runs: ship (\d+), reconcile (\d+), notify (\d+) \(success (\d+)\), "
+    r"(\d+) dead-lettered, [\d.]+s, \d+ msgs/s once consuming")
 
 
 def run_demo_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -42,7 +42,7 @@ def check_demo_run(result: subprocess.CompletedProcess[str], broker: str, messag
     summary = result.stdout.strip().splitlines()[0]
     found = SUMMARY.fullmatch(summary)
     assert found, summary
-    done, events, asset_events, ship, reconcile, notify, dead = map(int, found.groups())
+    done, events, asset_events, ship, reconcile, notify, ran, dead = map(int, found.groups())
     expected = expected_counts(messages)
     runs = expected.runs()
     assert done == messages
@@ -51,6 +51,7 @@ def check_demo_run(result: subprocess.CompletedProcess[str], broker: str, messag
     low, high = runs["reconcile"]  # type: ignore[misc]
     assert low <= reconcile <= high
     assert dead == expected.dead_lettered > 0
+    assert ran == ship + reconcile + notify  # every run ran, on the local target
     # The waiting phase (a group join, a stream opening), then how far the broker advanced.
     labels = demo_broker(broker)
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]

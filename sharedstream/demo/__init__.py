@@ -68,6 +68,8 @@ log = key_value_logger(__name__)
 DEFINITIONS = Path(__file__).with_name("definitions.py")
 REGIONS = ("eu", "us", "apac")
 MALFORMED_EVERY = 50
+RUNS_GRACE = 60.0
+"""Seconds the demo waits, once every record is committed, for the DAG runs still running."""
 BIG_ORDER = 500  # as in sharedstream.demo.definitions.BIG_ORDER
 
 
@@ -214,8 +216,8 @@ def _exit_at_once_on_signals(exit_at_once: Callable[[int], None]) -> None:
     log.info("the triggerer's run is over: Ctrl-C now exits at once")
 
 
-def _line(state: _State, stored: int, runs: int, started: float,
-          labels: _Labels = _Labels()) -> str:
+def _line(state: _State, stored: int, runs: int, started: float, *,
+          labels: _Labels = _Labels(), ran: int = 0) -> str:
     now = time.monotonic()
     if not state.committed:
         state.idle_at = now
@@ -225,7 +227,7 @@ def _line(state: _State, stored: int, runs: int, started: float,
     if state.consuming_since is None:
         return f"{head}  {labels.waiting}"
     return (f"{head}  {labels.advanced} {state.committed:>7}  events stored "
-            f"{stored:>7}  runs queued {runs:>7}  {state.rate(now):7.0f} msgs/s")
+            f"{stored:>7}  runs queued {runs:>7}  ran {ran:>7}  {state.rate(now):7.0f} msgs/s")
 
 
 async def _produce(broker: DemoBroker, messages: int, state: _State) -> None:
@@ -235,17 +237,27 @@ async def _produce(broker: DemoBroker, messages: int, state: _State) -> None:
     await broker.produce(messages, sent)
 
 
+def _ran(triggerer: Triggerer) -> int:
+    """Runs the triggerer's dispatcher has run so far (0 before it started)."""
+    service = triggerer.dispatch
+    dispatcher = None if service is None else service.dispatcher
+    return 0 if dispatcher is None else dispatcher.runs_delivered
+
+
 async def _run_triggerer(broker: DemoBroker, triggerer: Triggerer, messages: int,
                          state: _State, started: float) -> tuple[int, float]:
     """Run the triggerer and the producer; print progress every 0.5 s.
 
-    Returns the triggerer's exit code and the seconds until the broker counted
-    every record done, or the triggerer ended first (Ctrl-C, a failure). The
-    producer is cancelled and the triggerer stopped and awaited on every exit
-    path; a failed producer raises ``SharedStreamError`` once both are done.
+    Waits until the broker counted every record done and every DAG run queued
+    had run (for at most :data:`RUNS_GRACE` seconds more), or the triggerer
+    ended first (Ctrl-C, a failure). Returns the triggerer's exit code and
+    the seconds until the broker counted every record done (or it ended). The producer is cancelled and the triggerer stopped and awaited
+    on every exit path; a failed producer raises ``SharedStreamError`` once
+    both are done.
     """
     labels = _Labels(broker.advanced_label, broker.waiting_label)
     trigger_task = asyncio.create_task(triggerer.run(), name="sharedstream-demo-triggerer")
+    committed_at: float | None = None
     produce_task = asyncio.create_task(_produce(broker, messages, state),
                                        name="sharedstream-demo-producer")
     try:
@@ -254,15 +266,18 @@ async def _run_triggerer(broker: DemoBroker, triggerer: Triggerer, messages: int
             if done:
                 break
             state.committed = await broker.advanced()
-            print(_line(state, triggerer.gate.stored, triggerer.gate.runs_queued, started,
-                        labels), file=sys.stderr, flush=True)
+            queued, ran = triggerer.gate.runs_queued, _ran(triggerer)
+            print(_line(state, triggerer.gate.stored, queued, started, labels=labels, ran=ran),
+                  file=sys.stderr, flush=True)
             if produce_task.done() and not produce_task.cancelled():
                 error = produce_task.exception()
                 if error is not None:
                     raise SharedStreamError(f"producing failed: {error}") from error
             if state.committed >= messages:
-                break
-        elapsed = time.monotonic() - started
+                committed_at = committed_at or time.monotonic()
+                if ran >= queued or time.monotonic() - committed_at > RUNS_GRACE:
+                    break
+        elapsed = (committed_at or time.monotonic()) - started
     finally:
         produce_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -297,13 +312,19 @@ async def _demo(broker: DemoBroker, config: Config, messages: int, workdir: Path
         await broker.close()
     with config.store.open_store() as store:
         counts = store.counts()
-        runs = Counter(run.dag_id for run in store.list_runs(limit=10_000_000))
+        rows = store.list_runs(limit=10_000_000)
+    runs = Counter(run.dag_id for run in rows)
+    outcomes = Counter(run.state for run in rows)
     per_dag = ", ".join(f"{dag} {runs.get(dag, 0)}" for dag in ("ship", "reconcile", "notify"))
+    ran = ", ".join(f"{state_} {n}" for state_, n in sorted(outcomes.items()))
     rate = state.rate(started + elapsed)
     print(("interrupted: " if interrupted else "done: ")
           + f"{state.committed} messages, {counts['trigger_events']} trigger events stored, "
-          f"{counts['asset_events']} asset events, DAG runs: {per_dag}, "
+          f"{counts['asset_events']} asset events, DAG runs: {per_dag} ({ran or 'none'}), "
           f"{dead} dead-lettered, {elapsed:.2f}s, {rate:.0f} msgs/s once consuming")
+    print("the runs ran here, on the local target (each Dag's run= in "
+          f"{DEFINITIONS.name}); to run them in an Apache Airflow, see docs/dispatch.md",
+          file=sys.stderr)
     _say_where(workdir, keep=keep)
     return 130 if interrupted and code == 0 else code
 

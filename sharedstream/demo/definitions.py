@@ -1,5 +1,8 @@
 """The definitions file of ``sharedstream demo``: four watchers on one stream, three DAGs.
 
+Every DAG has something to run (``run=``): its runs run here, on the
+built-in ``local`` target, and the demo waits for them.
+
 Pass it to ``sharedstream triggerer --definitions`` against your own broker
 too; it reads which broker and where from the environment:
 
@@ -28,10 +31,12 @@ watchers share one consumer: they differ only in what they match.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 from sharedstream.definitions import Asset, AssetWatcher, Dag
 from sharedstream.demo.brokers import demo_broker
+from sharedstream.dispatch import RunDocument
 
 BIG_ORDER = 500
 """An order is big from this amount on."""
@@ -74,6 +79,29 @@ refunds = Asset("refunds", watchers=[AssetWatcher("all", trigger=WatcherTrigger(
     **COMMON, match={"json": {"kind": "refund"}},
 ))])
 
-ship = Dag("ship", schedule=orders)                       # one run per order
-reconcile = Dag("reconcile", schedule=[orders, refunds])  # all of: new orders and a new refund
-notify = Dag("notify", schedule=big_orders | refunds)     # any of: a big order or a refund
+
+
+# What each DAG's run does. They run here, in the triggerer (the built-in local target);
+# what they return is kept with the run (`sharedstream runs show ship RUN_ID`). To run
+# them in an Apache Airflow instead, give the Dags target="airflow" (docs/dispatch.md).
+def ship_order(run: RunDocument) -> str:
+    """Ship the order that triggered the run."""
+    order = run.events[0].payload["value"]  # the broker trigger's payload: value + metadata
+    return f"shipped order {order['id']} ({order['amount']})"
+
+
+def reconcile_books(run: RunDocument) -> str:
+    """Reconcile the orders and refunds that came in since the last reconciliation."""
+    kinds = Counter(event.asset for event in run.events)
+    return f"reconciled {kinds['orders']} orders and {kinds['refunds']} refunds"
+
+
+def notify_team(run: RunDocument) -> str:
+    """Tell the team about a big order or a refund."""
+    event = run.events[-1]
+    return f"notified: {event.asset} {event.payload['value']['id']}"
+
+
+ship = Dag("ship", schedule=orders, run=ship_order)  # one run per order
+reconcile = Dag("reconcile", schedule=[orders, refunds], run=reconcile_books)  # all of them
+notify = Dag("notify", schedule=big_orders | refunds, run=notify_team)  # any of them
