@@ -251,9 +251,10 @@ async def _run_triggerer(broker: DemoBroker, triggerer: Triggerer, messages: int
     Waits until the broker counted every record done and every DAG run queued
     had run (for at most :data:`RUNS_GRACE` seconds more), or the triggerer
     ended first (Ctrl-C, a failure). Returns the triggerer's exit code and
-    the seconds until the broker counted every record done (or it ended). The producer is cancelled and the triggerer stopped and awaited
-    on every exit path; a failed producer raises ``SharedStreamError`` once
-    both are done.
+    the seconds until the broker counted every record done (or it ended).
+    The producer is cancelled and the triggerer stopped and awaited on every
+    exit path; a failed producer raises ``SharedStreamError`` once both are
+    done.
     """
     labels = _Labels(broker.advanced_label, broker.waiting_label)
     trigger_task = asyncio.create_task(triggerer.run(), name="sharedstream-demo-triggerer")

@@ -176,6 +176,9 @@ class Dispatcher:
         self._opened: list[Target] = []
         self.runs_delivered = 0
         """Runs that reached their target (dispatched or ran) in this process."""
+        self.unfinished: dict[tuple[str, str, str], int] = {}
+        """Unfinished runs in the whole store per ``(dag_id, target, state)``, as last counted
+        (every ``follow_interval``; for operations: what waits where)."""
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -195,13 +198,13 @@ class Dispatcher:
         try:
             async with asyncio.TaskGroup() as tasks:
                 records = tasks.create_task(self._records(), name="sharedstream-dispatch-records")
-                follows = None
+                side = [tasks.create_task(self._counts(), name="sharedstream-dispatch-counts")]
                 if any(t.follows for found in self.targets.values() for t in found):
-                    follows = tasks.create_task(self._follows(),
-                                                name="sharedstream-dispatch-follow")
+                    side.append(tasks.create_task(self._follows(),
+                                                  name="sharedstream-dispatch-follow"))
                 await self._claims(tasks)
-                if follows is not None:
-                    follows.cancel()
+                for task in side:
+                    task.cancel()
                 while self._attempts:  # stop(): let those under way finish (it bounds the wait)
                     await asyncio.wait(set(self._attempts))
                 await self._flush_all()
@@ -402,6 +405,15 @@ class Dispatcher:
         self._record(route.target_name, DispatchResult(
             run.id, found.state, detail=found.detail, external_id=found.external_id,
             external_url=found.external_url))
+
+    async def _counts(self) -> None:
+        """Count the unfinished runs every ``follow_interval`` (one indexed store read)."""
+        while True:
+            try:
+                self.unfinished = await self._db(self._store.run_counts)
+            except StoreError as exc:
+                log.info("counting unfinished runs failed; trying again", error=str(exc))
+            await asyncio.sleep(self.settings.follow_interval)
 
     # -- records -------------------------------------------------------------------------
 

@@ -139,8 +139,16 @@ def render(status: dict[str, Any]) -> str:
     lines += _table("RECENT DEAD LETTERS", ["id", "at", "stream", "source", "reason"],
                     [[d["id"], d["at"], d["stream"], d["source"], d["reason"]]
                      for d in status["dead_letters"]])
-    lines += _table("RECENT DAG RUNS", ["dag", "run_id", "state", "at", "assets"],
-                    [[r["dag"], r["run_id"], r["state"], r["at"], r["assets"]]
+    if status.get("dispatch"):
+        lines += _table("DISPATCH", ["target", "delivering", "queued", "dispatching",
+                                     "at_target", "succeeded", "failed", "undeliverable",
+                                     "last_error"],
+                        [[t["target"] or "(no target)", f"{t['delivering']}/{t['capacity']}",
+                          t["queued"], t["dispatching"], t["at_target"], t["succeeded"],
+                          t["failed"], t["undeliverable"], t["last_error"]]
+                         for t in status["dispatch"]])
+    lines += _table("RECENT DAG RUNS", ["dag", "run_id", "state", "at", "target", "assets"],
+                    [[r["dag"], r["run_id"], r["state"], r["at"], r.get("target"), r["assets"]]
                      for r in status["dag_runs"]])
     return "\n".join(lines) + "\n"
 

@@ -29,12 +29,15 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
 
 from sharedstream.brokerkit.calls import PROCESS_CALLS
+from sharedstream.dispatch.dispatcher import LATENCY_BUCKETS, Dispatcher
+from sharedstream.runtime.ops_dispatch import OUTCOMES
 from sharedstream.runtime.ops_view import (
     TriggererView,
     lane_label,
@@ -75,6 +78,9 @@ class TriggererCollector(Collector):
         for (broker, operation), n in sorted(PROCESS_CALLS.items()):
             calls.add_metric([broker, operation], n)
         yield calls
+        service = self._triggerer.dispatch
+        if service is not None and service.dispatcher is not None:
+            yield from dispatch_metrics(service.dispatcher)
 
     def _totals(self) -> Iterator[Metric]:
         t = self._triggerer
@@ -174,3 +180,35 @@ class TriggererCollector(Collector):
                 for name, family in why.items():
                     family.add_metric(values, counts[name])
         yield from (up, connected, paused, outstanding, age, lanes, lag, *why.values())
+
+
+def dispatch_metrics(dispatcher: Dispatcher) -> Iterator[Metric]:
+    """The dispatch metric families (see ``docs/operations.md``)."""
+    runs = GaugeMetricFamily(_P + "dag_runs", "Unfinished DAG runs in the store, by DAG, "
+                             "target and state (counted every follow_interval)",
+                             labels=["dag", "target", "state"])
+    for (dag, target, state), count in sorted(dispatcher.unfinished.items()):
+        runs.add_metric([dag, target, state], count)
+    yield runs
+    attempts = CounterMetricFamily(_P + "dispatch_attempts", "What this process's deliveries "
+                                   "and follow-ups came to, by target and outcome",
+                                   labels=["target", "outcome"])
+    errors = CounterMetricFamily(_P + "dispatch_errors", "Deliveries that failed (retried or "
+                                 "undeliverable), by target", labels=["target"])
+    busy = GaugeMetricFamily(_P + "dispatch_in_flight", "Deliveries under way, by target",
+                             labels=["target"])
+    failing = GaugeMetricFamily(_P + "dispatch_target_failing", "1 while a target's last "
+                                "attempts all failed", labels=["target"])
+    latency = HistogramMetricFamily(_P + "dispatch_latency_seconds", "From a run queued to "
+                                    "its target having it, by target", labels=["target"])
+    for name, stats in sorted(dispatcher.stats.items()):
+        for outcome in OUTCOMES:
+            attempts.add_metric([name, outcome], getattr(stats, outcome))
+        errors.add_metric([name], stats.errors)
+        busy.add_metric([name], dispatcher.slots[name].busy)
+        failing.add_metric([name], int(stats.failing))
+        buckets = [(f"{bound:g}", count)
+                   for bound, count in zip(LATENCY_BUCKETS, stats.latency_buckets, strict=True)]
+        latency.add_metric([name], [*buckets, ("+Inf", stats.latency_count)],
+                           sum_value=stats.latency_sum)
+    yield from (attempts, errors, busy, failing, latency)

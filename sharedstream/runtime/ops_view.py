@@ -25,7 +25,9 @@ the answer: ``store`` (the store answers a read and the gate's writes are
 not failing), ``streams`` (every shared stream with members has a live
 poll: its producer is built, its consumer open, its poll not ended and
 waiting for a restart), and ``watchers`` (no stream's oldest unresolved raw
-event is older than the ack timeout: nobody is stuck).
+event is older than the ack timeout: nobody is stuck); a fourth,
+``dispatch``, while the triggerer dispatches runs
+(:mod:`sharedstream.runtime.ops_dispatch`).
 """
 
 from __future__ import annotations
@@ -115,8 +117,18 @@ class TriggererView:
     # -- readiness -------------------------------------------------------------------
 
     async def readiness(self) -> list[Check]:
-        """The three checks (store, streams, watchers), in that order."""
-        return [await self._store_check(), self._streams_check(), self._stuck_check()]
+        """The checks: store, streams, watchers, and dispatch while runs are dispatched."""
+        checks = [await self._store_check(), self._streams_check(), self._stuck_check()]
+        dispatcher = self._dispatcher()
+        if dispatcher is not None:
+            from sharedstream.runtime.ops_dispatch import dispatch_check  # noqa: PLC0415
+
+            checks.append(dispatch_check(dispatcher))
+        return checks
+
+    def _dispatcher(self) -> Any:
+        service = self._triggerer.dispatch
+        return None if service is None else service.dispatcher
 
     async def _store_check(self) -> Check:
         triggerer = self._triggerer
@@ -218,8 +230,17 @@ class TriggererView:
             "watchers": [trigger_record(row) for row in triggers or []],
             "dead_letters": [letter_record(row) for row in letters or []][:RECENT],
             "dag_runs": [run_record(row) for row in runs or []][:RECENT],
+            "dispatch": self._dispatch_status(),
             "errors": errors,
         }
+
+    def _dispatch_status(self) -> list[dict[str, Any]]:
+        dispatcher = self._dispatcher()
+        if dispatcher is None:
+            return []
+        from sharedstream.runtime.ops_dispatch import dispatch_status  # noqa: PLC0415
+
+        return dispatch_status(dispatcher)
 
     async def _read(self, errors: dict[str, str], part: str, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` on the database thread, or ``None`` with the reason in ``errors``."""
@@ -292,4 +313,5 @@ def run_record(row: Any) -> dict[str, Any]:
     """A DAG run as a status shows it."""
     return {"dag": row.dag_id, "run_id": row.run_id, "state": row.state,
             "type": row.run_type, "at": _time(row.created_at), "assets": list(row.assets),
-            "trace_parent": row.trace_parent}
+            "trace_parent": row.trace_parent, "target": row.target, "attempts": row.attempts,
+            "last_error": row.last_error}

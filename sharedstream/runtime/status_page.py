@@ -3,7 +3,8 @@
 The page is static; its script asks ``/status`` (the same JSON as
 ``sharedstream status --json``) every :data:`REFRESH_SECONDS` seconds and
 redraws streams, lanes and lag, watchers with their counts and last error,
-recent dead letters and DAG runs. Nothing is fetched from anywhere else
+recent dead letters, where DAG runs wait per target (dispatch) and recent
+DAG runs. Nothing is fetched from anywhere else
 (the endpoint's Content-Security-Policy allows only itself), and every
 value is written as text (``textContent``), never as markup, so a reject
 reason or an error message cannot inject anything.
@@ -55,9 +56,18 @@ prefilter: never given to its filter">skipped</th><th class="n">emitted</th>
 <h2>Recent dead letters</h2>
 <table id="dead_letters"><thead><tr><th>id</th><th>at</th><th>stream</th><th>source</th>
 <th>reason</th><th class="n">bytes</th></tr></thead><tbody></tbody></table>
+<h2>Dispatch</h2>
+<table id="dispatch"><thead><tr><th>target</th><th class="n">delivering</th>
+<th class="n" title="runs waiting for the target">queued</th>
+<th class="n" title="deliveries under way, or to recover">dispatching</th>
+<th class="n" title="dispatched or running at the target">at target</th>
+<th class="n">dispatched</th><th class="n">succeeded</th><th class="n">failed</th>
+<th class="n">retried</th><th class="n">undeliverable</th><th>last error</th>
+</tr></thead><tbody></tbody></table>
 <h2>Recent DAG runs</h2>
 <table id="dag_runs"><thead><tr><th>DAG</th><th>run id</th><th>state</th><th>type</th>
-<th>at</th><th>assets</th></tr></thead><tbody></tbody></table>
+<th>at</th><th>target</th><th class="n">attempts</th><th>assets</th><th>last error</th>
+</tr></thead><tbody></tbody></table>
 <footer>Refreshes every {refresh} s from <a href="/status">/status</a> ·
 <a href="/metrics">/metrics</a> · <a href="/readyz">/readyz</a></footer>
 </body>
@@ -210,8 +220,19 @@ function render(status) {
   ], "no watcher");
   fill("dead_letters", status.dead_letters, [["id", "n"], ["at"], ["stream"], ["source"],
     ["reason"], ["size", "n"]], "no dead letter kept in the store");
-  fill("dag_runs", status.dag_runs, [["dag"], ["run_id"], ["state"], ["type"], ["at"],
-    ["assets"]], "no DAG run yet");
+  fill("dispatch", status.dispatch || [], [
+    [(t) => t.target || "(no target)"],
+    [(t) => t.capacity ? t.delivering + "/" + t.capacity : "-", "n"],
+    ["queued", (t) => "n" + (t.queued > 0 && t.failing ? " bad" : "")],
+    ["dispatching", "n"], ["at_target", "n"], ["dispatched", "n"], ["succeeded", "n"],
+    ["failed", (t) => "n" + (t.failed > 0 ? " warn" : "")], ["retried", "n"],
+    ["undeliverable", (t) => "n" + (t.undeliverable > 0 ? " bad" : "")],
+    ["last_error", (t) => t.failing ? "bad" : ""],
+  ], "this triggerer dispatches no run");
+  fill("dag_runs", status.dag_runs, [["dag"], ["run_id"],
+    ["state", (r) => r.state === "failed" || r.state === "undeliverable" ? "bad" : ""],
+    ["type"], ["at"], ["target"], ["attempts", "n"], ["assets"], ["last_error"]],
+    "no DAG run yet");
   document.getElementById("updated").textContent =
     "updated " + new Date().toLocaleTimeString();
   document.body.dataset.loaded = "yes";

@@ -64,11 +64,15 @@ class Running:
 
 async def start_triggerer(
     workdir: Path, environ: Mapping[str, str] | None = None, store_url: str = "sqlite:///ss.db",
-    definitions: Path = DEFS, tracer_provider: TracerProvider | None = None,
+    definitions: Path = DEFS, tracer_provider: TracerProvider | None = None, *,
+    extra_toml: str = "",
 ) -> tuple[Triggerer, asyncio.Task[int]]:
-    """Write a config, migrate the store, start a triggerer with ``[api]`` on; wait for it."""
+    """Write a config (plus ``extra_toml``), migrate the store, start a triggerer with ``[api]``
+    on; wait for it."""
     path = workdir / "sharedstream.toml"
     write_default_config(path, kwargs_key=generate_key(), store_url=store_url)
+    with path.open("a") as handle:
+        handle.write(extra_toml)
     env = {**os.environ, "SHAREDSTREAM__API__ENABLED": "true", "SHAREDSTREAM__API__PORT": "0",
            "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": "30",
            "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2",
