@@ -14,34 +14,32 @@ unknown DAG or run, a bad ``--conf``) are one line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime import config_options
 from sharedstream.runtime.cli_output import cell, emit, open_migrated_store, plain, positive
 from sharedstream.runtime.config import Config
+from sharedstream.runtime.retention import prune_all
 from sharedstream.runtime.serde import SerializationError, unpack_event_payload
-from sharedstream.store import FINISHED_STATES, RUN_STATES, MetadataStore, RunRow
+from sharedstream.store import FINISHED_STATES, RUN_STATES, MetadataStore, PruneResult, RunRow
 
 __all__ = ["RUN_COLUMNS", "add_run_commands", "parse_age", "run_record"]
 
 RUN_COLUMNS = ("dag_id", "run_id", "state", "created_at", "assets", "target", "attempts",
                "last_error")
 
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
 def parse_age(text: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` as a duration (``argparse`` type)."""
-    match = _AGE.fullmatch(text.strip())
-    if match is None or float(match[1]) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected an age such as 30d, 12h, 90m, 3600s or 2w, got {text!r}")
-    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` as a duration (an ``argparse`` type)."""
+    try:
+        return config_options.parse_age(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _state(text: str) -> str:
@@ -262,8 +260,17 @@ def _dags_pause(args: argparse.Namespace, config: Config) -> int:
 
 def _db_prune(args: argparse.Namespace, config: Config) -> int:
     before = datetime.now(UTC) - args.older_than
+
+    def said(total: PruneResult) -> None:
+        if total.total():
+            print(f"  ... {total.dag_runs} runs, {total.trigger_events} trigger events so far",
+                  file=sys.stderr, flush=True)
+
+    async def direct(fn: Callable[..., Any], *call: Any) -> Any:
+        return fn(*call)
+
     with open_migrated_store(config) as store:
-        result = store.prune(before)
+        result = asyncio.run(prune_all(store, direct, before, progress=said))
     print(f"pruned what finished before {before.isoformat(timespec='seconds')}: "
           f"{result.dag_runs} runs, {result.trigger_events} trigger events, "
           f"{result.asset_events} asset events, {result.dead_letters} dead letters, "

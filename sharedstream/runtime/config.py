@@ -38,6 +38,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from sharedstream.runtime.config_options import (
     ConfigError,
     convert_value,
     invalid,
+    parse_age,
 )
 from sharedstream.runtime.config_targets import (
     TargetConfig,
@@ -159,7 +161,8 @@ class StoreConfig:
     ``url`` is ``sqlite:///path`` (a relative path is relative to the working
     directory unless :func:`load_config` already made it absolute) or
     ``postgresql://user:password@host:port/database``; ``pool_size`` bounds
-    a PostgreSQL store's connections. ``kwargs_key`` is the
+    a PostgreSQL store's connections; ``retention`` (``"30d"``, ``""`` for
+    never) is how long finished runs and what only they need are kept. ``kwargs_key`` is the
     secret: one Fernet key, or several separated by commas (the first
     encrypts, all decrypt), or ``None`` when unset. Validated on construction.
     """
@@ -169,10 +172,16 @@ class StoreConfig:
     persist_batch_max: int = 2000
     persist_linger_ms: float = 2.0
     switch_interval_ms: float = 0.5
+    retention: str = ""
     kwargs_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _validate_fields(self, "store")
+
+    @property
+    def retention_period(self) -> timedelta | None:
+        """``retention`` as a duration, or ``None`` when the triggerer prunes nothing."""
+        return parse_age(self.retention) if self.retention else None
 
     def sqlite_path(self) -> Path:
         """The database file of a ``sqlite:///`` URL, absolute (relative to the cwd now)."""

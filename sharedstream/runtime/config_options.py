@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import ipaddress
 import math
 import re
@@ -24,7 +25,7 @@ from sharedstream.engine.errors import SharedStreamError
 from sharedstream.store import redact_url
 
 __all__ = ["MASK", "SECRETS", "SPECS", "SQLITE_PREFIX", "ConfigError", "OptionSpec",
-           "convert_value", "invalid"]
+           "convert_value", "invalid", "parse_age"]
 
 MASK = "********"
 """What a secret shows as, in messages and (unless asked otherwise) in ``config show``."""
@@ -57,7 +58,8 @@ class ConfigError(SharedStreamError):
 class OptionSpec:
     """How one option is parsed, bounded and described."""
 
-    kind: Literal["int", "float", "store_url", "secret", "choice", "bool", "host", "name"]
+    kind: Literal["int", "float", "store_url", "secret", "choice", "bool", "host", "name",
+                  "age"]
     help: str
     minimum: float = 0
     maximum: float = math.inf
@@ -124,6 +126,12 @@ SPECS: dict[str, dict[str, OptionSpec]] = {
             "Python's thread switch interval while the triggerer runs, so the database thread "
             "gets the GIL back quickly (0: leave Python's setting).",
             strict=False,
+        ),
+        "retention": OptionSpec(
+            "age",
+            "How long finished DAG runs, the events no run needs, dead letters and dead "
+            "triggerers are kept: the triggerer prunes older ones itself (30d, 12h, 2w; empty: "
+            "keep everything). Keep it longer than the broker's longest redelivery.",
         ),
         "kwargs_key": OptionSpec(
             "secret",
@@ -292,6 +300,24 @@ def _convert_host(section: str, option: str, raw: object, source: str) -> str:
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]*")
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _is_age(text: str) -> bool:
+    try:
+        parse_age(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_age(text: str) -> dt.timedelta:
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` as a duration; ``ValueError`` otherwise."""
+    match = _AGE.fullmatch(text.strip())
+    if match is None or float(match[1]) <= 0:
+        raise ValueError(f"expected an age such as 30d, 12h, 90m, 3600s or 2w, got {text!r}")
+    return dt.timedelta(seconds=float(match[1]) * _AGE_UNITS[match[2]])
 
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                         r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
@@ -319,6 +345,11 @@ def _convert_text(section: str, option: str, raw: object, source: str, spec: Opt
             raise invalid(section, option, raw, source,
                           "expected a name (letters, digits, '_', '.', '-'), or \"\" for none")
         return raw
+    if spec.kind == "age":
+        if not isinstance(raw, str) or (raw and not _is_age(raw)):
+            raise invalid(section, option, raw, source, "expected an age such as 30d, 12h, "
+                          "90m, 3600s or 2w, or \"\" for none")
+        return raw
     if spec.kind == "choice":
         if not isinstance(raw, str) or raw.lower() not in spec.choices:
             raise invalid(section, option, raw, source,
@@ -342,6 +373,6 @@ def convert_value(
         return _convert_bool(section, option, raw, source, from_text=from_text)
     if spec.kind == "host":
         return _convert_host(section, option, raw, source)
-    if spec.kind in ("name", "choice", "secret"):
+    if spec.kind in ("name", "choice", "secret", "age"):
         return _convert_text(section, option, raw, source, spec)
     return _convert_number(section, option, raw, source, spec, from_text=from_text)

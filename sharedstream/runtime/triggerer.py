@@ -75,7 +75,9 @@ from sharedstream.runtime.definitions import Definitions, timetable_registry
 from sharedstream.runtime.dispatch_setup import DispatchService, dispatch_plan
 from sharedstream.runtime.ops import open_endpoint
 from sharedstream.runtime.persist import PersistGate
+from sharedstream.runtime.progress_log import report_progress
 from sharedstream.runtime.registry import TriggerRegistry
+from sharedstream.runtime.retention import Retention
 from sharedstream.runtime.schedule_loop import ScheduleLoop, dag_specs
 from sharedstream.runtime.serde import (
     pack_kwargs,
@@ -366,8 +368,12 @@ class Triggerer:
 
     def _side_tasks(self, tasks: asyncio.TaskGroup, assignment: Assignment, *,
                     stay: bool) -> list[asyncio.Task[None]]:
-        """Progress lines, and the schedule loop or (unless ``stay``) the idle watch."""
-        side = [tasks.create_task(self._report_progress(), name="sharedstream-progress")]
+        """Progress lines, pruning, and the schedule loop or (unless ``stay``) the idle watch."""
+        side = [tasks.create_task(report_progress(self), name="sharedstream-progress")]
+        keep = self.config.store.retention_period
+        if keep is not None:
+            side.append(tasks.create_task(Retention(lambda: self.store, self._db, keep).run(),
+                                          name="sharedstream-retention"))
         schedules = self._run_schedules(tasks)
         if schedules is not None:
             side.append(schedules)
@@ -565,34 +571,3 @@ class Triggerer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._claim_now.wait()
-
-    async def _report_progress(self, every: float = 10.0) -> None:
-        last = 0
-        while True:
-            await asyncio.sleep(every)
-            stored = self.gate.stored
-            log.info(
-                "progress", running=self.progress.running, stored=stored, new=stored - last,
-                duplicates=self.gate.duplicates, dag_runs=self.runs_queued,
-                rejected=self.manager.totals.rejected,
-                dead_lettered=self.manager.totals.dead_lettered,
-                last_commit_ms=round(self.gate.last_confirm_latency * 1000, 1),
-                **self._lag_note(),
-            )
-            last = stored
-
-    def _lag_note(self) -> dict[str, Any]:
-        """The progress line's lag keys, those that apply.
-
-        ``behind``: trigger id -> raw events queued, for the five most lagging;
-        ``behind_more``: how many others lag; ``intake_paused``: its reasons.
-        """
-        behind = sorted(self.manager.lag(), key=lambda entry: -entry[2])
-        note: dict[str, Any] = {}
-        if behind:
-            note["behind"] = {trigger_id: queued for _key, trigger_id, queued in behind[:5]}
-        if len(behind) > 5:
-            note["behind_more"] = len(behind) - 5
-        if not self.manager.intake.is_open:
-            note["intake_paused"] = sorted(self.manager.intake.reasons)
-        return note

@@ -344,37 +344,46 @@ class OutboxSql:
                 " GROUP BY dag_id, target, state")
         }
 
-    def prune(self, before: datetime) -> PruneResult:
-        """Delete what finished before ``before``; see :meth:`OutboxStore.prune`."""
+    def prune(self, before: datetime, limit: int = 10_000) -> PruneResult:
+        """Delete what finished before ``before``, ``limit`` rows a kind; see the protocol."""
         d = self._dialect
         cutoff = d.write_time(before)
         with self._write("prune") as conn:
-            old_runs = ("SELECT id FROM dag_runs WHERE state IN ('success', 'failed',"
-                        " 'undeliverable') AND coalesce(ended_at, created_at) < ?")
-            conn.execute(self._q(f"DELETE FROM dag_run_attempts WHERE dag_run_id IN ({old_runs})"),  # noqa: S608
-                         (cutoff,))
-            conn.execute(self._q(
-                f"DELETE FROM dag_run_asset_events WHERE dag_run_id IN ({old_runs})"), (cutoff,))  # noqa: S608
-            runs = conn.execute(self._q(
-                "DELETE FROM dag_runs WHERE state IN ('success', 'failed', 'undeliverable')"
-                " AND coalesce(ended_at, created_at) < ?"), (cutoff,)).rowcount
-            # Events old enough whose asset events no run left consumes and no queue holds.
-            unneeded = (
+            runs = [int(row[0]) for row in conn.execute(self._q(
+                "SELECT id FROM dag_runs WHERE state IN ('success', 'failed', 'undeliverable')"
+                " AND coalesce(ended_at, created_at) < ? ORDER BY id LIMIT ?"),
+                (cutoff, limit)).fetchall()]
+            if runs:
+                chosen = d.bind_list(runs)
+                for table in ("dag_run_attempts", "dag_run_asset_events"):
+                    conn.execute(self._q(
+                        f"DELETE FROM {table} WHERE {d.one_of('dag_run_id')}"), (chosen,))  # noqa: S608
+                conn.execute(self._q(f"DELETE FROM dag_runs WHERE {d.one_of('id')}"), (chosen,))  # noqa: S608
+            # Asset events of old trigger events that no run left consumes and no queue holds.
+            asset_events = self._delete_ids(conn, "asset_events", (
                 "SELECT ae.id FROM asset_events ae JOIN trigger_events te"
                 " ON te.id = ae.trigger_event_id WHERE te.created_at < ?"
                 " AND NOT EXISTS (SELECT 1 FROM dag_run_asset_events l"
                 "  WHERE l.asset_event_id = ae.id)"
-                " AND NOT EXISTS (SELECT 1 FROM asset_dag_queue q WHERE q.asset_event_id = ae.id)")
-            asset_events = conn.execute(self._q(
-                f"DELETE FROM asset_events WHERE id IN ({unneeded})"), (cutoff,)).rowcount  # noqa: S608
-            events = conn.execute(self._q(
-                "DELETE FROM trigger_events WHERE created_at < ? AND NOT EXISTS ("
-                " SELECT 1 FROM asset_events ae WHERE ae.trigger_event_id = trigger_events.id)"),
-                (cutoff,)).rowcount
-            letters = conn.execute(self._q("DELETE FROM dead_letters WHERE created_at < ?"),
-                                   (cutoff,)).rowcount
+                " AND NOT EXISTS (SELECT 1 FROM asset_dag_queue q WHERE q.asset_event_id = ae.id)"
+                " ORDER BY ae.id LIMIT ?"), (cutoff, limit))
+            events = self._delete_ids(conn, "trigger_events", (
+                "SELECT te.id FROM trigger_events te WHERE te.created_at < ? AND NOT EXISTS ("
+                " SELECT 1 FROM asset_events ae WHERE ae.trigger_event_id = te.id)"
+                " ORDER BY te.id LIMIT ?"), (cutoff, limit))
+            letters = self._delete_ids(conn, "dead_letters", (
+                "SELECT id FROM dead_letters WHERE created_at < ? ORDER BY id LIMIT ?"),
+                (cutoff, limit))
             triggerers = conn.execute(self._q("DELETE FROM triggerers WHERE heartbeat_at < ?"),
                                       (cutoff,)).rowcount
-        return PruneResult(dag_runs=int(runs), trigger_events=int(events),
-                           asset_events=int(asset_events), dead_letters=int(letters),
-                           triggerers=int(triggerers))
+        return PruneResult(dag_runs=len(runs), trigger_events=events, asset_events=asset_events,
+                           dead_letters=letters, triggerers=int(triggerers),
+                           more=limit in (len(runs), events, asset_events, letters))
+
+    def _delete_ids(self, conn: Any, table: str, select: str, params: Sequence[Any]) -> int:
+        """Delete the rows of ``table`` whose ids ``select`` lists; how many."""
+        ids = [int(row[0]) for row in conn.execute(self._q(select), params).fetchall()]
+        if ids:
+            conn.execute(self._q(f"DELETE FROM {table} WHERE {self._dialect.one_of('id')}"),  # noqa: S608
+                         (self._dialect.bind_list(ids),))
+        return len(ids)

@@ -184,6 +184,8 @@ class PruneResult:
     asset_events: int = 0
     dead_letters: int = 0
     triggerers: int = 0
+    more: bool = False
+    """Whether a kind hit the limit: call again for the rest."""
 
     def total(self) -> int:
         """Rows deleted in all."""
@@ -291,7 +293,7 @@ class OutboxStore(Protocol):
         """How many runs there are per ``(dag_id, target or "", state)``."""
         ...
 
-    def prune(self, before: datetime) -> PruneResult:
+    def prune(self, before: datetime, limit: int = 10_000) -> PruneResult:
         """Delete what finished before ``before``, in one transaction; returns what went.
 
         Runs in a final state that ended (or, never dispatched, were created)
@@ -299,6 +301,10 @@ class OutboxStore(Protocol):
         events) created before it that no remaining run consumed and no DAG
         queue holds; dead letters created before it; triggerers whose last
         heartbeat is before it. Never an unfinished run or an event one
-        needs.
+        needs. At most ``limit`` rows of each kind, oldest first, so one call
+        holds the write lock briefly: call again while the result says
+        ``more``. A pruned event's idempotency key goes with it: a message
+        redelivered after that would be stored anew, so keep more than the
+        broker's longest redelivery horizon.
         """
         ...

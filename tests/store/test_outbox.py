@@ -288,3 +288,19 @@ def test_a_run_running_in_place_is_recovered_one_a_target_took_is_not(
     (again,) = store.claim_runs("t2", TARGETS, 10, 0.2)
     assert (again.id, again.recovered, again.attempt) == (local.id, True, 2)
     assert [r.id for r in store.follow_runs("t2", {"audit": "airflow"}, 10, 0.2)] == [taken.id]
+
+
+def test_prune_takes_a_bounded_bite_and_says_there_is_more(store: MetadataStore) -> None:
+    trigger = define(store)
+    fire(store, trigger, *(f"k{i}" for i in range(5)))
+    alive(store, "t1")
+    claimed = store.claim_runs("t1", TARGETS, 100, 30.0)
+    store.record_dispatch("t1", [DispatchResult(r.id, "success", attempt=1) for r in claimed])
+    later = datetime.now(UTC) + timedelta(seconds=1)
+    first = store.prune(later, limit=4)
+    assert (first.dag_runs, first.more) == (4, True)
+    rest = [store.prune(later, limit=4) for _ in range(3)]
+    assert [r.dag_runs for r in rest] == [4, 2, 0]
+    assert rest[-1].more is False
+    assert store.counts() == {"triggers": 1, "trigger_events": 0, "asset_events": 0,
+                              "dag_runs": 0}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import stat
 import tomllib
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -354,8 +355,7 @@ def test_unknown_file_option_without_a_close_match_lists_the_options(tmp_path: P
     path = write(tmp_path / "c.toml", "[store]\nzzz = 1\n")
     message = str(load_error(path))
     assert ("expected one of: url, pool_size, persist_batch_max, persist_linger_ms, "
-            "switch_interval_ms, "
-            "kwargs_key") in message
+            "switch_interval_ms, retention, kwargs_key") in message
 
 
 @pytest.mark.parametrize(
@@ -526,3 +526,12 @@ def test_default_file_refuses_bad_values_and_writes_nothing(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="expected sqlite"):
         write_default_config(path, kwargs_key=KEY, store_url="mysql://db/ss")
     assert not path.exists()
+
+
+def test_retention_is_an_age_or_nothing(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path / "a.toml", '[store]\nretention = "30d"\n')
+                       ).store.retention_period == timedelta(days=30)
+    assert load_config(write(tmp_path / "b.toml", "")).store.retention_period is None
+    message = str(load_error(write(tmp_path / "c.toml", '[store]\nretention = "30 days"\n')))
+    assert "invalid [store] retention = '30 days'" in message
+    assert "expected an age such as 30d, 12h, 90m, 3600s or 2w" in message

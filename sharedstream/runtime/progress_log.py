@@ -1,0 +1,64 @@
+"""The triggerer's ``progress`` log line, every ten seconds: what it did, and who is behind.
+
+Keys (``docs/runtime.md``, Log lines): ``running``, ``stored`` and ``new``
+(since the last line), ``duplicates``, ``dag_runs`` (queued), ``rejected``,
+``dead_lettered``, ``last_commit_ms``; when they apply, ``behind`` (the
+five most lagging triggers: raw events queued for each), ``behind_more``
+and ``intake_paused`` (its reasons), and ``runs_ran`` (runs the dispatcher
+handed to their targets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from sharedstream.engine.keyvalue_log import key_value_logger
+
+if TYPE_CHECKING:
+    from sharedstream.runtime.triggerer import Triggerer
+
+__all__ = ["lag_note", "report_progress"]
+
+log = key_value_logger("sharedstream.runtime")
+
+
+async def report_progress(triggerer: Triggerer, every: float = 10.0) -> None:
+    """Log a ``progress`` line every ``every`` seconds until cancelled."""
+    last = 0
+    while True:
+        await asyncio.sleep(every)
+        gate, manager = triggerer.gate, triggerer.manager
+        stored = gate.stored
+        log.info(
+            "progress", running=triggerer.progress.running, stored=stored, new=stored - last,
+            duplicates=gate.duplicates, dag_runs=triggerer.runs_queued,
+            rejected=manager.totals.rejected, dead_lettered=manager.totals.dead_lettered,
+            last_commit_ms=round(gate.last_confirm_latency * 1000, 1),
+            **lag_note(triggerer), **_dispatch_note(triggerer),
+        )
+        last = stored
+
+
+def lag_note(triggerer: Triggerer) -> dict[str, Any]:
+    """The progress line's lag keys, those that apply.
+
+    ``behind``: trigger id -> raw events queued, for the five most lagging;
+    ``behind_more``: how many others lag; ``intake_paused``: its reasons.
+    """
+    manager = triggerer.manager
+    behind = sorted(manager.lag(), key=lambda entry: -entry[2])
+    note: dict[str, Any] = {}
+    if behind:
+        note["behind"] = {trigger_id: queued for _key, trigger_id, queued in behind[:5]}
+    if len(behind) > 5:
+        note["behind_more"] = len(behind) - 5
+    if not manager.intake.is_open:
+        note["intake_paused"] = sorted(manager.intake.reasons)
+    return note
+
+
+def _dispatch_note(triggerer: Triggerer) -> dict[str, Any]:
+    service = triggerer.dispatch
+    dispatcher = None if service is None else service.dispatcher
+    return {} if dispatcher is None else {"runs_ran": dispatcher.runs_delivered}
