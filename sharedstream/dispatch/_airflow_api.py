@@ -39,9 +39,12 @@ from sharedstream.dispatch.target import TargetConfigError, TargetError
 from sharedstream.engine.keyvalue_log import key_value_logger
 
 __all__ = [
+    "AIRFLOW_ID_PREFIX",
     "MARKER",
+    "RESERVED_PREFIXES",
     "RUN_ID_PATTERN",
     "AirflowApi",
+    "airflow_run_id",
     "api_base",
     "asset_event_body",
     "check_run_id",
@@ -61,6 +64,13 @@ MARKER = "sharedstream"
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.~:+-]+$")
 """The run ids Airflow 3 accepts from the API (it answers 400 to any other)."""
+
+RESERVED_PREFIXES = ("backfill__", "scheduled__", "operator_triggered__", "asset_triggered__",
+                     "asset_materialization__")
+"""Run id prefixes Airflow 3.3 keeps for the runs it makes (every run type's but ``manual__``)."""
+
+AIRFLOW_ID_PREFIX = "sharedstream__"
+"""Put before our run ids that start with one of :data:`RESERVED_PREFIXES`."""
 
 _STATES: Mapping[str, Literal["dispatched", "running", "success", "failed"]] = {
     "queued": "dispatched", "running": "running", "success": "success", "failed": "failed"}
@@ -105,16 +115,30 @@ def ui_url(base: str, dag_id: str, run_id: str) -> str:
     return f"{base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
+def airflow_run_id(run_id: str) -> str:
+    """The id of our run ``run_id`` in Airflow: the same, unless Airflow reserves its prefix.
+
+    Airflow refuses an API-made (manual) run whose id starts with another
+    run type's prefix (``asset_triggered__``, ``scheduled__``, ``backfill__``
+    ...: HTTP 400 "reserved for asset_triggered runs"), which most of our
+    ids do: those get ``sharedstream__`` in front. The mapping is the same
+    on every attempt, so a repeat still meets its earlier run (409).
+    """
+    if run_id.startswith(RESERVED_PREFIXES):
+        return f"{AIRFLOW_ID_PREFIX}{run_id}"
+    return run_id
+
+
 def check_run_id(run: RunDocument) -> None:
     """Raise a non-retryable :class:`TargetError` if Airflow would refuse ``run``'s id."""
-    if not RUN_ID_PATTERN.fullmatch(run.run_id):
+    if not RUN_ID_PATTERN.fullmatch(run.run_id) or ".." in run.run_id:
         raise TargetError(f"run id {run.run_id!r} cannot be an Airflow run id: Airflow takes "
-                          f"only letters, digits and _ . ~ : + - ({RUN_ID_PATTERN.pattern})",
-                          retryable=False)
+                          f"only letters, digits and _ . ~ : + - ({RUN_ID_PATTERN.pattern}), "
+                          "and no '..'", retryable=False)
 
 
 def dag_run_body(run: RunDocument) -> dict[str, Any]:
-    """The body of ``POST .../dagRuns``: our run id, no logical date, the conf.
+    """The body of ``POST .../dagRuns``: its Airflow run id, no logical date, the conf.
 
     The conf is a manual run's own conf at the top level (what an Airflow
     user expects to read) with the run document under ``"sharedstream"``
@@ -125,7 +149,7 @@ def dag_run_body(run: RunDocument) -> dict[str, Any]:
     """
     document = {key: value for key, value in run.to_json().items() if key != "conf"}
     own = run.conf or {}
-    return {"dag_run_id": run.run_id, "logical_date": None,
+    return {"dag_run_id": airflow_run_id(run.run_id), "logical_date": None,
             "conf": {**{str(key): value for key, value in own.items()}, MARKER: document}}
 
 

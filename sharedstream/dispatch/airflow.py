@@ -10,8 +10,11 @@ undeliverable until it is replaced). Two modes, chosen per DAG (``mode``):
 
 **dag_run** (the default): each of our runs becomes one Airflow run of
 the DAG ``dag_id`` (default: the same id as ours), created with
-``POST /api/v2/dags/{dag_id}/dagRuns`` under *our* run id, its ``conf``
-being a manual run's conf with our run document under ``"sharedstream"``.
+``POST /api/v2/dags/{dag_id}/dagRuns`` under *our* run id (with
+``sharedstream__`` in front when it starts as Airflow's own runs' ids do:
+``asset_triggered__``, ``scheduled__``..., which Airflow keeps for itself),
+its ``conf`` being a manual run's conf with our run document under
+``"sharedstream"``.
 Guarantee: **effectively once**. Airflow refuses a second run with the
 same id (``409``); the target then reads that run and counts it delivered
 when its conf carries this run's marker (a crash between sending and
@@ -55,6 +58,7 @@ from urllib.parse import urlencode
 from sharedstream.connections import ConnectionNotFound, InvalidConnection
 from sharedstream.dispatch._airflow_api import (
     AirflowApi,
+    airflow_run_id,
     api_base,
     asset_event_body,
     check_run_id,
@@ -182,24 +186,24 @@ class AirflowTarget(Target):
 
     async def _already_there(self, run: RunDocument, dag_id: str) -> Delivery:
         """After a ``409``: ours if the existing run carries our marker, else undeliverable."""
-        path = dag_run_path(dag_id, run.run_id)
+        run_id = airflow_run_id(run.run_id)
+        path = dag_run_path(dag_id, run_id)
         answer = await self.api.call("GET", path)
         if answer.status == 404:  # deleted between the two requests: try again later
-            raise TargetError(f"Airflow answered 409 to run {run.run_id!r} of DAG {dag_id!r}, "
+            raise TargetError(f"Airflow answered 409 to run {run_id!r} of DAG {dag_id!r}, "
                               "then 404 when asked for it", retryable=True)
         if not answer.ok:
             raise refusal(answer, f"GET {path}")
         if not made_by_us(answer.document, run):
-            raise TargetError(f"Airflow already has a run {run.run_id!r} of DAG {dag_id!r} "
+            raise TargetError(f"Airflow already has a run {run_id!r} of DAG {dag_id!r} "
                               f"that sharedstream did not create for DAG {run.dag_id!r}",
                               retryable=False)
         return self._delivery(run, answer.document, "already there (409)")
 
     def _delivery(self, run: RunDocument, airflow_run: Any, detail: str) -> Delivery:
-        dag_id = self.airflow_dag_id(run)
+        dag_id, run_id = self.airflow_dag_id(run), airflow_run_id(run.run_id)
         return Delivery(delivery_state(airflow_run) or "dispatched", detail=detail,
-                        external_id=run.run_id,
-                        external_url=ui_url(self.api.base, dag_id, run.run_id))
+                        external_id=run_id, external_url=ui_url(self.api.base, dag_id, run_id))
 
     async def status(self, run: RunDocument) -> Delivery | None:
         """The Airflow run's state (``queued`` reads ``dispatched``); None in asset_event mode.
@@ -211,7 +215,7 @@ class AirflowTarget(Target):
         if self.mode != "dag_run":
             return None
         dag_id = self.airflow_dag_id(run)
-        run_id = run.external_id or run.run_id
+        run_id = run.external_id or airflow_run_id(run.run_id)
         path = dag_run_path(dag_id, run_id)
         answer = await self.api.call("GET", path)
         if answer.status == 404:

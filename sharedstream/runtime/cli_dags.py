@@ -31,7 +31,8 @@ from sharedstream.timetables.base import (
 
 __all__ = ["DAG_COLUMNS", "NEXT_RUN_COLUMNS", "dag_records", "next_run_records", "next_runs"]
 
-DAG_COLUMNS = ("dag_id", "schedule", "next_run", "catchup", "last_run", "last_run_at")
+DAG_COLUMNS = ("dag_id", "schedule", "target", "paused", "next_run", "catchup", "last_run",
+               "last_run_at")
 NEXT_RUN_COLUMNS = ("logical_date", "data_interval_start", "data_interval_end", "run_after",
                     "run_id")
 
@@ -108,6 +109,10 @@ def dag_records(rows: Sequence[DagRow], registry: TimetableRegistry) -> list[dic
             "last_interval": None if row.last_interval is None else list(row.last_interval),
             "last_run": row.last_run_id,
             "last_run_at": row.last_run_at,
+            "target": None if row.target is None else row.target.get("name"),
+            "target_options": None if row.target is None else row.target.get("options"),
+            "paused": row.paused,
+            "batching": row.batching,
         })
     return records
 

@@ -206,10 +206,13 @@ class StoreConfig:
 class SchedulerConfig:
     """The ``[scheduler]`` section: the schedule loop of time-scheduled DAGs (Airflow's section).
 
+    ``batch_asset_events`` (Airflow 3.4's option and default) makes
+    asset-triggered runs batches, for DAGs that do not say;
     ``max_catchup_runs_per_loop`` bounds the runs of one DAG a pass of the
     loop queues while catching up. Validated on construction.
     """
 
+    batch_asset_events: bool = False
     max_catchup_runs_per_loop: int = 16
 
     def __post_init__(self) -> None:

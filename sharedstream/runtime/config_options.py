@@ -139,6 +139,12 @@ SPECS: dict[str, dict[str, OptionSpec]] = {
         ),
     },
     "scheduler": {
+        "batch_asset_events": OptionSpec(
+            "bool",
+            "Airflow 3.4's option: false (the default) makes a DAG run per asset event that "
+            "satisfies its schedule; true makes runs batches of what a DAG's queue holds "
+            "(per DAG: Dag(batch_asset_events=..., max_events=..., max_wait=...)).",
+        ),
         "max_catchup_runs_per_loop": OptionSpec(
             "int",
             "Most time-based runs of one DAG the schedule loop queues per pass when catching "

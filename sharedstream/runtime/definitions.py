@@ -200,6 +200,15 @@ class Dag:
     ``target`` goes to ``[dispatch] default_target``, if one is set, else
     its runs wait in the store.
 
+    Batching (Airflow 3.4's ``batch_asset_events``): by default each asset
+    event that satisfies the schedule makes a run (an ``&`` condition
+    gathers what it needs first). ``batch_asset_events=True`` makes the
+    runs batches instead: one run consumes what the DAG's queue holds,
+    made within about a second, or when ``max_events`` asset events are
+    queued, or once the oldest has waited ``max_wait`` (a ``timedelta`` or
+    seconds); giving either implies batching. ``None`` takes ``[scheduler]
+    batch_asset_events``.
+
     Raises :class:`DefinitionsError` (one line naming the DAG) for anything
     else.
 
@@ -220,6 +229,9 @@ class Dag:
         run: Callable[..., Any] | Sequence[str] | None = None,
         target: str | None = None,
         target_options: Mapping[str, Any] | None = None,
+        batch_asset_events: bool | None = None,
+        max_events: int | None = None,
+        max_wait: dt.timedelta | float | None = None,
     ) -> None:
         if not isinstance(dag_id, str) or not dag_id:
             raise DefinitionsError(f"Dag id must be a non-empty string, got {dag_id!r}")
@@ -235,6 +247,8 @@ class Dag:
             raise DefinitionsError(f"Dag {dag_id!r}: target_options must be a dict of option "
                                    f"names to values, got {target_options!r}")
         self.target_options: dict[str, Any] = dict(target_options or {})
+        self.batch_asset_events, self.max_events, self.max_wait = _batching(
+            dag_id, batch_asset_events, max_events, max_wait)
         self.start_date = _aware(dag_id, "start_date", start_date)
         self.end_date = _aware(dag_id, "end_date", end_date)
         if self.start_date and self.end_date and self.end_date < self.start_date:
@@ -264,6 +278,9 @@ class Dag:
             )
         self.schedule: _Condition | Timetable | None = (
             self.asset_condition if self.timetable is None else self.timetable)
+        if self.batch_asset_events and self.asset_condition is None:
+            raise DefinitionsError(f"Dag {dag_id!r}: batch_asset_events, max_events and "
+                                   "max_wait apply to a DAG scheduled on assets")
         if _building is not None:
             _building.append(self)
 
@@ -277,6 +294,30 @@ class Dag:
 
     def __repr__(self) -> str:
         return f"Dag({self.dag_id!r})"
+
+
+def _batching(
+    dag_id: str, batch: bool | None, max_events: int | None, max_wait: dt.timedelta | float | None,
+) -> tuple[bool | None, int | None, float | None]:
+    """A Dag's batching as given, checked: ``(batch_asset_events, max_events, max_wait s)``."""
+    if batch is not None and not isinstance(batch, bool):
+        raise DefinitionsError(f"Dag {dag_id!r}: batch_asset_events must be True, False or None, "
+                               f"got {batch!r}")
+    if max_events is not None and (isinstance(max_events, bool) or not isinstance(
+            max_events, int) or max_events < 1):
+        raise DefinitionsError(f"Dag {dag_id!r}: max_events must be a whole number >= 1, got "
+                               f"{max_events!r}")
+    seconds = max_wait.total_seconds() if isinstance(max_wait, dt.timedelta) else max_wait
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(
+            seconds, int | float) or seconds < 0):
+        raise DefinitionsError(f"Dag {dag_id!r}: max_wait must be a timedelta or seconds >= 0, "
+                               f"got {max_wait!r}")
+    bounded = max_events is not None or seconds is not None
+    if batch is False and bounded:
+        raise DefinitionsError(f"Dag {dag_id!r}: max_events and max_wait bound batches; they "
+                               "need batch_asset_events=True (or None)")
+    return (True if bounded else batch), max_events, (
+        None if seconds is None else float(seconds))
 
 
 def _runnable(

@@ -71,18 +71,31 @@ class RunsInDb(Protocol):
 
 
 def dag_specs(
-    definitions: Definitions, targets: Callable[[str], dict[str, Any] | None] = lambda _: None
+    definitions: Definitions, targets: Callable[[str], dict[str, Any] | None] = lambda _: None,
+    *, batch_asset_events: bool = False,
 ) -> list[DagSpec]:
     """What the store keeps of each DAG of ``definitions`` (its asset tree and timetable).
 
     ``targets`` gives a DAG's target as the store keeps it
-    (:meth:`~sharedstream.runtime.dispatch_setup.DispatchPlan.stored_target`).
+    (:meth:`~sharedstream.runtime.dispatch_setup.DispatchPlan.stored_target`);
+    ``batch_asset_events`` is ``[scheduler] batch_asset_events``, for DAGs that
+    leave it to the configuration.
     """
-    return [_spec(dag, definitions.timetables.get(dag.dag_id), targets(dag.dag_id))
+    return [_spec(dag, definitions.timetables.get(dag.dag_id), targets(dag.dag_id),
+                  batch_asset_events)
             for dag in definitions.dags.values()]
 
 
-def _spec(dag: Dag, timetable: dict[str, Any] | None, target: dict[str, Any] | None) -> DagSpec:
+def batching_of(dag: Dag, default: bool) -> dict[str, Any] | None:
+    """What the store keeps of a DAG's batching (``None``: a run per satisfying event)."""
+    batched = default if dag.batch_asset_events is None else dag.batch_asset_events
+    if not batched or dag.asset_condition is None:
+        return None
+    return {"max_events": dag.max_events, "max_wait": dag.max_wait}
+
+
+def _spec(dag: Dag, timetable: dict[str, Any] | None, target: dict[str, Any] | None,
+          batch_asset_events: bool) -> DagSpec:
     condition = dag.asset_condition
     return DagSpec(
         dag.dag_id,
@@ -93,6 +106,7 @@ def _spec(dag: Dag, timetable: dict[str, Any] | None, target: dict[str, Any] | N
         end_date=dag.end_date,
         catchup=dag.catchup,
         target=target,
+        batching=batching_of(dag, batch_asset_events),
     )
 
 

@@ -67,6 +67,7 @@ from sharedstream.engine.producer import DeadLetter
 from sharedstream.engine.tracing import TRACER_NAME
 from sharedstream.engine.trigger import BaseEventTrigger, uses_ack_mode
 from sharedstream.runtime.assignment import Assignment
+from sharedstream.runtime.batch_loop import BatchLoop
 from sharedstream.runtime.collector import Collector, tune_collector
 from sharedstream.runtime.config import Config
 from sharedstream.runtime.config_connections import install_connections
@@ -163,6 +164,7 @@ class Triggerer:
         )
         self._idle = False  # stopped because no trigger was left running
         self._schedules: ScheduleLoop | None = None  # set when a DAG is scheduled on time
+        self._batches: BatchLoop | None = None  # set when a DAG's runs are batches
         self.on_stop_signal: Callable[[str], None] = _say_stopping
         """Says that a first signal (its name: ``"SIGTERM"``) began the graceful stop.
 
@@ -251,7 +253,8 @@ class Triggerer:
             for asset, name in t.watchers
         ]
         plan = None if self.dispatch is None else self.dispatch.plan
-        dags = dag_specs(defs, plan.stored_target if plan is not None else lambda _: None)
+        dags = dag_specs(defs, plan.stored_target if plan is not None else lambda _: None,
+                         batch_asset_events=self.config.scheduler.batch_asset_events)
         store = self.store
         await self._db(store.sync_definitions, specs, watchers, dags)
         rows = await self._db(store.active_triggers, sys.maxsize)
@@ -374,6 +377,10 @@ class Triggerer:
         if keep is not None:
             side.append(tasks.create_task(Retention(lambda: self.store, self._db, keep).run(),
                                           name="sharedstream-retention"))
+        if any(spec.batching for spec in dag_specs(
+                self.definitions, batch_asset_events=self.config.scheduler.batch_asset_events)):
+            self._batches = BatchLoop(lambda: self.store, self._db, self._runs_made)
+            side.append(tasks.create_task(self._batches.run(), name="sharedstream-batches"))
         schedules = self._run_schedules(tasks)
         if schedules is not None:
             side.append(schedules)
@@ -425,8 +432,14 @@ class Triggerer:
 
     @property
     def runs_queued(self) -> int:
-        """DAG runs this triggerer queued: asset-triggered (by the gate) and scheduled."""
-        return self.gate.runs_queued + (self._schedules.queued if self._schedules else 0)
+        """DAG runs this triggerer queued: asset-triggered (by the gate, batched) and scheduled."""
+        return (self.gate.runs_queued + (self._schedules.queued if self._schedules else 0)
+                + (self._batches.queued if self._batches else 0))
+
+    def _runs_made(self, _runs: list[str]) -> None:
+        """New runs outside the gate's writes (batches): the dispatcher looks now."""
+        if self.dispatch is not None and self.dispatch.dispatcher is not None:
+            self.dispatch.dispatcher.wake()
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (what the first SIGINT/SIGTERM does)."""

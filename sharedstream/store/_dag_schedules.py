@@ -127,13 +127,15 @@ def _timetable_text(spec: DagSpec) -> str | None:
         raise StoreError(f"dag {spec.dag_id!r}: timetable is not JSON-able: {exc}") from exc
 
 
-def _target_text(spec: DagSpec) -> str | None:
-    if spec.target is None:
+def _json_text(spec: DagSpec, field: str) -> str | None:
+    """The DAG's ``target`` or ``batching`` as the store keeps it: JSON text, or ``None``."""
+    value = getattr(spec, field)
+    if value is None:
         return None
     try:
-        return json.dumps(spec.target, sort_keys=True)
+        return json.dumps(value, sort_keys=True)
     except (TypeError, ValueError) as exc:
-        raise StoreError(f"dag {spec.dag_id!r}: target is not JSON-able: {exc}") from exc
+        raise StoreError(f"dag {spec.dag_id!r}: {field} is not JSON-able: {exc}") from exc
 
 
 def sync_dags(conn: _Connection, dialect: Dialect, dags: Sequence[DagSpec], now: datetime) -> None:
@@ -159,22 +161,23 @@ def sync_dags(conn: _Connection, dialect: Dialect, dags: Sequence[DagSpec], now:
     for dag in dags:
         text = _timetable_text(dag)
         schedule = json.dumps(dag.schedule, sort_keys=True)  # "null": no asset schedules it
-        target = _target_text(dag)
+        target, batching = _json_text(dag, "target"), _json_text(dag, "batching")
         fields = (text, dialect.time(dag.start_date), dialect.time(dag.end_date), dag.catchup)
         old = stored.get(dag.dag_id)
         if old is None:
             conn.execute(
                 q("INSERT INTO dags (dag_id, schedule, updated_at, timetable_summary, target,"
-                  " timetable, start_date, end_date, catchup) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-                (dag.dag_id, schedule, stamp, dag.summary, target, *fields),
+                  " batching, timetable, start_date, end_date, catchup)"
+                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                (dag.dag_id, schedule, stamp, dag.summary, target, batching, *fields),
             )
             if text is not None:
                 _resume_from_runs(conn, dialect, dag.dag_id)
             continue
         conn.execute(  # paused is a person's choice: kept
-            q("UPDATE dags SET schedule = ?, updated_at = ?, timetable_summary = ?, target = ?"
-              " WHERE dag_id = ?"),
-            (schedule, stamp, dag.summary, target, dag.dag_id),
+            q("UPDATE dags SET schedule = ?, updated_at = ?, timetable_summary = ?, target = ?,"
+              " batching = ? WHERE dag_id = ?"),
+            (schedule, stamp, dag.summary, target, batching, dag.dag_id),
         )
         if old != (text, dag.start_date, dag.end_date, dag.catchup):
             # The schedule changed: the new one continues after the last automated
@@ -213,7 +216,7 @@ _DAG_COLUMNS = (
     " d.next_interval_start, d.next_interval_end, d.next_run_after, d.next_run_id, d.revision,"
     " (SELECT r.run_id FROM dag_runs r WHERE r.dag_id = d.dag_id ORDER BY r.id DESC LIMIT 1),"
     " (SELECT r.created_at FROM dag_runs r WHERE r.dag_id = d.dag_id ORDER BY r.id DESC LIMIT 1),"
-    " d.paused, d.target"
+    " d.paused, d.target, d.batching"
 )
 
 
@@ -246,6 +249,7 @@ def _dag_row(row: Sequence[Any], dialect: Dialect) -> DagRow:
         last_run_at=when(row[16]),
         paused=bool(row[17]),
         target=None if row[18] is None else json.loads(row[18]),
+        batching=None if row[19] is None else json.loads(row[19]),
     )
 
 

@@ -167,7 +167,8 @@ _V5 = (
 # heartbeat is the claim's lease), delivers it and follows it at its target; each
 # delivery is an attempt row. A DAG can be paused (its runs wait) and names its
 # target (JSON); a manual run keeps its conf (JSON). attempt_base: the attempts made
-# before the last `runs retry` (its new retry budget counts from there).
+# before the last `runs retry` (its new retry budget counts from there). batching (JSON,
+# NULL: none) makes a DAG's asset-triggered runs batches (sharedstream.store._batches).
 _V6 = (
     "ALTER TABLE dag_runs ADD COLUMN conf TEXT, ADD COLUMN target TEXT,"
     " ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0, ADD COLUMN attempt_base INTEGER NOT NULL"
@@ -188,7 +189,8 @@ _V6 = (
         output TEXT,
         PRIMARY KEY (dag_run_id, attempt)
     )""",
-    "ALTER TABLE dags ADD COLUMN paused BOOLEAN NOT NULL DEFAULT false, ADD COLUMN target TEXT",
+    "ALTER TABLE dags ADD COLUMN paused BOOLEAN NOT NULL DEFAULT false, ADD COLUMN target TEXT,"
+    " ADD COLUMN batching TEXT",
 )
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)

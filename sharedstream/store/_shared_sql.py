@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, ClassVar, NamedTuple, Self
 
+from sharedstream.store._batches import release_batches
 from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
 from sharedstream.store._outbox_sql import OutboxSql
 from sharedstream.store._rows import (
@@ -220,6 +221,11 @@ class SharedSql(OutboxSql):
     def triggerers(self) -> list[TriggererRow]:
         """Every triggerer that ever sent a heartbeat, by id."""
         return [triggerer_row(row, self._dialect.read_time) for row in self._read(TRIGGERERS_SQL)]
+
+    def release_batches(self) -> list[str]:
+        """Make the due runs of batched DAGs, in one transaction (:mod:`._batches`)."""
+        with self._write("release_batches") as conn:
+            return release_batches(conn, self._dialect, datetime.now(UTC))
 
     # -- dead letters, events, runs, counts ---------------------------------------
 

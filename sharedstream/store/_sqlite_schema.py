@@ -164,7 +164,8 @@ _V5 = (
 # heartbeat is the claim's lease), delivers it and follows it at its target; each
 # delivery is an attempt row. A DAG can be paused (its runs wait) and names its
 # target (JSON); a manual run keeps its conf (JSON). attempt_base: the attempts made
-# before the last `runs retry` (its new retry budget counts from there).
+# before the last `runs retry` (its new retry budget counts from there). batching (JSON,
+# NULL: none) makes a DAG's asset-triggered runs batches (sharedstream.store._batches).
 _V6 = (
     "ALTER TABLE dag_runs ADD COLUMN conf TEXT",
     "ALTER TABLE dag_runs ADD COLUMN target TEXT",
@@ -193,6 +194,7 @@ _V6 = (
     ) WITHOUT ROWID""",
     "ALTER TABLE dags ADD COLUMN paused INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE dags ADD COLUMN target TEXT",
+    "ALTER TABLE dags ADD COLUMN batching TEXT",
 )
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)

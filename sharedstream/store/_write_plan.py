@@ -17,6 +17,8 @@ satisfies gets one run consuming the whole queue; its run id is
 ids are unique as long as an asset event is consumed at most once per DAG,
 and its trace parent is that event's (the one being planned, not the one
 with the largest id: on PostgreSQL a queued entry may have a larger id).
+A *batched* DAG (``dags.batching`` set) only queues here: its runs are made
+later, in batches, by :mod:`sharedstream.store._batches`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class Definitions:
     # their events need the queue and run logic
     scheduled_triggers: frozenset[int] = frozenset()
     schedules: dict[str, Schedule] = field(default_factory=dict)
+    # DAGs whose runs are made in batches, never here (they only queue)
+    batched: frozenset[str] = frozenset()
     # the scheduled triggers one event of which satisfies every DAG it touches on its
     # own (schedules are monotone: more queued assets never unsatisfy one): the runs
     # such an event makes when those DAGs' queues are empty (plan_runs' fast path)
@@ -99,6 +103,8 @@ def load_definitions(conn: _Executes, generation: int) -> Definitions:
             "SELECT dag_id, schedule FROM dags WHERE schedule != 'null'"
         )
     }
+    batched = frozenset(str(dag_id) for (dag_id,) in conn.execute(
+        "SELECT dag_id FROM dags WHERE batching IS NOT NULL"))
     by_trigger = {
         trigger_id: tuple(
             (asset_id, name, tuple(dags_by_asset.get(asset_id, ())))
@@ -116,7 +122,8 @@ def load_definitions(conn: _Executes, generation: int) -> Definitions:
         assets_by_trigger=by_trigger,
         scheduled_triggers=scheduled,
         schedules=schedules,
-        immediate=_immediate(by_trigger, scheduled, schedules),
+        batched=batched,
+        immediate=_immediate(by_trigger, scheduled, schedules, batched),
     )
 
 
@@ -124,8 +131,12 @@ def _immediate(
     by_trigger: Mapping[int, tuple[tuple[int, str, tuple[str, ...]], ...]],
     scheduled: frozenset[int],
     schedules: Mapping[str, Schedule],
+    batched: frozenset[str],
 ) -> dict[int, Immediate]:
-    """:attr:`Definitions.immediate`: the triggers whose one event satisfies all it touches."""
+    """:attr:`Definitions.immediate`: the triggers whose one event satisfies all it touches.
+
+    None that touches a batched DAG (its event only queues there).
+    """
     immediate = {}
     for trigger_id in scheduled:
         positions: dict[str, list[int]] = {}  # in first-touched order, as plan_runs touches
@@ -134,7 +145,8 @@ def _immediate(
             for dag_id in dag_ids:
                 positions.setdefault(dag_id, []).append(position)
                 names.setdefault(dag_id, set()).add(name)
-        if all(schedules[dag_id].satisfied(names[dag_id]) for dag_id in positions):
+        if not batched.intersection(positions) and all(
+                schedules[dag_id].satisfied(names[dag_id]) for dag_id in positions):
             runs = tuple((dag_id, tuple(found)) for dag_id, found in positions.items())
             single = None
             if len(runs) == 1 and len(runs[0][1]) == 1:
@@ -227,7 +239,7 @@ def plan_runs(
                 touched[dag_id] = queue
                 empty.discard(dag_id)
         for dag_id, queue in touched.items():
-            if defs.schedules[dag_id].satisfied(queue.names):
+            if dag_id not in defs.batched and defs.schedules[dag_id].satisfied(queue.names):
                 consumed = queue.ids if len(queue.ids) == 1 else sorted(queue.ids)
                 runs.append(
                     (dag_id, f"asset_triggered__{consumed[-1]:012d}", consumed, trace_parent)

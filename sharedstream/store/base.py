@@ -192,6 +192,11 @@ class DagSpec:
     inside), or ``None`` when no time does; ``summary`` says the timetable
     in a few words for listings. ``start_date``/``end_date`` (aware) bound
     its time-based runs; ``catchup`` says whether missed ones are queued.
+    ``target`` is where its runs are dispatched, ``{"name": ..., "options":
+    {...}}`` (JSON-able; ``None``: nowhere), kept for listings.
+    ``batching`` makes its asset-triggered runs batches (``{"max_events":
+    n or None, "max_wait": seconds or None}``; ``None``: a run as soon as
+    the schedule holds): see :meth:`MetadataStore.release_batches`.
     """
 
     dag_id: str
@@ -202,6 +207,7 @@ class DagSpec:
     end_date: datetime | None = None
     catchup: bool = False
     target: dict[str, Any] | None = None
+    batching: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +236,8 @@ class DagRow:
     or when the timetable has no more runs). ``revision`` is what
     :meth:`MetadataStore.queue_timed_runs` compares. ``last_run_id`` /
     ``last_run_at`` are the DAG's newest run of any type. ``paused``: its
-    runs are not dispatched (``sharedstream dags pause``); ``target`` as
-    :class:`DagSpec` gives it.
+    runs are not dispatched (``sharedstream dags pause``); ``target`` and
+    ``batching`` as :class:`DagSpec` gives them.
     """
 
     dag_id: str
@@ -248,6 +254,7 @@ class DagRow:
     last_run_at: datetime | None = None
     paused: bool = False
     target: dict[str, Any] | None = None
+    batching: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,6 +601,21 @@ class MetadataStore(OutboxStore, Protocol):
         event, so one event watched by two assets makes at most one run per
         DAG); that run keeps the event's ``trace_parent``. Durable when it
         returns; on failure raises :class:`StoreWriteError` and stores nothing.
+        """
+        ...
+
+    def release_batches(self) -> list[str]:
+        """Make the runs of batched DAGs whose batch is due; ``"dag_id/run_id"`` of each.
+
+        A DAG with ``batching`` (see :class:`DagSpec`) only queues in
+        :meth:`write_events`; here, in one transaction, each such DAG whose
+        schedule holds for its oldest ``max_events`` queued asset events (all
+        of them without ``max_events``), and that are that many or have
+        waited ``max_wait`` seconds (or without ``max_wait``), gets a run
+        consuming them, with the usual deterministic run id; repeated while
+        the queue has more due batches. Safe against concurrent writers and
+        passes (PostgreSQL: the DAGs' rows are locked). On failure raises
+        :class:`StoreWriteError` and changes nothing.
         """
         ...
 

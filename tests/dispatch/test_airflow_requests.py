@@ -19,6 +19,7 @@ import pytest
 from sharedstream.connections import Connection, ConnectionNotFound, parse_connection_uri
 from sharedstream.dispatch._airflow_api import (
     AirflowApi,
+    airflow_run_id,
     api_base,
     asset_event_body,
     check_run_id,
@@ -65,7 +66,7 @@ def test_the_dag_run_body_carries_our_run_id_a_null_logical_date_and_our_documen
     run = document(events=(event(7), event(9)))
     body = dag_run_body(run)
     assert set(body) == {"dag_run_id", "logical_date", "conf"}
-    assert (body["dag_run_id"], body["logical_date"]) == (run.run_id, None)
+    assert (body["dag_run_id"], body["logical_date"]) == (f"sharedstream__{run.run_id}", None)
     assert list(body["conf"]) == ["sharedstream"]
     ours = body["conf"]["sharedstream"]
     assert ours == {key: value for key, value in run.to_json().items() if key != "conf"}
@@ -90,7 +91,18 @@ def test_run_ids_airflow_takes_pass(run_id: str) -> None:
     check_run_id(document(run_id))
 
 
-@pytest.mark.parametrize("run_id", ["two words", "a/b", "", "rún", "x?y"])
+@pytest.mark.parametrize(("run_id", "in_airflow"), [
+    ("asset_triggered__000000000007", "sharedstream__asset_triggered__000000000007"),
+    ("scheduled__2026-11-28T12:00:00+00:00", "sharedstream__scheduled__2026-11-28T12:00:00+00:00"),
+    ("backfill__x", "sharedstream__backfill__x"),
+    ("manual__2026-11-28T12:00:00+00:00", "manual__2026-11-28T12:00:00+00:00"),
+    ("nightly-42", "nightly-42"), ("asset_triggered_7", "asset_triggered_7")])
+def test_ids_airflow_keeps_for_its_own_runs_get_a_prefix(run_id: str, in_airflow: str) -> None:
+    assert airflow_run_id(run_id) == in_airflow
+    assert dag_run_body(document(run_id))["dag_run_id"] == in_airflow
+
+
+@pytest.mark.parametrize("run_id", ["two words", "a/b", "", "rún", "x?y", "a..b"])
 def test_run_ids_airflow_refuses_are_undeliverable_before_any_request(run_id: str) -> None:
     with pytest.raises(TargetError, match="cannot be an Airflow run id") as raised:
         check_run_id(document(run_id))

@@ -166,6 +166,8 @@ refunds = Asset("refunds", watchers=[
 
 # FILELOG_RUN: a JSON command line that runs each process_orders run (the local target)
 _RUN = json.loads(os.environ["FILELOG_RUN"]) if os.environ.get("FILELOG_RUN") else None
-process_orders = Dag("process_orders", schedule=orders, run=_RUN)
+# FILELOG_BATCH: a JSON object of process_orders' batching (max_events, max_wait)
+_BATCH = json.loads(os.environ.get("FILELOG_BATCH") or "{}")
+process_orders = Dag("process_orders", schedule=orders, run=_RUN, **_BATCH)
 reconcile = Dag("reconcile", schedule=orders & refunds)
 either = Dag("either", schedule=orders | refunds)

@@ -92,7 +92,8 @@ def test_dags_list(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert dags["noon"]["next_run"] == "2026-03-02T12:00:00+00:00"
     code, table, _ = cli(capsys, "dags", "list")
     assert table.splitlines()[0].split() == [
-        "DAG_ID", "SCHEDULE", "NEXT_RUN", "CATCHUP", "LAST_RUN", "LAST_RUN_AT"]
+        "DAG_ID", "SCHEDULE", "TARGET", "PAUSED", "NEXT_RUN", "CATCHUP", "LAST_RUN",
+        "LAST_RUN_AT"]
     assert "0 * * * *" in table.splitlines()[1]
 
 

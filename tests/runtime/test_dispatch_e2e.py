@@ -144,3 +144,17 @@ def test_sigkill_mid_dispatch_runs_every_run_repeating_at_most_those_in_flight(
     for run in repeated:
         attempts = d.json("runs", "show", "process_orders", run)["attempt_log"]
         assert [a["outcome"] for a in attempts] == ["unknown", "success"]
+
+
+def test_batched_runs_consume_the_queue_in_bounded_batches(deployment: Deployment) -> None:
+    d = deployment
+    log = runs_locally(d, FILELOG_BATCH=json.dumps({"max_events": 2, "max_wait": 1.0}))
+    d.append(*[{"kind": "order", "amount": n} for n in range(5)])  # five events, none big
+    proc = d.start()
+    wait_for(lambda: states(d) == {"success": 3}, what="three batched runs")
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(run["ids"] for run in runs) == [[0, 1], [2, 3], [4]]  # the last by max_wait
+    [dag] = [row for row in d.json("dags", "list") if row["dag_id"] == "process_orders"]
+    assert (dag["target"], dag["paused"], dag["batching"]) == (
+        "local", False, {"max_events": 2, "max_wait": 1.0})
+    assert d.stop(proc) == 0

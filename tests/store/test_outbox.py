@@ -304,3 +304,77 @@ def test_prune_takes_a_bounded_bite_and_says_there_is_more(store: MetadataStore)
     assert rest[-1].more is False
     assert store.counts() == {"triggers": 1, "trigger_events": 0, "asset_events": 0,
                               "dag_runs": 0}
+
+
+# -- batched DAGs (Airflow 3.4's batch_asset_events = True, bounded) ----------------------
+
+
+def batched(store: MetadataStore, batching: dict[str, object],
+            schedule: dict[str, object] | None = None) -> dict[str, int]:
+    """Triggers ``a`` and ``b`` watched by assets ``a``, ``b``; DAG ``d`` batched on ``a``."""
+    ids = store.sync_definitions(
+        [TriggerSpec(f"fp-{t}", f"pkg.{t}", b"kw") for t in "ab"],
+        [WatcherSpec(t, "w", f"fp-{t}") for t in "ab"],
+        [DagSpec("d", schedule or {"asset": "a"}, batching=batching),
+         DagSpec("each", {"asset": "a"})])
+    return {t: ids[f"fp-{t}"] for t in "ab"}
+
+
+def consumed(store: MetadataStore, dag_id: str = "d") -> list[tuple[int, ...]]:
+    return [r.asset_event_ids for r in reversed(store.list_runs(dag_id=dag_id))]
+
+
+def test_a_batched_dag_only_queues_and_a_pass_makes_one_run_of_the_queue(
+        store: MetadataStore) -> None:
+    ids = batched(store, {"max_events": None, "max_wait": None})
+    fire(store, ids["a"], "k1", "k2", "k3")
+    assert consumed(store) == []
+    assert len(consumed(store, "each")) == 3  # an unbatched DAG: one run per event
+    assert store.release_batches() == ["d/asset_triggered__000000000003"]
+    assert consumed(store) == [(1, 2, 3)]
+    assert store.release_batches() == []
+    (row,) = store.list_dags()[:1]
+    assert row.batching == {"max_events": None, "max_wait": None}
+
+
+def test_max_events_makes_full_batches_and_the_rest_waits_for_max_wait(
+        store: MetadataStore) -> None:
+    ids = batched(store, {"max_events": 2, "max_wait": 0.4})
+    fire(store, ids["a"], *(f"k{i}" for i in range(5)))
+    assert store.release_batches() == ["d/asset_triggered__000000000002",
+                                       "d/asset_triggered__000000000004"]
+    assert store.release_batches() == []  # the fifth waits for its batch, or max_wait
+    time.sleep(0.5)
+    assert store.release_batches() == ["d/asset_triggered__000000000005"]
+    assert consumed(store) == [(1, 2), (3, 4), (5,)]
+
+
+def test_a_batch_waits_for_its_whole_condition(store: MetadataStore) -> None:
+    ids = batched(store, {"max_events": None, "max_wait": None},
+                  schedule={"all": [{"asset": "a"}, {"asset": "b"}]})
+    fire(store, ids["a"], "a1", "a2")
+    assert store.release_batches() == []
+    fire(store, ids["b"], "b1")
+    assert store.release_batches() == ["d/asset_triggered__000000000003"]
+    assert consumed(store) == [(1, 2, 3)]
+
+
+def test_concurrent_passes_consume_each_event_once(backend: Backend) -> None:
+    store = backend.open()
+    store.migrate()
+    ids = batched(store, {"max_events": 3, "max_wait": None})
+    fire(store, ids["a"], *(f"k{i}" for i in range(60)))
+    others = [backend.open() for _ in range(3)]
+    made: list[str] = []
+
+    def release(s: MetadataStore) -> None:
+        made.extend(s.release_batches())
+
+    threads = [threading.Thread(target=release, args=(s,)) for s in others]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(made) == len(set(made)) == 20
+    every = [i for run in consumed(store) for i in run]
+    assert sorted(every) == list(range(1, 61))

@@ -169,3 +169,42 @@ Asset("orders", watchers=[AssetWatcher("w", trigger=Watch(shop_topics.ORDERS))])
         sys.modules.pop("shop_topics", None)
     [trigger] = defs.triggers.values()
     assert trigger.kwargs["topic"] == "orders-from-a-sibling"
+
+
+def test_what_runs_a_dag_and_where_it_goes_are_checked() -> None:
+    orders = Asset("orders")
+
+    def ship(run: object) -> None:
+        """A run."""
+
+    assert Dag("a", schedule=orders, run=ship).run is ship
+    assert Dag("b", schedule=orders, run=("python", "job.py")).run == ["python", "job.py"]
+    assert Dag("c", schedule=orders, target="airflow",
+               target_options={"mode": "asset_event"}).target_options == {"mode": "asset_event"}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"run": "python job.py"}, "run must be a function .* or a command line"),
+        ({"run": []}, "run must be a function"),
+        ({"target": ""}, "target must be a target's name"),
+        ({"target_options": ["mode"]}, "target_options must be a dict"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(DefinitionsError, match=f"Dag 'x': {message}"):
+            Dag("x", schedule=orders, **kwargs)
+
+
+def test_batching_is_checked_and_max_bounds_imply_it() -> None:
+    orders = Asset("orders")
+    bounded = Dag("a", schedule=orders, max_events=10, max_wait=timedelta(minutes=1))
+    assert (bounded.batch_asset_events, bounded.max_events, bounded.max_wait) == (True, 10, 60.0)
+    assert Dag("b", schedule=orders).batch_asset_events is None  # the configuration decides
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"batch_asset_events": False, "max_events": 5}, "max_events and max_wait bound"),
+        ({"max_events": 0}, "max_events must be a whole number >= 1"),
+        ({"max_wait": -1}, "max_wait must be a timedelta or seconds >= 0"),
+        ({"batch_asset_events": "yes"}, "batch_asset_events must be True, False or None"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(DefinitionsError, match=f"Dag 'x': {message}"):
+            Dag("x", schedule=orders, **kwargs)
+    with pytest.raises(DefinitionsError, match="apply to a DAG scheduled on assets"):
+        Dag("x", schedule=timedelta(hours=1), batch_asset_events=True)
