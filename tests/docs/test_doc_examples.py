@@ -36,6 +36,7 @@ PAGES = (
     "schedules.md",
     "connections.md",
     "traces.md",
+    "dispatch.md",
 )
 """The pages whose examples this suite owns."""
 

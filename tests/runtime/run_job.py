@@ -1,7 +1,9 @@
 """A DAG run's job for the dispatch tests: records the run it got, then succeeds or fails.
 
 Reads the run document on standard input and appends one JSON line
-``{"run_id", "dag_id", "attempt", "ids"}`` to ``$RUN_LOG`` (one ``write``
+``{"run_id", "dag_id", "attempt", "ids", "by"}`` to ``$RUN_LOG`` (``ids``:
+each event's ``id``, or a ticker's ``n``; ``by``: the triggerer that ran
+it, this process's parent; one ``write``
 of an ``O_APPEND`` file: lines of concurrent jobs never mix). Then sleeps
 ``$RUN_SLEEP`` seconds (default 0) and exits 3, after printing why, when an
 event's ``id`` is in ``$RUN_FAIL_IDS`` (comma-separated) and the file
@@ -16,9 +18,9 @@ import sys
 import time
 
 document = json.load(sys.stdin)
-ids = [event["payload"]["id"] for event in document["events"]]
+ids = [event["payload"].get("id", event["payload"].get("n")) for event in document["events"]]
 line = json.dumps({"run_id": document["run_id"], "dag_id": document["dag_id"],
-                   "attempt": document["attempt"], "ids": ids}) + "\n"
+                   "attempt": document["attempt"], "ids": ids, "by": os.getppid()}) + "\n"
 fd = os.open(os.environ["RUN_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 try:
     os.write(fd, line.encode())

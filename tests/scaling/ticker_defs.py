@@ -8,6 +8,7 @@ the store keeps shows which triggerer ran it at each moment.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -40,4 +41,5 @@ class Ticker(BaseEventTrigger):
 
 first = Asset("ticks_a", watchers=[AssetWatcher("a", trigger=Ticker("a"))])
 second = Asset("ticks_b", watchers=[AssetWatcher("b", trigger=Ticker("b"))])
-Dag("on_tick", schedule=first)
+# TICKER_RUN: a JSON command line each on_tick run runs (the dispatch scale-out test)
+Dag("on_tick", schedule=first, run=json.loads(os.environ.get("TICKER_RUN") or "null"))

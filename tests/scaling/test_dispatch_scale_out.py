@@ -1,0 +1,72 @@
+"""Two triggerers on one PostgreSQL dispatch the same DAG's runs: each run once, and a killed
+triggerer's runs under way are recovered by the other.
+
+The standalone ticker of ``ticker_defs.py`` makes an ``on_tick`` run every 0.1 s;
+``run_job.py`` runs each (0.2 s) on the local target and records which triggerer ran it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.scaling.conftest import Cluster, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+DEFS = Path(__file__).with_name("ticker_defs.py")
+RUN_JOB = Path(__file__).resolve().parents[1] / "runtime" / "run_job.py"
+CONCURRENCY = 3
+
+
+def ran(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_each_run_is_dispatched_once_and_a_dead_triggerers_are_recovered(
+    postgres_database: str, cluster_factory: Callable[..., Cluster], tmp_path: Path,
+) -> None:
+    log = tmp_path / "runs.jsonl"
+    cluster = cluster_factory(
+        postgres_database, TICKER_RUN=json.dumps([sys.executable, str(RUN_JOB)]),
+        RUN_LOG=str(log), RUN_SLEEP="0.2", SHAREDSTREAM__DISPATCH__POLL_INTERVAL="0.1")
+    with cluster.config.open("a") as config:
+        config.write(f"\n[targets.local]\nmax_concurrency = {CONCURRENCY}\n")
+    first, second = cluster.start(0, DEFS), cluster.start(1, DEFS)
+    wait_until(lambda: {row["by"] for row in ran(log)} >= {first.pid, second.pid}, 40,
+               "both triggerers running runs")
+    assert max(Counter(row["run_id"] for row in ran(log)).values()) == 1
+
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    killed_at = len(ran(log))
+    time.sleep(0.5)
+
+    def settled() -> bool:  # every run made so far ran, none is left with the dead one
+        runs = cluster.json("runs", "list", "--dag", "on_tick", "--limit", "100000")
+        old = [r for r in runs if r["created_at"] < runs[0]["created_at"]]
+        return bool(old) and all(r["state"] == "success" for r in old[5:])
+
+    wait_until(settled, 30, "the dead triggerer's runs recovered")
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=60) == 0
+    counts = Counter(row["run_id"] for row in ran(log))
+    repeated = {run: n for run, n in counts.items() if n > 1}
+    assert all(n == 2 for n in repeated.values())
+    assert len(repeated) <= CONCURRENCY  # only what the killed one had under way
+    for run in repeated:
+        attempts = [row for row in ran(log) if row["run_id"] == run]
+        assert [row["by"] for row in attempts] == [first.pid, second.pid]
+    unfinished = [r for r in cluster.json("runs", "list", "--dag", "on_tick", "--limit",
+                                          "100000") if r["state"] in ("dispatching", "running")]
+    assert unfinished == []  # a graceful stop finishes what it started
+    print(f"\n{len(counts)} runs, {killed_at} before the kill; repeated after it: "
+          f"{len(repeated)}")
