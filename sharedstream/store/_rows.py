@@ -59,7 +59,8 @@ TRIGGER_COLUMNS = (
     " last_traceback, last_error_at, created_at, events_stored"
 )
 DEAD_LETTER_COLUMNS = (
-    "id, created_at, stream, source, reason, triggers, payload, payload_size, headers"
+    "id, created_at, stream, source, reason, triggers, payload, payload_size, headers,"
+    " redriven_at, redrives"
 )
 TRIGGERERS_SQL = (
     "SELECT id, hostname, pid, started_at, heartbeat_at, running FROM triggerers ORDER BY id"
@@ -127,7 +128,7 @@ def storable_text(text: str) -> str:
 
 
 def dead_letter_values(letter: DeadLetter, created_at: object) -> tuple[Any, ...]:
-    """The values to insert for ``letter``: :data:`DEAD_LETTER_COLUMNS` but ``id``, in order.
+    """The values to insert for ``letter``: :data:`DEAD_LETTER_COLUMNS` up to ``headers``.
 
     ``created_at`` is given as the store writes times.
     """
@@ -159,6 +160,8 @@ def dead_letter_row(row: Sequence[Any], when: When) -> DeadLetterRow:
             (str(name), base64.b64decode(value, validate=True))
             for name, value in json.loads(row[8])
         ),
+        redriven_at=None if row[9] is None else when(row[9]),
+        redrives=int(row[10]),
     )
 
 

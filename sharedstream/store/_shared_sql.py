@@ -222,6 +222,17 @@ class SharedSql(OutboxSql):
         """Every triggerer that ever sent a heartbeat, by id."""
         return [triggerer_row(row, self._dialect.read_time) for row in self._read(TRIGGERERS_SQL)]
 
+    def mark_redriven(self, ids: Sequence[int]) -> int:
+        """Record that these dead letters were re-driven now; how many there were."""
+        if not ids:
+            return 0
+        d = self._dialect
+        with self._write("mark_redriven") as conn:
+            return int(conn.execute(self._dialect.sql(
+                "UPDATE dead_letters SET redriven_at = ?, redrives = redrives + 1"  # noqa: S608
+                f" WHERE {d.one_of('id')}"),
+                (d.write_time(datetime.now(UTC)), d.bind_list(sorted(set(ids))))).rowcount)
+
     def release_batches(self) -> list[str]:
         """Make the due runs of batched DAGs, in one transaction (:mod:`._batches`)."""
         with self._write("release_batches") as conn:
@@ -229,10 +240,13 @@ class SharedSql(OutboxSql):
 
     # -- dead letters, events, runs, counts ---------------------------------------
 
-    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
-        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
+    def dead_letters(self, limit: int, *, stream: str | None = None,
+                     ids: Sequence[int] | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` kept dead letters, newest first, of one stream and/or ``ids``."""
         check_limit(limit)
-        where, params = _where([("stream = ?", stream)])
+        d = self._dialect
+        where, params = _where([("stream = ?", stream), (
+            d.one_of("id"), None if ids is None else d.bind_list(sorted(set(ids))))])
         sql = f"SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters{where} ORDER BY id DESC LIMIT ?"  # noqa: S608
         return [dead_letter_row(row, self._dialect.read_time)
                 for row in self._rows(sql, [*params, limit])]

@@ -166,6 +166,7 @@ _V5 = (
 # target (JSON); a manual run keeps its conf (JSON). attempt_base: the attempts made
 # before the last `runs retry` (its new retry budget counts from there). batching (JSON,
 # NULL: none) makes a DAG's asset-triggered runs batches (sharedstream.store._batches).
+# A dead letter re-driven to its source says when, and how many times.
 _V6 = (
     "ALTER TABLE dag_runs ADD COLUMN conf TEXT",
     "ALTER TABLE dag_runs ADD COLUMN target TEXT",
@@ -195,6 +196,8 @@ _V6 = (
     "ALTER TABLE dags ADD COLUMN paused INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE dags ADD COLUMN target TEXT",
     "ALTER TABLE dags ADD COLUMN batching TEXT",
+    "ALTER TABLE dead_letters ADD COLUMN redriven_at TEXT",
+    "ALTER TABLE dead_letters ADD COLUMN redrives INTEGER NOT NULL DEFAULT 0",
 )
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)

@@ -439,6 +439,10 @@ class DeadLetterRow:
     payload: bytes
     payload_size: int
     headers: tuple[tuple[str, bytes], ...]
+    redriven_at: datetime | None = None
+    """When it was last re-driven to its source (``sharedstream deadletters redrive``)."""
+    redrives: int = 0
+    """How many times it was re-driven."""
 
     @property
     def truncated(self) -> bool:
@@ -695,8 +699,13 @@ class MetadataStore(OutboxStore, Protocol):
         """
         ...
 
-    def dead_letters(self, limit: int, *, stream: str | None = None) -> list[DeadLetterRow]:
-        """At most ``limit`` kept dead letters, newest first, optionally of one stream."""
+    def dead_letters(self, limit: int, *, stream: str | None = None,
+                     ids: Sequence[int] | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` kept dead letters, newest first, of one stream and/or ``ids``."""
+        ...
+
+    def mark_redriven(self, ids: Sequence[int]) -> int:
+        """Record that these dead letters were re-driven now (one more each); how many."""
         ...
 
     def close(self) -> None:

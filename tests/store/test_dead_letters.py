@@ -192,3 +192,17 @@ def test_any_letter_round_trips(backend: Backend) -> None:
             assert row.payload_size == len(payload)
 
         check()
+
+
+def test_redrives_are_recorded_and_letters_found_by_id(store: MetadataStore) -> None:
+    for n in range(3):
+        store.add_dead_letter(DeadLetter(stream="kafka orders", source=f"orders/0/{n}",
+                                         reason="too big", triggers=("1",), payload=b"x"))
+    first, _, third = sorted(row.id for row in store.dead_letters(10))
+    assert [r.id for r in store.dead_letters(10, ids=[third, first])] == [third, first]
+    assert store.mark_redriven([first, third, 999]) == 2
+    store.mark_redriven([first])
+    rows = {r.id: r for r in store.dead_letters(10)}
+    assert (rows[first].redrives, rows[third].redrives) == (2, 1)
+    assert rows[first].redriven_at is not None
+    assert [r.redrives for r in store.dead_letters(10, stream="kafka orders", ids=[third])] == [1]
