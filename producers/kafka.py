@@ -64,8 +64,9 @@ from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._kafka_republish import KafkaRepublishError, republish_records
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
     KafkaConfigError,
@@ -94,6 +95,7 @@ __all__ = [
     "KafkaMessage",
     "KafkaPayload",
     "KafkaProducerError",
+    "KafkaRepublishError",
     "KafkaSettings",
     "KafkaSharedStreamProducer",
     "security_fingerprint",
@@ -515,6 +517,22 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             await dlq.send_and_wait(topic, value=message.value, key=message.key, headers=headers)
 
         await self._retrying(f"dead-lettering {name} to {topic}", send, KafkaDeadLetterError)
+
+    async def republish(self, letters: Sequence[DeadLetter]) -> None:
+        """Produce kept dead letters again, each a new record of its source topic.
+
+        Outside any poll, on a producer of its own (stopped before this
+        returns). Each letter's value and headers go, in order and each
+        acknowledged before the next, to the topic and partition its
+        ``topic/partition/offset`` source names; without a key (none is
+        kept), at a new offset: the store sees a new raw event, so a
+        repeated call fires the events again. Raises
+        :class:`KafkaRepublishError` (nothing sent) when a letter names no
+        topic of this stream, and when a send fails after bounded retries
+        (the earlier letters are published); :class:`KafkaConnectError` when
+        the brokers cannot be reached. See :mod:`sharedstream.producers._kafka_republish`.
+        """
+        await republish_records(self.settings, letters, sdk=_sdk, retrying=self._retrying)
 
     async def aclose(self) -> None:
         """Commit the final targets (best-effort), then stop the consumer and the DLQ, once.

@@ -85,8 +85,9 @@ from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._pubsub_republish import PubSubRepublishError, republish_messages
 from sharedstream.producers._pubsub_types import (
     ACK_BATCH,
     DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
@@ -122,6 +123,7 @@ __all__ = [
     "PubSubMessage",
     "PubSubPayload",
     "PubSubProducerError",
+    "PubSubRepublishError",
     "PubSubRequestError",
     "PubSubSettings",
     "PubSubSharedStreamProducer",
@@ -196,28 +198,31 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     # -- connection ----------------------------------------------------------------------
 
     def _connect(self) -> None:
-        """Create the async GAPIC clients (no I/O until the first call).
+        """Create the async GAPIC clients (no I/O until the first call); see :meth:`_clients`."""
+        self._subscriber, self._publisher = self._clients(
+            publisher=self.settings.dead_letter_path is not None)
+
+    def _clients(self, *, publisher: bool) -> tuple[Any, Any]:
+        """New async GAPIC clients: a subscriber, and a publisher (or ``None``). No I/O yet.
 
         With an emulator host (the setting, else ``PUBSUB_EMULATOR_HOST``) the
         transport is an insecure channel to it, as the SDK's own clients do;
         otherwise the default transport with Application Default Credentials.
+        The caller closes them (``client.transport.close()``).
         """
         host = self.settings.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST")
-        subscriber = _sdk("google.pubsub_v1.services.subscriber")
-        publisher = _sdk("google.pubsub_v1.services.publisher")
-        if host:
-            aio = _sdk("grpc").aio
-            self._subscriber = subscriber.SubscriberAsyncClient(
-                transport=subscriber.transports.SubscriberGrpcAsyncIOTransport(
-                    channel=aio.insecure_channel(host)))
-            if self.settings.dead_letter_path is not None:
-                self._publisher = publisher.PublisherAsyncClient(
-                    transport=publisher.transports.PublisherGrpcAsyncIOTransport(
-                        channel=aio.insecure_channel(host)))
-        else:
-            self._subscriber = subscriber.SubscriberAsyncClient()
-            if self.settings.dead_letter_path is not None:
-                self._publisher = publisher.PublisherAsyncClient()
+        subscribing = _sdk("google.pubsub_v1.services.subscriber")
+        publishing = _sdk("google.pubsub_v1.services.publisher")
+        if not host:
+            return (subscribing.SubscriberAsyncClient(),
+                    publishing.PublisherAsyncClient() if publisher else None)
+        aio = _sdk("grpc").aio
+        return (subscribing.SubscriberAsyncClient(
+                    transport=subscribing.transports.SubscriberGrpcAsyncIOTransport(
+                        channel=aio.insecure_channel(host))),
+                publishing.PublisherAsyncClient(
+                    transport=publishing.transports.PublisherGrpcAsyncIOTransport(
+                        channel=aio.insecure_channel(host))) if publisher else None)
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """One unary call (counted), transient errors retried, the rest wrapped."""
@@ -590,6 +595,24 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             self._settle_lease(payload.ack_id)
             self._floors.forget(payload.message_id)
         await self._acks.put(payloads)
+
+    # -- re-driving ----------------------------------------------------------------------
+
+    async def republish(self, letters: Sequence[DeadLetter]) -> None:
+        """Publish kept dead letters again to the subscription's topic, as new messages.
+
+        Outside any poll, on clients of its own (closed before this
+        returns). The topic is read with ``GetSubscription``; every
+        subscription of it gets the copies. Data and attributes as kept, in
+        order, no ordering key (none is kept); a header that is not UTF-8
+        refuses the call, nothing published. Raises
+        :class:`PubSubRepublishError` for that and for a ``Publish`` that
+        failed after the retry policy (earlier calls are published), and
+        :class:`PubSubConfigError` for a missing subscription or topic. See
+        :mod:`sharedstream.producers._pubsub_republish`.
+        """
+        await republish_messages(letters, settings=self.settings, calls=self.calls, sdk=_sdk,
+                                 clients=lambda: self._clients(publisher=True))
 
     # -- closing -------------------------------------------------------------------------
 

@@ -78,8 +78,12 @@ from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._servicebus_republish import (
+    ServiceBusRepublishError,
+    republish_messages,
+)
 from sharedstream.producers._servicebus_settle import (
     LinkTurns,
     report_failures,
@@ -107,6 +111,7 @@ __all__ = [
     "ServiceBusMessage",
     "ServiceBusPayload",
     "ServiceBusProducerError",
+    "ServiceBusRepublishError",
     "ServiceBusRequestError",
     "ServiceBusSettings",
     "ServiceBusSharedStreamProducer",
@@ -588,6 +593,28 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._report(logging.INFO, "renewing message locks did not take; tried again next "
                      "round until the lock expires", [(p, said(exc)) for p, exc in failed])
         return [t for t in due if t not in lost]
+
+    # -- re-driving ----------------------------------------------------------------------
+
+    async def republish(self, letters: Sequence[DeadLetter]) -> None:
+        """Send kept dead letters again to the entity, as new messages (new sequence numbers).
+
+        Outside any poll, on a client of its own (closed before this
+        returns): to the queue, or for a subscription to its topic (every
+        subscription of it gets the copies). Body and application properties
+        (text) as kept, in order; ``message_id`` a digest of source and
+        payload (an entity with duplicate detection drops a repeat); on a
+        session entity the session ``sharedstream-redrive`` (none is kept).
+        Raises :class:`ServiceBusRepublishError` for a letter refused (a
+        header that is not UTF-8, a letter too large: nothing sent) or a send
+        that failed (earlier batches sent), and
+        :class:`ServiceBusConfigError` for a missing entity or refused
+        credential. See :mod:`sharedstream.producers._servicebus_republish`.
+        """
+        await republish_messages(
+            letters, settings=self.settings, close=self._close, calls=self.calls, sdk=_sdk,
+            connect=lambda: open_client(self.settings, _sdk("azure.servicebus.aio"),
+                                        _sdk("azure.core.credentials")))
 
     # -- closing -------------------------------------------------------------------------
 

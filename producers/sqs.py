@@ -87,8 +87,9 @@ from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._sqs_republish import SqsRepublishError, republish_messages
 from sharedstream.producers._sqs_types import (
     BATCH,
     DLQ_ATTRIBUTE_DETAIL,
@@ -126,6 +127,7 @@ __all__ = [
     "SqsMessage",
     "SqsPayload",
     "SqsProducerError",
+    "SqsRepublishError",
     "SqsRequestError",
     "SqsSettings",
     "SqsSharedStreamProducer",
@@ -226,7 +228,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             where = f"{operation} on {queue}" if queue else operation
             raise sdk_error(where, exc, exceptions) from exc
 
-    async def _connect(self) -> None:
+    def _new_client(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """An SQS client of these settings: an async context manager, no I/O until entered."""
         s = self.settings
         session = _sdk("aiobotocore.session").get_session()
         config = _sdk("aiobotocore.config").AioConfig(**{
@@ -243,10 +246,15 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             **dict(s.client_config),
         })
         extra: dict[str, Any] = {} if s.verify is None else {"verify": s.verify}
-        self._client = await self._exit.enter_async_context(session.create_client(
+        client: contextlib.AbstractAsyncContextManager[Any] = session.create_client(
             "sqs", region_name=s.region_name, endpoint_url=s.endpoint_url, config=config,
             **dict(s.credentials), **extra,
-        ))
+        )
+        return client
+
+    async def _connect(self) -> None:
+        s = self.settings
+        self._client = await self._exit.enter_async_context(self._new_client())
         self._url = await self._resolve(s.queue)
         if s.dead_letter_queue is not None:
             self._dlq_url = await self._resolve(s.dead_letter_queue)
@@ -610,6 +618,27 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 continue
             kept.append(payload)
         await self._queue_deletes(kept)
+
+    # -- re-driving ----------------------------------------------------------------------
+
+    async def republish(self, letters: Sequence[DeadLetter]) -> None:
+        """Send kept dead letters again, each a new message of the queue (new message id).
+
+        Outside any poll, on a client of its own (closed before this
+        returns); ``SendMessageBatch``, 10 at a time, in order. The body is
+        the payload as text (a payload that is not UTF-8 refuses the call,
+        nothing sent); headers become ``String`` attributes, or ``Binary``
+        ones when not UTF-8. On a FIFO queue the group is
+        ``sharedstream-redrive`` and the deduplication id a digest of source
+        and payload (a repeat within SQS's five-minute window is dropped).
+        Raises :class:`SqsRepublishError` for a letter refused, or entries
+        still failing after the retry policy, and the usual
+        :class:`SqsRequestError` / :class:`SqsConfigError` when a call
+        fails; earlier batches are sent by then. See
+        :mod:`sharedstream.producers._sqs_republish`.
+        """
+        await republish_messages(letters, settings=self.settings, new_client=self._new_client,
+                                 calls=self.calls, sdk=_sdk)
 
     # -- closing -------------------------------------------------------------------------
 

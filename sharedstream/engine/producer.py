@@ -326,6 +326,38 @@ class SharedStreamProducer(abc.ABC):
         """
         return None
 
+    async def republish(self, letters: Sequence[DeadLetter]) -> None:
+        """Publish kept dead letters again to the stream this producer consumes, as new messages.
+
+        Called by ``sharedstream deadletters redrive``, outside any poll: the
+        producer was built by ``create_shared_stream_producer`` but
+        :meth:`open_stream` was not called and will not be. The method opens
+        a client of its own and closes it before it returns or raises. It
+        may be called again on the same producer, never concurrently.
+
+        Each letter's ``payload`` and ``headers`` are sent as kept, in the
+        given order, each as a *new* message (a new offset, message id or
+        sequence number) of the source its ``source`` names; ``reason`` and
+        ``triggers`` are not sent. What else survives (a key, an ordering
+        key, a session, attribute types) the broker module says. A letter
+        that cannot belong to this stream or cannot be sent as kept is
+        refused before anything is published.
+
+        Not idempotent: a second call publishes second copies. The store's
+        idempotency keys name a raw event by :meth:`raw_event_name` (an
+        offset, a message id, a sequence number), which each copy has anew,
+        so a second copy fires its events again, unless the broker itself
+        drops it (a module says where: a FIFO queue's deduplication window).
+
+        Raises the broker module's error (a ``BrokerError`` subclass of
+        :mod:`sharedstream.brokerkit.errors`, wrapping the SDK's) when
+        connecting or publishing fails after bounded retries, or a letter is
+        refused; by then some, all or none of the letters may be published.
+        The default raises :class:`NotImplementedError`: this producer
+        cannot republish.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot republish dead letters")
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release broker resources. Called exactly once when the poll ends.
 

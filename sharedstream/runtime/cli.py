@@ -41,7 +41,7 @@ from sharedstream.runtime.cli_output import (
     preview,
     to_base64,
 )
-from sharedstream.runtime.cli_runs import add_run_commands
+from sharedstream.runtime.cli_runs import add_redrive_command, add_run_commands
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import generate_key
@@ -204,6 +204,8 @@ def _parser() -> argparse.ArgumentParser:
             listing.add_argument("--limit", type=positive, default=100,
                                  help="at most this many (default: 100)")
         listing.set_defaults(handler=handler)
+        if noun == "deadletters":
+            add_redrive_command(verbs)
 
     dag_verbs = _add_dags_commands(commands, anywhere)
 
@@ -406,7 +408,8 @@ def _deadletters_list(args: argparse.Namespace, config: Config) -> int:
     records: list[dict[str, Any]] = []
     for r in rows:
         record = {"id": r.id, "created_at": r.created_at, "stream": r.stream,
-                  "source": r.source, "reason": r.reason, "triggers": list(r.triggers)}
+                  "source": r.source, "reason": r.reason, "triggers": list(r.triggers),
+                  "redrives": r.redrives, "redriven_at": r.redriven_at}
         if args.json:  # everything, bytes as base64
             record |= {"payload_size": r.payload_size, "truncated": r.truncated,
                        "payload": to_base64(r.payload),
@@ -415,7 +418,8 @@ def _deadletters_list(args: argparse.Namespace, config: Config) -> int:
             record |= {"size": f"{r.payload_size} (truncated)" if r.truncated else r.payload_size,
                        "preview": preview(r.payload)}
         records.append(record)
-    columns = ("id", "created_at", "stream", "source", "reason", "triggers", "size", "preview")
+    columns = ("id", "created_at", "stream", "source", "reason", "triggers", "redrives", "size",
+               "preview")
     return emit(args, records, columns)
 
 

@@ -19,17 +19,21 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.runtime import config_options
 from sharedstream.runtime.cli_output import cell, emit, open_migrated_store, plain, positive
 from sharedstream.runtime.config import Config
+from sharedstream.runtime.config_connections import install_connections
+from sharedstream.runtime.redrive import redrive
+from sharedstream.runtime.registry import TriggerRegistry
 from sharedstream.runtime.retention import prune_all
 from sharedstream.runtime.serde import SerializationError, unpack_event_payload
 from sharedstream.store import FINISHED_STATES, RUN_STATES, MetadataStore, PruneResult, RunRow
 
-__all__ = ["RUN_COLUMNS", "add_run_commands", "parse_age", "run_record"]
+__all__ = ["RUN_COLUMNS", "add_redrive_command", "add_run_commands", "parse_age", "run_record"]
 
 RUN_COLUMNS = ("dag_id", "run_id", "state", "created_at", "assets", "target", "attempts",
                "last_error")
@@ -121,6 +125,21 @@ def add_run_commands(commands: Any, anywhere: argparse.ArgumentParser,
     prune.add_argument("--older-than", type=parse_age, required=True, metavar="AGE",
                        help="what finished before now minus AGE (30d, 12h, 90m, 2w)")
     prune.set_defaults(handler=_db_prune)
+
+
+def add_redrive_command(deadletter_verbs: Any) -> None:
+    """Add ``deadletters redrive`` to the ``deadletters`` verbs."""
+    redrive = deadletter_verbs.add_parser(
+        "redrive", help="publish dead letters kept in the store to their source again")
+    redrive.add_argument("ids", metavar="ID", nargs="*", type=int,
+                         help="the dead letters (see `deadletters list`)")
+    redrive.add_argument("--stream", help="every kept letter of this stream (\"kafka orders\") "
+                         "not re-driven yet")
+    redrive.add_argument("--again", action="store_true",
+                         help="with --stream: also those re-driven before")
+    redrive.add_argument("--definitions", type=Path, metavar="FILE",
+                         help="register FILE's trigger classes (custom triggers)")
+    redrive.set_defaults(handler=_deadletters_redrive)
 
 
 # -- runs ------------------------------------------------------------------------------
@@ -256,6 +275,39 @@ def _dags_pause(args: argparse.Namespace, config: Config) -> int:
                                     "dags list`)")
     print(f"{args.dag_id}: {'paused (its runs wait in the store)' if args.paused else 'unpaused'}")
     return 0
+
+
+def _deadletters_redrive(args: argparse.Namespace, config: Config) -> int:
+    from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - user code
+
+    if bool(args.ids) == bool(args.stream):
+        raise SharedStreamError("give the dead letters' IDs, or --stream STREAM")
+    registry = TriggerRegistry()
+    registry.load_entry_points()
+    if args.definitions is not None:
+        for classpath, cls in load_definitions(args.definitions).trigger_classes.items():
+            registry.register(classpath, cls)
+    install_connections(config.connections, config.file)
+    with open_migrated_store(config) as store:
+        if args.ids:
+            rows = store.dead_letters(len(args.ids), ids=args.ids)
+            missing = sorted(set(args.ids) - {row.id for row in rows})
+            if missing:
+                raise SharedStreamError(f"no dead letter {missing[0]} in the store (see "
+                                        "`sharedstream deadletters list`)")
+        else:
+            rows = [row for row in store.dead_letters(10_000_000, stream=args.stream)
+                    if args.again or not row.redrives]
+        report = asyncio.run(redrive(store, rows, key=config.store.kwargs_key,
+                                     registry=registry))
+    for stream, ids in report.redriven.items():
+        print(f"re-drove {len(ids)} dead letter{'s' * (len(ids) != 1)} of {stream} to its "
+              f"source: {', '.join(map(str, sorted(ids)))}")
+    for problem in report.refused:
+        print(f"sharedstream: {problem}", file=sys.stderr)
+    if not rows:
+        print("(no dead letter to re-drive)")
+    return 2 if report.refused else 0
 
 
 def _db_prune(args: argparse.Namespace, config: Config) -> int:

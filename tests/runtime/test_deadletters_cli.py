@@ -40,7 +40,8 @@ def test_the_table_shows_every_letter_newest_first(deployment: Deployment) -> No
     keep(d)
     header, *rows = d.cli("deadletters", "list").stdout.splitlines()
     assert header.split() == [
-        "ID", "CREATED_AT", "STREAM", "SOURCE", "REASON", "TRIGGERS", "SIZE", "PREVIEW",
+        "ID", "CREATED_AT", "STREAM", "SOURCE", "REASON", "TRIGGERS", "REDRIVES", "SIZE",
+        "PREVIEW",
     ]
     assert [row.split()[0] for row in rows] == ["3", "2", "1"]
     newest, binary, big = rows
@@ -66,8 +67,9 @@ def test_json_has_whole_records_with_base64_bytes(deployment: Deployment) -> Non
     big = records[2]
     assert set(big) == {
         "id", "created_at", "stream", "source", "reason", "triggers", "payload_size",
-        "truncated", "payload", "headers",
+        "truncated", "payload", "headers", "redrives", "redriven_at",
     }
+    assert (big["redrives"], big["redriven_at"]) == (0, None)
     assert (big["id"], big["stream"], big["triggers"]) == (1, "kafka orders", ["3", "7"])
     assert big["reason"] == LETTERS[0].reason
     assert big["created_at"].endswith("+00:00")
