@@ -72,6 +72,7 @@ __all__ = [
     "connection_from_table",
     "env_connections",
     "get_connection",
+    "is_ipv6",
     "is_secret_key",
     "parse_connection_json",
     "parse_connection_uri",
@@ -251,7 +252,7 @@ class Connection:
             protocol, _, rest = self.host.rpartition("://")
             if protocol:
                 uri += f"{protocol}://"
-            host = f"[{rest}]" if _is_ipv6(rest) else quote(rest, safe="")
+            host = f"[{rest}]" if is_ipv6(rest) else quote(rest, safe="")
         if self.port is not None:
             host = (host or ("" if authority else "@")) + f":{self.port}"
         uri += host
@@ -262,7 +263,8 @@ class Connection:
         return uri
 
 
-def _is_ipv6(host: str) -> bool:
+def is_ipv6(host: str) -> bool:
+    """Whether ``host`` is an IPv6 address (written in a URL between brackets)."""
     try:
         ipaddress.IPv6Address(host)
     except ValueError:

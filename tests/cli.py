@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +48,30 @@ class TriggererCli:
                  "triggerer", "--definitions", str(self.definitions), *level],
                 cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
             )
+
+    @contextlib.contextmanager
+    def running(self, index: int, *, log_level: str | None = "WARNING",
+                ) -> Iterator[subprocess.Popen[bytes]]:
+        """Triggerer ``index`` while the block runs; then SIGTERM, and it must exit 0.
+
+        Killed instead when the block raises (its log is in the failure).
+        """
+        process = self.start(index, log_level=log_level)
+        try:
+            yield process
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0, self.log(index)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    def wait_for_log(self, index: int, text: str, within: float = 30.0) -> None:
+        """Wait until triggerer ``index``'s log says ``text`` (its log in the failure)."""
+        deadline = time.monotonic() + within
+        while text not in self.log(index):
+            assert time.monotonic() < deadline, self.log(index)
+            time.sleep(0.1)
 
     def log_path(self, index: int) -> Path:
         """Where triggerer ``index`` writes its log."""

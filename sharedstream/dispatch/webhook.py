@@ -46,13 +46,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from sharedstream.connections import Connection
+from sharedstream.connections import Connection, is_ipv6
 from sharedstream.dispatch._http import HttpAnswer, HttpClient, refusal
 from sharedstream.dispatch.document import RunDocument
 from sharedstream.dispatch.target import (
@@ -123,18 +122,10 @@ def base_url(connection: Connection) -> str:
             connection.extra.get("scheme") or "https").lower()
     if scheme not in _SCHEMES:
         raise TargetConfigError(f"{where}: scheme {scheme!r} is not http or https")
-    if _is_ipv6(host):
+    if is_ipv6(host):
         host = f"[{host}]"
     port = f":{connection.port}" if connection.port is not None else ""
     return f"{scheme}://{host}{port}" + (f"/{prefix}" if prefix else "")
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        ipaddress.IPv6Address(host)
-    except ValueError:
-        return False
-    return True
 
 
 class WebhookTarget(Target):

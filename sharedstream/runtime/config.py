@@ -444,31 +444,32 @@ def _read_toml(path: Path) -> dict[str, Any]:
         ) from exc
 
 
+def _named_tables(document: dict[str, Any], path: Path, name: str, item: str) -> dict[str, Any]:
+    """Take the ``[<name>]`` section (``[<name>.<item>]`` tables) out of ``document``."""
+    section = document.pop(name, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"[{name}] in file {path} must hold [{name}.<{item}>] tables, got a "
+                          f"{type(section).__name__}", option=name, source=f"file {path}")
+    return section
+
+
 def _file_connections(document: dict[str, Any], path: Path) -> dict[str, Connection]:
     """Take the ``[connections]`` section out of ``document`` and read it."""
-    section = document.pop("connections", {})
-    source = f"file {path}"
-    if not isinstance(section, dict):
-        raise ConfigError(f"[connections] in {source} must hold [connections.<conn_id>] tables, "
-                          f"got a {type(section).__name__}", option="connections", source=source)
+    section = _named_tables(document, path, "connections", "conn_id")
     try:
         return read_connections(section, path)
     except InvalidConnection as exc:
         option = ".".join(["connections", exc.conn_id, *([exc.key] if exc.key else [])])
-        raise ConfigError(str(exc), option=option, source=source) from None
+        raise ConfigError(str(exc), option=option, source=f"file {path}") from None
 
 
 def _file_targets(document: dict[str, Any], path: Path) -> dict[str, TargetConfig]:
     """Take the ``[targets]`` section out of ``document`` and read it."""
-    section = document.pop("targets", {})
-    source = f"file {path}"
-    if not isinstance(section, dict):
-        raise ConfigError(f"[targets] in {source} must hold [targets.<name>] tables, got a "
-                          f"{type(section).__name__}", option="targets", source=source)
+    section = _named_tables(document, path, "targets", "name")
     try:
         return read_targets(section, path)
     except TargetConfigError as exc:
-        raise ConfigError(str(exc), option="targets", source=source) from None
+        raise ConfigError(str(exc), option="targets", source=f"file {path}") from None
 
 
 def _file_values(document: dict[str, Any], path: Path) -> _RawValues:

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sharedstream.testing.harness import Stream
 from tests.cli import ROOT, TriggererCli
 from tests.kafka.conftest import KafkaHarness
 
@@ -24,17 +25,24 @@ DEFS = Path(__file__).with_name("connection_defs.py")
 COUNT = 20
 
 
-async def test_watchers_run_on_a_connection_from_the_environment(
-    harness: KafkaHarness, tmp_path: Path,
-) -> None:
-    stream = await harness.create_stream(dead_letter=False)
+def connection_cli(harness: KafkaHarness, stream: Stream, workdir: Path) -> TriggererCli:
+    """The CLI in ``workdir`` (initialised) on ``connection_defs.py``, the watchers' broker in
+    ``AIRFLOW_CONN_KAFKA_E2E`` (JSON form, librdkafka names), their topic ``stream``'s."""
     connection = {"conn_type": "kafka", "extra": {
         "bootstrap.servers": harness.bootstrap, "group.id": stream.group,
         "session.timeout.ms": 2000, "heartbeat.interval.ms": 400}}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CONN_TEST_TOPIC": stream.name,
            "AIRFLOW_CONN_KAFKA_E2E": json.dumps(connection)}
-    cli = TriggererCli(tmp_path, env, DEFS)
+    cli = TriggererCli(workdir, env, DEFS)
     cli.run("init", "--path", str(cli.config))
+    return cli
+
+
+async def test_watchers_run_on_a_connection_from_the_environment(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    stream = await harness.create_stream(dead_letter=False)
+    cli = connection_cli(harness, stream, tmp_path)
     kinds = ["order" if i % 2 else "refund" for i in range(COUNT)]
     await harness.produce(stream, [json.dumps({"id": i, "kind": k}).encode()
                                    for i, k in enumerate(kinds)])

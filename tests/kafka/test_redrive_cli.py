@@ -11,45 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.store import SqliteStore
 from sharedstream.store.base import DEAD_LETTER_PAYLOAD_LIMIT
-from tests.cli import ROOT, TriggererCli
 from tests.kafka.conftest import KafkaHarness
-
-DEFS = Path(__file__).with_name("connection_defs.py")
+from tests.kafka.test_connections_e2e import connection_cli
 
 
 async def test_kept_dead_letters_are_redriven_to_their_topic(
     harness: KafkaHarness, tmp_path: Path,
 ) -> None:
     stream = await harness.create_stream(dead_letter=False)
-    connection = {"conn_type": "kafka", "extra": {
-        "bootstrap.servers": harness.bootstrap, "group.id": stream.group,
-        "session.timeout.ms": 2000, "heartbeat.interval.ms": 400}}
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CONN_TEST_TOPIC": stream.name,
-           "AIRFLOW_CONN_KAFKA_E2E": json.dumps(connection)}
-    cli = TriggererCli(tmp_path, env, DEFS)
-    cli.run("init", "--path", str(cli.config))
-    process = cli.start(0, log_level=None)
-    try:
-        deadline = time.monotonic() + 30
-        while "definitions registered" not in cli.log(0):
-            assert time.monotonic() < deadline, cli.log(0)
-            await asyncio.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0, cli.log(0)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    cli = connection_cli(harness, stream, tmp_path)
+    with cli.running(0, log_level=None):  # registers the watchers' triggers
+        await asyncio.to_thread(cli.wait_for_log, 0, "definitions registered")
     [orders] = [t for t in json.loads(cli.run("triggers", "list", "--json"))
                 if t["watchers"] == ["orders/all"]]
 
@@ -71,7 +50,7 @@ async def test_kept_dead_letters_are_redriven_to_their_topic(
         subprocess.run,
         [sys.executable, "-m", "sharedstream", "--config", str(cli.config), "deadletters",
          "redrive", "--stream", f"kafka {stream.name}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+        cwd=tmp_path, env=cli.env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2, result.stderr
     assert result.stdout == (f"re-drove 1 dead letter of kafka {stream.name} to its source: "
                              f"{listed['7']}\n")
