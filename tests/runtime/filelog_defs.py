@@ -11,7 +11,8 @@ offset (redelivery in-session); a rejected one is appended to ``<log>.dlq``.
 Configured by environment: ``FILELOG_PATH`` (the log), ``FILELOG_SECRET``
 (a kwarg that must never appear in the database in clear), ``FILELOG_RUN``
 (a JSON command line that runs each ``process_orders`` run: see
-``run_job.py``).
+``run_job.py``), ``FILELOG_DAG`` (more ``Dag`` arguments of
+``process_orders``, as JSON).
 """
 
 from __future__ import annotations
@@ -166,8 +167,8 @@ refunds = Asset("refunds", watchers=[
 
 # FILELOG_RUN: a JSON command line that runs each process_orders run (the local target)
 _RUN = json.loads(os.environ["FILELOG_RUN"]) if os.environ.get("FILELOG_RUN") else None
-# FILELOG_BATCH: a JSON object of process_orders' batching (max_events, max_wait)
-_BATCH = json.loads(os.environ.get("FILELOG_BATCH") or "{}")
-process_orders = Dag("process_orders", schedule=orders, run=_RUN, **_BATCH)
+# FILELOG_DAG: more keyword arguments of process_orders, as a JSON object (batching, a target)
+_MORE = json.loads(os.environ.get("FILELOG_DAG") or "{}")
+process_orders = Dag("process_orders", schedule=orders, run=_RUN, **_MORE)
 reconcile = Dag("reconcile", schedule=orders & refunds)
 either = Dag("either", schedule=orders | refunds)

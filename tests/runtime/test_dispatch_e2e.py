@@ -148,7 +148,7 @@ def test_sigkill_mid_dispatch_runs_every_run_repeating_at_most_those_in_flight(
 
 def test_batched_runs_consume_the_queue_in_bounded_batches(deployment: Deployment) -> None:
     d = deployment
-    log = runs_locally(d, FILELOG_BATCH=json.dumps({"max_events": 2, "max_wait": 1.0}))
+    log = runs_locally(d, FILELOG_DAG=json.dumps({"max_events": 2, "max_wait": 1.0}))
     d.append(*[{"kind": "order", "amount": n} for n in range(5)])  # five events, none big
     proc = d.start()
     wait_for(lambda: states(d) == {"success": 3}, what="three batched runs")
