@@ -36,9 +36,6 @@ from sharedstream.testing.airflow import AirflowServer, airflow_venv, airflow_ve
 from sharedstream.testing.airflow_venv import VENV_ENV
 from sharedstream.testing.brokers import BrokerDidNotStart, BrokerNotInstalled
 from sharedstream.testing.brokers.process import port_answers
-from sharedstream.testing.fixtures import airflow_server
-
-__all__ = ["airflow_server"]
 
 DAG_ID = "kit_conf_writer"
 

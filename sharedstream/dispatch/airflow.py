@@ -32,20 +32,26 @@ Airflow asset with the same *name* (``POST /api/v2/assets/events``), its
 ``dag_id/run_id/asset_event_id``. Airflow's scheduler then applies its own
 asset conditions: whether it makes one run per event or one per batch is
 its decision, and the target does not follow those runs (``follows`` is
-off: the run stays ``dispatched`` here). Airflow stores a repeated POST as
-a second event, so an attempt whose predecessor's outcome is unknown
-(``recovered``, or ``attempt > 1``) first reads the asset's events, newest
-first, since the run was queued (less ten minutes for clock skew, at most
-1000 of them), and skips those already carrying their key. Guarantee:
-**effectively once as long as that window covers the asset's events since
-the earlier attempt**; beyond it, at least once. A run without events (a
-time-based or manual run) is undeliverable in this mode.
+off: the run stays ``dispatched`` here). Airflow 3.3.2 was seen to leave
+events arriving while it creates a run for an earlier one (three POSTs
+20 ms apart) without a run until the asset's next event, whose run gets
+them all: the last events of a burst may wait there. Airflow stores a
+repeated POST as a second event, so an attempt whose predecessor's outcome
+is unknown (``recovered``, or ``attempt > 1``) first reads the asset's
+events, newest first, since the run was queued (less ten minutes for clock
+skew, at most 1000 of them), and skips those already carrying their key.
+Guarantee: **effectively once as long as that window covers the asset's
+events since the earlier attempt**; beyond it, at least once. A run without
+events (a time-based or manual run) is undeliverable in this mode.
 
 Answers: a connection error, a timeout, ``408``/``429``/``5xx`` are retried;
 other ``4xx`` are not (``400``/``422`` with Airflow's detail). The default
 ``max_concurrency`` is 1: an Airflow on SQLite cannot take concurrent
 writers (four concurrent clients made over half its answers ``500
 database is locked`` and stopped its scheduler); raise it for PostgreSQL.
+Even one client at a time is too much for SQLite in a long burst while the
+runs execute: 100 runs created back to back (~90/s) got seven ``500`` and
+stopped its scheduler; 20 or 40 went through.
 """
 
 from __future__ import annotations
@@ -116,8 +122,8 @@ class AirflowTarget(Target):
     def __init__(self, name: str, settings: Mapping[str, Any], context: TargetContext) -> None:
         super().__init__(name, settings, context)
         self.mode: str = str(self.settings["mode"])
-        # Per instance (the mode is per DAG): asset events leave nothing to follow.
-        vars(self)["follows"] = self.mode == "dag_run"
+        # Per instance, as the mode is per DAG: asset events leave nothing to follow.
+        self.follows = self.mode == "dag_run"
         self._api: AirflowApi | None = None
         self._asset_ids: dict[str, int] = {}
 

@@ -396,6 +396,9 @@ class Dispatcher:
                               run=run.run_id)
                 return
         if found is None or found.state == run.state:
+            # Nothing new: recorded all the same, so the run goes to the back of the follow-up
+            # line (oldest update first) and a long line is asked about in turn.
+            self._record(route.target_name, DispatchResult(run.id, run.state))
             return
         stats = self.stats[route.target_name]
         if found.state == "success":

@@ -167,8 +167,9 @@ class Target(ABC):
     """The type's own options (besides :data:`COMMON_OPTIONS`)."""
     default_concurrency: ClassVar[int] = 4
     default_timeout: ClassVar[float] = 30.0
-    follows: ClassVar[bool] = False
-    """Whether :meth:`status` can tell what became of a delivered run."""
+    follows: bool = False
+    """Whether :meth:`status` can tell what became of a delivered run (an instance may say
+    otherwise than its class: a mode of its options may leave nothing to follow)."""
 
     def __init__(self, name: str, settings: Mapping[str, Any], context: TargetContext) -> None:
         """``settings``: every option validated, defaults filled in (:func:`check_options`)."""

@@ -144,7 +144,7 @@ class WebhookTarget(Target):
     }
     default_concurrency = 8
     default_timeout = 30.0
-    follows: ClassVar[bool] = False
+    follows = False
 
     def __init__(self, name: str, settings: Mapping[str, Any], context: TargetContext) -> None:
         super().__init__(name, settings, context)

@@ -30,6 +30,10 @@ Guarantees:
 5. :meth:`AirflowServer.stop` is idempotent and bounded: SIGTERM to every
    process group, one shared wait, then SIGKILL; the home directory is
    removed unless ``keep=True``.
+6. Once started, a component that exits by itself is started again within
+   a second, as a process supervisor would (an SQLite Airflow's scheduler
+   exits on a long ``database is locked``); :attr:`AirflowServer.restarts`
+   counts it. The SQLite database is in WAL mode, which makes that rare.
 
 Per server, the API's ``admin`` gets a generated password, and the fernet
 key and API and JWT secrets are generated once and shared by the components
@@ -47,7 +51,9 @@ import os
 import secrets
 import shutil
 import signal
+import sqlite3
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -146,9 +152,26 @@ class AirflowServer:
         self._airflow = ""
         self._token: str | None = None
         self._token_lock = threading.Lock()
+        self._lifecycle = threading.Lock()  # starting and stopping components
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self.restarts: dict[str, int] = {}
+        """Components started again after they exited by themselves, by name (see
+        :meth:`_keep_alive`)."""
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
 
     # -- life cycle --
+
+    def _sqlite_wal(self) -> None:
+        """Put an SQLite metadata database in WAL mode (it stays so): readers stop blocking writers.
+
+        A burst of 100 run creations while runs executed got seven ``500 database is
+        locked`` and killed the scheduler in rollback mode; none in WAL (300 still can).
+        """
+        url = self._env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        if url.startswith("sqlite:///"):
+            with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db:
+                db.execute("PRAGMA journal_mode=WAL").fetchall()
 
     def start(self) -> AirflowServer:
         """Install (first use only), migrate, start every component; return once all are healthy.
@@ -171,6 +194,7 @@ class AirflowServer:
             self._env = self._environment_for(venv, port)
             run_logged([self._airflow, "db", "migrate"], self._log("db-migrate"), self._env,
                         timeout=self._start_timeout, failure=BrokerDidNotStart)
+            self._sqlite_wal()
             deadline = time.monotonic() + self._start_timeout
             for name in ["api-server", *self._components]:
                 self._start_component(name)
@@ -179,7 +203,34 @@ class AirflowServer:
             _stop_groups(list(self._processes.values()))
             self._processes.clear()
             raise  # the home directory stays: the message names logs in it
+        self._watchdog = threading.Thread(target=self._keep_alive, daemon=True,
+                                          name="airflow-kit-watchdog")
+        self._watchdog.start()
         return self
+
+    def _keep_alive(self) -> None:
+        """Start again, as a process supervisor would, a component that exited by itself.
+
+        An SQLite Airflow's scheduler exits on a long ``database is locked``
+        (seen after a burst of run creations, and after an API server restart
+        in about one session in ten). Each restart is counted in
+        :attr:`restarts` and said on stderr; the dead one's log is kept as
+        ``<component>.log.<n>``.
+        """
+        while not self._stopping.wait(1.0):
+            with self._lifecycle:
+                if self._stopping.is_set():
+                    return
+                for name, process in list(self._processes.items()):
+                    if process.poll() is None:
+                        continue
+                    self.restarts[name] = self.restarts.get(name, 0) + 1
+                    log = self._log(name)
+                    with contextlib.suppress(OSError):
+                        log.rename(log.with_name(f"{log.name}.{self.restarts[name]}"))
+                    print(f"airflow kit: {name} exited with {process.returncode}; starting it "
+                          f"again (restart {self.restarts[name]})", file=sys.stderr)
+                    self._start_component(name)
 
     def restart_api_server(self) -> None:
         """Stop the API server's process group, start it again on the same port, wait until healthy.
@@ -189,8 +240,9 @@ class AirflowServer:
         secret is fixed). Raises :class:`BrokerDidNotStart` as :meth:`start`
         does (the other components keep running).
         """
-        _stop_groups([self._processes.pop("api-server")])
-        self._start_component("api-server")
+        with self._lifecycle:
+            _stop_groups([self._processes.pop("api-server")])
+            self._start_component("api-server")
         self._wait_healthy(time.monotonic() + self._start_timeout)
 
     def stop(self) -> None:
@@ -199,7 +251,9 @@ class AirflowServer:
         Also removes the home directory (DB, logs) unless ``keep=True``.
         Safe to call after a failed or partial :meth:`start`.
         """
-        processes, self._processes = list(self._processes.values()), {}
+        self._stopping.set()
+        with self._lifecycle:
+            processes, self._processes = list(self._processes.values()), {}
         _stop_groups(processes)
         if not self._keep and self.home != Path() and self.home.exists():
             shutil.rmtree(self.home, ignore_errors=True)

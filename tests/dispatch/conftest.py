@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -41,7 +41,7 @@ class ScriptedTarget(Target):
     await (it may hang). ``status_of`` answers follow-ups.
     """
 
-    follows: ClassVar[bool] = True
+    follows = True
 
     def __init__(self, name: str, settings: dict[str, Any]) -> None:
         super().__init__(name, settings, TargetContext({}, lambda _: None))  # type: ignore[arg-type,return-value]
@@ -49,6 +49,7 @@ class ScriptedTarget(Target):
         self.default: Answer = Delivery("dispatched", external_id="x")
         self.delivered: list[RunDocument] = []
         self.status_of: dict[str, Delivery | None] = {}
+        self.asked: list[str] = []
         self.busy = 0
         self.most_busy = 0
         self.opened = self.closed = 0
@@ -78,6 +79,7 @@ class ScriptedTarget(Target):
             self.busy -= 1
 
     async def status(self, run: RunDocument) -> Delivery | None:
+        self.asked.append(run.run_id)
         return self.status_of.get(run.run_id)
 
 

@@ -6,7 +6,8 @@ fixture drops three DAG files: two whose task appends its run's ``conf`` as
 one JSON line to ``<out>/<dag_id>.jsonl`` (one for the target's own tests,
 one for the dispatcher's), and one scheduled on ``Asset("orders")`` whose
 task appends the ``extra`` of the asset events that triggered it. Run ids
-are made unique per test, so the tests share the DAGs without meeting.
+are made unique per test, so the tests share the DAGs without meeting. The
+API restart comes last: the Airflow it leaves may have lost its scheduler.
 """
 
 from __future__ import annotations
@@ -31,10 +32,7 @@ from sharedstream.dispatch.airflow import AirflowTarget
 from sharedstream.dispatch.document import EventDocument, RunDocument
 from sharedstream.dispatch.target import Delivery, TargetContext, TargetError, check_options
 from sharedstream.testing.airflow import AirflowServer
-from sharedstream.testing.fixtures import airflow_server
 from tests.dispatch.conftest import World, running
-
-__all__ = ["airflow_server"]
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
 
@@ -154,17 +152,17 @@ def no_progress(state: str) -> None:
 
 
 async def deliver(target: AirflowTarget, run: RunDocument, tries: int = 10) -> Delivery:
-    """``target.deliver``, tried again as the dispatcher would when Airflow answers 5xx.
+    """``target.deliver``, tried again (attempt + 1) as the dispatcher does after a retryable error.
 
     An SQLite Airflow answers 500 "Database error" (its database was locked
-    for 5 s) now and then while it runs tasks, even to one client at a time.
-    Other errors, retryable or not, are the test's to see.
+    for 5 s), or nothing in time, now and then while it runs tasks, even to
+    one client at a time. A non-retryable error is the test's to see.
     """
     for attempt in range(run.attempt, run.attempt + tries):
         try:
             return await target.deliver(replace(run, attempt=attempt), no_progress)
         except TargetError as exc:
-            if not (exc.retryable and ": HTTP 5" in str(exc)) or attempt == run.attempt + tries - 1:
+            if not exc.retryable or attempt == run.attempt + tries - 1:
                 raise
         await asyncio.sleep(0.5)
     raise AssertionError("unreachable")
@@ -259,7 +257,7 @@ async def test_a_dag_airflow_does_not_know_is_retried(dags: Dags) -> None:
         with pytest.raises(TargetError, match="DAG 'ss_not_parsed_yet' not found in Airflow "
                                               r"\(is the file in its DAGs folder and parsed\?\)"
                            ) as raised:
-            await deliver(target, document())
+            await target.deliver(document(), no_progress)
     finally:
         await target.aclose()
     assert raised.value.retryable
@@ -279,48 +277,48 @@ async def test_a_wrong_password_is_undeliverable_and_not_shown(dags: Dags) -> No
     assert not raised.value.retryable
 
 
-async def test_deliveries_during_an_api_restart_fail_retryable_then_go_through(
-        dags: Dags) -> None:
-    target = make_target(dags.server, timeout=5.0)
-    await target.open()
-    outcomes: list[tuple[RunDocument, Delivery | TargetError]] = []
-    try:
-        restart = asyncio.create_task(asyncio.to_thread(dags.server.restart_api_server))
-        while not restart.done():
-            run = document()
-            try:
-                outcomes.append((run, await target.deliver(run, no_progress)))
-            except TargetError as exc:
-                outcomes.append((run, exc))
-            await asyncio.sleep(0.1)
-        await restart
-        failed = [(run, o) for run, o in outcomes if isinstance(o, TargetError)]
-        assert failed, "no delivery met the restart"
-        assert all(error.retryable for _, error in failed), [str(e) for _, e in failed]
-        retried = [await deliver(target, replace(run, attempt=2))
-                   for run, _ in failed]  # the dispatcher's retry: created, or found (409)
-        after = await deliver(target, document())
-    finally:
-        await target.aclose()
-    assert after.detail == "created"
-    assert {d.detail for d in retried} <= {"created", "already there (409)"}
-    ids = Counter(r["dag_run_id"] for r in dags.server.dag_runs(RUNS_DAG))
-    assert all(ids[airflow_run_id(run.run_id)] == 1 for run, _ in outcomes)
-
-
 # -- asset_event mode ------------------------------------------------------------------------
 
 
-def our_events(server: AirflowServer, prefix: str) -> list[str]:
+def orders_asset_id(server: AirflowServer) -> int:
     status, found = server.request("GET", "/api/v2/assets?name_prefix_pattern=orders")
     assert status == 200, found
-    [asset] = [a for a in found["assets"] if a["name"] == "orders"]
-    status, page = server.request(
-        "GET", f"/api/v2/assets/events?asset_id={asset['id']}&limit=100&order_by=-timestamp")
+    [asset_id] = [a["id"] for a in found["assets"] if a["name"] == "orders"]
+    return int(asset_id)
+
+
+def our_events(server: AirflowServer, prefix: str) -> list[str]:
+    status, page = server.request("GET", f"/api/v2/assets/events?asset_id="
+                                  f"{orders_asset_id(server)}&limit=100&order_by=-timestamp")
     assert status == 200, page
     keys = [(event["extra"] or {}).get("sharedstream", {}).get("key", "")
             for event in page["asset_events"]]
     return sorted(key for key in keys if key.startswith(prefix))
+
+
+async def keys_seen_by_the_asset_dag(dags: Dags, keys: list[str]) -> list[str]:
+    """Every sharedstream key the asset DAG's runs saw, once ``keys`` are all among them.
+
+    Airflow 3.3.2's scheduler makes one run per event or per batch, and an
+    event that arrives while it creates a run for an earlier one (three
+    POSTs 20 ms apart: one run, for the first) waits, unqueued, for the
+    asset's next event: the next run gets it. So a sentinel event (no
+    sharedstream key) is posted every 3 s until every key was seen.
+    """
+    asset_id = orders_asset_id(dags.server)
+    deadline = time.monotonic() + 120
+    nudge = time.monotonic() + 3
+    while True:
+        seen = [extra["sharedstream"]["key"] for line in dags.lines(ASSET_DAG)
+                for extra in line if "sharedstream" in extra]
+        if all(key in seen for key in keys):
+            return seen
+        assert time.monotonic() < deadline, f"the asset DAG saw {seen}"
+        if time.monotonic() > nudge:
+            dags.server.request("POST", "/api/v2/assets/events",
+                                {"asset_id": asset_id, "extra": {"sentinel": True}})
+            nudge = time.monotonic() + 3
+        await asyncio.sleep(0.25)
 
 
 async def test_asset_events_are_posted_once_and_a_repeat_posts_nothing(dags: Dags) -> None:
@@ -338,14 +336,7 @@ async def test_asset_events_are_posted_once_and_a_repeat_posts_nothing(dags: Dag
     assert again.detail == "0 asset events posted, 3 already there"
     keys = [f"ship/{run.run_id}/{event.asset_event_id}" for event in run.events]
     assert our_events(dags.server, f"ship/{run.run_id}/") == sorted(keys)
-    deadline = time.monotonic() + 120
-    while True:  # Airflow's scheduler runs the asset's DAG: once per event, or per batch
-        seen = [extra["sharedstream"]["key"] for line in dags.lines(ASSET_DAG)
-                for extra in line if "sharedstream" in extra]
-        if all(key in seen for key in keys):
-            break
-        assert time.monotonic() < deadline, f"the asset DAG saw {seen}"
-        await asyncio.sleep(0.25)
+    seen = await keys_seen_by_the_asset_dag(dags, keys)
     assert sorted(key for key in seen if key in keys) == sorted(keys)
 
 
@@ -381,3 +372,40 @@ async def test_the_dispatcher_delivers_twenty_runs_and_follows_them_to_success(
     lines = [line["sharedstream"]["run_id"] for line in dags.lines(DISPATCHED_DAG)]
     assert sorted(lines) == sorted(ours)
     assert world.states("e") == ["queued"] * 20  # not this dispatcher's DAG
+
+
+# -- last: an API restart, which an SQLite Airflow does not always survive ------------
+
+
+async def test_deliveries_during_an_api_restart_fail_retryable_then_go_through(
+        dags: Dags) -> None:
+    """Last in the module: SQLite Airflow's scheduler sometimes dies after this (see below).
+
+    Its tasks lose the execution API for the restart; in 3 of ~35 sessions its
+    scheduler then exited on "database is locked", and nothing ran afterwards.
+    """
+    target = make_target(dags.server, timeout=5.0)
+    await target.open()
+    outcomes: list[tuple[RunDocument, Delivery | TargetError]] = []
+    try:
+        restart = asyncio.create_task(asyncio.to_thread(dags.server.restart_api_server))
+        while not restart.done():
+            run = document()
+            try:
+                outcomes.append((run, await target.deliver(run, no_progress)))
+            except TargetError as exc:
+                outcomes.append((run, exc))
+            await asyncio.sleep(0.1)
+        await restart
+        failed = [(run, o) for run, o in outcomes if isinstance(o, TargetError)]
+        assert failed, "no delivery met the restart"
+        assert all(error.retryable for _, error in failed), [str(e) for _, e in failed]
+        retried = [await deliver(target, replace(run, attempt=2))
+                   for run, _ in failed]  # the dispatcher's retry: created, or found (409)
+        after = await deliver(target, document())
+    finally:
+        await target.aclose()
+    assert after.detail == "created"
+    assert {d.detail for d in retried} <= {"created", "already there (409)"}
+    ids = Counter(r["dag_run_id"] for r in dags.server.dag_runs(RUNS_DAG))
+    assert all(ids[airflow_run_id(run.run_id)] == 1 for run, _ in outcomes)

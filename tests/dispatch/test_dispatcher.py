@@ -204,3 +204,11 @@ async def test_a_cancelled_dispatcher_leaves_unfinished_runs_to_be_recovered(
     async with running(world.dispatcher(second, triggerer="t2", threshold=0.0)):
         await eventually(lambda: world.states() == ["dispatched"] * 2, within=10)
     assert all(run.recovered for run in second.delivered)
+
+
+async def test_a_long_follow_up_line_is_asked_about_in_turn(world: World) -> None:
+    world.fire(5)
+    target = ScriptedTarget("t", settings())
+    async with running(world.dispatcher(target, claim_batch=2)):
+        await eventually(lambda: world.states() == ["dispatched"] * 5, within=10)
+        await eventually(lambda: len(set(target.asked)) == 5, within=10)  # not the first two
