@@ -7,11 +7,17 @@ gate, and the broker's acks wait for the store alone.
 
 Three owned loops (tasks of one task group):
 
-* **claims** - for each target with a free slot, claim due runs of its DAGs
+* **claims** - for each target with room, claim due runs of its DAGs
   (:meth:`~sharedstream.store.OutboxStore.claim_runs`: id order, never a
   paused DAG, never a run another live triggerer holds) and start one
-  attempt task per run. Woken by :meth:`Dispatcher.wake` (the triggerer
-  calls it when it stored new runs), by a slot coming free, and every
+  attempt task per run while slots are free. It claims ahead: up to
+  ``max_concurrency`` runs more than are under way wait in a local line,
+  so a slot that comes free starts the next run at once and the claim's
+  round-trip is off the delivery path; on a graceful stop the runs still
+  in line are handed back (:meth:`~sharedstream.store.OutboxStore.unclaim_runs`),
+  after a crash they are recovered like any other claim. Woken by
+  :meth:`Dispatcher.wake` (the triggerer calls it when it stored new
+  runs), by a slot coming free, and every
   ``poll_interval`` seconds (runs queued by other triggerers or the CLI,
   retries coming due, claims of dead triggerers to recover).
 * **attempts** - build the run document, await the target's ``deliver``
@@ -173,6 +179,8 @@ class Dispatcher:
         self._flushing = asyncio.Lock()
         self._stopping = False
         self._attempts: set[asyncio.Task[None]] = set()
+        self._ready: dict[str, deque[ClaimedRun]] = {name: deque() for name in self.targets}
+        self._tasks: asyncio.TaskGroup | None = None
         self._opened: list[Target] = []
         self.runs_delivered = 0
         """Runs that reached their target (dispatched or ran) in this process."""
@@ -197,19 +205,35 @@ class Dispatcher:
         """Claim, deliver, follow and record until :meth:`stop` (or cancellation)."""
         try:
             async with asyncio.TaskGroup() as tasks:
-                records = tasks.create_task(self._records(), name="sharedstream-dispatch-records")
-                side = [tasks.create_task(self._counts(), name="sharedstream-dispatch-counts")]
-                if any(t.follows for found in self.targets.values() for t in found):
-                    side.append(tasks.create_task(self._follows(),
-                                                  name="sharedstream-dispatch-follow"))
-                await self._claims(tasks)
-                for task in side:
-                    task.cancel()
-                while self._attempts:  # stop(): let those under way finish (it bounds the wait)
-                    await asyncio.wait(set(self._attempts))
-                await self._flush_all()
-                records.cancel()
+                self._tasks = tasks
+                try:
+                    records = tasks.create_task(self._records(),
+                                                name="sharedstream-dispatch-records")
+                    side = [tasks.create_task(self._counts(),
+                                              name="sharedstream-dispatch-counts")]
+                    if any(t.follows for found in self.targets.values() for t in found):
+                        side.append(tasks.create_task(self._follows(),
+                                                      name="sharedstream-dispatch-follow"))
+                    await self._claims()
+                    await self._unclaim()
+                    for task in side:
+                        task.cancel()
+                    while self._attempts:  # stop(): those under way finish (it bounds the wait)
+                        await asyncio.wait(set(self._attempts))
+                    await self._flush_all()
+                    records.cancel()
+                except BaseException:
+                    self._tasks = None  # the group is shutting down: start nothing more
+                    raise
         finally:
+            self._tasks = None
+            try:
+                if any(self._ready.values()):  # cancelled: hand back what never started
+                    async with asyncio.timeout(2.0):
+                        await self._unclaim()
+            except TimeoutError:
+                log.warning("stopped with claimed runs not handed back; they are recovered "
+                            "after the heartbeat threshold")
             try:
                 if self._pending:  # cancelled: keep what is known (else those runs are recovered)
                     async with asyncio.timeout(2.0):
@@ -252,7 +276,7 @@ class Dispatcher:
 
     # -- claims and attempts -------------------------------------------------------------
 
-    async def _claims(self, tasks: asyncio.TaskGroup) -> None:
+    async def _claims(self) -> None:
         settings = self.settings
         failures = 0
         while not self._stopping:
@@ -260,14 +284,15 @@ class Dispatcher:
             more = False
             try:
                 for name, dags in self._dags.items():
-                    room = min(self.slots[name].free, settings.claim_batch)
+                    slots, ready = self.slots[name], self._ready[name]
+                    room = min(2 * slots.capacity - slots.busy - len(ready), settings.claim_batch)
                     if room <= 0:
                         continue
                     runs = await self._db(self._store.claim_runs, self.triggerer_id, dags, room,
                                           settings.threshold)
                     more = more or len(runs) == room
-                    for run in runs:
-                        self._start(tasks, name, run)
+                    ready.extend(runs)
+                    self._fill(name)
                 failures = 0
             except StoreError as exc:
                 failures += 1
@@ -282,6 +307,25 @@ class Dispatcher:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    def _fill(self, name: str) -> None:
+        """Start runs from ``name``'s line while it has free slots (never once stopping)."""
+        ready, slots = self._ready[name], self.slots[name]
+        while ready and slots.free and not self._stopping and self._tasks is not None:
+            self._start(self._tasks, name, ready.popleft())
+
+    async def _unclaim(self) -> None:
+        """Hand the runs claimed but never started back to the queue (a graceful stop)."""
+        runs = [(run.id, run.attempt) for ready in self._ready.values() for run in ready]
+        if not runs:
+            return
+        try:
+            await self._db(self._store.unclaim_runs, self.triggerer_id, runs)
+        except StoreError as exc:
+            log.warning("could not hand back runs claimed ahead; they are recovered after the "
+                        "heartbeat threshold", runs=len(runs), error=str(exc))
+        for ready in self._ready.values():
+            ready.clear()
 
     def _start(self, tasks: asyncio.TaskGroup, name: str, run: ClaimedRun) -> None:
         self.slots[name].busy += 1
@@ -300,6 +344,7 @@ class Dispatcher:
             self._record(name, result)
         finally:
             self.slots[name].busy -= 1
+            self._fill(name)
             self._wake.set()
 
     async def _deliver(self, target: Target, run: ClaimedRun, stats: TargetStats

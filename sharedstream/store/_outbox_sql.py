@@ -246,6 +246,27 @@ class OutboxSql:
                     " WHERE dag_run_id = ? AND attempt = ?"), attempts)
             return len(runs)
 
+    def unclaim_runs(self, triggerer_id: str, runs: Sequence[tuple[int, int]]) -> int:
+        """Hand back claimed, never-started runs; see :meth:`OutboxStore.unclaim_runs`."""
+        if not runs:
+            return 0
+        d = self._dialect
+        with self._write("unclaim_runs") as conn:
+            stamp = d.write_time(self._clock(conn))
+            handed = 0
+            for run, attempt in runs:
+                cursor = conn.execute(self._q(
+                    "UPDATE dag_runs SET state = 'queued', claimed_by = NULL,"
+                    " attempts = attempts - 1, updated_at = ?"
+                    " WHERE id = ? AND claimed_by = ? AND state = 'dispatching' AND attempts = ?"),
+                    (stamp, run, triggerer_id, attempt))
+                if cursor.rowcount:
+                    conn.execute(self._q(
+                        "DELETE FROM dag_run_attempts WHERE dag_run_id = ? AND attempt = ?"
+                        " AND outcome IS NULL"), (run, attempt))
+                    handed += 1
+            return handed
+
     def release_runs(self, triggerer_id: str) -> None:
         """Stop following this triggerer's dispatched and running runs; see the protocol."""
         with self._write("release_runs") as conn:

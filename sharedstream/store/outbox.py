@@ -240,6 +240,17 @@ class OutboxStore(Protocol):
         """
         ...
 
+    def unclaim_runs(self, triggerer_id: str, runs: Sequence[tuple[int, int]]) -> int:
+        """Hand back claimed runs whose attempt never started: ``(run id, attempt)`` pairs.
+
+        Each run still ``dispatching`` under ``triggerer_id``'s claim, with
+        that attempt open, goes back to ``queued`` as if it had not been
+        claimed: the attempt row goes, the attempt count steps back. For the
+        runs a dispatcher claimed ahead of a free slot and did not start
+        before it stopped. Returns how many were handed back.
+        """
+        ...
+
     def release_runs(self, triggerer_id: str) -> None:
         """Give up following the ``dispatched``/``running`` runs ``triggerer_id`` claims.
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sharedstream.dispatch.dispatcher import Dispatcher, DispatchSettings, Route
+from sharedstream.dispatch.dispatcher import Db, Dispatcher, DispatchSettings, Route
 from sharedstream.dispatch.document import RunDocument
 from sharedstream.dispatch.target import (
     Delivery,
@@ -116,12 +116,12 @@ class World:
         return await asyncio.get_running_loop().run_in_executor(self.thread, fn, *args)
 
     def dispatcher(self, target: Target, *, dags: tuple[str, ...] = ("d",),
-                   triggerer: str = "t1", **overrides: Any) -> Dispatcher:
+                   triggerer: str = "t1", db: Db | None = None, **overrides: Any) -> Dispatcher:
         config = {"poll_interval": 0.05, "follow_interval": 0.05, "flush_interval": 0.005,
                   "threshold": 30.0, **overrides}
         return Dispatcher(triggerer_id=triggerer,
                           routes={dag: Route(target.name, target) for dag in dags},
-                          store=self.store, db=self.db, payload_of=unpack_event_payload,
+                          store=self.store, db=db or self.db, payload_of=unpack_event_payload,
                           settings=DispatchSettings(**config))
 
     def states(self, dag: str = "d") -> list[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from itertools import pairwise
+from typing import Any
 
 from sharedstream.dispatch.target import Delivery, TargetError
 from sharedstream.store import PendingEvent
@@ -180,6 +182,58 @@ async def test_a_stop_lets_deliveries_under_way_finish_and_records_them(world: W
     await asyncio.wait_for(task, 5)
     assert world.states() == ["success"] * 3
     await dispatcher.release()
+
+
+async def test_a_stop_hands_back_the_runs_claimed_ahead(world: World) -> None:
+    world.fire(6)
+    target = ScriptedTarget("t", settings(max_concurrency=2))
+    release = asyncio.Event()
+
+    async def held() -> Delivery:
+        await release.wait()
+        return Delivery("success")
+
+    target.default = held
+    dispatcher = world.dispatcher(target)
+    await dispatcher.open()
+    task = asyncio.create_task(dispatcher.run())
+    # two under way, two more claimed ahead (dispatching, not started), two still queued
+    await eventually(lambda: target.busy == 2 and world.states().count("dispatching") == 4,
+                     within=10)
+    dispatcher.begin_stop()
+    release.set()
+    await asyncio.wait_for(task, 5)
+    assert world.states() == ["success"] * 2 + ["queued"] * 4
+    assert len(target.delivered) == 2
+    later = ScriptedTarget("t", settings())
+    async with running(world.dispatcher(later, triggerer="t2")):
+        await eventually(lambda: world.states() == ["success"] * 2 + ["dispatched"] * 4,
+                         within=10)
+    assert [(run.attempt, run.recovered) for run in later.delivered] == [(1, False)] * 4
+
+
+async def test_a_freed_slot_starts_the_next_run_without_waiting_for_a_claim(
+        world: World) -> None:
+    world.fire(5)
+    target = ScriptedTarget("t", settings(max_concurrency=1))
+    target.default = Delivery("success")
+    claims = 0
+    store_slow = asyncio.Event()
+
+    async def slow_claims(fn: Callable[..., Any], *args: Any) -> Any:
+        nonlocal claims
+        if fn.__name__ == "claim_runs":
+            claims += 1
+            if claims > 1:
+                await store_slow.wait()  # every claim after the first hangs until released
+        return await world.db(fn, *args)
+
+    async with running(world.dispatcher(target, db=slow_claims)):
+        # the first claim took two (one to start, one ahead): both ran with the next claim stuck
+        await eventually(lambda: world.states()[:2] == ["success"] * 2, within=10)
+        assert claims == 2
+        store_slow.set()
+        await eventually(lambda: world.states() == ["success"] * 5, within=10)
 
 
 async def test_a_cancelled_dispatcher_leaves_unfinished_runs_to_be_recovered(

@@ -120,7 +120,7 @@ def test_manual_runs_pause_and_unpause(deployment: Deployment) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_sigkill_mid_dispatch_runs_every_run_repeating_at_most_those_in_flight(
+def test_sigkill_mid_dispatch_runs_every_run_repeating_at_most_those_unrecorded(
         deployment: Deployment) -> None:
     d = deployment
     with d.config.open("a") as config:
@@ -140,7 +140,9 @@ def test_sigkill_mid_dispatch_runs_every_run_repeating_at_most_those_in_flight(
     assert len(counts) == total  # every run ran
     repeated = [run for run, n in counts.items() if n > 1]
     assert all(counts[run] == 2 for run in repeated)
-    assert len(repeated) <= 2  # only those the kill caught under way (max_concurrency 2)
+    # Only those whose outcome the kill left unrecorded: under way (max_concurrency 2), or
+    # ended within the last results batch (flush_interval 0.02 s < a run's 0.05 s): at most 4.
+    assert len(repeated) <= 4
     for run in repeated:
         attempts = d.json("runs", "show", "process_orders", run)["attempt_log"]
         assert [a["outcome"] for a in attempts] == ["unknown", "success"]

@@ -1,5 +1,5 @@
 """Two triggerers on one PostgreSQL dispatch the same DAG's runs: each run once, and a killed
-triggerer's runs under way are recovered by the other.
+triggerer's runs whose outcome it had not recorded are recovered by the other.
 
 The standalone ticker of ``ticker_defs.py`` makes an ``on_tick`` run every 0.1 s;
 ``run_job.py`` runs each (0.2 s) on the local target and records which triggerer ran it.
@@ -61,7 +61,8 @@ def test_each_run_is_dispatched_once_and_a_dead_triggerers_are_recovered(
     counts = Counter(row["run_id"] for row in ran(log))
     repeated = {run: n for run, n in counts.items() if n > 1}
     assert all(n == 2 for n in repeated.values())
-    assert len(repeated) <= CONCURRENCY  # only what the killed one had under way
+    # only what the killed one left unrecorded: under way, or ended in its last results batch
+    assert len(repeated) <= 2 * CONCURRENCY
     for run in repeated:
         attempts = [row for row in ran(log) if row["run_id"] == run]
         assert [row["by"] for row in attempts] == [first.pid, second.pid]

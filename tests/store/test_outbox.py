@@ -156,6 +156,23 @@ def test_a_graceful_stop_hands_followed_runs_over_at_once(store: MetadataStore) 
     assert [r.id for r in store.follow_runs("t2", {"audit": "airflow"}, 10, 30.0)] == [run.id]
 
 
+def test_runs_claimed_ahead_and_never_started_are_handed_back(store: MetadataStore) -> None:
+    trigger = define(store)
+    fire(store, trigger, "k1", "k2")
+    alive(store, "t1", "t2")
+    first, second = store.claim_runs("t1", {"ship": "local"}, 2, 30.0)
+    store.record_dispatch("t1", [DispatchResult(first.id, "success", attempt=1)])
+    # the finished run and a pair naming another attempt are left alone; t2 holds no claim
+    assert store.unclaim_runs("t2", [(second.id, 1)]) == 0
+    assert store.unclaim_runs("t1", [(first.id, 1), (second.id, 2)]) == 0
+    assert store.unclaim_runs("t1", [(first.id, 1), (second.id, 1)]) == 1
+    assert store.unclaim_runs("t1", [(second.id, 1)]) == 0  # idempotent
+    assert store.run_attempts(second.id) == []
+    (again,) = store.claim_runs("t2", {"ship": "local"}, 10, 30.0)
+    assert (again.id, again.attempt, again.tries, again.recovered) == (second.id, 1, 1, False)
+    assert [(a.attempt, a.triggerer_id) for a in store.run_attempts(second.id)] == [(1, "t2")]
+
+
 def test_a_paused_dags_runs_wait(store: MetadataStore) -> None:
     trigger = define(store)
     fire(store, trigger, "k1")
