@@ -11,9 +11,10 @@ Three owned loops (tasks of one task group):
   (:meth:`~sharedstream.store.OutboxStore.claim_runs`: id order, never a
   paused DAG, never a run another live triggerer holds) and start one
   attempt task per run while slots are free. It claims ahead: up to
-  ``max_concurrency`` runs more than are under way wait in a local line,
-  so a slot that comes free starts the next run at once and the claim's
-  round-trip is off the delivery path; on a graceful stop the runs still
+  ``claim_ahead`` runs more than are under way wait in a local line, so a
+  slot that comes free starts the next run at once, and the line is
+  refilled in one claim when it runs low, so the claim's transaction is
+  off the delivery path and paid once per many runs; on a graceful stop the runs still
   in line are handed back (:meth:`~sharedstream.store.OutboxStore.unclaim_runs`),
   after a crash they are recovered like any other claim. Woken by
   :meth:`Dispatcher.wake` (the triggerer calls it when it stored new
@@ -79,13 +80,16 @@ _FAILING_AFTER = 3  # consecutive failed attempts after which a target counts as
 class DispatchSettings:
     """How often the dispatcher looks, and how many runs one claim takes.
 
-    ``threshold`` is the claim lease: a claim whose triggerer's heartbeat
-    is older is taken over (0 for a store that serves one triggerer).
+    ``claim_ahead`` runs per target may wait claimed in the local line
+    beyond those under way (0: claim only for free slots). ``threshold`` is
+    the claim lease: a claim whose triggerer's heartbeat is older is taken
+    over (0 for a store that serves one triggerer).
     """
 
     poll_interval: float = 1.0
     follow_interval: float = 5.0
     claim_batch: int = 100
+    claim_ahead: int = 16
     threshold: float = 30.0
     flush_interval: float = 0.02
 
@@ -285,7 +289,12 @@ class Dispatcher:
             try:
                 for name, dags in self._dags.items():
                     slots, ready = self.slots[name], self._ready[name]
-                    room = min(2 * slots.capacity - slots.busy - len(ready), settings.claim_batch)
+                    # refill when the line runs low, or free slots would find it empty
+                    low = min(slots.capacity, settings.claim_ahead)
+                    if len(ready) >= low and slots.free <= len(ready):
+                        continue
+                    room = min(slots.free + settings.claim_ahead - len(ready),
+                               settings.claim_batch)
                     if room <= 0:
                         continue
                     runs = await self._db(self._store.claim_runs, self.triggerer_id, dags, room,

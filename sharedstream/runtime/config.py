@@ -225,7 +225,8 @@ class DispatchConfig:
 
     ``enabled`` turns the triggerer's dispatcher on; ``default_target`` is
     the target of DAGs that name none and have no ``run=`` (``""``: none);
-    ``poll_interval``, ``follow_interval`` and ``claim_batch`` pace it.
+    ``poll_interval``, ``follow_interval``, ``claim_batch`` and
+    ``claim_ahead`` pace it.
     Validated on construction.
     """
 
@@ -234,6 +235,7 @@ class DispatchConfig:
     poll_interval: float = 1.0
     follow_interval: float = 5.0
     claim_batch: int = 100
+    claim_ahead: int = 16
 
     def __post_init__(self) -> None:
         _validate_fields(self, "dispatch")

@@ -173,6 +173,12 @@ SPECS: dict[str, dict[str, OptionSpec]] = {
             "accepted (Airflow: running, success, failed).",
         ),
         "claim_batch": OptionSpec("int", "Most runs one claim takes from the store."),
+        "claim_ahead": OptionSpec(
+            "int",
+            "Runs per target claimed ahead of a free slot, waiting to start at once "
+            "(0: claim only for free slots).",
+            strict=False,
+        ),
     },
     "logging": {
         "format": OptionSpec(

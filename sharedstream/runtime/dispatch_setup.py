@@ -138,7 +138,8 @@ def build_dispatcher(
     dconf = config.dispatch
     settings = DispatchSettings(poll_interval=dconf.poll_interval,
                                 follow_interval=dconf.follow_interval,
-                                claim_batch=dconf.claim_batch, threshold=threshold)
+                                claim_batch=dconf.claim_batch, claim_ahead=dconf.claim_ahead,
+                                threshold=threshold)
     return Dispatcher(triggerer_id=triggerer_id, routes=routes, store=store, db=db,
                       payload_of=unpack_event_payload, settings=settings)
 

@@ -194,7 +194,7 @@ async def test_a_stop_hands_back_the_runs_claimed_ahead(world: World) -> None:
         return Delivery("success")
 
     target.default = held
-    dispatcher = world.dispatcher(target)
+    dispatcher = world.dispatcher(target, claim_ahead=2)
     await dispatcher.open()
     task = asyncio.create_task(dispatcher.run())
     # two under way, two more claimed ahead (dispatching, not started), two still queued
@@ -228,12 +228,30 @@ async def test_a_freed_slot_starts_the_next_run_without_waiting_for_a_claim(
                 await store_slow.wait()  # every claim after the first hangs until released
         return await world.db(fn, *args)
 
-    async with running(world.dispatcher(target, db=slow_claims)):
+    async with running(world.dispatcher(target, db=slow_claims, claim_ahead=1)):
         # the first claim took two (one to start, one ahead): both ran with the next claim stuck
         await eventually(lambda: world.states()[:2] == ["success"] * 2, within=10)
         assert claims == 2
         store_slow.set()
         await eventually(lambda: world.states() == ["success"] * 5, within=10)
+
+
+async def test_one_claim_serves_the_whole_line(world: World) -> None:
+    world.fire(12)
+    target = ScriptedTarget("t", settings(max_concurrency=1))
+    target.default = Delivery("success")
+    claims = 0
+
+    async def counted(fn: Callable[..., Any], *args: Any) -> Any:
+        nonlocal claims
+        found = await world.db(fn, *args)
+        claims += fn.__name__ == "claim_runs" and bool(found)
+        return found
+
+    async with running(world.dispatcher(target, db=counted, poll_interval=30.0,
+                                        claim_ahead=8)):
+        await eventually(lambda: world.states() == ["success"] * 12, within=10)
+    assert claims == 2  # 1 + 8 runs, then the 3 left once the line ran out
 
 
 async def test_a_cancelled_dispatcher_leaves_unfinished_runs_to_be_recovered(
