@@ -35,9 +35,10 @@ from sharedstream.producers._kafka_types import (
     KafkaConnectError,
     KafkaProducerError,
     KafkaSettings,
+    sending_config,
 )
 
-__all__ = ["KafkaRepublishError", "republish_config", "republish_records"]
+__all__ = ["KafkaRepublishError", "republish_records"]
 
 log = key_value_logger("sharedstream.producers.kafka")
 
@@ -61,19 +62,6 @@ class _Record(NamedTuple):
     topic: str
     partition: int
     letter: DeadLetter
-
-
-def republish_config(settings: KafkaSettings) -> dict[str, Any]:
-    """The keyword arguments of the re-drive's ``AIOKafkaProducer``."""
-    config: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap_servers,
-        "enable_idempotence": False,
-        "acks": "all",
-        **dict(settings.security),
-    }
-    if settings.client_id is not None:
-        config["client_id"] = f"{settings.client_id}-redrive"
-    return config
 
 
 def _records(settings: KafkaSettings, letters: Sequence[DeadLetter]) -> list[_Record]:
@@ -111,7 +99,7 @@ async def republish_records(
         return
     aiokafka = sdk()
     try:
-        producer = aiokafka.AIOKafkaProducer(**republish_config(settings))
+        producer = aiokafka.AIOKafkaProducer(**sending_config(settings, "redrive"))
     except (TypeError, ValueError, sdk("aiokafka.errors").KafkaError) as exc:
         raise KafkaConfigError(f"invalid re-drive producer settings: {exc}") from exc
     try:

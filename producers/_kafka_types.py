@@ -32,6 +32,7 @@ __all__ = [
     "KafkaProducerError",
     "KafkaSettings",
     "security_fingerprint",
+    "sending_config",
 ]
 
 _OWNED_CONSUMER_SETTINGS = frozenset(
@@ -184,3 +185,21 @@ class KafkaSettings:
             raise KafkaConfigError("retries and retry_backoff must be >= 0")
         if self.commit_timeout <= 0:
             raise KafkaConfigError(f"commit_timeout must be > 0, got {self.commit_timeout}")
+
+
+def sending_config(settings: KafkaSettings, role: str) -> dict[str, Any]:
+    """The keyword arguments of an ``AIOKafkaProducer`` sending for a stream.
+
+    ``role`` is ``dlq`` (dead letters) or ``redrive`` (re-drives): every
+    replica acknowledges, no idempotence, the stream's own security
+    settings, its ``client_id`` suffixed with ``-<role>``.
+    """
+    config: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "enable_idempotence": False,
+        "acks": "all",
+        **dict(settings.security),
+    }
+    if settings.client_id is not None:
+        config["client_id"] = f"{settings.client_id}-{role}"
+    return config

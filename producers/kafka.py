@@ -78,6 +78,7 @@ from sharedstream.producers._kafka_types import (
     KafkaProducerError,
     KafkaSettings,
     security_fingerprint,
+    sending_config,
 )
 
 __all__ = [
@@ -185,16 +186,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
 
     def dead_letter_config(self) -> dict[str, Any]:
         """The keyword arguments of the dead-letter ``AIOKafkaProducer``."""
-        s = self.settings
-        config: dict[str, Any] = {
-            "bootstrap_servers": s.bootstrap_servers,
-            "enable_idempotence": False,
-            "acks": "all",
-            **dict(s.security),
-        }
-        if s.client_id is not None:
-            config["client_id"] = f"{s.client_id}-dlq"
-        return config
+        return sending_config(self.settings, "dlq")
 
     # -- retries -------------------------------------------------------------------------
 
