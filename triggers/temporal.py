@@ -12,7 +12,11 @@ trigger finished after it fired and does not run it again:
   It serializes as a :class:`DateTimeTrigger` for the moment it computed, so
   a triggerer that rebuilds it from the metadata store (after a restart, or
   on another machine) keeps the original deadline instead of starting the
-  countdown again.
+  countdown again. In an asset watcher it is identified by its delay
+  (:meth:`TimeDeltaTrigger.identity`): it fires once, ``delta`` after the
+  triggerer first registered it; loading the definitions again (a restart)
+  neither moves the deadline nor makes it fire again, and a new delay is a
+  new trigger.
 
 Both wait with ``asyncio.sleep`` in chunks of at most
 :attr:`DateTimeTrigger.max_sleep_seconds`, re-reading the wall clock between
@@ -112,3 +116,11 @@ class TimeDeltaTrigger(DateTimeTrigger):
             ) from exc
         super().__init__(moment)
         self.delta = delta
+
+    def identity(self) -> tuple[str, dict[str, Any]]:
+        """``("sharedstream.triggers.temporal.TimeDeltaTrigger", {"delta": delta})``.
+
+        The moment is left out: it depends on when the definitions were
+        loaded. The runtime keeps the moment of the first registration.
+        """
+        return "sharedstream.triggers.temporal.TimeDeltaTrigger", {"delta": self.delta}

@@ -63,6 +63,17 @@ class BaseTrigger(abc.ABC):
         Must be deterministic: identical triggers must serialize identically.
         """
 
+    def identity(self) -> tuple[str, dict[str, Any]]:
+        """Return ``(classpath, kwargs)`` that make two declarations one trigger (its fingerprint).
+
+        ``serialize()`` by default. A trigger whose serialized form depends on
+        when it was declared returns what does not (``TimeDeltaTrigger``: its
+        ``delta``, where ``serialize()`` gives the moment computed from it);
+        the runtime then keeps the serialized form of the *first* declaration
+        for good, so a restart does not move it.
+        """
+        return self.serialize()
+
     @abc.abstractmethod
     def run(self) -> AsyncIterator[TriggerEvent]:
         """Wait for the condition and yield :class:`TriggerEvent` instances.

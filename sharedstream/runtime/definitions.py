@@ -36,6 +36,7 @@ from dateutil.relativedelta import relativedelta
 
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
+from sharedstream.runtime.registry import ENTRY_POINT_GROUP, TriggerRegistry
 from sharedstream.runtime.serde import SerializationError, kwargs_fingerprint, pack_kwargs
 from sharedstream.timetables.base import (
     Timetable,
@@ -356,6 +357,9 @@ class WatchedTrigger:
     kwargs: dict[str, Any]
     trigger_class: type[BaseTrigger]
     watchers: list[tuple[str, str]] = field(default_factory=list)
+    pinned: bool = False
+    """Identified otherwise than by its serialized form (``BaseTrigger.identity``): the store
+    keeps the first registration's ``classpath`` and ``kwargs``."""
 
 
 @dataclass(frozen=True)
@@ -418,8 +422,7 @@ def load_definitions(path: Path) -> Definitions:
         and issubclass(cls, BaseTrigger)
         and cls.__module__ == module.__name__
     }
-    for watched in triggers.values():
-        classes.setdefault(watched.classpath, watched.trigger_class)
+    _register_trigger_classes(path, triggers, classes)
     timetable_classes = {
         classpath_of(cls): cls
         for cls in vars(module).values()
@@ -428,6 +431,34 @@ def load_definitions(path: Path) -> Definitions:
     }
     timetables = _check_timetables(path, dags, timetable_classes)
     return Definitions(path, assets, dags, triggers, classes, timetable_classes, timetables)
+
+
+def _register_trigger_classes(path: Path, triggers: dict[str, WatchedTrigger],
+                              classes: dict[str, type[BaseTrigger]]) -> None:
+    """Add to ``classes`` the class each watched trigger is rebuilt as.
+
+    A trigger serializes under its own class path (that class is added) or
+    another's (``TimeDeltaTrigger`` as ``DateTimeTrigger``): that class must
+    be defined in the file or installed under the entry point group, else
+    :class:`DefinitionsError` (the triggerer could never rebuild it).
+    """
+    installed: TriggerRegistry | None = None
+    for watched in triggers.values():
+        if watched.classpath == classpath_of(watched.trigger_class):
+            classes.setdefault(watched.classpath, watched.trigger_class)
+            continue
+        if watched.classpath in classes:
+            continue
+        if installed is None:
+            installed = TriggerRegistry()
+            installed.load_entry_points()
+        if watched.classpath not in installed:
+            asset, name = watched.watchers[0]
+            raise DefinitionsError(
+                f"{path}: watcher {name!r} of asset {asset!r}: "
+                f"{watched.trigger_class.__qualname__} serializes as {watched.classpath!r}, "
+                "which is neither defined in this file nor installed under the "
+                f"{ENTRY_POINT_GROUP!r} entry point group: it could not be rebuilt")
 
 
 def timetable_registry(classes: dict[str, type[Timetable]]) -> TimetableRegistry:
@@ -523,7 +554,8 @@ def _collect_triggers(
             try:
                 classpath, kwargs = trigger.serialize()
                 pack_kwargs(kwargs)
-                fingerprint = kwargs_fingerprint(classpath, kwargs)
+                identity = trigger.identity()
+                fingerprint = kwargs_fingerprint(*identity)
             except SerializationError as exc:
                 raise DefinitionsError(f"{where}: trigger cannot be serialized: {exc}") from exc
             except Exception as exc:
@@ -535,7 +567,8 @@ def _collect_triggers(
             watched = triggers.get(fingerprint)
             if watched is None:
                 watched = triggers[fingerprint] = WatchedTrigger(
-                    fingerprint, classpath, dict(kwargs), type(trigger)
+                    fingerprint, classpath, dict(kwargs), type(trigger),
+                    pinned=identity != (classpath, kwargs),
                 )
             watched.watchers.append((asset_name, watcher.name))
     return triggers

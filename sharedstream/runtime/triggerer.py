@@ -244,7 +244,8 @@ class Triggerer:
         version = await self._db(self._open_store)
         defs = self.definitions
         specs = [
-            TriggerSpec(t.fingerprint, t.classpath, self.cipher.encrypt(pack_kwargs(t.kwargs)))
+            TriggerSpec(t.fingerprint, t.classpath, self.cipher.encrypt(pack_kwargs(t.kwargs)),
+                        pinned=t.pinned)
             for t in defs.triggers.values()
         ]
         watchers = [

@@ -166,11 +166,16 @@ class TriggerSpec:
     """A trigger as the definitions file declares it.
 
     ``kwargs_blob`` is already serialized and encrypted by the caller.
+    ``pinned``: the first registration's ``classpath`` and ``kwargs_blob``
+    stay (a later sync of the same fingerprint does not replace them), for a
+    trigger whose serialized form depends on when it was declared
+    (``BaseTrigger.identity``).
     """
 
     fingerprint: str
     classpath: str
     kwargs_blob: bytes
+    pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)

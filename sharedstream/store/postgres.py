@@ -264,11 +264,13 @@ class PostgresStore(SharedSql):
                 state = "active" if spec.fingerprint in referenced else "orphaned"
                 if spec.fingerprint in known:
                     conn.execute(
-                        "UPDATE triggers SET classpath = %s, kwargs_blob = %s,"
+                        "UPDATE triggers SET classpath = CASE WHEN %s THEN classpath ELSE %s END,"
+                        " kwargs_blob = CASE WHEN %s THEN kwargs_blob ELSE %s END,"
                         " state = CASE WHEN %s = 'active' AND state = 'finished'"
                         "  THEN 'finished' ELSE %s END"
                         " WHERE id = %s",
-                        (spec.classpath, spec.kwargs_blob, state, state, known[spec.fingerprint]),
+                        (spec.pinned, spec.classpath, spec.pinned, spec.kwargs_blob, state, state,
+                         known[spec.fingerprint]),
                     )
                     ids[spec.fingerprint] = known[spec.fingerprint]
                     continue

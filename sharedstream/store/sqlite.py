@@ -323,11 +323,13 @@ class SqliteStore(SharedSql):
                 state = "active" if spec.fingerprint in referenced else "orphaned"
                 if spec.fingerprint in known:
                     conn.execute(
-                        "UPDATE triggers SET classpath = ?, kwargs_blob = ?,"
+                        "UPDATE triggers SET classpath = CASE WHEN ? THEN classpath ELSE ? END,"
+                        " kwargs_blob = CASE WHEN ? THEN kwargs_blob ELSE ? END,"
                         " state = CASE WHEN ? = 'active' AND state = 'finished'"
                         "  THEN 'finished' ELSE ? END"
                         " WHERE id = ?",
-                        (spec.classpath, spec.kwargs_blob, state, state, known[spec.fingerprint]),
+                        (spec.pinned, spec.classpath, spec.pinned, spec.kwargs_blob, state, state,
+                         known[spec.fingerprint]),
                     )
                     ids[spec.fingerprint] = known[spec.fingerprint]
                     continue

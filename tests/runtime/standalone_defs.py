@@ -4,7 +4,9 @@
 ``DateTimeTrigger`` watcher fires; ``SLOW_CLEANUP`` makes every trigger's
 ``cleanup()`` take that many seconds, to test the second signal;
 ``RUN_SECONDS`` is how long its ``run()`` lasts before it ends empty (0.05 s),
-and ``RUN_MARK`` names a file each run creates as it begins.
+and ``RUN_MARK`` names a file each run creates as it begins. With
+``STANDALONE_DELTA`` (seconds) a ``TimeDeltaTrigger`` watcher feeds DAG
+``after_delay`` too.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sharedstream import BaseEventTrigger, TriggerEvent
 from sharedstream.definitions import Asset, AssetWatcher, Dag
-from sharedstream.triggers.temporal import DateTimeTrigger
+from sharedstream.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 
 
 class EndsEmpty(BaseEventTrigger):
@@ -48,3 +50,8 @@ AT = datetime.fromisoformat(os.environ["STANDALONE_AT"])
 once = Asset("once", watchers=[AssetWatcher("at", trigger=DateTimeTrigger(AT))])
 empty = Asset("empty", watchers=[AssetWatcher("nothing", trigger=EndsEmpty("x"))])
 Dag("on_time", schedule=once)
+
+if os.environ.get("STANDALONE_DELTA"):
+    later = Asset("later", watchers=[AssetWatcher("delay", trigger=TimeDeltaTrigger(
+        timedelta(seconds=float(os.environ["STANDALONE_DELTA"]))))])
+    Dag("after_delay", schedule=later)

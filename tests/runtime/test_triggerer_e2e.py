@@ -256,6 +256,34 @@ def test_standalone_triggers_fire_finish_and_fail_loudly(deployment: Deployment)
     assert len(d.json("runs", "list", "--dag", "on_time")) == 1
 
 
+def test_a_time_delta_watcher_fires_once_at_its_first_deadline_across_restarts(
+        deployment: Deployment) -> None:
+    d = deployment
+    d.env["STANDALONE_AT"] = "2100-01-01T00:00:00+00:00"
+    d.env["STANDALONE_DELTA"] = "6"
+    began = datetime.now(UTC)
+    proc = d.start(STANDALONE)
+    wait_for(lambda: "running=3" in d.stderr(), what="start-up")
+    assert d.stop(proc) == 0
+    restarted = datetime.now(UTC)
+    proc = d.start(STANDALONE)  # a new countdown would fire 6 s from now
+    wait_for(lambda: len(d.json("runs", "list", "--dag", "after_delay")) == 1, timeout=30,
+             what="the delayed run")
+    [event] = d.json("events", "list", "--asset", "later")
+    deadline = datetime.fromisoformat(event["payload"])
+    assert began + timedelta(seconds=6) <= deadline < restarted + timedelta(seconds=6)
+    [delayed] = [t for t in d.json("triggers", "list") if t["classpath"].endswith(
+        "DateTimeTrigger") and t["state"] == "finished"]
+    assert d.stop(proc) == 0
+    proc = d.start(STANDALONE)  # fired and finished: not again
+    wait_for(lambda: d.stderr().count("running=2") >= 1, what="the restart without it")
+    time.sleep(1.0)
+    assert d.stop(proc) == 0
+    assert len(d.json("runs", "list", "--dag", "after_delay")) == 1
+    assert [t["id"] for t in d.json("triggers", "list") if t["classpath"].endswith(
+        "DateTimeTrigger") and t["state"] == "finished"] == [delayed["id"]]
+
+
 def test_a_second_signal_exits_at_once(deployment: Deployment) -> None:
     d = deployment
     d.env["STANDALONE_AT"] = "2100-01-01T00:00:00+00:00"

@@ -121,6 +121,21 @@ def test_sync_upserts_triggers_by_fingerprint(store: MetadataStore) -> None:
     assert store.counts()["triggers"] == 1
 
 
+def test_a_pinned_trigger_keeps_its_first_serialized_form(store: MetadataStore) -> None:
+    watcher = [WatcherSpec("x", "w", "fp-a")]
+    ids = store.sync_definitions([TriggerSpec("fp-a", "pkg.At", b"moment-1", pinned=True)],
+                                 watcher, [])
+    store.sync_definitions([TriggerSpec("fp-a", "pkg.Other", b"moment-2", pinned=True)],
+                           watcher, [])  # a restart computed another moment
+    kept = store.get_trigger(ids["fp-a"])
+    assert kept is not None
+    assert (kept.classpath, kept.kwargs_blob) == ("pkg.At", b"moment-1")
+    store.sync_definitions([TriggerSpec("fp-a", "pkg.Other", b"v3")], watcher, [])
+    replaced = store.get_trigger(ids["fp-a"])
+    assert replaced is not None
+    assert (replaced.classpath, replaced.kwargs_blob) == ("pkg.Other", b"v3")
+
+
 def test_repeated_syncs_do_not_skip_ids(store: MetadataStore, backend: Backend) -> None:
     # Every start syncs the same definitions again; a new trigger or asset added
     # later must still get the next id (an upsert's UPDATE branch burns one).

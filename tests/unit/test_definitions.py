@@ -135,6 +135,42 @@ def test_registry_rebuilds_only_registered_classes(tmp_path: Path) -> None:
         sys.path.remove(str(tmp_path))
 
 
+def test_a_time_delta_watcher_is_rebuilt_as_the_date_time_it_serializes_to(
+        tmp_path: Path) -> None:
+    body = """
+from datetime import timedelta
+from sharedstream.triggers.temporal import TimeDeltaTrigger
+Dag("later", schedule=Asset("a", watchers=[AssetWatcher("w", trigger=TimeDeltaTrigger(
+    timedelta(minutes=5)))]))
+"""
+    first = load_definitions(write(tmp_path, body))
+    again = load_definitions(write(tmp_path, body, name="again.py"))
+    [watched] = first.triggers.values()
+    assert watched.classpath == "sharedstream.triggers.temporal.DateTimeTrigger"
+    assert watched.pinned
+    assert first.triggers.keys() == again.triggers.keys()  # a new moment, the same trigger
+    assert watched.kwargs != next(iter(again.triggers.values())).kwargs
+    registry = TriggerRegistry()  # as the triggerer builds it: installed, then the file's
+    registry.load_entry_points()
+    for classpath, cls in first.trigger_classes.items():
+        registry.register(classpath, cls)
+    rebuilt = registry.rehydrate(watched.classpath, watched.kwargs)
+    assert type(rebuilt).__name__ == "DateTimeTrigger"
+    assert rebuilt.serialize() == (watched.classpath, watched.kwargs)
+
+
+def test_a_trigger_serialized_as_a_class_nobody_can_rebuild_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+class Alias(Watch):
+    def serialize(self):
+        return ("somewhere.Unknown", {"topic": self.topic})
+Asset("a", watchers=[AssetWatcher("w", trigger=Alias("t"))])
+""")
+    with pytest.raises(DefinitionsError, match=r"Alias serializes as 'somewhere.Unknown', which "
+                       r"is neither defined in this file nor installed"):
+        load_definitions(path)
+
+
 def test_every_broker_trigger_is_registered_by_entry_point() -> None:
     """A trigger stored by another definitions file can be rebuilt: each broker's is known."""
     registry = TriggerRegistry()
