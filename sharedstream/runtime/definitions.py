@@ -36,7 +36,7 @@ from dateutil.relativedelta import relativedelta
 
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
-from sharedstream.runtime.registry import ENTRY_POINT_GROUP, TriggerRegistry
+from sharedstream.runtime.registry import TriggerRegistry
 from sharedstream.runtime.serde import SerializationError, kwargs_fingerprint, pack_kwargs
 from sharedstream.timetables.base import (
     Timetable,
@@ -422,7 +422,7 @@ def load_definitions(path: Path) -> Definitions:
         and issubclass(cls, BaseTrigger)
         and cls.__module__ == module.__name__
     }
-    _register_trigger_classes(path, triggers, classes)
+    _register_trigger_classes(triggers, classes)
     timetable_classes = {
         classpath_of(cls): cls
         for cls in vars(module).values()
@@ -433,32 +433,27 @@ def load_definitions(path: Path) -> Definitions:
     return Definitions(path, assets, dags, triggers, classes, timetable_classes, timetables)
 
 
-def _register_trigger_classes(path: Path, triggers: dict[str, WatchedTrigger],
+def _register_trigger_classes(triggers: dict[str, WatchedTrigger],
                               classes: dict[str, type[BaseTrigger]]) -> None:
-    """Add to ``classes`` the class each watched trigger is rebuilt as.
+    """Add to ``classes`` the class each watched trigger is rebuilt as, by its class path.
 
-    A trigger serializes under its own class path (that class is added) or
-    another's (``TimeDeltaTrigger`` as ``DateTimeTrigger``): that class must
-    be defined in the file or installed under the entry point group, else
-    :class:`DefinitionsError` (the triggerer could never rebuild it).
+    A class of the file keeps its path. A trigger serialized under the path
+    of an installed class (``TimeDeltaTrigger`` as ``DateTimeTrigger``) is
+    rebuilt as that class: the file's class must not take its place. Any
+    other path a trigger chose for itself names its own class.
     """
     installed: TriggerRegistry | None = None
     for watched in triggers.values():
-        if watched.classpath == classpath_of(watched.trigger_class):
-            classes.setdefault(watched.classpath, watched.trigger_class)
+        path, cls = watched.classpath, watched.trigger_class
+        if path in classes:
             continue
-        if watched.classpath in classes:
-            continue
-        if installed is None:
-            installed = TriggerRegistry()
-            installed.load_entry_points()
-        if watched.classpath not in installed:
-            asset, name = watched.watchers[0]
-            raise DefinitionsError(
-                f"{path}: watcher {name!r} of asset {asset!r}: "
-                f"{watched.trigger_class.__qualname__} serializes as {watched.classpath!r}, "
-                "which is neither defined in this file nor installed under the "
-                f"{ENTRY_POINT_GROUP!r} entry point group: it could not be rebuilt")
+        if path != classpath_of(cls):
+            if installed is None:
+                installed = TriggerRegistry()
+                installed.load_entry_points()
+            if path in installed:
+                continue
+        classes[path] = cls
 
 
 def timetable_registry(classes: dict[str, type[Timetable]]) -> TimetableRegistry:
