@@ -15,7 +15,10 @@ AWS). One run checks:
   every event derived from them is already stored (read while the
   triggerer still runs);
 * a missing connection and one with ``enable.auto.commit`` true fail their
-  own triggers with one line each, while the other streams run on.
+  own triggers with one line each, while the other streams run on (the
+  connections are read when each stream opens, not when its producer is
+  built);
+* all of it with traces on (a span per record and message, on stdout).
 """
 
 from __future__ import annotations
@@ -157,7 +160,11 @@ async def test_a_provider_style_definitions_file_runs_with_its_imports_ported(
         await sqs.produce(queue, [body.encode() for body in BODIES])
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PROVIDER_TEST_TOPIC": topic.name,
                "PROVIDER_TEST_DLQ": topic.dead_letter, "PROVIDER_TEST_QUEUE": queue.name,
-               **connections(kafka_bootstrap, topic.group, sqs_endpoint)}
+               **connections(kafka_bootstrap, topic.group, sqs_endpoint),
+               # traced: each raw event's carrier is read from the whole message, not from
+               # the value or body the providers' streams hand on
+               "SHAREDSTREAM__TRACES__ENABLED": "true",
+               "SHAREDSTREAM__TRACES__EXPORTER": "console"}
         env.pop("AIRFLOW_CONN_KAFKA_MISSING", None)
         env.pop("SHAREDSTREAM_CONN_KAFKA_MISSING", None)
         cli = TriggererCli(tmp_path, env, definitions)

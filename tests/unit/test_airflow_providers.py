@@ -110,7 +110,8 @@ def test_confluent_keys_reach_our_consumer(monkeypatch: pytest.MonkeyPatch) -> N
         "sasl.username": "u", "sasl.password": "p",
         "ssl.endpoint.identification.algorithm": "none",
     })
-    producer = kafka_mirror.KafkaSharedStreamProducer(topics=["a"], kafka_config_id="kafka_map")
+    producer = kafka_mirror.KafkaSharedStreamProducer(
+        topics=["a"], kafka_config_id="kafka_map").resolve()
     consumer = producer.consumer_config()
     assert {name: consumer[name] for name in (
         "bootstrap_servers", "group_id", "client_id", "auto_offset_reset",
@@ -139,25 +140,33 @@ def test_connection_settings_we_refuse_are_one_line_connection_errors(
     monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], problem: str,
 ) -> None:
     set_kafka(monkeypatch, "kafka_x", extra)
+    producer = kafka_mirror.KafkaSharedStreamProducer(topics=["a"], kafka_config_id="kafka_x")
     with pytest.raises(InvalidConnection, match=problem) as raised:
-        kafka_mirror.KafkaSharedStreamProducer(topics=["a"], kafka_config_id="kafka_x")
+        producer.resolve()
     assert str(raised.value).startswith(
         "invalid connection 'kafka_x' (from environment variable AIRFLOW_CONN_KAFKA_X): ")
     assert "\n" not in str(raised.value)
 
 
-def test_the_kafka_producer_reads_the_connection_when_built(
+def test_the_kafka_producer_reads_the_connection_when_its_stream_opens(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     trigger = kafka_mirror.KafkaSharedStreamTrigger(
         topics=["b", "a"], kafka_config_id="kafka_unit", poll_timeout=0.25, dlq_topic="dlq")
-    _, kwargs = trigger.serialize()  # built before the connection exists: nothing is read
+    _, kwargs = trigger.serialize()
+    # built before the connection exists, as the provider's: nothing is read yet
+    producer = kafka_mirror.KafkaSharedStreamTrigger.create_shared_stream_producer(kwargs)
+    assert isinstance(producer, kafka_mirror.KafkaSharedStreamProducer)
+    assert (producer.connected, producer.messaging_attributes) == (
+        None, {"messaging.system": "kafka", "messaging.destination.name": "a,b"})
     set_kafka(monkeypatch, "kafka_unit", {**BASE, "linger.ms": 5})
     with caplog.at_level(logging.WARNING):
-        producer = kafka_mirror.KafkaSharedStreamTrigger.create_shared_stream_producer(kwargs)
-        kafka_mirror.KafkaSharedStreamTrigger.create_shared_stream_producer(kwargs)
-    assert isinstance(producer, kafka_mirror.KafkaSharedStreamProducer)
-    settings = producer.settings
+        built = producer.resolve()
+        kafka_mirror.KafkaSharedStreamProducer(topics=["a", "b"],
+                                               kafka_config_id="kafka_unit").resolve()
+    assert producer.resolve() is built
+    assert producer.messaging_attributes["messaging.consumer.group.name"] == "orders"
+    settings = built.settings
     assert (settings.topics, settings.group_id, settings.dead_letter_topic,
             settings.poll_timeout_ms) == (("a", "b"), "orders", "dlq", 250)
     warnings = [r.getMessage() for r in caplog.records if "linger.ms" in r.getMessage()]
@@ -166,8 +175,10 @@ def test_the_kafka_producer_reads_the_connection_when_built(
 
 def test_a_missing_kafka_connection_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_NOWHERE", raising=False)
+    producer = kafka_mirror.KafkaSharedStreamProducer(topics=["a"],
+                                                      kafka_config_id="kafka_nowhere")
     with pytest.raises(ConnectionNotFound, match="kafka_nowhere") as raised:
-        kafka_mirror.KafkaSharedStreamProducer(topics=["a"], kafka_config_id="kafka_nowhere")
+        producer.resolve()
     assert "\n" not in str(raised.value)
 
 
@@ -250,7 +261,7 @@ def test_aws_extras_we_cannot_honour_are_one_line_errors(
         _aws_connection.client_settings(aws_conn_id="aws_x", sqs_queue=QUEUE, environ=env)
 
 
-def test_the_sqs_producer_reads_the_connection_when_built(
+def test_the_sqs_producer_reads_the_connection_when_resolved(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_AWS_UNIT",
@@ -262,7 +273,7 @@ def test_the_sqs_producer_reads_the_connection_when_built(
     producer = sqs_mirror.SqsSharedStreamTrigger.create_shared_stream_producer(
         {**kwargs, "added_by_a_subclass": 1})
     assert isinstance(producer, sqs_mirror.SqsSharedStreamProducer)
-    settings = producer.settings
+    settings = producer.resolve().settings
     assert (settings.queue, settings.region_name, settings.endpoint_url, settings.max_messages,
             settings.visibility_timeout) == (QUEUE, "eu-central-1", "http://127.0.0.1:5000", 5, 60)
     assert settings.credentials == {"aws_access_key_id": "AKID",

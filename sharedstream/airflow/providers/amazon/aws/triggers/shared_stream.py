@@ -20,18 +20,20 @@ deletes, visibility renewal while a message is outstanding, the redelivery
 limit for poison messages, the persistence gate - with credentials and
 client options from the Airflow connection ``aws_conn_id`` (see
 :mod:`sharedstream.airflow.providers.amazon.aws._aws_connection`), looked up
-when the producer is built in the triggerer, never when the definitions file
-is loaded: no secret is in the trigger's kwargs.
+when the stream opens in the triggerer (as the provider's producer does when
+it connects), never when the definitions file is loaded or the producer is
+built: no secret is in the trigger's kwargs.
 
 Differences from the provider are listed in ``docs/airflow.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Hashable
-from typing import Any, cast
+import functools
+from collections.abc import AsyncIterator, Hashable
+from typing import Any
 
+from sharedstream.airflow.providers._lazy_producer import LazyProducer
 from sharedstream.airflow.providers.amazon.aws._aws_connection import client_settings
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
@@ -66,18 +68,36 @@ def _check(sqs_queue: str, max_messages: int, wait_time_seconds: int,
                       visibility_timeout=visibility_timeout).validate()
 
 
-class SqsSharedStreamProducer(_ours.SqsSharedStreamProducer):
+def _producer(*, sqs_queue: str, aws_conn_id: str | None, max_messages: int,
+              wait_time_seconds: int, visibility_timeout: int, region_name: str | None,
+              verify: bool | str | None, botocore_config: dict[str, Any] | None,
+              ) -> _ours.SqsSharedStreamProducer:
+    """Our producer, with the client settings of connection ``aws_conn_id`` (read now)."""
+    client = client_settings(aws_conn_id=aws_conn_id, sqs_queue=sqs_queue,
+                             region_name=region_name, verify=verify,
+                             botocore_config=botocore_config)
+    return _ours.SqsSharedStreamProducer(_ours.SqsSettings(
+        queue=sqs_queue, region_name=client.region_name, endpoint_url=client.endpoint_url,
+        credentials=client.credentials, verify=client.verify,
+        client_config=client.client_config, max_messages=max_messages,
+        wait_time_seconds=wait_time_seconds, visibility_timeout=visibility_timeout,
+    ))
+
+
+class SqsSharedStreamProducer(LazyProducer[_ours.SqsSharedStreamProducer]):
     """Our SQS producer, configured from an Airflow connection, yielding message bodies.
 
     Built by :meth:`SqsSharedStreamTrigger.create_shared_stream_producer`
-    in the triggerer. The constructor reads ``aws_conn_id``; it raises
+    in the triggerer; building it checks the receive settings and reads
+    nothing. The stream, when it opens, reads ``aws_conn_id`` (:meth:`resolve`
+    does it at once): a missing connection (except ``aws_default``:
+    botocore's default chain) or an unusable one is a one-line
     :class:`~sharedstream.connections.ConnectionNotFound` or
-    :class:`~sharedstream.connections.InvalidConnection` (one line) when the
-    connection is missing (except ``aws_default``: botocore's default chain)
-    or unusable, which fails the stream's triggers for good and leaves other
-    streams running. Extras without effect here are named in one warning
-    per connection.
-    Everything else - the outcome policy, deletes, renewals - is the parent's.
+    :class:`~sharedstream.connections.InvalidConnection` of that stream's
+    poll, restarted with backoff like a queue that cannot be reached, while
+    other streams run on. Extras without effect here are named in one
+    warning per connection. Everything else - the outcome policy, deletes,
+    renewals - is :class:`sharedstream.producers.sqs.SqsSharedStreamProducer`'s.
     """
 
     def __init__(
@@ -93,23 +113,18 @@ class SqsSharedStreamProducer(_ours.SqsSharedStreamProducer):
         botocore_config: dict[str, Any] | None = None,
     ) -> None:
         _check(sqs_queue, max_messages, wait_time_seconds, visibility_timeout)
-        client = client_settings(aws_conn_id=aws_conn_id, sqs_queue=sqs_queue,
-                                 region_name=region_name, verify=verify,
-                                 botocore_config=botocore_config)
-        super().__init__(_ours.SqsSettings(
-            queue=sqs_queue, region_name=client.region_name, endpoint_url=client.endpoint_url,
-            credentials=client.credentials, verify=client.verify,
-            client_config=client.client_config, max_messages=max_messages,
-            wait_time_seconds=wait_time_seconds, visibility_timeout=visibility_timeout,
-        ))
+        super().__init__(
+            functools.partial(_producer, sqs_queue=sqs_queue, aws_conn_id=aws_conn_id,
+                              max_messages=max_messages, wait_time_seconds=wait_time_seconds,
+                              visibility_timeout=visibility_timeout, region_name=region_name,
+                              verify=verify, botocore_config=botocore_config),
+            attributes={"messaging.system": "aws_sqs",
+                        "messaging.destination.name": _ours.queue_name(sqs_queue)},
+            together=_ours.SqsSharedStreamProducer.advances_lanes_together)
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
-        """The parent's stream, each message handed on as its body (as the provider does)."""
-        # Closing this generator closes the parent's at once, not when it is collected.
-        parent = cast("AsyncGenerator[tuple[Any, Any], None]", super().open_stream())
-        async with contextlib.aclosing(parent) as stream:
-            async for message, payload in stream:
-                yield message.body, payload
+    def unwrap(self, message: Any) -> Any:
+        """The message's body (``str``), as the provider hands it on."""
+        return message.body
 
 
 class SqsSharedStreamTrigger(BaseEventTrigger):

@@ -24,19 +24,21 @@ trigger (:func:`sharedstream.triggers.kafka.kafka_settings_from_connection`
 says what is honoured, refused and ignored); here the connection must also
 name ``bootstrap.servers`` and ``group.id``, and ``enable.auto.commit`` true
 is refused as a connection error. The connection is looked up through
-:func:`sharedstream.connections.get_connection` when the producer is built
-in the triggerer, never when the definitions file is loaded: no broker
-address or secret is in the trigger's kwargs.
+:func:`sharedstream.connections.get_connection` when the stream opens in the
+triggerer (as the provider's producer does when it connects), never when the
+definitions file is loaded or the producer is built: no broker address or
+secret is in the trigger's kwargs.
 
 Differences from the provider are listed in ``docs/airflow.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
-from typing import Any, cast
+import functools
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import Any
 
+from sharedstream.airflow.providers._lazy_producer import LazyProducer
 from sharedstream.connections import InvalidConnection, get_connection
 from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.producer import SharedStreamProducer
@@ -99,18 +101,36 @@ def _consumer_settings(kafka_config_id: str) -> dict[str, Any]:
     return found
 
 
-class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
+def _producer(topics: Sequence[str], kafka_config_id: str, poll_timeout: float,
+              dlq_topic: str | None) -> _ours.KafkaSharedStreamProducer:
+    """Our producer, configured from connection ``kafka_config_id`` (read now)."""
+    found = _consumer_settings(kafka_config_id)
+    return _ours.KafkaSharedStreamProducer(_ours.KafkaSettings(
+        bootstrap_servers=found["bootstrap_servers"],
+        topics=tuple(topics),
+        group_id=found["group_id"],
+        client_id=found["client_id"],
+        security=found["security"],
+        dead_letter_topic=dlq_topic,
+        consumer_overrides=found["consumer_overrides"],
+        poll_timeout_ms=max(1, round(poll_timeout * 1000)),
+    ))
+
+
+class KafkaSharedStreamProducer(LazyProducer[_ours.KafkaSharedStreamProducer]):
     """Our Kafka producer, configured from an Airflow connection, yielding raw values.
 
     Built by :meth:`KafkaSharedStreamTrigger.create_shared_stream_producer`
-    in the triggerer. The constructor looks up ``kafka_config_id`` and
-    translates its confluent-kafka config; it raises
-    :class:`~sharedstream.connections.ConnectionNotFound` or
-    :class:`~sharedstream.connections.InvalidConnection` (one line) when the
-    connection is missing or a setting is refused, which fails the stream's
-    triggers for good and leaves other streams running. Keys without
+    in the triggerer; building it checks the arguments and reads nothing.
+    The stream, when it opens, looks up ``kafka_config_id`` and translates
+    its confluent-kafka config (:meth:`resolve` does it at once): a missing
+    connection (:class:`~sharedstream.connections.ConnectionNotFound`) or a
+    refused setting (:class:`~sharedstream.connections.InvalidConnection`)
+    is a one-line error of that stream's poll, restarted with backoff like a
+    broker that cannot be reached, while other streams run on. Keys without
     effect here are named in one warning per connection. Everything else -
-    the outcome policy, commits, dead letters - is the parent's.
+    the outcome policy, commits, dead letters - is
+    :class:`sharedstream.producers.kafka.KafkaSharedStreamProducer`'s.
     """
 
     def __init__(
@@ -122,25 +142,15 @@ class KafkaSharedStreamProducer(_ours.KafkaSharedStreamProducer):
         dlq_topic: str | None = None,
     ) -> None:
         sorted_topics = _check(topics, poll_timeout, dlq_topic)
-        found = _consumer_settings(kafka_config_id)
-        super().__init__(_ours.KafkaSettings(
-            bootstrap_servers=found["bootstrap_servers"],
-            topics=tuple(sorted_topics),
-            group_id=found["group_id"],
-            client_id=found["client_id"],
-            security=found["security"],
-            dead_letter_topic=dlq_topic,
-            consumer_overrides=found["consumer_overrides"],
-            poll_timeout_ms=max(1, round(poll_timeout * 1000)),
-        ))
+        super().__init__(
+            functools.partial(_producer, sorted_topics, kafka_config_id, poll_timeout, dlq_topic),
+            attributes={"messaging.system": "kafka",
+                        "messaging.destination.name": ",".join(sorted_topics)},
+            together=_ours.KafkaSharedStreamProducer.advances_lanes_together)
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
-        """The parent's stream, each record handed on as its raw value (as the provider does)."""
-        # Closing this generator closes the parent's at once, not when it is collected.
-        parent = cast("AsyncGenerator[tuple[Any, Any], None]", super().open_stream())
-        async with contextlib.aclosing(parent) as stream:
-            async for message, payload in stream:
-                yield message.value, payload
+    def unwrap(self, message: Any) -> Any:
+        """The record's raw value (``bytes``; ``None``: a tombstone), as the provider gives it."""
+        return message.value
 
 
 class KafkaSharedStreamTrigger(BaseEventTrigger):
