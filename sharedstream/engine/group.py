@@ -262,6 +262,19 @@ class StreamGroup:
         tracer = self.book.tracer if self.book is not None else None
         return None if tracer is None else tracer.traceparent(trigger_id)
 
+    def current_raw_event_name(self, trigger_id: Hashable) -> str | None:
+        """The producer's name of the raw event ``trigger_id``'s filter is on (bound or not)."""
+        if self.book is None or self._producer is None:
+            return None
+        sub = self.book.subscribers.get(trigger_id)
+        if sub is None or sub.current is None:
+            return None
+        record = sub.current
+        name = record.raw_name
+        if name is UNNAMED:
+            name = record.raw_name = self._producer.raw_event_name(record.broker_payload)
+        return name if isinstance(name, str) else None
+
     def raw_event_key(self, trigger_id: Hashable) -> str | None:
         """``"<producer's name of the raw event>#<index>"`` for the event bound last."""
         if self.book is None or self._producer is None:

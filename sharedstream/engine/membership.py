@@ -73,6 +73,10 @@ class Membership:
         self._sub: Subscriber | None = None
         self._attempting = False
         self.left = False
+        self.failed_on: str | None = None
+        """The name (``raw_event_name``) of the raw event the last failed attempt was on;
+        ``None`` when it failed on none (or the producer names none). The runner's
+        backoff is per raw event: a new one starts from the initial delay."""
 
     # -- attempts -------------------------------------------------------------
 
@@ -186,6 +190,8 @@ class Membership:
         Only that event fails (with ``error`` named in its verdict); the
         member stays in the stream. Idempotent; a no-op after the group ended.
         """
+        group = self._group
+        self.failed_on = None if group is None else group.current_raw_event_name(self.trigger_id)
         sub = self._sub
         if isinstance(sub, AckSubscriber) and self._group is not None:
             book = self._group.book

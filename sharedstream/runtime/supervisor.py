@@ -3,7 +3,12 @@
 :meth:`Supervisor.supervise` is the task the triggerer runs per trigger. A
 trigger that raises is recorded in the store (error and traceback) and
 restarted with exponential backoff (back to the initial delay after
-:data:`STABLE_AFTER` seconds of running); one whose class is not
+:data:`STABLE_AFTER` seconds of running). The backoff of a shared-stream
+filter is per raw event: a failure on another raw event than the last one
+starts from the initial delay again, so one bad record's delays never carry
+over to the next, and the broker's redelivery limit dead-letters each bad
+record after the same few seconds. The delay logged is the one waited
+(a member waits at most half the ack timeout). One whose class is not
 registered, whose stored kwargs cannot be decrypted, or whose broker
 refused its stream's settings for good is marked failed and not restarted.
 ``cleanup()`` always runs. A shared-stream trigger is a durable member of
@@ -64,6 +69,7 @@ class Attempt:
 
     trigger_id: int
     member: Membership | None = None
+    failed_on: str | None = None  # the raw event the last failure was on (its backoff's)
 
 
 @dataclass
@@ -159,9 +165,12 @@ class Supervisor:
             except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
                 # Any failure of the trigger's own code: record it, restart it. An error
                 # every trigger of a stream gets at once (its poll ended) is said once.
+                backoff = self._backoff(attempt, backoff, loop.time() - started)
                 if exc is not self._last_shared_error:
                     log.warning("trigger failed; restarting", trigger=row.id,
-                                classpath=row.classpath, error=exc, delay_s=round(backoff, 1))
+                                classpath=row.classpath, error=exc,
+                                delay_s=round(self._waited(attempt, backoff), 2),
+                                raw_event=attempt.failed_on)
                 self._last_shared_error = exc
                 await self._note_error(
                     row.id, f"{type(exc).__name__}: {exc}",
@@ -174,11 +183,32 @@ class Supervisor:
             if finished:
                 await self._note_state(row.id, "finished")
                 return
-            if loop.time() - started >= STABLE_AFTER:
-                backoff = tconf.restart_backoff_initial
             self.progress.restarts += 1
             delay = backoff
             backoff = min(backoff * 2, tconf.restart_backoff_max)
+
+    def _backoff(self, attempt: Attempt, backoff: float, ran_for: float) -> float:
+        """The backoff after a failure, from ``backoff`` (the one before).
+
+        The initial one again after a stable run, or when the failure was on
+        another raw event than the last (noted in ``attempt``).
+        """
+        failed_on = None if attempt.member is None else attempt.member.failed_on
+        another = failed_on is not None and failed_on != attempt.failed_on
+        attempt.failed_on = failed_on
+        if another or ran_for >= STABLE_AFTER:
+            return self._config.restart_backoff_initial
+        return backoff
+
+    def _waited(self, attempt: Attempt, delay: float) -> float:
+        """The delay a restart with backoff ``delay`` waits.
+
+        A member caps it at half the ack timeout (see
+        :meth:`~sharedstream.engine.membership.Membership.run_attempt`).
+        """
+        if attempt.member is None or attempt.member.left:
+            return delay
+        return min(delay, self._manager.ack_timeout / 2)
 
     async def _note_error(self, trigger_id: int, message: str, traceback_text: str) -> None:
         """Record an error of the trigger (see :meth:`_note`)."""
