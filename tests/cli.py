@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +73,15 @@ class TriggererCli:
         while text not in self.log(index):
             assert time.monotonic() < deadline, self.log(index)
             time.sleep(0.1)
+
+    async def until(self, index: int, process: subprocess.Popen[bytes],
+                    check: Callable[[], Awaitable[bool]], within: float = 60.0) -> None:
+        """Poll ``check`` until true; triggerer ``index`` (``process``) must stay up meanwhile."""
+        deadline = time.monotonic() + within
+        while not await check():
+            assert process.poll() is None, self.log(index)
+            assert time.monotonic() < deadline, self.log(index)
+            await asyncio.sleep(0.1)
 
     def log_path(self, index: int) -> Path:
         """Where triggerer ``index`` writes its log."""

@@ -8,11 +8,8 @@ failed with the one-line ``ConnectionNotFound`` message, and the others run.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import signal
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -46,19 +43,11 @@ async def test_watchers_run_on_a_connection_from_the_environment(
     kinds = ["order" if i % 2 else "refund" for i in range(COUNT)]
     await harness.produce(stream, [json.dumps({"id": i, "kind": k}).encode()
                                    for i, k in enumerate(kinds)])
-    process = cli.start(0)
-    try:
-        deadline = time.monotonic() + 60
-        while await harness.committed(stream) < COUNT:
-            assert process.poll() is None, cli.log(0)
-            assert time.monotonic() < deadline, cli.log(0)
-            await asyncio.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0, cli.log(0)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    async def all_committed() -> bool:
+        return await harness.committed(stream) >= COUNT
+
+    with cli.running(0) as process:
+        await cli.until(0, process, all_committed)
 
     events: list[dict[str, Any]] = json.loads(cli.run("events", "list", "--json"))
     assert Counter(asset for e in events for asset in e["assets"]) == {

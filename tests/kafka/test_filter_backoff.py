@@ -9,12 +9,9 @@ the delay the log names is the one waited.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
-import signal
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -39,19 +36,11 @@ async def test_each_bad_record_gets_its_own_backoff_and_is_dead_lettered(
            "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "0.2"}
     cli = TriggererCli(tmp_path, env, DEFS)
     cli.run("init", "--path", str(cli.config))
-    process = cli.start(0)
-    try:
-        deadline = time.monotonic() + 60
-        while await harness.committed(stream) < len(records):
-            assert process.poll() is None, cli.log(0)
-            assert time.monotonic() < deadline, cli.log(0)
-            await asyncio.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0, cli.log(0)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    async def all_committed() -> bool:
+        return await harness.committed(stream) == len(records)
+
+    with cli.running(0) as process:
+        await cli.until(0, process, all_committed)
 
     letters = await harness.dead_letters(stream)
     assert sorted(letter.source for letter in letters) == [
