@@ -89,7 +89,7 @@ class DispatchSettings:
     poll_interval: float = 1.0
     follow_interval: float = 5.0
     claim_batch: int = 100
-    claim_ahead: int = 16
+    claim_ahead: int = 1
     threshold: float = 30.0
     flush_interval: float = 0.02
 

@@ -235,7 +235,7 @@ class DispatchConfig:
     poll_interval: float = 1.0
     follow_interval: float = 5.0
     claim_batch: int = 100
-    claim_ahead: int = 16
+    claim_ahead: int = 1
 
     def __post_init__(self) -> None:
         _validate_fields(self, "dispatch")
