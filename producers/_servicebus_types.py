@@ -1,8 +1,9 @@
 """The Service Bus module's types: errors, settings, the message filters receive.
 
 azure-servicebus's errors are mapped onto this module's errors here
-(:func:`sdk_error`, :func:`transient`), and the SDK's received message is
-read into the :class:`ServiceBusMessage` filters get (:func:`read_message`).
+(:func:`sdk_error`, :func:`transient`). The SDK's received message is read
+into the :class:`ServiceBusMessage` filters get by
+:mod:`sharedstream.producers._servicebus_received`.
 
 Everything public here is re-exported by
 :mod:`sharedstream.producers.servicebus`; import it from there. Nothing here
@@ -12,11 +13,8 @@ imports azure-servicebus: the SDK's modules are passed in by the caller.
 from __future__ import annotations
 
 import importlib
-import json
-import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from sharedstream.brokerkit.codecs import DecodeCache
@@ -43,7 +41,6 @@ __all__ = [
     "first_line",
     "namespace_of",
     "open_client",
-    "read_message",
     "receiver_options",
     "sdk_error",
     "transient",
@@ -314,7 +311,8 @@ class ServiceBusMessage(DecodeCache):
     """The raw event every filter of a Service Bus shared stream receives (read-only, shared).
 
     ``body`` is the message body as bytes (a data body joined; a value body
-    that is text encoded as UTF-8, any other value as JSON); ``properties``
+    that is text or binary as is, any other value, and a sequence body's
+    items, as JSON: see :mod:`~sharedstream.producers._servicebus_received`); ``properties``
     its application properties with text keys (text values as ``str``,
     binary ones as ``bytes``, times as ISO 8601 text, ids as text);
     ``delivery_count`` counts the earlier deliveries (0 on the first);
@@ -354,76 +352,6 @@ class ServiceBusMessage(DecodeCache):
                 f"body={self.body[:40]!r})")
 
 
-def read_message(entity: str, received: Any, body_types: Any) -> ServiceBusMessage:
-    """The SDK's ``ServiceBusReceivedMessage`` as the message filters get.
-
-    ``body_types`` is ``azure.servicebus.amqp.AmqpMessageBodyType``.
-    """
-    return ServiceBusMessage(
-        entity,
-        sequence_number=int(received.sequence_number),
-        body=_body(received, body_types),
-        message_id=_text(received.message_id),
-        properties={_key(name): _property(value)
-                    for name, value in (received.application_properties or {}).items()},
-        delivery_count=int(received.delivery_count or 0),
-        session_id=_text(received.session_id),
-        enqueued_time=_iso(received.enqueued_time_utc),
-        correlation_id=_text(received.correlation_id),
-        subject=_text(received.subject),
-        content_type=_text(received.content_type),
-    )
-
-
-def _body(received: Any, body_types: Any) -> bytes:
-    kind, body = received.body_type, received.body
-    if kind == body_types.DATA:
-        return body if isinstance(body, bytes) else b"".join(body)
-    if kind == body_types.VALUE:
-        if isinstance(body, bytes):
-            return body
-        if isinstance(body, str):
-            return body.encode("utf-8", "surrogatepass")
-        return json.dumps(body, default=str).encode()
-    return json.dumps(list(body), default=str).encode()  # a sequence body: its sections
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    return str(value)
-
-
-def _key(name: Any) -> str:
-    return name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else str(name)
-
-
-def _property(value: Any) -> Property:
-    """A property value filters and payloads can hold: text, bytes, a number, a bool."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, bytes):
-        try:  # the SDK hands received text as bytes
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return value
-    if isinstance(value, datetime):
-        return _iso(value)
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    return str(value)
-
-
-def _iso(moment: datetime | None) -> str | None:
-    if moment is None:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat()
-
-
 class ServiceBusPayload(NamedTuple):
     """The broker payload: the message's lane, the filters' message, the SDK's message."""
 
@@ -440,14 +368,16 @@ class ServiceBusPayload(NamedTuple):
         return str(self.received.lock_token)
 
 
-def dead_letter_details(reason: str, verdicts: Sequence[Verdict]) -> tuple[str, str]:
+def dead_letter_details(reason: str, verdicts: Sequence[Verdict],
+                        detail: str = "") -> tuple[str, str]:
     """``(reason, description)`` of a dead-lettered message, within Service Bus's limits.
 
     The reason is ``sharedstream.rejected`` or ``sharedstream.max_redeliveries``;
-    the description names the triggers and what they said.
+    the description names the triggers and what they said, then ``detail``
+    (what the producer itself found: ``"undecodable body: ..."``).
     """
     found = dead_letter_annotations(reason, verdicts)
     said = "; ".join(part for part in (
         f"triggers {found[ANNOTATION_TRIGGERS]}" if ANNOTATION_TRIGGERS in found else "",
-        found.get(ANNOTATION_DETAIL, "")) if part)
+        found.get(ANNOTATION_DETAIL, ""), detail) if part)
     return f"sharedstream.{reason}"[:_MAX_DETAIL], (said or reason)[:_MAX_DETAIL]

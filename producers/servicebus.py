@@ -80,6 +80,11 @@ from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._servicebus_received import (
+    UndecodableBodyError,
+    guard_sdk_decoder,
+    read_message,
+)
 from sharedstream.producers._servicebus_republish import (
     ServiceBusRepublishError,
     republish_messages,
@@ -100,7 +105,6 @@ from sharedstream.producers._servicebus_types import (
     dead_letter_details,
     namespace_of,
     open_client,
-    read_message,
     receiver_options,
     sdk_error,
     transient,
@@ -135,6 +139,15 @@ _GLANCE = 0.05
 """Seconds a receive waits while settlements may be queued behind it (see _receive_loop)."""
 _COMPLETE_TURN = 500
 """Completions sent in one turn of a receiver's link at most."""
+_HOLLOW_LIMIT = 3
+"""Receives in a row that return nothing in under half their wait before the poll ends.
+
+The SDK's receiver returns at once, empty, forever once its link has shut
+down (7.15 shuts it down on a message it cannot decode, see
+:func:`guard_sdk_decoder`), without ever yielding to the event loop: a
+loop receiving again and again would hold the event loop, signals
+included. A healthy empty receive waits its whole wait.
+"""
 CLOSE_TIMEOUT = 5.0
 """Seconds one SDK close (a receiver, the client) may take before it is given up.
 
@@ -150,8 +163,9 @@ comes again when its lock lapses.
 _sdk = OptionalSdk(broker="Service Bus", package="azure.servicebus", extra="servicebus",
                    error=ServiceBusConfigError)
 
-_Disposal = tuple[ServiceBusPayload, str, Sequence[Verdict]]
-"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
+_Disposal = tuple[ServiceBusPayload, str, Sequence[Verdict], str]
+"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), who said what, and
+what the producer found itself (an undecodable body; else empty)."""
 
 _consumed = SourceClaims()
 """Entities consumed in this process, and the settings fingerprint consuming each."""
@@ -214,7 +228,12 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     # -- connection ----------------------------------------------------------------------
 
     def _connect(self) -> None:
-        """Create the client (no I/O until a receiver opens); see :func:`open_client`."""
+        """Create the client (no I/O until a receiver opens); see :func:`open_client`.
+
+        Guards the SDK's decoder first (process-wide, once): a message it
+        cannot decode is dead-lettered alone instead of shutting the link.
+        """
+        guard_sdk_decoder(_sdk("azure.servicebus._pyamqp.aio._receiver_async"))
         self._client, self._identity = open_client(
             self.settings, _sdk("azure.servicebus.aio"), _sdk("azure.core.credentials"))
 
@@ -275,6 +294,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         received from the session is outstanding.
         """
         s, in_flight = self.settings, self._in_flight
+        clock, hollow = asyncio.get_running_loop().time, 0
         while True:
             await in_flight.room(s.max_messages)
             in_flight.take(s.max_messages)  # reserve room for a full receive
@@ -284,6 +304,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             busy = (self._open.get(id(receiver)) if session is not None
                     else self._held or not self._completes.idle)
             wait = _GLANCE if busy else min(s.max_wait_time, self._leases.lease / 4)
+            started = clock()
             try:
                 async with self._turns.lock(receiver):
                     received = await self._call("Receive", functools.partial(
@@ -294,6 +315,12 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 raise
             finally:
                 in_flight.release(s.max_messages)
+            hollow = 0 if received or clock() - started >= wait / 2 else hollow + 1
+            if hollow >= _HOLLOW_LIMIT:
+                self._linked = False
+                raise ServiceBusRequestError(
+                    f"Receive on {self.entity} returned nothing at once {hollow} times in a row: "
+                    "the SDK's receive link has shut down; the poll restarts")
             self._linked = True
             in_flight.take(len(received))
             if received:
@@ -302,25 +329,40 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 return
 
     async def _take(self, receiver: Any, session: str | None, received: list[Any]) -> None:
-        """Hold the locks of what a receive got and hand it to the poll."""
+        """Hold the locks of what a receive got and hand it to the poll.
+
+        Dead-letters at once, each alone, a message whose body has no bytes
+        (:class:`UndecodableBodyError`, reason ``rejected``) and one
+        delivered too often (``max_redeliveries``); neither is fanned out.
+        """
         body_types = _sdk("azure.servicebus.amqp").AmqpMessageBodyType
         now = self._leases.now()
         taken: list[ServiceBusPayload] = []
         poison: list[_Disposal] = []
         for raw in received:
-            message = read_message(self.entity, raw, body_types)
+            undecodable = ""
+            try:
+                message = read_message(self.entity, raw, body_types)
+            except UndecodableBodyError as exc:
+                message, undecodable = exc.message, f"undecodable body: {exc}"
             lane: tuple[str, Hashable] = (("session", session) if session is not None
                                           else ("message", message.sequence_number))
             payload = ServiceBusPayload(lane, message, raw, receiver)
+            if session is not None:  # counted off again when settled, fanned out or not
+                self._open[id(receiver)] = self._open.get(id(receiver), 0) + 1
+            if undecodable:
+                log.warning("dead-lettering a message whose body does not decode",
+                            entity=self.entity, sequence_number=message.sequence_number,
+                            detail=undecodable)
+                poison.append((payload, REASON_REJECTED, (), undecodable))
+                continue
             if self._floors.poisoned_on_arrival(message.sequence_number,
                                                 message.delivery_count + 1):
                 # Delivered that often without resolving (crashes, lapses): never fan it out.
-                poison.append((payload, REASON_MAX_REDELIVERIES, ()))
+                poison.append((payload, REASON_MAX_REDELIVERIES, (), ""))
                 continue
             if session is None:
                 self._hold(payload, now)
-            else:
-                self._open[id(receiver)] = self._open.get(id(receiver), 0) + 1
             taken.append(payload)
         if taken:
             self._workers.put(taken)
@@ -477,9 +519,9 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             elif where in (AGAIN, BOUNCE):
                 abandons.append(payload)
             elif where == POISON:
-                dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
+                dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts, ""))
             elif where == REJECTED:
-                dispose.append((payload, REASON_REJECTED, outcome.verdicts))
+                dispose.append((payload, REASON_REJECTED, outcome.verdicts, ""))
             else:  # LEAVE: fanned out to nobody; its lock lapses and it is delivered again
                 self._done([payload])
         return completes, abandons, dispose
@@ -554,28 +596,28 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         A dead-lettering that fails leaves the message locked until its lock
         lapses: it comes again, and is dead-lettered then.
         """
-        details = {id(payload): dead_letter_details(reason, verdicts)
-                   for payload, reason, verdicts in items}
+        details = {id(payload): dead_letter_details(reason, verdicts, detail)
+                   for payload, reason, verdicts, detail in items}
 
         async def dead_letter(payload: ServiceBusPayload) -> None:
             reason, description = details[id(payload)]
             await payload.receiver.dead_letter_message(
                 payload.received, reason=reason, error_description=description)
 
-        for payload, _, _ in items:
+        for payload, *_ in items:
             self._settled(payload)
-        failed = await self._settle_each("DeadLetter", [p for p, _, _ in items], dead_letter)
+        failed = await self._settle_each("DeadLetter", [p for p, *_ in items], dead_letter)
         refused = {id(p) for p, _ in failed}
         self._report(logging.ERROR, "dead-lettering messages did not take; their locks lapse, "
                      "they come again and are dead-lettered then",
                      [(p, said(exc)) for p, exc in failed])
-        for payload, reason, verdicts in items:
+        for payload, reason, verdicts, _ in items:
             number = payload.message.sequence_number
             if id(payload) in refused:
                 continue
             self._floors.forget(number)
             self._letters.sent(f"{number}", f"{self.entity}/$DeadLetterQueue", reason, verdicts)
-        self._done([payload for payload, _, _ in items])
+        self._done([payload for payload, *_ in items])
 
     async def _renew(self, tokens: Sequence[str]) -> list[str]:
         """The lease keeper's renewal: each lock up to ``max_lock_renewal`` after arrival."""

@@ -64,6 +64,7 @@ ENTITIES: Mapping[str, Any] = {
     "queues": [
         _queue("complete"), _queue("abandon"), _queue("dead-letter"), _queue("peek"),
         _queue("batch"), _queue("receive-and-delete"), _queue("credit"), _queue("sync"),
+        _queue("bodies"),
         _queue("expiry", lock_duration=LOCK_SECONDS),
         _queue("renew", lock_duration=LOCK_SECONDS),
         _queue("poison", max_delivery_count=3),

@@ -128,6 +128,45 @@ async def test_a_dead_lettered_message_is_in_the_dead_letter_queue_with_its_reas
             await dlq.complete_message(letter)
 
 
+async def test_value_and_sequence_bodies_are_carried_as_sent(client: Any) -> None:
+    """AMQP value and sequence bodies (JMS map messages, other clients) arrive as they left.
+
+    Sent alone and in a batch; received, peeked, and dead-lettered with the
+    body intact. The SDK hands AMQP strings over as bytes.
+    """
+    amqp = servicebus.amqp
+    order = {"id": 7, "kind": "order", "lines": [{"sku": "a", "qty": 2}]}
+    await send(client, "bodies", [amqp.AmqpAnnotatedMessage(value_body=order),
+                                  amqp.AmqpAnnotatedMessage(sequence_body=[[1, "two"], [3]]),
+                                  amqp.AmqpAnnotatedMessage(value_body="text")])
+    async with client.get_queue_sender("bodies", keep_alive=None) as sender:
+        batch = await sender.create_message_batch()
+        batch.add_message(amqp.AmqpAnnotatedMessage(value_body={"batched": True}))
+        batch.add_message(Message("data"))
+        await sender.send_messages(batch)
+    kinds = amqp.AmqpMessageBodyType
+    wanted = [(kinds.VALUE, {b"id": 7, b"kind": b"order", b"lines": [{b"sku": b"a", b"qty": 2}]}),
+              (kinds.SEQUENCE, [[1, b"two"], [3]]), (kinds.VALUE, b"text"),
+              (kinds.VALUE, {b"batched": True}), (kinds.DATA, [b"data"])]
+
+    def shown(messages: Sequence[Any]) -> list[tuple[Any, Any]]:
+        return [(m.body_type, m.body if m.body_type == kinds.VALUE else list(m.body))
+                for m in messages]
+
+    async with client.get_queue_receiver("bodies") as receiver:
+        assert shown(await receiver.peek_messages(10)) == wanted
+        received = await receive(receiver, 5)
+        assert shown(received) == wanted
+        await receiver.dead_letter_message(received[0], reason="kept")
+        for message in received[1:]:
+            await receiver.complete_message(message)
+    async with client.get_queue_receiver("bodies", sub_queue="deadletter") as dlq:
+        [letter] = await receive(dlq, 1)
+        assert shown([letter]) == wanted[:1]
+        assert letter.dead_letter_reason == "kept"
+        await dlq.complete_message(letter)
+
+
 # -- locks -----------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from sharedstream.engine.events import TriggerEvent
 from sharedstream.engine.manager import SharedStreamManager
 from sharedstream.producers.servicebus import (
     ServiceBusConfigError,
+    ServiceBusRequestError,
     ServiceBusSharedStreamProducer,
 )
 from sharedstream.testing.conformance import ProducerConformance, Session, values
@@ -27,6 +28,7 @@ from sharedstream.testing.scripts import Script
 from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
 from tests.log_lines import fields_of
 from tests.servicebus.harness import (
+    SESSION,
     SHORT_LOCK,
     ConformanceServiceBusTrigger,
     ServiceBusHarness,
@@ -173,6 +175,108 @@ async def test_a_message_delivered_too_often_is_dead_lettered_on_arrival(
         await eventually_async(lambda: plain.committed(stream), 2, what="both settled")
     finally:
         await session.close()
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A map ``depth`` maps deep: past the SDK's decoder (64) from 65 on."""
+    value: dict[str, Any] = {"kind": "deep"}
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+async def test_odd_bodies_neither_stall_nor_poison_their_neighbours(
+    harness: ServiceBusHarness,
+) -> None:
+    """AMQP value and sequence bodies among data ones: each handled alone, the others untouched.
+
+    A map body (a JMS ``MapMessage``) is its JSON, a sequence body the JSON
+    array of its items; a map nested past the SDK's decoder (80 deep) is
+    dead-lettered alone with ``sharedstream.rejected`` and the reason, the
+    rest stored and completed. Before: the map failed the receive's whole
+    batch, and the deep one shut the SDK's link and held the event loop.
+    """
+    amqp = pytest.importorskip("azure.servicebus.amqp")
+    stream = await harness.create_stream()
+    session = SESSION if harness.sessions else None
+    group = {"group_id": session} if session else None
+
+    def value(body: Any) -> Any:
+        return amqp.AmqpAnnotatedMessage(value_body=body, properties=group)
+
+    sent = [ServiceBusMessage(b'{"n": 0}', session_id=session), value({"n": 1, "kind": "map"}),
+            ServiceBusMessage(b'{"n": 2}', session_id=session), value(nested(80)),
+            amqp.AmqpAnnotatedMessage(sequence_body=[[3, "three"]], properties=group),
+            ServiceBusMessage(b'{"n": 4}', session_id=session)]
+    manager = SharedStreamManager(ack_timeout=30.0)
+    runner = SupervisedRunner(manager, ServiceBusSharedStreamTrigger(
+        **harness.trigger_kwargs(stream), payload_format="json"), 1).start()
+    try:
+        async with harness.client.get_queue_sender(stream.name, keep_alive=None) as sender:
+            await sender.send_messages(sent)
+        await eventually(lambda: len(runner.events) == 5, within=20, what="five events")
+        await eventually(lambda: harness.server.unsettled(stream.name) == 0, within=20,
+                         what="every message settled")
+        assert [e.payload["value"] for e in runner.events] == [
+            {"n": 0}, {"n": 1, "kind": "map"}, {"n": 2}, [3, "three"], {"n": 4}]
+        receiver = harness.client.get_queue_receiver(
+            stream.name, sub_queue="deadletter", max_wait_time=1, keep_alive=None)
+        async with receiver:  # the producer guarded the SDK's decoder: the letter arrives
+            [letter] = await receiver.receive_messages(max_message_count=10, max_wait_time=1)
+            await receiver.complete_message(letter)
+        assert letter.sequence_number == 4
+        assert letter.dead_letter_reason == "sharedstream.rejected"
+        assert letter.dead_letter_error_description.startswith(
+            "undecodable body: the SDK could not decode the message (ValueError: AMQP value "
+            "nesting exceeds maximum depth of 64)")
+    finally:
+        await runner.stop()
+        await manager.stop_all()
+
+
+async def test_a_receive_link_the_sdk_shut_down_ends_the_poll_without_holding_the_loop(
+    plain: ServiceBusHarness, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the decoder guard, the deep map shuts the SDK's link: the poll ends, promptly.
+
+    The shut-down receiver returns nothing at once, forever, never yielding
+    to the event loop; receiving again and again held the loop (signals
+    too). The producer takes three such receives in a row for what they
+    are and ends the poll (the runtime restarts it), the loop never held.
+    """
+    receiver_async = pytest.importorskip("azure.servicebus._pyamqp.aio._receiver_async")
+    decode = pytest.importorskip("azure.servicebus._pyamqp._decode")
+    amqp = pytest.importorskip("azure.servicebus.amqp")
+    monkeypatch.setattr(receiver_async, "decode_payload", decode.decode_payload)
+    monkeypatch.setattr("sharedstream.producers.servicebus.guard_sdk_decoder", lambda _: False,
+                        raising=False)
+    stream = await plain.create_stream()
+    async with plain.client.get_queue_sender(stream.name, keep_alive=None) as sender:
+        await sender.send_messages([ServiceBusMessage(b"before"),
+                                    amqp.AmqpAnnotatedMessage(value_body=nested(80))])
+    producer = ServiceBusSharedStreamProducer(ServiceBusSharedStreamTrigger(
+        **plain.trigger_kwargs(stream)).settings())
+    loop, gaps = asyncio.get_running_loop(), [0.0]
+
+    async def heartbeat() -> None:
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.01)
+            gaps.append(loop.time() - before)
+
+    beating = asyncio.create_task(heartbeat(), name="heartbeat")
+    polled = producer.open_stream()
+    assert isinstance(polled, AsyncGenerator)
+    try:
+        message, _ = await asyncio.wait_for(anext(polled), 10)
+        assert message.body == b"before"
+        with pytest.raises(ServiceBusRequestError, match="receive link has shut down"):
+            await asyncio.wait_for(anext(polled), 10)
+        assert max(gaps) < 1.0, f"the event loop was held {max(gaps):.1f} s"
+    finally:
+        beating.cancel()
+        await polled.aclose()
+        await producer.aclose()
 
 
 async def test_watchers_of_a_topic_subscription_match_on_properties(

@@ -379,3 +379,27 @@ def test_a_batch_is_unpacked_and_a_delivery_keeps_what_was_sent() -> None:
     assert out.properties == {"i": 1, "DeadLetterReason": "r"}
     assert out.annotations == {"x-opt-sequence-number": 7, "x-opt-enqueued-time": 1500,
                                "x-opt-locked-until": 61500}
+
+
+def test_a_value_body_nested_thousands_deep_is_carried_byte_for_byte() -> None:
+    """The server delimits a value body, never reads it: any depth arrives as it was sent.
+
+    Proton's reader recurses once per level: a body 5,000 deep raised
+    ``RecursionError`` in the server's handler and stopped the server.
+    """
+    proton = pytest.importorskip("proton")
+    from sharedstream.testing.servicebus import wire  # noqa: PLC0415 - needs proton
+
+    value = bytes([0x54, 1])  # smallint 1, in 5,000 one-item list32s
+    for _ in range(5000):
+        value = bytes([0xD0]) + (len(value) + 4).to_bytes(4, "big") + (1).to_bytes(4, "big") \
+            + value
+    data = proton.Data()
+    data.put_object(proton.Described(proton.ulong(0x74), {"region": "eu"}))
+    body = bytes([0x00, 0x53, 0x77]) + value  # amqp-value
+    sent = bytes(data.encode()) + body
+    assert wire.unpack(sent) == [sent]
+    facts = wire.message_facts(sent)
+    assert facts.application_properties == {"region": "eu"}
+    out = wire.delivery_bytes(Delivery(facts, 3, 1.5, 0, uuid.uuid4(), 61.5))
+    assert out.endswith(body)

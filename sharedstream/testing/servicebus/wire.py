@@ -43,11 +43,17 @@ _PROPERTY_FIELDS = {0: "message_id", 2: "to", 3: "subject", 4: "reply_to", 5: "c
                     6: "content_type", 10: "session_id", 12: "reply_to_session_id"}
 
 Section = tuple[int, Any, bytes]
-"""``(section code, decoded value, encoded bytes)``; a data section's value is ``bytes``."""
+"""``(section code, decoded value, encoded bytes)``; a data section's value is ``bytes``, an
+AMQP value or sequence section's ``None`` (never read)."""
 
 
 def sections(encoded: bytes) -> list[Section]:
-    """Every section of an encoded message, in order; ``ValueError`` if it is not one."""
+    """Every section of an encoded message, in order; ``ValueError`` if it is not one.
+
+    An AMQP value or sequence body is delimited, never read into Python
+    (its value is ``None``): the server carries it as bytes, as Service Bus
+    does, however deep it nests (proton's reader recurses once per level).
+    """
     found: list[Section] = []
     position, view = 0, memoryview(encoded)
     while position < len(view):
@@ -57,15 +63,16 @@ def sections(encoded: bytes) -> list[Section]:
         except DataException as exc:
             raise ValueError(f"not an AMQP message: {exc}") from exc
         data.rewind()
-        data.next()
-        value = data.get_object()
-        if not isinstance(value, Described) or size <= 0:
+        if data.next() != Data.DESCRIBED or size <= 0:
             raise ValueError("not an AMQP message: a section is not a described value")
-        descriptor = value.descriptor
+        data.enter()
+        data.next()
+        descriptor = data.get_object()
         code = descriptor if isinstance(descriptor, int) else _SYMBOLIC.get(str(descriptor), -1)
         if code not in range(HEADER, FOOTER + 1):
             raise ValueError(f"not an AMQP message: unknown section {descriptor!r}")
-        body = value.value
+        data.next()
+        body = None if code in (AMQP_SEQUENCE, AMQP_VALUE) else data.get_object()
         if code == DATA and isinstance(body, bytes | memoryview):
             body = bytes(body)  # a copy: proton's view dies with its buffer
         found.append((int(code), body, bytes(view[position:position + size])))
