@@ -14,7 +14,7 @@ so that Airflow does not execute hundreds of tasks during the measurement:
 
 * ``ours C`` - N runs queued in a fresh SQLite store (N stored events of one
   asset, each making one run of one DAG, before the clock starts), then a real
-  :class:`~sharedstream.dispatch.Dispatcher` (default settings) with the real
+  :class:`~sharedstream.dispatch.Dispatcher` (default settings but ``--claim-ahead``) with the real
   ``airflow`` target at ``max_concurrency`` C, until the store holds all N
   ``dispatched``: claims, deliveries and the store's records of them, sign-in
   included.
@@ -298,6 +298,7 @@ class TimedAirflowTarget(AirflowTarget):
 
 async def run_ours(server: AirflowServer, workdir: Path, dag_id: str, *, runs: int,
                    concurrency: int, limit: float, follow_interval: float,
+                   claim_ahead: int = DispatchSettings.claim_ahead,
                    ) -> tuple[float, dict[str, Any]]:
     """The dispatcher delivering N pre-queued runs; seconds until all are recorded dispatched.
 
@@ -317,7 +318,8 @@ async def run_ours(server: AirflowServer, workdir: Path, dag_id: str, *, runs: i
     db = TimedDb(runs)
     dispatcher = Dispatcher(triggerer_id="bench", routes={OUR_DAG: Route("airflow", target)},
                             store=store, db=db, payload_of=unpack_event_payload,
-                            settings=DispatchSettings(follow_interval=follow_interval))
+                            settings=DispatchSettings(follow_interval=follow_interval,
+                                                      claim_ahead=claim_ahead))
     try:
         began = time.perf_counter()
         await dispatcher.open()
@@ -403,7 +405,8 @@ async def throughput(server: AirflowServer, args: argparse.Namespace, workdir: P
                 if case == "ours":
                     seconds, detail = await run_ours(
                         server, workdir, dag_id, runs=args.runs, concurrency=concurrency,
-                        limit=args.timeout, follow_interval=args.follow_interval)
+                        limit=args.timeout, follow_interval=args.follow_interval,
+                        claim_ahead=args.claim_ahead)
                 else:
                     seconds, detail = await run_bare(server, dag_id, args.runs, concurrency)
                 detail |= meter.stop()
@@ -618,6 +621,7 @@ def write_results(args: argparse.Namespace, stem: str, results: list[CaseResult]
         "cpus": os.cpu_count(), "airflow": "3.3.2", "airflow_db": args.airflow_db,
         "runs": args.runs, "rounds": args.rounds, "concurrency": args.concurrency,
         "follow_interval": args.follow_interval, "fetch_wait_ms": args.fetch_wait_ms,
+        "claim_ahead": args.claim_ahead,
         "medians": [{"case": r.case, "runs_per_s": round(r.per_s, 1), "round": r.round}
                     for r in median_runs(results)],
         "ratios": ratios, "cases": details, "latency": lat}, indent=2) + "\n")
@@ -667,6 +671,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--follow-interval", type=float, default=5.0,
                         help="ours: the dispatcher's follow_interval (default 5, [dispatch]'s; "
                         "a large value leaves out asking Airflow about the runs it has)")
+    parser.add_argument("--claim-ahead", type=int, default=DispatchSettings.claim_ahead,
+                        help="ours: the dispatcher's claim_ahead (default: [dispatch]'s, "
+                        f"{DispatchSettings.claim_ahead})")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     parser.add_argument("--quick", action="store_true",
                         help="30 runs, 1 round, C = 1; 5 s of latency; writes dispatch-quick.*")
