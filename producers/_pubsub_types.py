@@ -37,6 +37,7 @@ from sharedstream.engine.producer import Verdict
 
 __all__ = [
     "ACK_BATCH",
+    "CHANNEL_OPTIONS",
     "DLQ_ATTRIBUTE_DELIVERY_ATTEMPT",
     "DLQ_ATTRIBUTE_DETAIL",
     "DLQ_ATTRIBUTE_MESSAGE_ID",
@@ -90,6 +91,16 @@ class PubSubRequestError(PubSubProducerError, BrokerRequestError):
 class PubSubDeadLetterError(PubSubProducerError, BrokerDeadLetterError):
     """A copy could not be published to the dead-letter topic; the message was kept."""
 
+
+CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1),
+                   ("grpc.max_receive_message_length", -1))
+"""gRPC options of a channel to an emulator host: no message size limit on our side.
+
+gRPC's default receive limit is 4 MiB, and Pub/Sub takes messages of up to
+10 MB: a streaming pull response carrying one larger message failed with
+``RESOURCE_EXHAUSTED`` on every try, for good. Google's own transports lift
+both limits the same way; Pub/Sub (or the emulator) enforces its own.
+"""
 
 _TRANSIENT = ("DeadlineExceeded", "ServiceUnavailable", "InternalServerError", "Aborted",
               "TooManyRequests", "ResourceExhausted", "Unknown", "BadGateway", "GatewayTimeout")

@@ -90,6 +90,7 @@ from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._pubsub_republish import PubSubRepublishError, republish_messages
 from sharedstream.producers._pubsub_types import (
     ACK_BATCH,
+    CHANNEL_OPTIONS,
     DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
     DLQ_ATTRIBUTE_DETAIL,
     DLQ_ATTRIBUTE_MESSAGE_ID,
@@ -189,6 +190,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         self._floors: LaneFloors[str] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._client_id = uuid.uuid4().hex
         self._pulling = False  # a streaming pull is open (connected)
+        self._breaks: tuple[str, int] = ("", 0)  # the last stream error, and how often in a row
 
     @property
     def discarded(self) -> int:
@@ -206,7 +208,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         """New async GAPIC clients: a subscriber, and a publisher (or ``None``). No I/O yet.
 
         With an emulator host (the setting, else ``PUBSUB_EMULATOR_HOST``) the
-        transport is an insecure channel to it, as the SDK's own clients do;
+        transport is an insecure channel to it, without gRPC's message size
+        limits (:data:`CHANNEL_OPTIONS`), as the SDK's own clients do;
         otherwise the default transport with Application Default Credentials.
         The caller closes them (``client.transport.close()``).
         """
@@ -219,10 +222,11 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         aio = _sdk("grpc").aio
         return (subscribing.SubscriberAsyncClient(
                     transport=subscribing.transports.SubscriberGrpcAsyncIOTransport(
-                        channel=aio.insecure_channel(host))),
+                        channel=aio.insecure_channel(host, options=CHANNEL_OPTIONS))),
                 publishing.PublisherAsyncClient(
                     transport=publishing.transports.PublisherGrpcAsyncIOTransport(
-                        channel=aio.insecure_channel(host))) if publisher else None)
+                        channel=aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
+                if publisher else None)
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """One unary call (counted), transient errors retried, the rest wrapped."""
@@ -296,10 +300,12 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         try:
             # Returns once the call's headers are on the wire: a connection is up.
             stream = await self._subscriber.streaming_pull(requests=requests(), retry=None)
-        except exceptions.GoogleAPICallError:
+        except exceptions.GoogleAPICallError as exc:
             self._pulling = False
+            self._stream_broke(exc, reopening=False)
             raise
         self._pulling = True
+        opened = self._leases.now()
         delivered = False
         try:
             async for response in stream:
@@ -308,12 +314,34 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
                 await self._in_flight.room()
         except exceptions.GoogleAPICallError as exc:
             self._pulling = False
+            self._stream_broke(exc, lived=self._leases.now() - opened, reopening=delivered)
             if not delivered:
                 raise
-            log.info("streaming pull ended; opening another", subscription=self.subscription,
-                     error=exc)
         finally:
             stream.cancel()
+
+    def _stream_broke(self, exc: Exception, lived: float = 0.0, *, reopening: bool = True,
+                      ) -> None:
+        """Say that a streaming pull ended with ``exc``; loudly when it keeps ending that way.
+
+        Pub/Sub ends streams now and then (said at INFO when it is reopened
+        at once, ``reopening``; otherwise the error is raised to the retry,
+        which says it). The same error
+        three times in a row (streams that lived ``lived`` seconds, under a
+        minute), and every tenth time after, is a WARNING with the count: a
+        stream that can never get past something (a message too large for
+        the channel, say) is retried, never silently.
+        """
+        said = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+        last, count = self._breaks
+        count = count + 1 if said == last and lived < 60.0 else 1
+        self._breaks = (said, count)
+        if count >= 3 and (count == 3 or count % 10 == 0):
+            log.warning("streaming pull keeps ending with the same error; opening another",
+                        subscription=self.subscription, error=said, times_in_a_row=count)
+        elif reopening:
+            log.info("streaming pull ended; opening another", subscription=self.subscription,
+                     error=said)
 
     async def _take(self, response: Any) -> None:
         """Hold the leases of a response's messages and hand them to the poll."""

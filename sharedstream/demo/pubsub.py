@@ -98,11 +98,12 @@ class PubSubDemoBroker:
 
     async def _serve(self) -> None:
         grpc_aio: Any = importlib.import_module("grpc.aio")
+        from sharedstream.testing.pubsub.server import SERVER_OPTIONS  # noqa: PLC0415
         from sharedstream.testing.pubsub.service import PubSubService  # noqa: PLC0415
 
         self._service = PubSubService(pull_wait=0.5)
         self._stop_serving = asyncio.Event()
-        server = grpc_aio.server(handlers=self._service.handlers())
+        server = grpc_aio.server(handlers=self._service.handlers(), options=SERVER_OPTIONS)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         self.host = f"127.0.0.1:{port}"

@@ -28,6 +28,7 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncI
 from google.pubsub_v1.types import PubsubMessage
 
 from sharedstream import BaseEventTrigger
+from sharedstream.producers._pubsub_types import CHANNEL_OPTIONS
 from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_MESSAGE_ID,
     DLQ_ATTRIBUTE_REASON,
@@ -35,6 +36,7 @@ from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_TRIGGERS,
 )
 from sharedstream.testing.harness import DeadLetter, Features, Stream
+from sharedstream.testing.pubsub.server import SERVER_OPTIONS
 from sharedstream.testing.pubsub.service import PubSubService
 from sharedstream.testing.scripts import ScriptedTrigger
 from sharedstream.triggers.pubsub import PubSubSharedStreamTrigger
@@ -74,7 +76,7 @@ class ThreadedPubSubServer:
     async def _serve(self) -> None:
         self._service = PubSubService(pull_wait=0.5)
         self._stop = asyncio.Event()
-        server = grpc.aio.server(handlers=self._service.handlers())
+        server = grpc.aio.server(handlers=self._service.handlers(), options=SERVER_OPTIONS)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         self.host = f"127.0.0.1:{port}"
@@ -149,9 +151,9 @@ class PubSubHarness:
     async def start(self) -> None:
         host = self.server.host
         self.publisher = PublisherAsyncClient(transport=PublisherGrpcAsyncIOTransport(
-            channel=grpc.aio.insecure_channel(host)))
+            channel=grpc.aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
         self.subscriber = SubscriberAsyncClient(transport=SubscriberGrpcAsyncIOTransport(
-            channel=grpc.aio.insecure_channel(host)))
+            channel=grpc.aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
 
     async def close(self) -> None:
         for client in (self.publisher, self.subscriber):

@@ -87,6 +87,33 @@ async def test_ordering_key_lanes_keep_order(keyed: PubSubHarness) -> None:
         await session.close()
 
 
+async def test_messages_up_to_pubsubs_limit_flow_with_the_others(keyless: PubSubHarness,
+                                                                   ) -> None:
+    """9 MB messages among small ones: every one reaches the watcher and is acked.
+
+    gRPC's default receive limit (4 MiB) on our channel to an emulator host
+    failed every streaming pull whose response carried one: nothing was
+    stored and nothing acked, for good.
+    """
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    big = [f"big{i}".encode() + b"x" * (9 * 1024 * 1024) for i in range(3)]
+    small = values(60)
+    try:
+        runner = session.run()
+        await keyless.produce(stream, small[:30])
+        for value in big:  # one per publish request: a request is at most 10 MB
+            await keyless.produce(stream, [value])
+        await keyless.produce(stream, small[30:])
+        await eventually(lambda: len(runner.values()) == 63, within=60, what="all 63")
+        await eventually_async(lambda: keyless.committed(stream), 63, within=30,
+                               what="all acked")
+        assert sorted(runner.values()) == sorted(small + big)
+        assert await keyless.dead_letters(stream) == []
+    finally:
+        await session.close()
+
+
 async def test_a_nacked_message_is_redelivered_and_stored_once(keyless: PubSubHarness) -> None:
     """A failure nacks the message: it comes again, to the failed watcher, under the same name.
 

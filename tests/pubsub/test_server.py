@@ -20,12 +20,19 @@ from unittest import mock
 import grpc
 import pytest
 from google.api_core import exceptions
-from google.pubsub_v1.services.publisher import PublisherAsyncClient
-from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOTransport
+from google.pubsub_v1.services.publisher import PublisherAsyncClient, PublisherClient
+from google.pubsub_v1.services.publisher.transports import (
+    PublisherGrpcAsyncIOTransport,
+    PublisherGrpcTransport,
+)
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
-from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
+from google.pubsub_v1.services.subscriber.transports import (
+    SubscriberGrpcAsyncIOTransport,
+    SubscriberGrpcTransport,
+)
 from google.pubsub_v1.types import PubsubMessage, StreamingPullRequest, StreamingPullResponse
 
+from sharedstream.producers._pubsub_types import CHANNEL_OPTIONS
 from sharedstream.testing.pubsub.service import PubSubService, _Stream
 from sharedstream.testing.pubsub.state import Consumer, SubscriptionSettings
 from tests.pubsub.conftest import PROJECT, pubsub_v1, streaming
@@ -95,6 +102,30 @@ def test_published_messages_arrive_with_ids_attributes_and_publish_time(
         assert started - 1 <= message.publish_time.timestamp() <= time.time() + 1
         assert message.delivery_attempt is None  # no dead-letter policy: not reported
     assert pull(subscriber, subscription, timeout=1.5) == []  # acked: nothing comes back
+
+
+def test_messages_up_to_10_mb_pass_and_larger_requests_are_refused_as_pubsub_does(
+        publisher: Any, pubsub_emulator_host: str, topic: str,
+        new_subscription: Callable[..., str]) -> None:
+    subscription = new_subscription()
+    big = b"x" * (9 * 1024 * 1024)
+    publish(publisher, topic, [big, b"small"])
+    # The SDK's own subscriber keeps gRPC's 4 MiB receive limit with an emulator host
+    # (RESOURCE_EXHAUSTED on this response); one on a channel without it, as ours:
+    unbounded = pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(
+        channel=grpc.insecure_channel(pubsub_emulator_host, options=CHANNEL_OPTIONS)))
+    try:
+        received = pull(unbounded, subscription)  # one response: the big one, then the rest
+        received += pull(unbounded, subscription)
+    finally:
+        unbounded.close()
+    direct = PublisherClient(transport=PublisherGrpcTransport(  # one request, unbatched
+        channel=grpc.insecure_channel(pubsub_emulator_host, options=CHANNEL_OPTIONS)))
+    assert sorted(len(m.message.data) for m in received) == [5, len(big)]
+    six = b"y" * (6 * 1024 * 1024)
+    with pytest.raises(exceptions.InvalidArgument,
+                       match="Request payload size exceeds the limit: 10485760 bytes"):
+        direct.publish(topic=topic, messages=[PubsubMessage(data=six), PubsubMessage(data=six)])
 
 
 def test_messages_published_before_a_subscription_exists_are_not_delivered_to_it(

@@ -114,3 +114,12 @@ def test_lapse_on_the_last_allowed_attempt_dead_letters() -> None:
     [letter] = state.take(letters, None, 10, 60)
     assert letter.message.data == b"poison"
     assert letter.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+
+
+def test_a_response_is_bounded_in_bytes_but_always_carries_one_message() -> None:
+    state = state_with(Clock())
+    publish(state, b"a" * 600, b"b" * 600, b"c" * 10)
+    first = state.take(SUBSCRIPTION, None, 10, deadline=10, max_bytes=500)
+    assert [d.message.data[:1] for d in first] == [b"a"]  # larger than the bound, alone
+    rest = state.take(SUBSCRIPTION, None, 10, deadline=10, max_bytes=1000)
+    assert [d.message.data[:1] for d in rest] == [b"b", b"c"]

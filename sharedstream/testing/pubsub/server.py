@@ -18,9 +18,14 @@ from pathlib import Path
 
 import grpc.aio
 
-from sharedstream.testing.pubsub.service import PubSubService
+from sharedstream.testing.pubsub.service import REQUEST_LIMIT, PubSubService
 
-__all__ = ["main", "serve"]
+__all__ = ["SERVER_OPTIONS", "main", "serve"]
+
+SERVER_OPTIONS = (("grpc.max_receive_message_length", 2 * REQUEST_LIMIT),
+                  ("grpc.max_send_message_length", -1))
+"""The server takes requests past Pub/Sub's 10 MB limit, so that it can refuse them as Pub/Sub
+does (``INVALID_ARGUMENT``), and answers with messages of any size (gRPC's defaults: 4 MiB)."""
 
 
 async def serve(host: str = "127.0.0.1", port: int = 0, *,
@@ -36,7 +41,7 @@ async def serve(host: str = "127.0.0.1", port: int = 0, *,
     end) and the cancellation propagates.
     """
     service = PubSubService(state_file=state_file)
-    server = grpc.aio.server(handlers=service.handlers())
+    server = grpc.aio.server(handlers=service.handlers(), options=SERVER_OPTIONS)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     try:

@@ -62,11 +62,22 @@ from sharedstream.testing.pubsub.state import (
 )
 from sharedstream.testing.pubsub.state_file import StateFile
 
-__all__ = ["EXACTLY_ONCE_REASON", "INVALID_ACK_ID", "AckIdsFailed", "PubSubService"]
+__all__ = ["EXACTLY_ONCE_REASON", "INVALID_ACK_ID", "MESSAGE_LIMIT", "REQUEST_LIMIT",
+           "RESPONSE_BYTES", "AckIdsFailed", "PubSubService"]
 
 BATCH = 500
 """Most messages in one StreamingPull response (smaller batches spread a
 subscription's messages more evenly over its streams)."""
+
+REQUEST_LIMIT = 10 * 1024 * 1024
+"""Pub/Sub's limit on a publish request (10 MB): a larger one is ``INVALID_ARGUMENT``."""
+
+MESSAGE_LIMIT = 10 * 1024 * 1024
+"""Pub/Sub's limit on one message (its data, attributes and ordering key)."""
+
+RESPONSE_BYTES = 10 * 1024 * 1024
+"""Most message bytes in one pull response, but for its first message (a response always
+carries one message if one is ready, however large)."""
 
 _Pb = Any
 """A raw protobuf message of the client package (proto-plus ships no types for it)."""
@@ -340,9 +351,16 @@ class PubSubService:
     async def _publish(self, request: _Pb, context: object) -> _Pb:
         if not request.messages:
             raise Refused("INVALID_ARGUMENT", "a publish request needs at least one message")
+        size = request.ByteSize()
+        if size > REQUEST_LIMIT:
+            raise Refused("INVALID_ARGUMENT", "Request payload size exceeds the limit: "
+                          f"{REQUEST_LIMIT} bytes.")
         for message in request.messages:
             if not message.data and not message.attributes:
                 raise Refused("INVALID_ARGUMENT", "a message needs data or attributes")
+            if message.ByteSize() > MESSAGE_LIMIT:
+                raise Refused("INVALID_ARGUMENT", "Message size exceeds the limit: "
+                              f"{MESSAGE_LIMIT} bytes.")
         ids = self.state.publish(request.topic, [
             (message.data, message.attributes, message.ordering_key)
             for message in request.messages])
@@ -421,7 +439,7 @@ class PubSubService:
             while True:
                 wake.clear()
                 taken = self.state.take(request.subscription, None, request.max_messages,
-                                        settings.ack_deadline)
+                                        settings.ack_deadline, RESPONSE_BYTES)
                 if taken or loop.time() >= give_up:
                     break
                 with contextlib.suppress(TimeoutError):  # nothing came: answer empty
@@ -517,7 +535,7 @@ class PubSubService:
                 return
             settings, _, _ = self.state.subscription(stream.subscription)
             taken = self.state.take(stream.subscription, stream.consumer, BATCH,
-                                    stream.deadline)
+                                    stream.deadline, RESPONSE_BYTES)
             if not taken and not stream.confirmed:
                 await stream.wake.wait()
                 continue

@@ -369,18 +369,24 @@ class PubSubState:
     # -- delivery -----------------------------------------------------------
 
     def take(self, name: str, consumer: Consumer | None, max_messages: int,
-             deadline: float) -> list[Delivery]:
+             deadline: float, max_bytes: int = 0) -> list[Delivery]:
         """Lease up to ``max_messages`` ready entries for ``deadline`` seconds, oldest first.
 
         ``consumer`` (a stream) bounds the batch by its room; ``None`` is a
-        unary Pull. Raises ``NOT_FOUND`` if the subscription is gone.
+        unary Pull. ``max_bytes`` (0: none) bounds the batch's message
+        sizes, but for its first message. Raises ``NOT_FOUND`` if the
+        subscription is gone.
         """
         sub = self._get(name)
         now = self.clock()
         taken: list[Delivery] = []
+        size = 0
         while sub.ready and len(taken) < max_messages:
             entry = sub.ready[0]
             if consumer is not None and not consumer.has_room_for(entry.message.size):
+                break
+            size += entry.message.size
+            if max_bytes and taken and size > max_bytes:
                 break
             sub.ready.popleft()
             entry.attempts += 1
