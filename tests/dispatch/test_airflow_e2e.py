@@ -5,8 +5,13 @@ queue ``process_orders`` runs whose target is the testing kit's Airflow
 (``[targets.airflow]``, its connection in ``AIRFLOW_CONN_AIRFLOW_E2E``). While
 the runs are dispatched, Airflow's API server is restarted and the triggerer
 is killed with SIGKILL and started again. In the end every order made exactly
-one Airflow run, with its event in the conf, and one task execution, and our
-store followed each run to ``success``.
+one Airflow run, with its event in the conf, whose task ran, and our store
+followed each run to ``success``.
+
+Airflow's own tasks report to its API server, so a task under way while it
+restarts can fail (seen in about one run in two of this test): the DAG
+retries its task, as a DAG in production would, so a run may hold a second
+try of its one task.
 """
 
 from __future__ import annotations
@@ -26,13 +31,15 @@ pytestmark = [pytest.mark.airflow, pytest.mark.timeout(420)]
 DAG_ID = "ss_e2e_orders"
 ORDERS = 24
 DAG_FILE = '''
+import datetime
 import json
 import pathlib
 
 from airflow.sdk import dag, get_current_context, task
 
 
-@dag(dag_id={dag_id!r}, schedule=None, max_active_runs=4)
+@dag(dag_id={dag_id!r}, schedule=None, max_active_runs=4,
+     default_args={{"retries": 2, "retry_delay": datetime.timedelta(seconds=1)}})
 def e2e_orders():
     @task
     def record():
@@ -80,8 +87,13 @@ def test_every_order_makes_one_airflow_run_through_a_restart_and_a_kill(
              timeout=90, what="more runs in Airflow after its restart")
     assert d.stop(first, signal.SIGKILL) == -signal.SIGKILL
     second = d.start()
-    wait_for(lambda: our_states(d) == {"success": ORDERS}, timeout=240,
-             what="every run followed to success in Airflow")
+    try:
+        wait_for(lambda: our_states(d) == {"success": ORDERS}, timeout=240,
+                 what="every run followed to success in Airflow")
+    except AssertionError as exc:  # say where they stand: ours, and Airflow's
+        states = Counter(run["state"] for run in airflow_server.dag_runs(DAG_ID))
+        raise AssertionError(f"{exc}; ours: {dict(our_states(d))}; Airflow's: {dict(states)}; "
+                             f"Airflow restarted: {airflow_server.restarts}") from exc
     assert d.stop(second) == 0
 
     ours = {r["run_id"]: r for r in d.json("runs", "list", "--dag", "process_orders")}
@@ -94,6 +106,8 @@ def test_every_order_makes_one_airflow_run_through_a_restart_and_a_kill(
         [event] = by_id[row["external_id"]]["conf"]["sharedstream"]["events"]
         assert event["payload"]["kind"] == "order"
     ran = [json.loads(line) for line in executions.read_text().splitlines()]
-    assert sorted(Counter(line["run_id"] for line in ran).values()) == [1] * ORDERS
-    ids = sorted(line["conf"]["sharedstream"]["events"][0]["payload"]["id"] for line in ran)
-    assert ids == list(range(ORDERS))  # each order's event reached its task
+    tries = Counter(line["run_id"] for line in ran)
+    assert set(tries) == {run["dag_run_id"] for run in theirs}  # every run's task ran
+    assert max(tries.values()) <= 3  # once, or again by the DAG's retries
+    ids = {line["conf"]["sharedstream"]["events"][0]["payload"]["id"] for line in ran}
+    assert ids == set(range(ORDERS))  # each order's event reached its task
