@@ -68,7 +68,7 @@ async def settle_each(
 ) -> Failed:
     """Settle each payload, counted as ``operation`` in ``calls``; the ones that raised.
 
-    ``in_turn`` (completions, renewals: the volume): one at a time per
+    ``in_turn`` (completions: the volume): one at a time per
     receiver, holding its link. Otherwise (abandons and dead-letterings:
     rare) ``concurrency`` at a time while a receive may be pending: a
     message handed back must go to that receive, in the session's order,

@@ -143,8 +143,8 @@ class ServiceBusSettings:
     """Seconds after receipt past which a lock is no longer renewed."""
     max_redeliveries: int = 5
     settle_concurrency: int = 32
-    """Abandons and dead-letterings in flight at once, and lock renewals per round's batch
-    (completions and renewals go one at a time in turns of the link: see the producer)."""
+    """Abandons and dead-letterings in flight at once (completions go one at a time in turns
+    of the link, lock renewals many to a request: see the producer)."""
     retries: int = 3
     retry_backoff: float = 0.2
 

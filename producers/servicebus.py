@@ -6,10 +6,10 @@ subscription with ``azure.servicebus.aio`` (the ``servicebus`` extra:
 advanced outcome to a settlement:
 
 * **clean** (acked, nobody failed or rejected) - complete it. Completions
-  are queued and sent by the kit's settle sender, ``settle_concurrency`` at
-  a time; ``advance`` returns once they are queued (the events are already
-  stored: a crash before the completion only redelivers the message, and
-  the store skips its events).
+  are queued and sent by the kit's settle sender, in turns of the
+  receiver's link; ``advance`` returns once they are queued (the events are
+  already stored: a crash before the completion only redelivers the
+  message, and the store skips its events).
 * **rejected** - dead-letter it (Service Bus's own dead-letter sub-queue,
   ``<entity>/$DeadLetterQueue``) with the reason ``sharedstream.rejected``
   and a description naming the triggers and what they said.
@@ -17,17 +17,24 @@ advanced outcome to a settlement:
   delivery count grows; once it has failed more than ``max_redeliveries``
   times it is dead-lettered instead (``sharedstream.max_redeliveries``). A
   message that arrives already delivered that often without resolving
-  (crashes, lapsed locks) is dead-lettered without being fanned out.
+  (crashes, lapsed locks) is dead-lettered without being fanned out; the
+  deliveries this process took itself and that ended in none of the
+  message's own failures (a lapsed lock, a completion that did not take)
+  are not counted (see :meth:`ServiceBusSharedStreamProducer._take`).
 * **fanned out to nobody** - left alone: its lock is not renewed and lapses,
   and Service Bus delivers it again.
 
 While a message waits for its subscribers and for its events to be stored,
-its lock is renewed (``renew_message_lock``) once half of it has passed, up
-to ``max_lock_renewal`` seconds after it arrived; renewal stops the moment
-it is advanced. A lock that is lost anyway (the entity's lock is shorter
-than planned, a long outage) only means Service Bus delivers the message
-again: its events are stored under ``<entity>/<sequence number>`` and the
-store skips them as duplicates, never a loss.
+and then for its completion to be sent, its lock is renewed up to
+``max_lock_renewal`` seconds after it arrived: many locks to one
+management request (:mod:`~sharedstream.producers._servicebus_locks`),
+once half of the lock has passed or, on a slow network, once only a few
+observed round trips of that request are left, whichever comes first.
+Renewals do not wait for a receive or a completion to give the link up.
+A lock that is lost anyway (the entity's lock is shorter than planned, a
+long outage) only means Service Bus delivers the message again: its events
+are stored under ``<entity>/<sequence number>`` and the store skips them
+as duplicates, never a loss.
 
 **Lanes.** On an entity without sessions each message is its own lane: one
 slow message holds back nothing else. On a session-enabled entity
@@ -73,13 +80,14 @@ from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
-from sharedstream.brokerkit.redelivery import RedeliveryPolicy
+from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._servicebus_locks import RENEW_BATCH, BatchedLockRenewal
 from sharedstream.producers._servicebus_received import (
     UndecodableBodyError,
     guard_sdk_decoder,
@@ -139,6 +147,11 @@ _GLANCE = 0.05
 """Seconds a receive waits while settlements may be queued behind it (see _receive_loop)."""
 _COMPLETE_TURN = 500
 """Completions sent in one turn of a receiver's link at most."""
+_RENEW_CONCURRENCY = 4
+"""Renew-lock requests in flight at once (each up to ``RENEW_BATCH`` locks of one receiver)."""
+_MARGIN_ROUND_TRIPS = 4
+"""A lock is renewed once no more than this many observed renewal round trips are left of it
+(or half of it, whichever is sooner): a request that takes long is started early enough."""
 _HOLLOW_LIMIT = 3
 """Receives in a row that return nothing in under half their wait before the poll ends.
 
@@ -198,12 +211,17 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         # A round every second at most: a shorter lock seen on messages (see _shorter_lock)
         # takes effect within a second, not after a quarter of the configured one.
         self._leases: LeaseKeeper[str] = LeaseKeeper(
-            self._renew, lease=settings.lock_duration, batch_size=settings.settle_concurrency,
+            self._renew, lease=settings.lock_duration, batch_size=RENEW_BATCH,
+            concurrency=_RENEW_CONCURRENCY, margin_round_trips=_MARGIN_ROUND_TRIPS,
             tick=min(1.0, settings.lock_duration / 4), on_lost=self._forget)
+        self._renewal: BatchedLockRenewal | None = None  # made with the client (needs the SDK)
         self._held: dict[str, ServiceBusPayload] = {}  # lock token -> payload, while renewed
         self._arrived: dict[str, float] = {}  # lock token -> when it arrived (max renewal)
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
+        # sequence number -> deliveries of it this process took (see _take); forgotten once the
+        # message is completed or dead-lettered, the oldest past _MAX_HOLDS.
+        self._taken: DeliveryTally[int] = DeliveryTally(_MAX_HOLDS)
         # Completions go one at a time in turns of the link (see LinkTurns): one sender takes
         # every queued completion, up to _COMPLETE_TURN, per turn.
         self._completes: SettleSender[ServiceBusPayload] = SettleSender(
@@ -236,6 +254,9 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         guard_sdk_decoder(_sdk("azure.servicebus._pyamqp.aio._receiver_async"))
         self._client, self._identity = open_client(
             self.settings, _sdk("azure.servicebus.aio"), _sdk("azure.core.credentials"))
+        self._renewal = BatchedLockRenewal(
+            calls=self.calls, lock_lost=_sdk("azure.servicebus.exceptions").MessageLockLostError,
+            timeout=lambda: self._leases.lease, log=log, entity=self.entity)
 
     def _receiver(self, *, session: bool) -> Any:
         """A peek-lock receiver of the entity (of the next free session when ``session``)."""
@@ -298,9 +319,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         while True:
             await in_flight.room(s.max_messages)
             in_flight.take(s.max_messages)  # reserve room for a full receive
-            # Settlements and renewals wait for the link while a receive holds it: with
-            # anything received and unsettled, only a glance; else max_wait_time, at most a
-            # quarter of a lock.
+            # Completions wait for the link while a receive holds it: with anything received
+            # and unsettled, only a glance; else max_wait_time, at most a quarter of a lock.
             busy = (self._open.get(id(receiver)) if session is not None
                     else self._held or not self._completes.idle)
             wait = _GLANCE if busy else min(s.max_wait_time, self._leases.lease / 4)
@@ -334,6 +354,14 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         Dead-letters at once, each alone, a message whose body has no bytes
         (:class:`UndecodableBodyError`, reason ``rejected``) and one
         delivered too often (``max_redeliveries``); neither is fanned out.
+
+        *Too often* counts Service Bus's delivery count less the deliveries
+        this process took of the message before and that did not end in one
+        of its own failures: a lock that lapsed while the message waited (a
+        slow network, a stall), a completion that did not take, a bounce
+        behind its session's failed message. Those are redeliveries, not
+        failures; a process that restarts forgets them (then the count
+        alone decides, as before).
         """
         body_types = _sdk("azure.servicebus.amqp").AmqpMessageBodyType
         now = self._leases.now()
@@ -356,8 +384,11 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                             detail=undecodable)
                 poison.append((payload, REASON_REJECTED, (), undecodable))
                 continue
-            if self._floors.poisoned_on_arrival(message.sequence_number,
-                                                message.delivery_count + 1):
+            number = message.sequence_number
+            earlier = self._taken.get(number)
+            self._taken.add(number)
+            if self._floors.poisoned_on_arrival(number, message.delivery_count + 1,
+                                                taken=earlier):
                 # Delivered that often without resolving (crashes, lapses): never fan it out.
                 poison.append((payload, REASON_MAX_REDELIVERIES, (), ""))
                 continue
@@ -498,22 +529,25 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     def _sort(self, batch: Sequence[AdvanceItem]) -> tuple[
         list[ServiceBusPayload], list[ServiceBusPayload], list[_Disposal]
     ]:
-        """Split a batch into completions, abandons and dead letters; stop every renewal first.
+        """Split a batch into completions, abandons and dead letters; stop their renewals.
 
         A session lane's first failed message becomes its *floor*: the
         session's later messages are abandoned behind it, uncounted, so they
         come again after it, in order. Synchronous, so renewal of every item
-        stops before anything is awaited.
+        but the completions stops before anything is awaited; a completion's
+        lock is renewed until the completion is sent (it may wait in the
+        settle sender's backlog for a while).
         """
         completes: list[ServiceBusPayload] = []
         abandons: list[ServiceBusPayload] = []
         dispose: list[_Disposal] = []
         place = self._floors.place
         for payload, outcome in batch:
-            self._settled(payload)
             lane = payload.lane
             where = place(lane, payload.message.sequence_number, outcome,
                           ordered=lane[0] == "session")
+            if where != SETTLE:
+                self._settled(payload)
             if where == SETTLE:
                 completes.append(payload)
             elif where in (AGAIN, BOUNCE):
@@ -527,7 +561,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         return completes, abandons, dispose
 
     def _settled(self, payload: ServiceBusPayload) -> None:
-        """Stop renewing ``payload`` (it is advanced); count it off its session."""
+        """Stop renewing ``payload`` (it is being settled). Idempotent."""
         token = payload.key
         self._leases.settle(token)
         self._held.pop(token, None)
@@ -561,13 +595,24 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
 
     async def _send_completes(self, chunk: Sequence[ServiceBusPayload]) -> list[
             tuple[ServiceBusPayload, str]]:
-        """Complete a chunk; returns what failed transiently (the sender retries it)."""
-        failed = await self._settle_each(
-            "Complete", chunk, lambda p: p.receiver.complete_message(p.received), in_turn=True)
+        """Complete a chunk; returns what failed transiently (the sender retries it).
+
+        Each lock is renewed until its own completion leaves (a chunk of
+        hundreds takes as many round trips, one after the other).
+        """
+        async def complete(payload: ServiceBusPayload) -> None:
+            self._settled(payload)
+            await payload.receiver.complete_message(payload.received)
+
+        failed = await self._settle_each("Complete", chunk, complete, in_turn=True)
         retry = [(p, said(exc)) for p, exc in failed if transient(exc)]
         again = {id(p) for p, _ in retry}
+        refused = {id(p) for p, _ in failed}
         self._report(logging.WARNING, _COMPLETE_LOST, [
             (p, said(exc)) for p, exc in failed if id(p) not in again])
+        for payload in chunk:
+            if id(payload) not in refused:  # gone for good: its deliveries need no tally
+                self._taken.forget(payload.message.sequence_number)
         self._done([p for p in chunk if id(p) not in again])
         return retry
 
@@ -616,25 +661,36 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             if id(payload) in refused:
                 continue
             self._floors.forget(number)
+            self._taken.forget(number)
             self._letters.sent(f"{number}", f"{self.entity}/$DeadLetterQueue", reason, verdicts)
         self._done([payload for payload, *_ in items])
 
     async def _renew(self, tokens: Sequence[str]) -> list[str]:
-        """The lease keeper's renewal: each lock up to ``max_lock_renewal`` after arrival."""
+        """The lease keeper's renewal: each lock up to ``max_lock_renewal`` after arrival.
+
+        Batched (:class:`BatchedLockRenewal`), outside the link's turns: a
+        renewal never waits for a receive or a run of completions. A lock
+        Service Bus says is lost is no longer renewed (its message comes
+        again); one whose request was not answered is tried next round.
+        """
         now, limit = self._leases.now(), self.settings.max_lock_renewal
         due = [t for t in tokens if t in self._held and now - self._arrived.get(t, now) < limit]
         if len(due) < len(tokens):
             log.warning("locks reached max_lock_renewal or were settled; Service Bus delivers "
                         "them again", entity=self.entity, count=len(tokens) - len(due),
                         limit_s=limit)
-        payloads = [self._held[t] for t in due]
-        failed = await self._settle_each(
-            "RenewLock", payloads, lambda p: p.receiver.renew_message_lock(p.received),
-            in_turn=True)
-        lost = {p.key for p, _ in failed}
+        if not due or self._renewal is None:
+            return []
+        renewal = await self._renewal.renew([self._held[t] for t in due],
+                                            wanted=lambda p: p.key in self._held)
+        for payload, _ in renewal.lost:
+            self._leases.settle(payload.key)
+            self._forget([payload.key])
+        self._report(logging.WARNING, "message locks were lost before they were renewed; "
+                     "Service Bus delivers those messages again", renewal.lost)
         self._report(logging.INFO, "renewing message locks did not take; tried again next "
-                     "round until the lock expires", [(p, said(exc)) for p, exc in failed])
-        return [t for t in due if t not in lost]
+                     "round until the lock expires", renewal.failed)
+        return [p.key for p in renewal.renewed]
 
     # -- re-driving ----------------------------------------------------------------------
 

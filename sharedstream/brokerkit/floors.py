@@ -98,13 +98,19 @@ class LaneFloors(Generic[K]):
             return SETTLE
         return LEAVE
 
-    def poisoned_on_arrival(self, key: K, deliveries: int) -> bool:
+    def poisoned_on_arrival(self, key: K, deliveries: int, *, taken: int = 0) -> bool:
         """Whether ``key`` must not be fanned out again: delivered too often without resolving.
 
         ``deliveries`` is the broker's count, this delivery included; the
-        deliveries that were not its own failures are discounted.
+        deliveries that were not its own failures are discounted: the ones
+        bounced here and, when the producer counts the earlier deliveries of
+        ``key`` it took itself (``taken``), every one of those that did not
+        end in a counted failure (its lease lapsed, its settlement did not
+        take, it was bounced). A delivery this consumer never saw (another
+        process's, one before a restart) is never discounted.
         """
-        return self.policy.poisoned_on_arrival(deliveries - self.bounced.get(key))
+        discount = max(self.bounced.get(key), taken - self.failures.get(key))
+        return self.policy.poisoned_on_arrival(deliveries - discount)
 
     def forget(self, key: K) -> None:
         """``key`` is resolved for good (settled, dead-lettered): drop its tallies."""

@@ -12,7 +12,13 @@ renews a batch of leases (``ChangeMessageVisibilityBatch``,
 
 Terms: a *lease* is an id (receipt handle, ack id, lock token) with the
 time it expires, on the keeper's clock. It is *due* once it expires within
-``renew_within`` seconds; *lost* once it expired unrenewed.
+the *renewal margin*; *lost* once it expired unrenewed. The margin is
+``renew_within`` (half the lease unless given), or, when the owner asks
+for it (``margin_round_trips``), that many observed *round trips* if
+longer: a round trip is how long one renew call took, the slowest of the
+last :data:`ROUND_TRIPS_KEPT`; a slow network (or a broker slow to answer)
+makes renewals start earlier, never later, and never more than a lease
+ahead (then every lease is due every round).
 
 Invariants:
 
@@ -28,12 +34,14 @@ Invariants:
   flight; one round at a time, under ``guard`` when one is given (a lock
   the owner also holds while it changes leases itself - a nack, a
   re-show - so a renewal never undoes it).
+* A round renews its due leases soonest-expiring first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from typing import Generic, TypeVar
 
@@ -45,6 +53,9 @@ __all__ = ["LeaseKeeper", "Renew"]
 log = key_value_logger(__name__)
 
 K = TypeVar("K", bound=Hashable)
+
+ROUND_TRIPS_KEPT = 8
+"""Renew calls whose durations make the observed round trip (the slowest of them)."""
 
 Renew = Callable[[Sequence[K]], Awaitable[Collection[K]]]
 """Extend the leases of a batch of ids by the lease length; return the ids renewed.
@@ -61,6 +72,10 @@ class LeaseKeeper(Generic[K]):
     in a task it owns (cancel it to stop). ``clock`` and ``sleep`` are
     injected for tests; by default the running loop's clock and
     ``asyncio.sleep``. All calls from the owner's event loop.
+
+    ``margin_round_trips`` (0: off) plans renewals against the observed
+    round trip too (see the module docstring): a lease is due once it
+    expires within ``max(renew_within, margin_round_trips * round_trip)``.
     """
 
     def __init__(
@@ -71,6 +86,7 @@ class LeaseKeeper(Generic[K]):
         batch_size: int,
         concurrency: int = 1,
         renew_within: float | None = None,
+        margin_round_trips: float = 0.0,
         tick: float | None = None,
         on_lost: Callable[[list[K]], None] | None = None,
         guard: asyncio.Lock | None = None,
@@ -81,7 +97,9 @@ class LeaseKeeper(Generic[K]):
         self.lease = lease
         self.batch_size, self.concurrency = batch_size, concurrency
         self.renew_within = lease / 2 if renew_within is None else renew_within
-        """Renew a lease once it expires within this many seconds."""
+        """Renew a lease once it expires within this many seconds (at least; see margin)."""
+        self.margin_round_trips = margin_round_trips
+        self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
         self.tick = max(0.2, lease / 4) if tick is None else tick
         """Seconds between two rounds."""
         self._on_lost = on_lost
@@ -93,6 +111,17 @@ class LeaseKeeper(Generic[K]):
     def now(self) -> float:
         """The keeper's clock (the running loop's, unless one was injected)."""
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    @property
+    def round_trip(self) -> float:
+        """The observed round trip: the slowest of the last renew calls (0 before any)."""
+        return max(self._round_trips, default=0.0)
+
+    @property
+    def margin(self) -> float:
+        """Seconds before its expiry at which a lease is due (see the module docstring)."""
+        return min(self.lease, max(self.renew_within,
+                                   self.margin_round_trips * self.round_trip))
 
     def hold(self, key: K, expires_at: float) -> None:
         """Start renewing ``key``, whose lease expires at ``expires_at`` (keeper's clock)."""
@@ -131,8 +160,9 @@ class LeaseKeeper(Generic[K]):
                      "them", count=len(lost))
             if self._on_lost is not None:
                 self._on_lost(lost)
-        threshold = started + self.renew_within
-        due = [key for key, expires in self._expiry.items() if expires < threshold]
+        threshold = started + self.margin
+        due = sorted((key for key, expires in self._expiry.items() if expires < threshold),
+                     key=self._expiry.__getitem__)
         if not due:
             return []
         async with self._guard or contextlib.nullcontext():
@@ -146,6 +176,7 @@ class LeaseKeeper(Generic[K]):
         return renewed
 
     async def _renew_batch(self, batch: Sequence[K]) -> Collection[K]:
+        started = self.now()
         try:
             return await self._renew(batch)
         except Exception as exc:  # noqa: BLE001 - a failed renewal is retried next round;
@@ -153,6 +184,8 @@ class LeaseKeeper(Generic[K]):
             log.warning("renewing leases failed; trying again next round",
                         count=len(batch), error=exc)
             return ()
+        finally:  # a call that failed slowly says as much about the network as one that did not
+            self._round_trips.append(self.now() - started)
 
     async def run(self) -> None:
         """Renew due leases every ``tick`` seconds, forever (until cancelled)."""

@@ -46,8 +46,12 @@ class RedeliveryPolicy:
     def poisoned_on_arrival(self, deliveries: int) -> bool:
         """Whether a message delivered ``deliveries`` times must not be fanned out again.
 
-        ``deliveries`` counts this one: each earlier delivery failed or lapsed
-        without resolving.
+        ``deliveries`` counts this one and only the earlier ones that may
+        have been the message's own failures: a caller discounts those it
+        knows were not (bounced behind another message, a lease that lapsed
+        while nobody failed on it: see ``LaneFloors.poisoned_on_arrival``).
+        What is left is what nobody can vouch for: a crash while it was
+        held, another consumer's failure.
         """
         return deliveries > self.max_redeliveries + 1
 

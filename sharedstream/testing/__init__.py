@@ -23,6 +23,9 @@ Import what you need from its modules; none of them is imported by the
   (opt in with ``pytest_plugins = ["sharedstream.testing.fixtures"]``).
 * :mod:`sharedstream.testing.triggerers` - :class:`TriggererCluster`: several
   ``sharedstream triggerer`` processes (the real CLI) on one store.
+* :mod:`sharedstream.testing.latency_proxy` - :class:`LatencyProxy` and
+  :func:`latency_proxy`: a TCP proxy that delays every byte, to put a real
+  network's round trip between a client and a local broker.
 """
 
 from __future__ import annotations

@@ -67,6 +67,7 @@ ENTITIES: Mapping[str, Any] = {
         _queue("bodies"),
         _queue("expiry", lock_duration=LOCK_SECONDS),
         _queue("renew", lock_duration=LOCK_SECONDS),
+        _queue("renew-batch"),
         _queue("poison", max_delivery_count=3),
         _queue("sessions", requires_session=True),
         _queue("session-lock", requires_session=True, lock_duration=2),

@@ -82,6 +82,11 @@ class ThreadedServiceBusServer:
         self.connection_string = connection_string("127.0.0.1", self._port[0])
         return self
 
+    @property
+    def port(self) -> int:
+        """The port the server listens on (``127.0.0.1``), once started."""
+        return self._port[0]
+
     def stop(self) -> None:
         self._control.stop()
         self._thread.join(10)
@@ -126,11 +131,15 @@ class ServiceBusHarness:
 
     ``sessions``: session queues, every message in one session (one ordered
     lane, redelivered in order behind a failure); otherwise each message is
-    its own lane.
+    its own lane. ``via``: the connection string the triggers use, when it
+    is not the server's own (a :func:`~sharedstream.testing.latency_proxy.latency_proxy`
+    in front of it); the harness's own client always goes straight to the server.
     """
 
-    def __init__(self, server: ThreadedServiceBusServer, *, sessions: bool) -> None:
+    def __init__(self, server: ThreadedServiceBusServer, *, sessions: bool,
+                 via: str | None = None) -> None:
         self.server, self.sessions = server, sessions
+        self.trigger_connection_string = via or server.connection_string
         self.features = Features(ordered_lanes=sessions, ordered_delivery=sessions,
                                  refuses_lossy_settings=False)
         self.client: Any = None
@@ -171,7 +180,7 @@ class ServiceBusHarness:
             range(first + 1, first + len(values) + 1))
 
     def trigger_kwargs(self, stream: Stream, **overrides: Any) -> dict[str, Any]:
-        return {"connection_string": self.server.connection_string, "queue": stream.name,
+        return {"connection_string": self.trigger_connection_string, "queue": stream.name,
                 "sessions": self.sessions, "lock_duration": LOCK_SECONDS,
                 "max_wait_time": 0.5, **overrides}
 

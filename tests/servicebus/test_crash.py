@@ -14,15 +14,21 @@ soon, one delivery count higher; the store's idempotency keys absorb what
 had been stored but not yet completed. The server restart keeps the
 server's state with ``--state-file`` (:mod:`sharedstream.testing.servicebus.state_file`):
 what was locked is delivered again, as Service Bus does after an outage.
+
+The kill and restart tests run twice: the triggerer straight to the server,
+and through the kit's latency proxy with a 20 ms round trip (``-20ms``),
+where every round trip the producer makes per message shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,7 @@ pytest.importorskip("azure.servicebus")
 pytest.importorskip("proton")
 
 from sharedstream.testing.brokers.servicebus import start_servicebus
+from sharedstream.testing.latency_proxy import latency_proxy
 from sharedstream.testing.servicebus.server import connection_string
 from tests.chaos_accounting import (
     Expected,
@@ -60,6 +67,9 @@ OperationTimeoutError: type[Exception] = pytest.importorskip(
 
 DEFINITIONS = Path(__file__).with_name("servicebus_defs.py")
 REGIONS = ("eu", "us", "apac")
+RTTS = [0.0, 0.02]
+"""Round trips between the triggerer and the server the kill and restart tests run at."""
+RTT_IDS = ["direct", "20ms"]
 SESSIONS = 12
 LOCK_SECONDS = 3
 
@@ -91,20 +101,34 @@ def servicebus_process(workdir: Path, queue: str, *, sessions: bool = False,
         workdir, entities=entities, port=port, state_file=state_file)[0])
 
 
+@contextlib.contextmanager
+def reached(server: RestartableServer, rtt: float) -> Iterator[str]:
+    """The connection string the triggerer uses: the server's own, or (``rtt`` > 0) through a
+    latency proxy of that round trip (it outlives a server restart on the same port)."""
+    if not rtt:
+        yield connection_string("127.0.0.1", server.port)
+        return
+    with latency_proxy("127.0.0.1", server.port, delay=rtt / 2, jitter=rtt / 20,
+                       seed=29) as proxy:
+        yield connection_string(proxy.host, proxy.port)
+
+
 class Deployment:
     """One queue on ``server``, the test's sender, and the CLI over them.
 
     Messages are numbered by the order they are sent in: message ``i`` is
     the queue's sequence number ``i + 1`` (one sender, a new queue), so its
-    events' source is ``<queue>/<i + 1>``.
+    events' source is ``<queue>/<i + 1>``. The triggerer connects ``via``
+    that connection string when given (a latency proxy); the test's own
+    client always goes straight to the server.
     """
 
     def __init__(self, server: RestartableServer, workdir: Path, queue: str, *,
-                 sessions: bool = False) -> None:
+                 sessions: bool = False, via: str | None = None) -> None:
         self.queue, self.sessions = queue, sessions
         self.string = connection_string("127.0.0.1", server.port)
         env = {**os.environ, "PYTHONPATH": str(ROOT), **TRIGGERER_ENV,
-               "SERVICEBUS_TEST_CONNECTION_STRING": self.string,
+               "SERVICEBUS_TEST_CONNECTION_STRING": via or self.string,
                "SERVICEBUS_TEST_QUEUE": queue, "SERVICEBUS_TEST_SESSIONS": "1" if sessions else ""}
         self.cli = TriggererCli(workdir, env, DEFINITIONS)
         self.db = workdir / "sharedstream.db"
@@ -168,14 +192,16 @@ KILL_TOTAL = 2000
 
 
 @pytest.mark.slow  # 13 s plain, about 45 s on sessions (each session's lane is serial)
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rtt", RTTS, ids=RTT_IDS)
 @pytest.mark.parametrize("sessions", [False, True], ids=["plain", "sessions"])
 def test_a_sigkilled_triggerer_restarts_losing_and_duplicating_nothing(
-    tmp_path: Path, sessions: bool,
+    tmp_path: Path, sessions: bool, rtt: float,
 ) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    with running(servicebus_process(tmp_path, queue, sessions=sessions)) as server:
-        d = Deployment(server, tmp_path, queue, sessions=sessions)
+    with running(servicebus_process(tmp_path, queue, sessions=sessions)) as server, \
+            reached(server, rtt) as via:
+        d = Deployment(server, tmp_path, queue, sessions=sessions, via=via)
         first = second = None
         try:
             d.send(KILL_TOTAL)
@@ -210,12 +236,16 @@ RESTART_TOTAL = 2000
 
 
 @pytest.mark.slow  # about 15 s
-@pytest.mark.timeout(240)
-def test_a_server_restart_is_ridden_out_losing_and_duplicating_nothing(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rtt", RTTS, ids=RTT_IDS)
+def test_a_server_restart_is_ridden_out_losing_and_duplicating_nothing(
+    tmp_path: Path, rtt: float,
+) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     state_file = tmp_path / "servicebus-state.json"
-    with running(servicebus_process(tmp_path, queue, state_file=state_file)) as server:
-        d = Deployment(server, tmp_path, queue)
+    with running(servicebus_process(tmp_path, queue, state_file=state_file)) as server, \
+            reached(server, rtt) as via:
+        d = Deployment(server, tmp_path, queue, via=via)
         process = None
         try:
             d.send(RESTART_TOTAL)

@@ -197,6 +197,35 @@ async def test_renewing_the_lock_keeps_the_message_past_its_lock_duration(client
         assert await receiver.receive_messages(max_wait_time=0.3) == []
 
 
+async def test_one_renew_lock_request_renews_many_locks_and_a_lost_one_fails_it_all(
+        client: Any) -> None:
+    """``com.microsoft:renew-lock`` with a list of lock tokens: an expiration for each, in
+    order; a token whose lock is gone (here: completed) fails the whole request with
+    ``message-lock-lost``, as Service Bus answers one status per request.
+
+    The request is the one the SDK's private ``_renew_locks(*tokens)`` sends (its public
+    ``renew_message_lock`` sends it with one token), which the producer batches with.
+    """
+    await send(client, "renew-batch", [Message(f"r{i}") for i in range(3)])
+    async with client.get_queue_receiver("renew-batch") as receiver:
+        messages = await receive(receiver, 3)
+        tokens = [m.lock_token for m in messages]
+        before = [m.locked_until_utc for m in messages]
+        await asyncio.sleep(1.1)  # expirations are in milliseconds: later ones show
+        answer = await receiver._renew_locks(*tokens)
+        ends = [datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+                for ms in answer[b"expirations"]]
+        assert len(ends) == 3
+        assert all(end > old for end, old in zip(ends, before, strict=True))
+        await receiver.complete_message(messages[0])
+        with pytest.raises(exceptions.MessageLockLostError):
+            await receiver._renew_locks(*tokens)
+        answer = await receiver._renew_locks(*tokens[1:])  # the live ones alone
+        assert len(answer[b"expirations"]) == 2
+        for message in messages[1:]:
+            await receiver.complete_message(message)
+
+
 async def test_a_message_abandoned_max_delivery_count_times_is_dead_lettered(
         client: Any) -> None:
     await send(client, "poison", Message("never works"))

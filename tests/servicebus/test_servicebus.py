@@ -1,4 +1,10 @@
-"""Service Bus producer and trigger: the conformance suite on the kit's test server, and more."""
+"""Service Bus producer and trigger: the conformance suite on the kit's test server, and more.
+
+The conformance suite runs four times: session lanes and plain messages,
+each straight to the server and through the kit's latency proxy with a
+20 ms round trip (``-20ms``, marked slow: a real network's latency, where
+anything that takes a round trip per message shows).
+"""
 
 from __future__ import annotations
 
@@ -23,8 +29,10 @@ from sharedstream.producers.servicebus import (
 )
 from sharedstream.testing.conformance import ProducerConformance, Session, values
 from sharedstream.testing.harness import Stream, opened
+from sharedstream.testing.latency_proxy import latency_proxy
 from sharedstream.testing.runner import SupervisedRunner, eventually, eventually_async
 from sharedstream.testing.scripts import Script
+from sharedstream.testing.servicebus.server import connection_string
 from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
 from tests.log_lines import fields_of
 from tests.servicebus.harness import (
@@ -44,12 +52,28 @@ def threaded_servicebus_server() -> Iterator[ThreadedServiceBusServer]:
     server.stop()
 
 
-@pytest.fixture(params=["sessions", "plain"])
+FAR = 0.01
+"""Seconds each way through the latency proxy of the ``-20ms`` harnesses."""
+
+
+@pytest.fixture(scope="module")
+def far_servicebus(threaded_servicebus_server: ThreadedServiceBusServer) -> Iterator[str]:
+    """A connection string reaching the module's server through the latency proxy."""
+    with latency_proxy("127.0.0.1", threaded_servicebus_server.port, delay=FAR,
+                       jitter=FAR / 10, seed=20) as proxy:
+        yield connection_string(proxy.host, proxy.port)
+
+
+@pytest.fixture(params=["sessions", "plain",
+                        pytest.param("sessions-20ms", marks=pytest.mark.slow),
+                        pytest.param("plain-20ms", marks=pytest.mark.slow)])
 async def harness(request: pytest.FixtureRequest,
                   threaded_servicebus_server: ThreadedServiceBusServer,
                   ) -> AsyncIterator[ServiceBusHarness]:
-    sessions = request.param == "sessions"
-    async with opened(ServiceBusHarness(threaded_servicebus_server, sessions=sessions)) as h:
+    kind = str(request.param)
+    via = request.getfixturevalue("far_servicebus") if kind.endswith("-20ms") else None
+    async with opened(ServiceBusHarness(threaded_servicebus_server,
+                                        sessions=kind.startswith("sessions"), via=via)) as h:
         yield h
 
 

@@ -128,6 +128,41 @@ def test_an_expired_lock_returns_the_entry_counted_and_renewal_postpones_it() ->
     state.settle(token_b, Outcome.COMPLETE)
 
 
+def test_renewing_many_locks_is_all_or_nothing_and_counted() -> None:
+    """Invariant 2, for ``renew-lock`` with a list: one stale token (or one of another store)
+    and no lock is renewed; the answer is one end per token, in order."""
+    clock = Clock()
+    state, _ = make_state(clock)
+    state.create_queue("q", EntitySettings(lock_duration=5))
+    state.create_queue("other", EntitySettings(lock_duration=5))
+    state.send("q", [msg("a"), msg("b"), msg("c")])
+    state.send("other", [msg("x")])
+    receiver, elsewhere = state.open_receiver("q"), state.open_receiver("other")
+    assert receiver is not None
+    assert elsewhere is not None
+    tokens = [receive(state, receiver)[2] for _ in range(3)]
+    [a, b, c] = [token for token in tokens if token is not None]
+    foreign = receive(state, elsewhere)[2]
+    assert foreign is not None
+    clock.now = 103
+    assert state.renew_locks([c, a], "q") == [1_000_103 + 5] * 2
+    state.settle(b, Outcome.COMPLETE)
+    clock.now = 104
+    with pytest.raises(Refused) as stale:
+        state.renew_locks([a, b, c], "q")
+    assert stale.value.condition == MESSAGE_LOCK_LOST
+    with pytest.raises(Refused) as not_ours:
+        state.renew_locks([a, foreign], "q")
+    assert not_ours.value.condition == MESSAGE_LOCK_LOST
+    assert state.next_due() == 105  # x's lock; a and c still end at 108, not 109
+    clock.now = 105
+    state.expire()
+    assert state.next_due() == 108
+    counts = state.lock_counts("q")
+    assert (counts.renew_requests, counts.renewed, counts.lapsed) == (1, 2, 0)
+    assert state.lock_counts("other").lapsed == 1
+
+
 def test_the_last_allowed_failure_dead_letters_with_max_delivery_count_exceeded() -> None:
     state, woken = make_state()
     state.create_queue("q", EntitySettings(max_delivery_count=2))
@@ -403,3 +438,45 @@ def test_a_value_body_nested_thousands_deep_is_carried_byte_for_byte() -> None:
     assert facts.application_properties == {"region": "eu"}
     out = wire.delivery_bytes(Delivery(facts, 3, 1.5, 0, uuid.uuid4(), 61.5))
     assert out.endswith(body)
+
+
+def test_the_management_node_answers_renew_lock_per_token_with_one_status() -> None:
+    """The wire of ``com.microsoft:renew-lock``: ``lock-tokens`` an array of uuids in,
+    ``expirations`` an array of timestamps out (one per token, in order); 410
+    ``message-lock-lost`` for a stale token, 400 for an empty list."""
+    proton = pytest.importorskip("proton")
+    from sharedstream.testing.servicebus.management import Management  # noqa: PLC0415
+
+    clock = Clock()
+    state, _ = make_state(clock)
+    state.create_queue("q", EntitySettings(lock_duration=5))
+    state.send("q", [msg("a"), msg("b")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    a, b = receive(state, receiver)[2], receive(state, receiver)[2]
+    assert a is not None
+    assert b is not None
+    node = Management(state)
+
+    def renew(*tokens: uuid.UUID) -> Any:
+        request = proton.Message(
+            properties={"operation": "com.microsoft:renew-lock"},
+            body={"lock-tokens": proton.Array(proton.UNDESCRIBED, proton.Data.UUID, *tokens)})
+        answer = proton.Message()
+        answer.decode(node.answer("q", request).encode())  # as it goes on the wire
+        return answer
+
+    clock.now = 102
+    answer = renew(b, a)
+    assert answer.properties["statusCode"] == 200
+    expirations = answer.body["expirations"]
+    assert isinstance(expirations, proton.Array)
+    assert expirations.type == proton.Data.TIMESTAMP
+    assert list(expirations.elements) == [(1_000_102 + 5) * 1000] * 2
+    state.settle(a, Outcome.COMPLETE)
+    lost = renew(b, a)
+    assert (lost.properties["statusCode"], lost.properties["errorCondition"]) == (
+        410, "com.microsoft:message-lock-lost")
+    empty = renew()
+    assert (empty.properties["statusCode"], empty.properties["errorCondition"]) == (
+        400, "com.microsoft:argument-error")

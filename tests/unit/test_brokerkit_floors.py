@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from sharedstream import AdvanceOutcome
 from sharedstream.brokerkit.floors import (
     AGAIN,
@@ -71,6 +74,22 @@ def test_poison_on_arrival_discounts_what_was_not_its_own() -> None:
     assert not lanes.poisoned_on_arrival("m", 3)  # one of them was a bounce
 
 
+def test_poison_on_arrival_discounts_the_deliveries_taken_here_that_did_not_fail() -> None:
+    """A lease that lapsed while nobody failed on the message is a redelivery, not a failure."""
+    lanes = floors(max_redeliveries=0)
+    assert lanes.poisoned_on_arrival("m", 2)  # one earlier delivery: counted, by default
+    assert not lanes.poisoned_on_arrival("m", 2, taken=1)  # ours, and it lapsed: not counted
+    assert lanes.place("k", "m", FAILED, ordered=False) == POISON  # its own failure counts
+    lanes = floors(max_redeliveries=1)
+    lanes.place("k", "m", FAILED, ordered=False)  # delivery 1: failed
+    # delivery 2 lapsed; delivery 3 arrives: one of its two taken deliveries was a failure
+    assert not lanes.poisoned_on_arrival("m", 3, taken=2)
+    # deliveries this consumer never saw (a crash, another process) are never discounted
+    assert lanes.poisoned_on_arrival("m", 4, taken=2)
+    lanes.bounced.add("m", 3)  # bounces are deliveries taken here too: the larger count rules
+    assert not lanes.poisoned_on_arrival("m", 4, taken=2)
+
+
 def test_settling_and_forgetting_drop_the_tallies() -> None:
     lanes = floors()
     lanes.place("k", "m", FAILED, ordered=False)
@@ -88,3 +107,23 @@ def test_floors_are_bounded_oldest_first() -> None:
         lanes.place(f"lane{n}", f"m{n}", FAILED, ordered=True)
     assert lanes.floor("lane0") is None  # forgotten: its message never came back here
     assert (lanes.floor("lane1"), lanes.floor("lane2")) == ("m1", "m2")
+
+
+@given(st.lists(st.sampled_from(["failed", "lapsed", "bounced"]), max_size=12),
+       st.integers(min_value=0, max_value=4))
+def test_when_every_delivery_was_ours_only_its_own_failures_count_on_arrival(
+    history: list[str], max_redeliveries: int,
+) -> None:
+    """Property: the arrival rule then sees exactly the message's own failures (no lapse, no
+    bounce), whatever their order."""
+    lanes = floors(max_redeliveries=max_redeliveries)
+    unseen = outcome_with_unseen(0, 1, 0, unseen=1)
+    for taken, delivery in enumerate(history):
+        own = lanes.failures.get("m")
+        assert lanes.poisoned_on_arrival("m", taken + 1, taken=taken) == (
+            own > max_redeliveries)
+        if delivery == "failed":
+            lanes.place("k", "m", FAILED, ordered=False)
+        elif delivery == "bounced":
+            lanes.place("k", "m", unseen, ordered=False)
+        # "lapsed": its lock ran out while it was held; nothing was placed

@@ -184,3 +184,40 @@ def test_a_shorter_lease_replans_renewal_and_a_longer_one_changes_nothing() -> N
     assert (keeper.lease, keeper.renew_within, keeper.tick) == (2.0, 1.0, 0.5)
     assert keeper.shorten(0.4)
     assert keeper.tick == 0.2
+
+
+class SlowBroker(Broker):
+    """Each renew call takes ``took`` seconds of the fake clock."""
+
+    def __init__(self, clock: Clock, took: float) -> None:
+        super().__init__()
+        self.clock, self.took = clock, took
+
+    async def renew(self, batch: Sequence[str]) -> Collection[str]:
+        self.clock.now += self.took
+        return await super().renew(batch)
+
+
+async def test_a_slow_round_trip_makes_renewals_start_earlier(clock: Clock) -> None:
+    """Due at half the lease, or once only ``margin_round_trips`` round trips are left."""
+    broker = SlowBroker(clock, took=4.0)
+    leases = LeaseKeeper(broker.renew, lease=30.0, batch_size=10, margin_round_trips=5,
+                         clock=clock)
+    assert (leases.round_trip, leases.margin) == (0.0, 15.0)  # nothing observed: half
+    leases.hold("m1", 14.0)
+    assert await leases.renew_due() == ["m1"]  # 14 s left at 0 s: due; the call took 4 s
+    assert leases.round_trip == 4.0
+    assert leases.margin == 20.0  # five round trips of 4 s: more than half the lease
+    broker.took = 10.0
+    leases.hold("m2", clock.now + 19.0)  # 19 s left: not due by half, due by round trips
+    assert await leases.renew_due() == ["m2"]
+    assert leases.round_trip == 10.0  # the slowest of the last calls
+    assert leases.margin == 30.0  # never more than a lease: then every lease is always due
+
+
+async def test_a_round_renews_the_soonest_expiring_first(broker: Broker, clock: Clock) -> None:
+    leases = keeper(broker, clock, batch_size=2, concurrency=1)
+    for key, expires in (("late", 12.0), ("soon", 3.0), ("middle", 8.0)):
+        leases.hold(key, expires)
+    await leases.renew_due()
+    assert broker.calls == [["soon", "middle"], ["late"]]

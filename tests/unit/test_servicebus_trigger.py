@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -158,7 +159,8 @@ async def test_failed_completions_are_one_line_and_counted_off_their_session_onc
     receiver = _ShutReceiver()
     producer._open[id(receiver)] = 50
     chunk = [ServiceBusPayload(("session", "s"), ServiceBusMessage(
-        "orders", sequence_number=n, body=b""), object(), receiver) for n in range(1, 51)]
+        "orders", sequence_number=n, body=b""), SimpleNamespace(lock_token=f"t{n}"), receiver)
+        for n in range(1, 51)]
     with caplog.at_level("WARNING", logger="sharedstream.producers.servicebus"):
         retry = await producer._send_completes(chunk)
     assert retry == []

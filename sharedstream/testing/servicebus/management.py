@@ -7,8 +7,11 @@ failure, which the SDK maps to its exception) and a map body. The service
 (:mod:`.service`) sends the answer on the node's response link with the
 request's message id as correlation id.
 
-Operations answered: ``com.microsoft:renew-lock``,
-``com.microsoft:renew-session-lock``, ``com.microsoft:peek-message``,
+Operations answered: ``com.microsoft:renew-lock`` (any number of lock
+tokens in one request, answered with an ``expirations`` array, one per
+token in order, or, when one of them is no longer locked or belongs to
+another entity, 410 ``message-lock-lost`` for the whole request with
+nothing renewed), ``com.microsoft:renew-session-lock``, ``com.microsoft:peek-message``,
 ``com.microsoft:update-disposition``, ``com.microsoft:get-session-state``,
 ``com.microsoft:set-session-state``. Any other operation gets 501 with
 ``amqp:not-implemented``: the test server does not schedule, receive by
@@ -20,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from proton import Message, symbol, timestamp
+from proton import UNDESCRIBED, Array, Data, Message, symbol, timestamp
 
 from sharedstream.testing.servicebus import wire
 from sharedstream.testing.servicebus.model import (
+    ARGUMENT_ERROR,
     MESSAGE_LOCK_LOST,
     NOT_FOUND,
     SESSION_CANNOT_BE_LOCKED,
@@ -86,9 +90,15 @@ class Management:
         return _response(status, "OK" if status == 200 else "No Content", value)
 
     def _renew_lock(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        """Renew every listed lock or none: one stale token fails the request with 410."""
         self.state.check_store(path)
-        expirations = [_ms(self.state.renew_lock(token))
-                       for token in wire.lock_tokens(body.get("lock-tokens"))]
+        tokens = wire.lock_tokens(body.get("lock-tokens"))
+        if not tokens:
+            raise Refused(ARGUMENT_ERROR, "lock-tokens must list at least one lock token")
+        ends = self.state.renew_locks(tokens, path)
+        # An AMQP array of timestamps, as Service Bus answers (not a list); proton's stub
+        # types the descriptor as data and misses its own UNDESCRIBED constant.
+        expirations = Array(UNDESCRIBED, Data.TIMESTAMP, *map(_ms, ends))  # type: ignore[arg-type]
         return 200, {"expirations": expirations}
 
     def _renew_session_lock(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:

@@ -75,6 +75,7 @@ from sharedstream.testing.servicebus.store import (
     DEAD_LETTER_QUEUE,
     Entry,
     Lock,
+    LockCounts,
     Receiver,
     SavedEntry,
     SavedStore,
@@ -83,8 +84,8 @@ from sharedstream.testing.servicebus.store import (
     StoreCounts,
 )
 
-__all__ = ["DEAD_LETTER_QUEUE", "MAX_DELIVERY_COUNT_EXCEEDED", "Receiver", "ServiceBusState",
-           "Snapshot", "StoreCounts"]
+__all__ = ["DEAD_LETTER_QUEUE", "MAX_DELIVERY_COUNT_EXCEEDED", "LockCounts", "Receiver",
+           "ServiceBusState", "Snapshot", "StoreCounts"]
 
 MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 _SUBSCRIPTIONS = "subscriptions"
@@ -148,6 +149,16 @@ class ServiceBusState:
         deferred = sum(1 for entry in entries if entry.deferred)
         return StoreCounts(available=len(entries) - locked - deferred, locked=locked,
                            deferred=deferred)
+
+    def lock_counts(self, path: str) -> LockCounts:
+        """What happened to the message locks of the store at ``path`` (a copy).
+
+        A lapse redelivered its message with ``delivery_count`` one higher
+        (or dead-lettered it at ``max_delivery_count``); session locks lost
+        are not counted.
+        """
+        counts = self._store(path).locks
+        return LockCounts(counts.lapsed, counts.renew_requests, counts.renewed)
 
     def check_store(self, path: str) -> None:
         """``NOT_FOUND`` unless ``path`` names a queue, subscription or dead-letter queue."""
@@ -326,12 +337,35 @@ class ServiceBusState:
 
     def renew_lock(self, token: uuid.UUID) -> float:
         """Extend the lock ``token`` names by the lock duration; its new end (epoch seconds)."""
-        lock = self._live_lock(token)
-        duration = lock.receiver.store.settings.lock_duration
-        if lock.receiver.session_id is None:
-            lock.deadline = self.clock() + duration
-            heapq.heappush(self._deadlines, (lock.deadline, next(self._ties), token))
-        return self.wall() + duration
+        return self.renew_locks([token])[0]
+
+    def renew_locks(self, tokens: Sequence[uuid.UUID], path: str | None = None) -> list[float]:
+        """Extend every lock ``tokens`` name; their new ends (epoch seconds), in order.
+
+        All or nothing, as Service Bus's ``com.microsoft:renew-lock`` answers
+        one status for the whole list: if any token is stale (invariant 2),
+        or belongs to another store than the one at ``path`` (the
+        management node asked), nothing is renewed and ``MESSAGE_LOCK_LOST``
+        is raised. A token listed twice is renewed once, answered twice.
+        """
+        locks = [self._live_lock(token) for token in tokens]
+        if path is not None:
+            store = self._store(path)
+            if any(lock.receiver.store is not store for lock in locks):
+                raise Refused(MESSAGE_LOCK_LOST, "The lock supplied is invalid: it was not "
+                                                 f"issued by {store.path}.")
+        now, wall, ends = self.clock(), self.wall(), []
+        if path is not None:
+            counts = self._store(path).locks
+            counts.renew_requests += 1
+            counts.renewed += len(locks)
+        for lock in locks:
+            duration = lock.receiver.store.settings.lock_duration
+            if lock.receiver.session_id is None:
+                lock.deadline = now + duration
+                heapq.heappush(self._deadlines, (lock.deadline, next(self._ties), lock.token))
+            ends.append(wall + duration)
+        return ends
 
     def renew_session_lock(self, receiver: Receiver) -> float:
         """Extend ``receiver``'s session lock; its new end (epoch seconds).
@@ -454,6 +488,7 @@ class ServiceBusState:
             if not self._stale(deadline, tie, token):
                 lock = self._locks[token]
                 self._unlock(lock)
+                lock.receiver.store.locks.lapsed += 1
                 self._return(lock.receiver.store, lock.entry, failed=True)
         lost = [r for r in self._receivers if r.session_id is not None
                 and r.session_deadline <= now]

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from sharedstream.testing.servicebus.model import CorrelationFilter, EntitySettings, Message
 
-__all__ = ["DEAD_LETTER_QUEUE", "Entry", "Lock", "Receiver", "SavedEntry", "SavedStore",
-           "Snapshot", "Store", "StoreCounts"]
+__all__ = ["DEAD_LETTER_QUEUE", "Entry", "Lock", "LockCounts", "Receiver", "SavedEntry",
+           "SavedStore", "Snapshot", "Store", "StoreCounts"]
 
 DEAD_LETTER_QUEUE = "$DeadLetterQueue"
 _DEAD_LETTER_SETTINGS = EntitySettings(max_delivery_count=2**31 - 1)
@@ -78,6 +78,22 @@ class StoreCounts:
     deferred: int
 
 
+@dataclass(slots=True)
+class LockCounts:
+    """What happened to a store's message locks since it was created (counters only grow).
+
+    Kept for tests and benchmarks: a lock that lapsed is a redelivery the
+    client did not ask for.
+    """
+
+    lapsed: int = 0
+    """Message locks that expired unrenewed (each returned its message, counted)."""
+    renew_requests: int = 0
+    """``com.microsoft:renew-lock`` requests answered 200 (however many tokens each)."""
+    renewed: int = 0
+    """Locks those requests renewed."""
+
+
 class Store:
     """A queue, a subscription or a dead-letter sub-queue (see :mod:`.state`'s invariants)."""
 
@@ -88,6 +104,7 @@ class Store:
         self.heaps: dict[str | None, list[int]] = {}  # session id -> available seqs (lazy)
         self.owners: dict[str, Receiver] = {}  # session id -> the receiver holding its lock
         self.session_states: dict[str, bytes] = {}
+        self.locks = LockCounts()
         self.dead_letter: Store | None = None
         if not path.endswith(DEAD_LETTER_QUEUE):
             self.dead_letter = Store(f"{path}/{DEAD_LETTER_QUEUE}", _DEAD_LETTER_SETTINGS)
