@@ -51,6 +51,14 @@ made of the subscription and the message id (:meth:`raw_event_name`), so
 the redelivered copy adds nothing. Without exactly-once, acks are best
 effort on Pub/Sub's side and the same keys absorb the rare redelivery.
 
+**Streams that keep ending.** A streaming pull that Pub/Sub ends is
+reopened. One that ends the same way again and again, soon after it
+opened (a message larger than the channel takes, say), is reopened all
+the same but said: a WARNING with the count, and :attr:`connected` is
+``False`` meanwhile (:mod:`~sharedstream.producers._pubsub_stream_ends`).
+Our channels to an emulator host take messages of any size, as Google's
+transport does (:data:`CHANNEL_OPTIONS`); Pub/Sub's own limit is 10 MB.
+
 Two triggers of one subscription with different consumer settings would
 be two competing streams: a second producer for a subscription already
 consumed in this process with other settings is refused
@@ -88,6 +96,7 @@ from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
 from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._pubsub_republish import PubSubRepublishError, republish_messages
+from sharedstream.producers._pubsub_stream_ends import StreamEnds
 from sharedstream.producers._pubsub_types import (
     ACK_BATCH,
     CHANNEL_OPTIONS,
@@ -190,7 +199,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         self._floors: LaneFloors[str] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._client_id = uuid.uuid4().hex
         self._pulling = False  # a streaming pull is open (connected)
-        self._breaks: tuple[str, int] = ("", 0)  # the last stream error, and how often in a row
+        # A failure comes back once its lease lapses (the ack deadline): a stream that lived
+        # longer than that and a minute more did get past it.
+        self._ends = StreamEnds(settings.ack_deadline + 60.0, clock=self._leases.now)
 
     @property
     def discarded(self) -> int:
@@ -300,12 +311,11 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         try:
             # Returns once the call's headers are on the wire: a connection is up.
             stream = await self._subscriber.streaming_pull(requests=requests(), retry=None)
-        except exceptions.GoogleAPICallError as exc:
+        except exceptions.GoogleAPICallError:
             self._pulling = False
-            self._stream_broke(exc, reopening=False)
-            raise
+            raise  # not open: the retry says it (a warning per attempt), within its budget
         self._pulling = True
-        opened = self._leases.now()
+        self._ends.opened()
         delivered = False
         try:
             async for response in stream:
@@ -314,31 +324,30 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
                 await self._in_flight.room()
         except exceptions.GoogleAPICallError as exc:
             self._pulling = False
-            self._stream_broke(exc, lived=self._leases.now() - opened, reopening=delivered)
+            self._stream_ended(exc, reopening=delivered)
             if not delivered:
                 raise
         finally:
             stream.cancel()
 
-    def _stream_broke(self, exc: Exception, lived: float = 0.0, *, reopening: bool = True,
-                      ) -> None:
-        """Say that a streaming pull ended with ``exc``; loudly when it keeps ending that way.
+    def _stream_ended(self, exc: Exception, *, reopening: bool) -> None:
+        """Say that an open streaming pull ended with ``exc``; loudly when it keeps doing so.
 
-        Pub/Sub ends streams now and then (said at INFO when it is reopened
-        at once, ``reopening``; otherwise the error is raised to the retry,
-        which says it). The same error
-        three times in a row (streams that lived ``lived`` seconds, under a
-        minute), and every tenth time after, is a WARNING with the count: a
-        stream that can never get past something (a message too large for
-        the channel, say) is retried, never silently.
+        Pub/Sub ends streams now and then: an INFO line when the stream is
+        reopened at once (``reopening``: it delivered something first);
+        otherwise the error goes to the retry, which says it. The same
+        error three times in a row, each stream ending before it lived
+        ``ack_deadline`` + 60 s, then the 6th, 12th, 24th... time, is a
+        WARNING with the count (:class:`StreamEnds`), and :attr:`connected`
+        is ``False`` meanwhile: a stream that cannot get past something (a
+        message larger than the channel takes, say) is reopened all the
+        same - it may pass - but never silently.
         """
         said = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
-        last, count = self._breaks
-        count = count + 1 if said == last and lived < 60.0 else 1
-        self._breaks = (said, count)
-        if count >= 3 and (count == 3 or count % 10 == 0):
+        if self._ends.ended(said):
             log.warning("streaming pull keeps ending with the same error; opening another",
-                        subscription=self.subscription, error=said, times_in_a_row=count)
+                        subscription=self.subscription, error=said,
+                        times_in_a_row=self._ends.in_a_row)
         elif reopening:
             log.info("streaming pull ended; opening another", subscription=self.subscription,
                      error=said)
@@ -380,10 +389,14 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         It turns ``False`` when a stream ends with an error (Pub/Sub away, a
         broken connection) and ``True`` again once a new stream is open,
         through the retry policy's attempts; after the last one failed the
-        poll ends, and it stays ``False``. Unary calls (acks, deadlines) do
+        poll ends, and it stays ``False``. It is also ``False`` while the
+        streams keep ending with the same error (from the third time in a
+        row until a stream has stayed open ``ack_deadline`` + 60 s): open
+        for a moment, they receive nothing past the failure, and the
+        triggerer's ``/readyz`` says so. Unary calls (acks, deadlines) do
         not change it: they are retried, or lapse, on their own.
         """
-        return self._pulling
+        return self._pulling and not self._ends.failing()
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``("key", ordering_key)``, or ``("message", message_id)`` without a key."""

@@ -3,7 +3,8 @@
 Each test makes the server do what Pub/Sub does now and then - fail an ack on
 an exactly-once subscription, deliver a message that was delivered too often
 already, break a stream - and checks what a user would notice: every message
-stored once under its name, acked, nothing lost, and the poll going on.
+stored once under its name, acked, nothing lost, and the poll going on. The
+last one breaks every stream the same way, and checks that it is said.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
+from unittest import mock
 
 import pytest
 
+from sharedstream.producers import pubsub as pubsub_producer
 from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
     DLQ_ATTRIBUTE_MESSAGE_ID,
@@ -200,5 +203,48 @@ async def test_a_broken_stream_is_reopened_and_every_message_is_stored_once_and_
         assert any("opening another" in r.getMessage() for r in caplog.records)
         await asyncio.sleep(0.2)
         assert producer_of(stream).calls["StreamingPull"] == 2
+    finally:
+        await session.close()
+
+
+async def test_a_stream_that_keeps_ending_the_same_way_is_a_warning_and_not_ready(
+    keyless: PubSubHarness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Messages larger than the channel takes end every stream that gets one, the same way.
+
+    Our channels take any size; one with a 1 MiB receive limit stands in for
+    a channel that does not (gRPC's default, 4 MiB, did that to 9 MB
+    messages). With one message a stream, each 2 MiB message ends its
+    stream with ``RESOURCE_EXHAUSTED``. The third end in a row is a WARNING
+    naming the error and the count, and the producer is not ``connected``
+    (the triggerer's readiness check fails) though its poll goes on, with a
+    fourth stream open.
+    """
+    caplog.set_level(logging.INFO, logger=PRODUCER_LOG)
+    narrow = (("grpc.max_receive_message_length", 1024 * 1024),)
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    try:
+        with mock.patch.object(pubsub_producer, "CHANNEL_OPTIONS", narrow):
+            for n in range(3):
+                await keyless.produce(stream, [b"big%d" % n + b"x" * (2 * 1024 * 1024)])
+            session.run(max_in_flight=1)
+
+            def warned() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if r.levelname == "WARNING"
+                        and text_of(r) == "streaming pull keeps ending with the same error; "
+                                          "opening another"]
+
+            await eventually(lambda: len(warned()) == 1, within=15, what="the warning")
+            fields = fields_of(warned()[0])
+            assert fields["times_in_a_row"] == 3
+            assert fields["subscription"] == stream.name
+            assert str(fields["error"]).startswith("ResourceExhausted: ")
+            assert "larger than max" in str(fields["error"])
+            producer = producer_of(stream)
+            await eventually(lambda: producer.calls["StreamingPull"] == 4,
+                             what="a fourth stream")
+            assert producer._pulling, "the fourth stream is open"
+            assert producer.connected is False
     finally:
         await session.close()

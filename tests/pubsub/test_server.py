@@ -30,7 +30,12 @@ from google.pubsub_v1.services.subscriber.transports import (
     SubscriberGrpcAsyncIOTransport,
     SubscriberGrpcTransport,
 )
-from google.pubsub_v1.types import PubsubMessage, StreamingPullRequest, StreamingPullResponse
+from google.pubsub_v1.types import (
+    PublishRequest,
+    PubsubMessage,
+    StreamingPullRequest,
+    StreamingPullResponse,
+)
 
 from sharedstream.producers._pubsub_types import CHANNEL_OPTIONS
 from sharedstream.testing.pubsub.service import PubSubService, _Stream
@@ -104,7 +109,7 @@ def test_published_messages_arrive_with_ids_attributes_and_publish_time(
     assert pull(subscriber, subscription, timeout=1.5) == []  # acked: nothing comes back
 
 
-def test_messages_up_to_10_mb_pass_and_larger_requests_are_refused_as_pubsub_does(
+def test_a_9_mb_message_is_delivered_with_the_small_one_published_with_it(
         publisher: Any, pubsub_emulator_host: str, topic: str,
         new_subscription: Callable[..., str]) -> None:
     subscription = new_subscription()
@@ -119,13 +124,31 @@ def test_messages_up_to_10_mb_pass_and_larger_requests_are_refused_as_pubsub_doe
         received += pull(unbounded, subscription)
     finally:
         unbounded.close()
-    direct = PublisherClient(transport=PublisherGrpcTransport(  # one request, unbatched
-        channel=grpc.insecure_channel(pubsub_emulator_host, options=CHANNEL_OPTIONS)))
     assert sorted(len(m.message.data) for m in received) == [5, len(big)]
-    six = b"y" * (6 * 1024 * 1024)
-    with pytest.raises(exceptions.InvalidArgument,
-                       match="Request payload size exceeds the limit: 10485760 bytes"):
-        direct.publish(topic=topic, messages=[PubsubMessage(data=six), PubsubMessage(data=six)])
+
+
+def test_a_publish_request_over_10_mb_is_refused_as_pubsub_refuses_it(
+        pubsub_emulator_host: str, topic: str) -> None:
+    """Pub/Sub's limit is on the serialized request: 10,000,000 bytes (Google's publisher
+    batches against that number); past 10 MiB the front end refuses it with other words."""
+    with PublisherClient(transport=PublisherGrpcTransport(  # one request, unbatched
+            channel=grpc.insecure_channel(pubsub_emulator_host, options=CHANNEL_OPTIONS),
+    )) as direct:
+        def request_of(*sizes: int) -> list[PubsubMessage]:
+            return [PubsubMessage(data=b"y" * size) for size in sizes]
+
+        just_under = request_of(10_000_000 - 100)
+        assert PublishRequest(topic=topic, messages=just_under)._pb.ByteSize() <= 10_000_000
+        assert len(direct.publish(topic=topic, messages=just_under).message_ids) == 1
+        over = request_of(10_000_000)
+        size = PublishRequest(topic=topic, messages=over)._pb.ByteSize()
+        with pytest.raises(exceptions.InvalidArgument, match=(
+                f"The value for request_size is too large. You passed {size} in the request, "
+                "but the maximum value is 10000000.")):
+            direct.publish(topic=topic, messages=over)
+        with pytest.raises(exceptions.InvalidArgument,
+                           match="Request payload size exceeds the limit: 10485760 bytes"):
+            direct.publish(topic=topic, messages=request_of(6 * 1024 * 1024, 6 * 1024 * 1024))
 
 
 def test_messages_published_before_a_subscription_exists_are_not_delivered_to_it(

@@ -101,25 +101,3 @@ def test_raw_requests_are_the_requests_the_client_builds(request_type: str,
     assert kind.serialize(built) == kind.serialize(kind(**fields))
     assert list(built.ack_ids) == fields["ack_ids"]
 
-
-def test_a_stream_ending_the_same_way_again_and_again_is_said_loudly(
-        caplog: pytest.LogCaptureFixture) -> None:
-    exceptions = pytest.importorskip("google.api_core.exceptions")
-    from sharedstream.producers.pubsub import (  # noqa: PLC0415 - needs the extra
-        PubSubSettings,
-        PubSubSharedStreamProducer,
-    )
-
-    producer = PubSubSharedStreamProducer(PubSubSettings(project="p", subscription="s"))
-    too_big = exceptions.ResourceExhausted("Received message larger than max")
-    with caplog.at_level("INFO", logger="sharedstream.producers.pubsub"):
-        producer._stream_broke(exceptions.ServiceUnavailable("reset"))
-        for _ in range(12):
-            producer._stream_broke(too_big)
-        producer._stream_broke(too_big, lived=120.0)  # a long healthy stream: counted afresh
-        producer._stream_broke(too_big)
-    loud = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert [r.getMessage().count("times_in_a_row=") for r in loud] == [1, 1]
-    assert "times_in_a_row=3" in loud[0].getMessage()
-    assert "times_in_a_row=10" in loud[1].getMessage()
-    assert "ResourceExhausted" in loud[0].getMessage()

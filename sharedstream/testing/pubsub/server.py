@@ -18,14 +18,17 @@ from pathlib import Path
 
 import grpc.aio
 
-from sharedstream.testing.pubsub.service import REQUEST_LIMIT, PubSubService
+from sharedstream.testing.pubsub.service import PAYLOAD_LIMIT, PubSubService
 
 __all__ = ["SERVER_OPTIONS", "main", "serve"]
 
-SERVER_OPTIONS = (("grpc.max_receive_message_length", 2 * REQUEST_LIMIT),
+SERVER_OPTIONS = (("grpc.max_receive_message_length", 2 * PAYLOAD_LIMIT),
                   ("grpc.max_send_message_length", -1))
-"""The server takes requests past Pub/Sub's 10 MB limit, so that it can refuse them as Pub/Sub
-does (``INVALID_ARGUMENT``), and answers with messages of any size (gRPC's defaults: 4 MiB)."""
+"""gRPC options of the server (gRPC's defaults: 4 MiB received, so a 5 MB publish failed with
+``RESOURCE_EXHAUSTED``, a status the SDK's publisher retries). It takes requests up to twice
+Pub/Sub's limits, so that it refuses them as Pub/Sub does (``INVALID_ARGUMENT``, see
+:mod:`.service`), and still bounds what one request may make it buffer; it answers with
+messages of any size."""
 
 
 async def serve(host: str = "127.0.0.1", port: int = 0, *,

@@ -29,6 +29,15 @@ are applied, and are absent from the map. google-api-core parses that
 trailer into the raised error's ``details`` and ``metadata``. Without
 exactly-once, stale ack ids are ignored and the call succeeds.
 
+**Size limits**, as Pub/Sub's: a ``Publish`` request whose serialized
+size is over 10 MB (10,000,000 bytes; the limit Google's own publisher
+batches against) is ``INVALID_ARGUMENT`` naming ``request_size``, and one
+over 10 MiB is refused earlier with the front end's ``Request payload size
+exceeds the limit`` (one message over 10 MB is always in a request over
+10 MB). A pull or StreamingPull response carries at most 10 MiB of
+messages, but always at least one message. The server itself has no gRPC
+size limit below that (:data:`~.server.SERVER_OPTIONS`).
+
 **Test hooks.** :meth:`PubSubService.break_streams` ends the open
 StreamingPull streams with a gRPC status (a transient ``UNAVAILABLE``, say),
 as Pub/Sub closes streams now and then; the state's
@@ -62,18 +71,21 @@ from sharedstream.testing.pubsub.state import (
 )
 from sharedstream.testing.pubsub.state_file import StateFile
 
-__all__ = ["EXACTLY_ONCE_REASON", "INVALID_ACK_ID", "MESSAGE_LIMIT", "REQUEST_LIMIT",
+__all__ = ["EXACTLY_ONCE_REASON", "INVALID_ACK_ID", "PAYLOAD_LIMIT", "REQUEST_LIMIT",
            "RESPONSE_BYTES", "AckIdsFailed", "PubSubService"]
 
 BATCH = 500
 """Most messages in one StreamingPull response (smaller batches spread a
 subscription's messages more evenly over its streams)."""
 
-REQUEST_LIMIT = 10 * 1024 * 1024
-"""Pub/Sub's limit on a publish request (10 MB): a larger one is ``INVALID_ARGUMENT``."""
+REQUEST_LIMIT = 10_000_000
+"""Pub/Sub's limit on a serialized ``PublishRequest`` (10 MB, decimal): a larger one is
+``INVALID_ARGUMENT`` (``request_size``). A message, its data, attributes and ordering key,
+is limited to 10 MB too, so one message over that is a request over it."""
 
-MESSAGE_LIMIT = 10 * 1024 * 1024
-"""Pub/Sub's limit on one message (its data, attributes and ordering key)."""
+PAYLOAD_LIMIT = 10 * 1024 * 1024
+"""Google's front end refuses a request body over 10 MiB before Pub/Sub reads it (with
+another text); the server says what it says."""
 
 RESPONSE_BYTES = 10 * 1024 * 1024
 """Most message bytes in one pull response, but for its first message (a response always
@@ -352,15 +364,16 @@ class PubSubService:
         if not request.messages:
             raise Refused("INVALID_ARGUMENT", "a publish request needs at least one message")
         size = request.ByteSize()
-        if size > REQUEST_LIMIT:
+        if size > PAYLOAD_LIMIT:
             raise Refused("INVALID_ARGUMENT", "Request payload size exceeds the limit: "
-                          f"{REQUEST_LIMIT} bytes.")
+                          f"{PAYLOAD_LIMIT} bytes.")
+        if size > REQUEST_LIMIT:
+            raise Refused("INVALID_ARGUMENT", f"The value for request_size is too large. You "
+                          f"passed {size} in the request, but the maximum value is "
+                          f"{REQUEST_LIMIT}.")
         for message in request.messages:
             if not message.data and not message.attributes:
                 raise Refused("INVALID_ARGUMENT", "a message needs data or attributes")
-            if message.ByteSize() > MESSAGE_LIMIT:
-                raise Refused("INVALID_ARGUMENT", "Message size exceeds the limit: "
-                              f"{MESSAGE_LIMIT} bytes.")
         ids = self.state.publish(request.topic, [
             (message.data, message.attributes, message.ordering_key)
             for message in request.messages])
