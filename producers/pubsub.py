@@ -39,7 +39,10 @@ no redelivery.
 **Poison.** Pub/Sub reports ``delivery_attempt`` on subscriptions with a
 dead-letter policy: a message that arrives with more than
 ``max_redeliveries + 1`` attempts (less those that were not its own doing)
-is dead-lettered without being fanned out. The producer also counts each
+is a suspect, dead-lettered without being fanned out only if the store
+counted more than ``max_redeliveries`` failures of its own (attempts a
+crash caused are not: :class:`~sharedstream.brokerkit.redelivery.PoisonCheck`),
+or if its attempts are past the ceiling. The producer also counts each
 message's own failures itself, so the rule holds without that policy.
 
 **Exactly-once delivery.** On a subscription with exactly-once delivery
@@ -87,7 +90,7 @@ from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
-from sharedstream.brokerkit.redelivery import RedeliveryPolicy
+from sharedstream.brokerkit.redelivery import PoisonCheck, RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
@@ -167,6 +170,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     """
 
     advances_lanes_together = True  # each message is settled on its own, lanes apart
+    counts_deliveries = True  # delivery_attempt (with a dead-letter policy): the store judges
 
     def __init__(self, settings: PubSubSettings) -> None:
         settings.validate()
@@ -197,6 +201,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         self._workers: PollWorkers[PubSubPayload] = PollWorkers(
             on_broken=(self._acks.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[str] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
+        self._poison = PoisonCheck(self._redelivery, self, stream=self._letters.stream, logger=log)
         self._client_id = uuid.uuid4().hex
         self._pulling = False  # a streaming pull is open (connected)
         # A failure comes back once its lease lapses (the ack deadline): a stream that lived
@@ -358,8 +363,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             self._exactly_once = response.subscription_properties.exactly_once_delivery_enabled
         now = self._leases.now()
         expires = now + self.settings.ack_deadline
-        taken: list[PubSubPayload] = []
-        poison: list[_Disposal] = []
+        arrived: list[PubSubPayload] = []
+        suspects: dict[int, tuple[str | None, int]] = {}
         for received in response.received_messages:
             message = PubSubMessage(self.subscription, received)
             key = message.ordering_key
@@ -370,10 +375,17 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             attempt = message.delivery_attempt
             if attempt is not None and self._floors.poisoned_on_arrival(message.message_id,
                                                                         attempt):
-                # Delivered that often without resolving (crashes, lapses): never fan it out.
+                # Delivered that often without resolving: the store says whether it is poison.
+                suspects[len(arrived)] = (self.raw_event_name(payload), attempt)
+            arrived.append(payload)
+        confirmed = await self._poison.confirmed(suspects)
+        taken: list[PubSubPayload] = []
+        poison: list[_Disposal] = []
+        for index, payload in enumerate(arrived):
+            if index in confirmed:  # failed too often itself: never fan it out again
                 poison.append((payload, REASON_MAX_REDELIVERIES, ()))
-                continue
-            taken.append(payload)
+            else:
+                taken.append(payload)
         self._in_flight.take(len(taken))
         if taken:
             self._workers.put(taken)

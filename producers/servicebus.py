@@ -80,7 +80,7 @@ from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
-from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.redelivery import DeliveryTally, PoisonCheck, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
@@ -194,6 +194,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     """
 
     advances_lanes_together = True  # each message is settled on its own, lanes apart
+    counts_deliveries = True  # Service Bus's delivery count: the store judges a suspect
 
     def __init__(self, settings: ServiceBusSettings) -> None:
         settings.validate()
@@ -233,6 +234,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._workers: PollWorkers[ServiceBusPayload] = PollWorkers(
             on_broken=(self._completes.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[int] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
+        self._poison = PoisonCheck(self._redelivery, self, stream=self._letters.stream, logger=log)
         self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
         self._turns = LinkTurns()  # one receive or one run of settlements per link at a time
         self._lock_warned = False
@@ -360,12 +362,14 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         of its own failures: a lock that lapsed while the message waited (a
         slow network, a stall), a completion that did not take, a bounce
         behind its session's failed message. Those are redeliveries, not
-        failures; a process that restarts forgets them (then the count
-        alone decides, as before).
+        failures. What is still too often is only suspect: the store's
+        count of the message's own failures decides (:class:`PoisonCheck`),
+        so deliveries a crash caused never dead-letter it.
         """
         body_types = _sdk("azure.servicebus.amqp").AmqpMessageBodyType
         now = self._leases.now()
-        taken: list[ServiceBusPayload] = []
+        arrived: list[ServiceBusPayload] = []
+        suspects: dict[int, tuple[str | None, int]] = {}
         poison: list[_Disposal] = []
         for raw in received:
             undecodable = ""
@@ -389,7 +393,13 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             self._taken.add(number)
             if self._floors.poisoned_on_arrival(number, message.delivery_count + 1,
                                                 taken=earlier):
-                # Delivered that often without resolving (crashes, lapses): never fan it out.
+                suspects[len(arrived)] = (self.raw_event_name(payload),
+                                          message.delivery_count + 1)
+            arrived.append(payload)
+        confirmed = await self._poison.confirmed(suspects)
+        taken: list[ServiceBusPayload] = []
+        for index, payload in enumerate(arrived):
+            if index in confirmed:  # failed too often itself: never fan it out again
                 poison.append((payload, REASON_MAX_REDELIVERIES, (), ""))
                 continue
             if session is None:

@@ -82,7 +82,7 @@ from sharedstream.brokerkit.deadletters import (
 from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
-from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
+from sharedstream.brokerkit.redelivery import DeliveryTally, PoisonCheck, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
@@ -170,6 +170,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
     ``sharedstream.broker.requests``).
     """
 
+    counts_deliveries = True  # ApproximateReceiveCount: the store judges a suspect
+
     def __init__(self, settings: SqsSettings) -> None:
         settings.validate()
         _sdk("aiobotocore.session")  # a missing extra is a clear error here, not at connect
@@ -192,6 +194,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # Received (or being received) and not yet advanced.
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
+        self._poison = PoisonCheck(self._redelivery, self, stream=self._letters.stream, logger=log)
         # Bounded (two rounds of the senders): a message waiting here is no longer renewed,
         # so when deletes back up, advance waits (and receiving pauses behind it).
         self._deletes: SettleSender[SqsPayload] = SettleSender(
@@ -337,19 +340,26 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     async def _take(self, received: list[dict[str, Any]], deadline: float) -> None:
         batch_lane = next(self._receive_ids)
-        poison: list[_Disposal] = []
-        taken: list[SqsPayload] = []
+        arrived: list[SqsPayload] = []
+        suspects: dict[int, tuple[str | None, int]] = {}
         for raw in received:
             message = SqsMessage(self._url, raw)
             lane: Hashable = ("group", message.group_id) if self._fifo else batch_lane
             payload = SqsPayload(message.message_id, raw["ReceiptHandle"], lane, message)
             deliveries = message.receive_count - self._bounced.get(message.message_id)
             if self._redelivery.poisoned_on_arrival(deliveries):
-                # Delivered that often without resolving (crashes, lapses): never fan it out.
+                # Delivered that often without resolving: the store says whether it is poison.
+                suspects[len(arrived)] = (message.message_id, message.receive_count)
+            arrived.append(payload)
+        confirmed = await self._poison.confirmed(suspects)
+        poison: list[_Disposal] = []
+        taken: list[SqsPayload] = []
+        for index, payload in enumerate(arrived):
+            if index in confirmed:  # failed too often itself: never fan it out again
                 self._in_flight.release()
                 poison.append((payload, REASON_MAX_REDELIVERIES, ()))
                 continue
-            self._leases.hold((payload.receipt_handle, message.message_id), deadline)
+            self._leases.hold((payload.receipt_handle, payload.message_id), deadline)
             taken.append(payload)
         if taken:
             self._workers.put(taken)

@@ -9,6 +9,20 @@ the message is redelivered but the delivery is not held against it;
 otherwise one message that keeps killing a trigger would drag every message
 queued behind it to the dead letters.
 
+A broker's own delivery count (Pub/Sub's ``delivery_attempt``, Service
+Bus's delivery count, SQS's receive count) also counts the deliveries that
+ended because the process holding the message died, and those leave no
+trace in a new process's memory. So a message the broker says came too
+often is only a *suspect*: :class:`PoisonCheck` asks the runtime's failure
+ledger (``SharedStreamProducer.failure_ledger``: the store counts each raw
+event's own failures, durably) whether it failed more than
+``max_redeliveries`` times itself. A crash loop therefore never
+dead-letters a healthy message: it is fanned out again, and a message
+whose events were all stored is settled as a duplicate. A message
+delivered more than :attr:`RedeliveryPolicy.ceiling` times is poison
+whatever the ledger says: one that kills the process itself never gets to
+record a failure.
+
 :class:`RedeliveryPolicy` is the rule, :class:`DeliveryTally` a bounded
 per-message count a producer keeps (failures, or deliveries to discount
 from a broker's receive count). Pure and synchronous.
@@ -16,13 +30,18 @@ from a broker's receive count). Pure and synchronous.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sharedstream.engine.producer import AdvanceOutcome
+from sharedstream.engine.keyvalue_log import KeyValueLogger
+from sharedstream.engine.producer import AdvanceOutcome, SharedStreamProducer
 
-__all__ = ["DeliveryTally", "RedeliveryPolicy"]
+__all__ = ["CEILING_FACTOR", "DeliveryTally", "PoisonCheck", "RedeliveryPolicy"]
+
+CEILING_FACTOR = 4
+"""A message delivered more than this many times ``max_redeliveries + 1`` is poison, whatever
+the failure ledger says (:attr:`RedeliveryPolicy.ceiling`)."""
 
 K = TypeVar("K", bound=Hashable)
 
@@ -37,7 +56,7 @@ class RedeliveryPolicy:
     @staticmethod
     def counts(outcome: AdvanceOutcome) -> bool:
         """Whether this outcome's failure counts against the message (``failed > unseen``)."""
-        return outcome.failed > outcome.unseen
+        return outcome.failed_itself
 
     def exhausted(self, failures: int) -> bool:
         """Whether ``failures`` counted failures make the message poison."""
@@ -54,6 +73,75 @@ class RedeliveryPolicy:
         held, another consumer's failure.
         """
         return deliveries > self.max_redeliveries + 1
+
+    @property
+    def ceiling(self) -> int:
+        """Broker deliveries past which a message is poison even with no failure counted.
+
+        ``CEILING_FACTOR * (max_redeliveries + 1)``: a message that kills
+        the process (or hangs it until it is killed) never records a
+        failure, and must not come back forever.
+        """
+        return CEILING_FACTOR * (self.max_redeliveries + 1)
+
+
+class PoisonCheck:
+    """Whether the messages a broker delivered too often are poison: the failure ledger decides.
+
+    Owned by one producer (``owner``), whose ``failure_ledger`` it reads at
+    each call (the engine sets it before ``open_stream``); ``stream`` names
+    the stream in log lines. Called from the owner's event loop.
+    """
+
+    def __init__(self, policy: RedeliveryPolicy, owner: SharedStreamProducer, *, stream: str,
+                 logger: KeyValueLogger) -> None:
+        self.policy, self.owner, self.stream, self.log = policy, owner, stream, logger
+        self.cleared = 0
+        """Suspects found not poison so far (their deliveries were not their own failures)."""
+
+    async def confirmed(self, suspects: Mapping[int, tuple[str | None, int]]) -> set[int]:
+        """Which of ``suspects`` are poison, as a set of their keys.
+
+        ``suspects`` maps a caller's key (a position in what it received) to
+        the message's raw event name and the broker's delivery count, this
+        delivery included, for messages the broker's count already makes
+        poison (:meth:`RedeliveryPolicy.poisoned_on_arrival`). One is
+        poison when it failed more than ``max_redeliveries`` times itself
+        by the ledger's count, or when its delivery count is past the
+        :attr:`~RedeliveryPolicy.ceiling`. With no ledger (an engine run
+        without a store) or no name, the broker's count decides, as it
+        always did. A ledger that cannot answer is logged and only the
+        ceiling decides: fanning a message out again is safe (its stored
+        events are not stored twice), dead-lettering a healthy one is not.
+        """
+        if not suspects:
+            return set()
+        policy = self.policy
+        ledger = self.owner.failure_ledger
+        poison = {key for key, (name, deliveries) in suspects.items()
+                  if ledger is None or name is None or deliveries > policy.ceiling}
+        asked = {key: name for key, (name, _) in suspects.items()
+                 if key not in poison and name is not None}
+        if not asked or ledger is None:
+            return poison
+        try:
+            counted = await ledger.counts(sorted(set(asked.values())))
+        except Exception as exc:  # noqa: BLE001 - any store failure: fan them out again
+            self.log.warning("cannot read raw events' failures from the store; fanning out "
+                             "again the messages the broker delivered too often",
+                             stream=self.stream, messages=len(asked),
+                             error=f"{type(exc).__name__}: {exc}")
+            return poison
+        poison.update(key for key, name in asked.items()
+                      if policy.exhausted(counted.get(name, 0)))
+        cleared = len(asked) - len(poison & asked.keys())
+        if cleared:
+            self.cleared += cleared
+            self.log.info("fanning out again messages delivered more than max_redeliveries + 1 "
+                          "times: the store counts too few failures of their own (crashes "
+                          "redelivered them)", stream=self.stream, messages=cleared,
+                          max_redeliveries=policy.max_redeliveries)
+        return poison
 
 
 class DeliveryTally(Generic[K]):

@@ -44,7 +44,7 @@ from sharedstream.engine.errors import (
 )
 from sharedstream.engine.fanout import Accept, FanOut, Subscriber
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import DeadLetterFallback, SharedStreamProducer
+from sharedstream.engine.producer import DeadLetterFallback, FailureLedger, SharedStreamProducer
 from sharedstream.engine.pump import AdvancePump, StreamTotals
 from sharedstream.engine.records import UNNAMED
 from sharedstream.engine.resolution import ResolutionBook, overflow_error
@@ -131,6 +131,7 @@ class StreamGroup:
         on_terminate: Callable[[StreamGroup], None],
         valve: IntakeValve | None = None,
         dead_letter_fallback: DeadLetterFallback | None = None,
+        failure_ledger: FailureLedger | None = None,
         totals: StreamTotals | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
@@ -144,6 +145,7 @@ class StreamGroup:
         self._on_terminate = on_terminate
         self._valve = valve if valve is not None else IntakeValve()
         self._dead_letter_fallback = dead_letter_fallback
+        self._failure_ledger = failure_ledger
         self._totals = totals
         self._behind_logged: dict[Hashable, float] = {}
         self.paused: dict[str, float] = {"intake": 0.0, "watcher_behind": 0.0}
@@ -386,6 +388,8 @@ class StreamGroup:
         self._producer = producer
         if self._dead_letter_fallback is not None:
             producer.dead_letter_fallback = self._dead_letter_fallback
+        if self._failure_ledger is not None:
+            producer.failure_ledger = self._failure_ledger
         exits.push_async_callback(self._close_producer, producer)
         if self._tracer_provider is not None:
             book.tracer = StreamTracer(self._tracer_provider, self.key, producer)

@@ -26,7 +26,7 @@ from sharedstream.engine.fanout import Accept
 from sharedstream.engine.group import IntakeValve, StreamGroup
 from sharedstream.engine.keyvalue_log import KeyValueLogger, key_value_logger
 from sharedstream.engine.membership import Membership
-from sharedstream.engine.producer import DeadLetterFallback
+from sharedstream.engine.producer import DeadLetterFallback, FailureLedger
 from sharedstream.engine.pump import StreamTotals
 from sharedstream.engine.seqs import SeqRouter
 from sharedstream.engine.trigger import BaseEventTrigger
@@ -99,6 +99,8 @@ class SharedStreamManager:
         self.intake = IntakeValve()
         """Closed by the runtime while its store is behind: every poll holds."""
         self.dead_letter_fallback: DeadLetterFallback | None = None
+        """Given to every producer created from now on (see ``SharedStreamProducer``)."""
+        self.failure_ledger: FailureLedger | None = None
         """Given to every producer created from now on (see ``SharedStreamProducer``)."""
         self.totals = StreamTotals()
         """Raw events advanced by every group of this manager, by outcome."""
@@ -186,6 +188,7 @@ class SharedStreamManager:
             on_terminate=self._evict,
             valve=self.intake,
             dead_letter_fallback=self.dead_letter_fallback,
+            failure_ledger=self.failure_ledger,
             totals=self.totals,
             tracer_provider=self.tracer_provider,
         )

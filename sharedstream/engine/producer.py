@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 __all__ = [
     "MAX_ADVANCE_ITEMS",
@@ -31,6 +31,7 @@ __all__ = [
     "AdvanceOutcome",
     "DeadLetter",
     "DeadLetterFallback",
+    "FailureLedger",
     "SharedStreamProducer",
     "Verdict",
     "annotated_outcome",
@@ -85,6 +86,14 @@ class AdvanceOutcome(NamedTuple):
         otherwise.
         """
         return 0
+
+    @property
+    def failed_itself(self) -> bool:
+        """Whether a subscriber failed on the event itself (``failed > unseen``).
+
+        Only such a failure counts toward a poison-message limit.
+        """
+        return self.failed > self.unseen
 
     @property
     def verdicts(self) -> tuple[Verdict, ...]:
@@ -199,6 +208,27 @@ DeadLetterFallback = Callable[[DeadLetter], Awaitable[None]]
 """Keeps a :class:`DeadLetter` durably; returns once it is stored, raises if it was not."""
 
 
+class FailureLedger(Protocol):
+    """A durable count of each raw event's own failures, by its producer's ``raw_event_name``.
+
+    The runtime offers one (its store); the engine sets it on producers that
+    :attr:`~SharedStreamProducer.counts_deliveries`. It survives restarts, so
+    a producer can tell a message that failed too often from one the broker
+    delivered too often because the process holding it died.
+    """
+
+    async def add(self, names: Sequence[str]) -> None:
+        """Count one more failure against each name (twice if listed twice), durably.
+
+        Raises when it could not (nothing is counted then).
+        """
+        ...
+
+    async def counts(self, names: Sequence[str]) -> Mapping[str, int]:
+        """The failures counted against those of ``names`` that have any; raises on failure."""
+        ...
+
+
 class SharedStreamProducer(abc.ABC):
     """Broker-side half of an ack-mode shared stream.
 
@@ -213,6 +243,21 @@ class SharedStreamProducer(abc.ABC):
     """
 
     dead_letter_fallback: DeadLetterFallback | None = None
+
+    counts_deliveries: bool = False
+    """Whether the broker counts each message's deliveries and the producer judges poison by it.
+
+    ``True`` for brokers that redeliver one message at a time with a count
+    (Pub/Sub, Service Bus, SQS). The engine then records each raw event a
+    subscriber failed on itself (:attr:`AdvanceOutcome.failed_itself`) in
+    :attr:`failure_ledger` before handing the batch to :meth:`advance`, so
+    the producer can ask, of a message delivered too often, how many of
+    those deliveries were its own failures.
+    """
+
+    failure_ledger: FailureLedger | None = None
+    """Set by the engine before :meth:`open_stream` when :attr:`counts_deliveries` and the
+    runtime offers one; ``None`` otherwise."""
 
     dead_lettered: int = 0
     """Raw events this producer dead-lettered (to the broker or its fallback) so far.

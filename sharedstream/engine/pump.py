@@ -109,6 +109,8 @@ class AdvancePump:
             if not batch:
                 continue
             started = time.perf_counter()
+            if self._producer.counts_deliveries:
+                await self._count_failures(batch)
             dead_lettered = self._producer.dead_lettered
             tracer = book.tracer
             spans = tracer.settling(batch) if tracer is not None else None
@@ -135,6 +137,29 @@ class AdvancePump:
             metrics.advanced_events.add(len(batch), self._attributes)
             self._totals.dead_lettered += self._producer.dead_lettered - dead_lettered
             self._count_outcomes(batch, metrics.outcomes)
+
+    async def _count_failures(self, batch: Sequence[AdvanceItem]) -> None:
+        """Count, in the producer's failure ledger, the raw events a subscriber failed on itself.
+
+        Done before ``advance`` hands them back to the broker, so a
+        redelivery never comes before its failure is counted. A ledger that
+        cannot count is logged and passed over: the message is still handed
+        back, and its failure is only not remembered across a restart.
+        """
+        ledger = self._producer.failure_ledger
+        if ledger is None:
+            return
+        name = self._producer.raw_event_name
+        names = [n for payload, outcome in batch
+                 if outcome.failed and outcome.failed_itself and (n := name(payload)) is not None]
+        if not names:
+            return
+        try:
+            await ledger.add(names)
+        except Exception as exc:  # noqa: BLE001 - any store failure: say so, go on
+            log.warning("could not count raw events' failures in the store; after a restart "
+                        "their redeliveries cannot be told from a crash's", stream=self._book.key,
+                        raw_events=len(names), error=f"{type(exc).__name__}: {exc}")
 
     def _count_outcomes(self, batch: Sequence[AdvanceItem], counter: Counter) -> None:
         failed = rejected = unobserved = 0

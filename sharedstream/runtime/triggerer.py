@@ -74,6 +74,7 @@ from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import KwargsCipher
 from sharedstream.runtime.definitions import Definitions, timetable_registry
 from sharedstream.runtime.dispatch_setup import DispatchService, dispatch_plan
+from sharedstream.runtime.failure_ledger import StoreFailureLedger
 from sharedstream.runtime.ops import open_endpoint
 from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.progress_log import report_progress
@@ -157,6 +158,7 @@ class Triggerer:
             tracer=None if tracer_provider is None else tracer_provider.get_tracer(TRACER_NAME),
         )
         self.manager.dead_letter_fallback = self._keep_dead_letter
+        self.manager.failure_ledger = StoreFailureLedger(lambda: self.store, self._db)
         self.progress = Progress()
         self.supervisor = Supervisor(
             config=tconf, cipher=self.cipher, registry=self.registry, manager=self.manager,

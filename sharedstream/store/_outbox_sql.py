@@ -397,9 +397,13 @@ class OutboxSql:
                 (cutoff, limit))
             triggerers = conn.execute(self._q("DELETE FROM triggerers WHERE heartbeat_at < ?"),
                                       (cutoff,)).rowcount
+            counts = conn.execute(self._q(
+                "DELETE FROM raw_event_failures WHERE name IN (SELECT name FROM raw_event_failures"
+                " WHERE updated_at < ? ORDER BY updated_at LIMIT ?)"), (cutoff, limit)).rowcount
         return PruneResult(dag_runs=len(runs), trigger_events=events, asset_events=asset_events,
                            dead_letters=letters, triggerers=int(triggerers),
-                           more=limit in (len(runs), events, asset_events, letters))
+                           failure_counts=int(counts),
+                           more=limit in (len(runs), events, asset_events, letters, counts))
 
     def _delete_ids(self, conn: Any, table: str, select: str, params: Sequence[Any]) -> int:
         """Delete the rows of ``table`` whose ids ``select`` lists; how many."""

@@ -196,7 +196,20 @@ _V6 = (
     " ADD COLUMN redrives INTEGER NOT NULL DEFAULT 0",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+# Failures of raw events that count against them (a watcher failed on the message itself),
+# by the raw event's name: whether a message the broker delivered too often is poison is
+# decided by this durable count, not by the broker's (a crash's redeliveries are not
+# failures). Rows not updated for a while are pruned.
+_V7 = (
+    """CREATE TABLE raw_event_failures (
+        name TEXT PRIMARY KEY,
+        failures INTEGER NOT NULL CHECK (failures > 0),
+        updated_at TIMESTAMPTZ NOT NULL
+    )""",
+    "CREATE INDEX raw_event_failures_updated ON raw_event_failures (updated_at)",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

@@ -19,6 +19,7 @@ asset names come back sorted and distinct, asset event ids ascending.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
@@ -237,6 +238,31 @@ class SharedSql(OutboxSql):
         """Make the due runs of batched DAGs, in one transaction (:mod:`._batches`)."""
         with self._write("release_batches") as conn:
             return release_batches(conn, self._dialect, datetime.now(UTC))
+
+    # -- failures of raw events -------------------------------------------------
+
+    def add_raw_failures(self, names: Sequence[str]) -> None:
+        """Count one more failure against each raw event in ``names`` (twice if listed twice)."""
+        if not names:
+            return
+        d = self._dialect
+        now = d.write_time(datetime.now(UTC))
+        with self._write("add_raw_failures") as conn:
+            for name, count in sorted(Counter(names).items()):
+                conn.execute(d.sql(
+                    "INSERT INTO raw_event_failures (name, failures, updated_at) VALUES (?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET"
+                    " failures = raw_event_failures.failures + excluded.failures,"
+                    " updated_at = excluded.updated_at"), (name, count, now))
+
+    def raw_failures(self, names: Sequence[str]) -> dict[str, int]:
+        """The failures counted against those of ``names`` that have any."""
+        if not names:
+            return {}
+        d = self._dialect
+        rows = self._rows(f"SELECT name, failures FROM raw_event_failures WHERE {d.one_of('name')}",  # noqa: S608
+                          (d.bind_list(sorted(set(names))),))
+        return {str(name): int(failures) for name, failures in rows}
 
     # -- dead letters, events, runs, counts ---------------------------------------
 

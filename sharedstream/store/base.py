@@ -709,6 +709,24 @@ class MetadataStore(OutboxStore, Protocol):
         """At most ``limit`` kept dead letters, newest first, of one stream and/or ``ids``."""
         ...
 
+    def add_raw_failures(self, names: Sequence[str]) -> None:
+        """Count one more failure against each raw event in ``names``; one transaction.
+
+        A raw event's name is its producer's (``raw_event_name``: it names
+        the broker entity and the message); a name listed twice counts twice.
+        Called when a watcher failed on the message itself, before the
+        broker is told, so it must be durable when it returns. Raises
+        :class:`StoreWriteError` (``retryable``) and counts nothing on failure.
+        """
+        ...
+
+    def raw_failures(self, names: Sequence[str]) -> dict[str, int]:
+        """The failures :meth:`add_raw_failures` counted against those of ``names`` that have any.
+
+        A name with no failures (or whose count was pruned) is left out.
+        """
+        ...
+
     def mark_redriven(self, ids: Sequence[int]) -> int:
         """Record that these dead letters were re-driven now (one more each); how many."""
         ...

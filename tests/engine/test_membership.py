@@ -8,13 +8,21 @@ may be advanced clean only once every member stored what it derived from it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from sharedstream import AckTimeout, AdvanceOutcome, SharedStreamManager
 from sharedstream.engine.errors import DuplicateSubscription
 from tests.engine.conftest import FakeClock
-from tests.engine.harness import Feed, FeedTrigger, MemberRunner, eventually, settle
+from tests.engine.harness import (
+    Feed,
+    FeedProducer,
+    FeedTrigger,
+    MemberRunner,
+    eventually,
+    settle,
+)
 
 
 def members(manager: SharedStreamManager, *names: str, **kwargs: bool) -> list[MemberRunner]:
@@ -255,4 +263,71 @@ async def test_one_trigger_id_is_one_member(feed: Feed) -> None:
         manager.join(trigger_id=1, trigger=trigger, key=trigger.shared_stream_key())
     with pytest.raises(DuplicateSubscription):
         manager.subscribe(trigger_id=1, trigger=trigger, key=trigger.shared_stream_key())
+    await manager.stop_all()
+
+
+class _Ledger:
+    """A failure ledger that writes down what it was asked to count, in the feed's events."""
+
+    def __init__(self, feed: Feed, error: Exception | None = None) -> None:
+        self.feed, self.error = feed, error
+        self.counted: list[list[str]] = []
+
+    async def add(self, names: Sequence[str]) -> None:
+        if self.error is not None:
+            raise self.error
+        self.counted.append(list(names))
+        self.feed.events.append("count")
+
+    async def counts(self, names: Sequence[str]) -> Mapping[str, int]:
+        return {}
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FeedProducer, "counts_deliveries", True)
+    monkeypatch.setattr(FeedProducer, "raw_event_name", lambda self, payload: f"f/{payload}")
+
+
+async def test_a_member_s_own_failure_is_counted_in_the_ledger_before_it_is_advanced(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 29, part 3: a producer that counts deliveries gets each raw event a member
+    failed on itself counted durably before ``advance`` hands it back; the events it only
+    failed because they were queued behind that one are not counted against them."""
+    _counting(monkeypatch)
+    feed.lane_of = lambda payload: payload % 2
+    manager = SharedStreamManager()
+    ledger = manager.failure_ledger = _Ledger(feed)
+    _plain, raising = members(manager, "plain", "raising")
+    raising.raise_on = 2
+    raising.raise_times = 1
+    raising.gate = asyncio.Event()  # 0..7 are all queued for it when it fails on 2
+    feed.push(*range(8))
+    await eventually(lambda: manager.lag() == [(("feed", "f"), 2, 7)])
+    raising.gate.set()
+    await eventually(lambda: not raising.running())
+    raising.gate = None
+    raising.restart()
+    await eventually(lambda: len(feed.advanced()) == 8)
+    assert ledger.counted == [["f/2"]]  # 4 and 6 failed unseen
+    counted_at = feed.events.index("count")
+    batch = feed.batches[feed.events[:counted_at].count("advance")]  # the next advance
+    assert 2 in [item.broker_payload for item in batch]
+    await manager.stop_all()
+
+
+async def test_a_ledger_that_cannot_count_does_not_hold_the_failure_back(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    _counting(monkeypatch)
+    manager = SharedStreamManager()
+    manager.failure_ledger = _Ledger(feed, error=OSError("the store is away"))
+    [raising] = members(manager, "raising")
+    raising.raise_on = 1
+    raising.raise_times = 1
+    feed.push(0, 1)
+    await eventually(lambda: len(feed.advanced()) == 2)
+    assert [outcome for _, outcome in feed.advanced()] == [(1, 0, 0), (0, 1, 0)]
+    assert "could not count raw events' failures in the store" in caplog.text
+    assert "the store is away" in caplog.text
     await manager.stop_all()

@@ -20,8 +20,17 @@ from unittest.mock import patch
 import pytest
 
 from sharedstream.store import MetadataStore, open_store
+from sharedstream.store._postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
+from sharedstream.store._sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
 from sharedstream.testing.brokers.postgres import fresh_database
 from sharedstream.testing.fixtures import postgres_database, postgres_url
+
+LATEST = len(SQLITE_MIGRATIONS)
+"""The schema version this code migrates to (the same for both stores)."""
+assert len(POSTGRES_MIGRATIONS) == LATEST, "the stores' migrations must stay in step"
+
+ALL_VERSIONS = [(version,) for version in range(1, LATEST + 1)]
+"""``schema_version``'s rows once a store is at :data:`LATEST`."""
 
 __all__ = ["Backend", "postgres_database", "postgres_url"]
 

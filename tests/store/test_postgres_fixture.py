@@ -15,6 +15,7 @@ import pytest
 from sharedstream.store import StoreError, open_store, triggerer_guard
 from sharedstream.testing.brokers import BrokerNotInstalled
 from sharedstream.testing.brokers import postgres as kit
+from tests.store.conftest import LATEST
 
 
 def _run_suite(tmp_path: Path, *, ci: bool) -> subprocess.CompletedProcess[str]:
@@ -79,7 +80,7 @@ def test_sqlite_needs_an_existing_file_unless_created(tmp_path: Path) -> None:
         open_store(url)
     open_store(url, create=True).close()
     with open_store(url) as store:
-        assert store.migrate() == 6
+        assert store.migrate() == LATEST
 
 
 def test_only_sqlite_holds_a_one_triggerer_lock(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from sharedstream.store import (
 from sharedstream.store import sqlite as sqlite_store
 from sharedstream.store._sqlite_events import values_chunk
 from sharedstream.store.sqlite import MIGRATIONS
+from tests.store.conftest import ALL_VERSIONS, LATEST
 from tests.store.test_store import asset, define, ev, trig
 
 
@@ -51,11 +52,11 @@ def store(db_path: Path) -> Iterator[SqliteStore]:
 def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     assert not db_path.parent.exists()
     with SqliteStore(db_path) as s:
-        assert s.migrate() == len(MIGRATIONS) == 6
-        assert s.migrate() == 6
+        assert s.migrate() == len(MIGRATIONS) == LATEST
+        assert s.migrate() == LATEST
     assert db_path.is_file()
     with SqliteStore(db_path) as again:
-        assert again.migrate() == 6
+        assert again.migrate() == LATEST
         assert again.counts() == {
             "triggers": 0,
             "trigger_events": 0,
@@ -65,7 +66,7 @@ def test_migrate_creates_the_file_and_is_idempotent(db_path: Path) -> None:
     raw = sqlite3.connect(db_path)
     try:
         versions = raw.execute("SELECT version FROM schema_version").fetchall()
-        assert versions == [(1,), (2,), (3,), (4,), (5,), (6,)]
+        assert versions == ALL_VERSIONS
     finally:
         raw.close()
 

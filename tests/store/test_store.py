@@ -20,7 +20,7 @@ from sharedstream.store import (
     TriggerSpec,
     WatcherSpec,
 )
-from tests.store.conftest import Backend
+from tests.store.conftest import ALL_VERSIONS, Backend
 
 SCHEMA_VERSION = 6
 
@@ -66,8 +66,7 @@ def test_migrate_is_idempotent_and_records_each_version(backend: Backend) -> Non
     assert again.counts() == {"triggers": 0, "trigger_events": 0, "asset_events": 0, "dag_runs": 0}
     status = again.schema_status()
     assert (status.current, status.latest, status.behind, status.newer) == (6, 6, False, False)
-    assert backend.query("SELECT version FROM schema_version ORDER BY version") == [
-        (1,), (2,), (3,), (4,), (5,), (6,)]
+    assert backend.query("SELECT version FROM schema_version ORDER BY version") == ALL_VERSIONS
 
 
 def test_a_database_newer_than_the_code_is_refused(store: MetadataStore, backend: Backend) -> None:

@@ -57,6 +57,7 @@ class LazyProducer(SharedStreamProducer, Generic[P], abc.ABC):
         if self._built is None:
             built = self._build()
             built.dead_letter_fallback = self.dead_letter_fallback
+            built.failure_ledger = self.failure_ledger
             self._built = built
         return self._built
 
@@ -112,6 +113,15 @@ class LazyProducer(SharedStreamProducer, Generic[P], abc.ABC):
     @dead_lettered.setter
     def dead_lettered(self, value: int) -> None:
         raise AttributeError("dead_lettered is the built producer's count")
+
+    @property
+    def counts_deliveries(self) -> bool:
+        """The built producer's (``False`` before it is built: nothing was advanced yet)."""
+        return self._built is not None and self._built.counts_deliveries
+
+    @counts_deliveries.setter
+    def counts_deliveries(self, value: bool) -> None:
+        raise AttributeError("counts_deliveries is the built producer's")
 
     @property
     def advances_lanes_together(self) -> bool:
