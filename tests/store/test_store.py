@@ -20,9 +20,9 @@ from sharedstream.store import (
     TriggerSpec,
     WatcherSpec,
 )
-from tests.store.conftest import ALL_VERSIONS, Backend
+from tests.store.conftest import ALL_VERSIONS, LATEST, Backend
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = LATEST
 
 
 def trig(name: str, blob: bytes = b"kw") -> TriggerSpec:
@@ -65,7 +65,8 @@ def test_migrate_is_idempotent_and_records_each_version(backend: Backend) -> Non
     assert again.migrate() == SCHEMA_VERSION
     assert again.counts() == {"triggers": 0, "trigger_events": 0, "asset_events": 0, "dag_runs": 0}
     status = again.schema_status()
-    assert (status.current, status.latest, status.behind, status.newer) == (6, 6, False, False)
+    assert (status.current, status.latest, status.behind, status.newer) == (
+        LATEST, LATEST, False, False)
     assert backend.query("SELECT version FROM schema_version ORDER BY version") == ALL_VERSIONS
 
 
