@@ -1,0 +1,51 @@
+"""Definitions for the Pub/Sub crash-loop test: one slow watcher that raises on a poison message.
+
+``all`` takes ``PUBSUB_TEST_PACE`` seconds over each message (so a killed
+triggerer holds many) and raises on a message whose JSON says
+``"poison": true`` (a bug in a user's filter). The subscription and its
+dead-letter topic come from the environment as for ``pubsub_defs.py``
+(``PUBSUB_TEST_PROJECT``, ``PUBSUB_TEST_SUBSCRIPTION``, ``PUBSUB_TEST_DLQ``),
+the server from ``PUBSUB_EMULATOR_HOST``; a failure is never tolerated
+(``max_redeliveries`` 0), so every delivery a crash caused looks, to the
+broker's ``delivery_attempt`` alone, like one too many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sharedstream.definitions import Asset, AssetWatcher
+from sharedstream.triggers.pubsub import PubSubSharedStreamTrigger
+
+PACE = float(os.environ.get("PUBSUB_TEST_PACE", "0.1"))
+
+
+class Slow(PubSubSharedStreamTrigger):
+    """Fires for every message, ``PACE`` seconds after it came; raises on a poison one."""
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async def paced() -> AsyncIterator[Any]:
+            async for message in shared_stream:
+                await asyncio.sleep(PACE)
+                yield message
+
+        async for event in super().filter_shared_stream(paced()):
+            yield event
+
+    def matches(self, value: Any, message: Any) -> bool:
+        if value.get("poison"):
+            raise ValueError(f"cannot handle message {value['id']}")
+        return bool(super().matches(value, message))
+
+
+every = Asset("every", watchers=[AssetWatcher("all", trigger=Slow(
+    project=os.environ.get("PUBSUB_TEST_PROJECT", "sharedstream-test"),
+    subscription=os.environ.get("PUBSUB_TEST_SUBSCRIPTION", "orders"),
+    dead_letter_topic=os.environ.get("PUBSUB_TEST_DLQ") or None,
+    ack_deadline=10,  # Pub/Sub's shortest: a killed triggerer's leases lapse within 10 s
+    max_in_flight=10, max_redeliveries=0,
+    payload_format="json",
+))])
