@@ -208,6 +208,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._floors: dict[Hashable, str] = {}  # lane -> message id holding it
         # Message id -> receives that were not failures of its own.
         self._bounced: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
+        # Message id -> failures of its own in this process (a receive count also counts the
+        # receives a killed triggerer held; the store's count judges those: see _take).
+        self._failures: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
         self._receive_ids = itertools.count()
         self._receiving: bool | None = None  # how the last ReceiveMessage went (connected)
 
@@ -452,11 +455,13 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 bounced.append(payload)
                 continue
             if outcome.failed:
-                if not self._redelivery.counts(outcome):
+                if self._redelivery.counts(outcome):
+                    failures = self._failures.add(message_id)
+                else:
                     # Only subscribers that never had it in their filter failed (they
                     # died on another message): shown again, but not held against it.
                     self._bounced.add(message_id)
-                failures = payload.message.receive_count - self._bounced.get(message_id)
+                    failures = self._failures.get(message_id)
                 if self._redelivery.exhausted(failures):
                     dispose.append((payload, REASON_MAX_REDELIVERIES, outcome.verdicts))
                     continue
@@ -530,6 +535,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         floors = self._floors
         for payload in payloads:  # resolved for good: forget its bounces and any hold
             self._bounced.forget(payload.message_id)
+            self._failures.forget(payload.message_id)
             if floors.get(payload.lane) == payload.message_id:
                 del floors[payload.lane]
         await self._deletes.put(payloads)

@@ -12,33 +12,19 @@ broker's ``delivery_attempt`` alone, like one too many.
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator
-from typing import Any
 
 from sharedstream.definitions import Asset, AssetWatcher
 from sharedstream.triggers.pubsub import PubSubSharedStreamTrigger
+from tests.paced_poison import PacedPoison
 
 PACE = float(os.environ.get("PUBSUB_TEST_PACE", "0.1"))
 
 
-class Slow(PubSubSharedStreamTrigger):
+class Slow(PacedPoison, PubSubSharedStreamTrigger):
     """Fires for every message, ``PACE`` seconds after it came; raises on a poison one."""
 
-    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async def paced() -> AsyncIterator[Any]:
-            async for message in shared_stream:
-                await asyncio.sleep(PACE)
-                yield message
-
-        async for event in super().filter_shared_stream(paced()):
-            yield event
-
-    def matches(self, value: Any, message: Any) -> bool:
-        if value.get("poison"):
-            raise ValueError(f"cannot handle message {value['id']}")
-        return bool(super().matches(value, message))
+    pace = PACE
 
 
 every = Asset("every", watchers=[AssetWatcher("all", trigger=Slow(

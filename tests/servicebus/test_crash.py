@@ -93,10 +93,12 @@ def events_for(indexes: range) -> int:
 
 
 def servicebus_process(workdir: Path, queue: str, *, sessions: bool = False,
-                       state_file: Path | None = None) -> RestartableServer:
+                       state_file: Path | None = None,
+                       max_delivery_count: int = 10) -> RestartableServer:
     """The kit's test server with ``queue`` (3 s locks), on a port of its own."""
     entities = {"queues": [{"name": queue, "lock_duration": LOCK_SECONDS,
-                            "max_delivery_count": 10, "requires_session": sessions}]}
+                            "max_delivery_count": max_delivery_count,
+                            "requires_session": sessions}]}
     return RestartableServer(lambda port: start_servicebus(
         workdir, entities=entities, port=port, state_file=state_file)[0])
 

@@ -1,22 +1,30 @@
-"""A killed triggerer dead-letters no healthy message on Service Bus (issue 29, part 3).
+"""Killed triggerers dead-letter no healthy message on Service Bus (issue 29, part 3).
 
 Service Bus counts every delivery of a message, also the ones that ended
 because the triggerer holding it was killed. The watcher here
-(``crash_loop_defs.py``) tolerates no failure (``max_redeliveries`` 0) and
-is slow, so a killed triggerer held messages, some of them already stored:
-each comes back with a delivery count of 2, which the broker's count alone
-makes poison. The store counts each message's own failures, so the
-restarted triggerer fans them out again instead: the stored ones are
-completed as duplicates, the others stored. The one poison message (the
-filter raises on it) is still dead-lettered, once. Plain and session
-queues; through the real CLI, SDK and the kit's server.
+(``crash_loop_defs.py``) is slow, so a killed triggerer held messages,
+some of them already stored: each comes back with its delivery count one
+higher, and the broker's count alone would soon make it poison. The store
+counts each message's own failures, so a restarted triggerer fans such a
+message out again: what was stored is completed as a duplicate, the rest
+stored. The one poison message (the filter raises on it) is still
+dead-lettered, once. Plain and session queues; through the real CLI, SDK
+and the kit's server.
+
+* one kill with ``max_redeliveries`` 0: every message the killed one held
+  comes back a suspect (before the store counted failures: 6 of 40
+  healthy messages dead-lettered plain, 6 with sessions);
+* a storm (slow suite): ``STORM_KILLS`` kills (10) at random moments with
+  ``max_redeliveries`` ``STORM_MAX_REDELIVERIES`` (1), over 300 messages.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,7 +42,6 @@ from tests.servicebus.test_crash import Deployment, servicebus_process
 servicebus: Any = pytest.importorskip("azure.servicebus")
 
 DEFINITIONS = Path(__file__).with_name("crash_loop_defs.py")
-TOTAL = 40
 POISON = 7
 """The index of the one message the watcher raises on."""
 SESSIONS = 4
@@ -44,49 +51,104 @@ def body(index: int) -> bytes:
     return json.dumps({"id": index, "poison": index == POISON}).encode()
 
 
+class Storm:
+    """A queue of ``total`` messages (one poison), and the CLI over ``crash_loop_defs.py``."""
+
+    def __init__(self, server: Any, workdir: Path, queue: str, *, sessions: bool, total: int,
+                 max_redeliveries: int) -> None:
+        self.d = d = Deployment(server, workdir, queue, sessions=sessions)
+        d.cli = TriggererCli(workdir, {
+            **os.environ, "PYTHONPATH": str(ROOT), **TRIGGERER_ENV,
+            "SERVICEBUS_TEST_CONNECTION_STRING": d.string, "SERVICEBUS_TEST_QUEUE": queue,
+            "SERVICEBUS_TEST_SESSIONS": "1" if sessions else "",
+            "SERVICEBUS_TEST_MAX_REDELIVERIES": str(max_redeliveries)}, DEFINITIONS)
+        self.total = total
+        with d.client() as client, client.get_queue_sender(queue) as sender:
+            for start in range(0, total, 100):
+                sender.send_messages([servicebus.ServiceBusMessage(
+                    body(i), session_id=f"s{i % SESSIONS}" if sessions else None)
+                    for i in range(start, min(start + 100, total))])
+        d.sent = total
+
+    def kill_after(self, index: int, ready: float, then: float) -> int:
+        """Start triggerer ``index``, let it store ``ready`` events or run ``then`` s, SIGKILL it.
+
+        Returns the events stored by then.
+        """
+        d = self.d
+        process = d.cli.start(index)
+        try:
+            if ready:
+                wait_until(lambda: count_stored_events(d.db) >= ready, 60, "events stored",
+                           process, d.cli.log(index)[-2000:])
+            time.sleep(then)
+            assert process.poll() is None, d.cli.log(index)[-2000:]
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
+        return count_stored_events(d.db)
+
+    def finish(self, index: int) -> str:
+        """Run triggerer ``index`` until nothing is left on the queue; stop it; its log."""
+        d = self.d
+        process = d.cli.start(index, log_level="INFO")
+        try:
+            # Settled: each message stored or dead-lettered (as every message a killed
+            # triggerer held could be, by the broker's count alone, before the store counted
+            # failures), and none left. (A session a killed triggerer held stays locked
+            # until its lock lapses, and a peek does not see it meanwhile.)
+            def settled() -> bool:
+                queued, dead = d.left()
+                return queued == 0 and count_stored_events(d.db) + dead >= self.total
+
+            wait_until(settled, 180, "every message settled", process, d.cli.log(index)[-3000:])
+            stop_cleanly(process, d.cli.log_path(index))
+        finally:
+            kill(process)
+        return d.cli.log(index)
+
+    def check(self, context: str, log: str) -> None:
+        """Only the poison dead-lettered; one event per healthy message."""
+        d = self.d
+        with d.client() as client, client.get_queue_receiver(
+                d.queue, sub_queue=servicebus.ServiceBusSubQueue.DEAD_LETTER) as receiver:
+            dead = sorted(json.loads(b"".join(m.body))["id"]
+                          for m in receiver.peek_messages(max_message_count=1000))
+        assert dead == [POISON], f"dead-lettered: {dead} ({context})"
+        stored = sorted(int(e.source.rpartition("/")[2]) - 1 for e in read_stored_events(d.db)
+                        if e.source is not None)
+        assert stored == [i for i in range(self.total) if i != POISON], (context, log[-3000:])
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sessions", [False, True], ids=["plain", "sessions"])
 def test_a_killed_triggerer_dead_letters_no_healthy_message(tmp_path: Path,
                                                             sessions: bool) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     with running(servicebus_process(tmp_path, queue, sessions=sessions)) as server:
-        d = Deployment(server, tmp_path, queue, sessions=sessions)
-        d.cli = TriggererCli(tmp_path, {**os.environ, "PYTHONPATH": str(ROOT), **TRIGGERER_ENV,
-                                        "SERVICEBUS_TEST_CONNECTION_STRING": d.string,
-                                        "SERVICEBUS_TEST_QUEUE": queue,
-                                        "SERVICEBUS_TEST_SESSIONS": "1" if sessions else ""},
-                             DEFINITIONS)
-        with d.client() as client, client.get_queue_sender(queue) as sender:
-            sender.send_messages([servicebus.ServiceBusMessage(
-                body(i), session_id=f"s{i % SESSIONS}" if sessions else None)
-                for i in range(TOTAL)])
-        d.sent = TOTAL
-        first = second = None
-        try:
-            first = d.cli.start(0)
-            wait_until(lambda: count_stored_events(d.db) >= 4, 60, "a few events stored", first,
-                       d.cli.log(0)[-2000:])
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=10)
-            at_kill = count_stored_events(d.db)
-            assert at_kill < TOTAL - 1, "everything was stored before the kill"
-
-            second = d.cli.start(1, log_level="INFO")
-            # Settled: completed, or dead-lettered (as every message the killed one held
-            # was, by the broker's count alone, before the store counted failures).
-            wait_until(lambda: d.left()[0] == 0, 90, "every message settled", second,
-                       d.cli.log(1)[-3000:])
-            stop_cleanly(second, d.cli.log_path(1))
-            log = d.cli.log(1)
-        finally:
-            kill(first)
-            kill(second)
-        stored = sorted(int(e.source.rpartition("/")[2]) - 1 for e in read_stored_events(d.db)
-                        if e.source is not None)
-        with d.client() as client, client.get_queue_receiver(
-                queue, sub_queue=servicebus.ServiceBusSubQueue.DEAD_LETTER) as receiver:
-            dead = sorted(json.loads(b"".join(m.body))["id"]
-                          for m in receiver.peek_messages(max_message_count=100))
-        assert dead == [POISON], f"dead-lettered: {dead} ({at_kill} stored at the kill)"
-        assert stored == [i for i in range(TOTAL) if i != POISON], (at_kill, log[-3000:])
+        storm = Storm(server, tmp_path, queue, sessions=sessions, total=40, max_redeliveries=0)
+        at_kill = storm.kill_after(0, ready=4, then=0)
+        assert at_kill < 39, "everything was stored before the kill"
+        log = storm.finish(1)
+        storm.check(f"{at_kill} stored at the kill", log)
         assert "fanning out again messages delivered more than" in log, log[-3000:]
+
+
+STORM_KILLS = int(os.environ.get("STORM_KILLS", "10"))
+STORM_MAX_REDELIVERIES = int(os.environ.get("STORM_MAX_REDELIVERIES", "1"))
+
+
+@pytest.mark.slow  # about a minute each
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sessions", [False, True], ids=["plain", "sessions"])
+def test_a_kill_storm_dead_letters_no_healthy_message(tmp_path: Path, sessions: bool) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    chance = random.Random(29)
+    with running(servicebus_process(tmp_path, queue, sessions=sessions,
+                                    max_delivery_count=2000)) as server:
+        storm = Storm(server, tmp_path, queue, sessions=sessions, total=300,
+                      max_redeliveries=STORM_MAX_REDELIVERIES)
+        stored = [storm.kill_after(i, ready=0, then=chance.uniform(1.5, 3.0))
+                  for i in range(STORM_KILLS)]
+        log = storm.finish(STORM_KILLS)
+        storm.check(f"{STORM_KILLS} kills, events stored after each: {stored}", log)

@@ -14,12 +14,10 @@ and the session's moto server.
 
 Twice: the poison message among those the killed triggerer held (so it too
 comes back received twice, and the healthy ones queued behind it in the
-watcher fail with it, unseen), and one sent once the restarted triggerer
-settled all the others (received once, as are the four sent behind it).
-The first still dead-letters two healthy messages: the producer counts a
-failed message's failures from its receive count (see
-:data:`RECEIVE_COUNT_AS_FAILURES`), so it is a strict ``xfail`` until that
-is fixed.
+watcher fail with it, unseen: not their own failure, so they are shown
+again, not dead-lettered, although SQS received them twice), and one sent
+once the restarted triggerer settled all the others (received once, as
+are the four sent behind it).
 """
 
 from __future__ import annotations
@@ -44,11 +42,6 @@ HELD = 7
 LATE = 35
 """A poison message sent once the restarted triggerer settled the ones before it, so only it
 receives it, once; four healthy ones follow."""
-RECEIVE_COUNT_AS_FAILURES = (
-    "producers/sqs.py SqsSharedStreamProducer._sort counts a failed message's failures as "
-    "ApproximateReceiveCount less its bounces, crash receives included: the healthy messages a "
-    "crash redelivered that then fail behind the poison one, unseen (not their own failure), "
-    "are dead-lettered (indexes 8 and 9 here)")
 
 
 def body(index: int, poison: int) -> bytes:
@@ -57,8 +50,7 @@ def body(index: int, poison: int) -> bytes:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("poison", [
-    pytest.param(HELD, id="poison-held-at-the-kill", marks=pytest.mark.xfail(
-        strict=True, reason=RECEIVE_COUNT_AS_FAILURES)),
+    pytest.param(HELD, id="poison-held-at-the-kill"),
     pytest.param(LATE, id="poison-sent-after"),
 ])
 async def test_a_killed_triggerer_dead_letters_no_healthy_message(sqs_endpoint: str,

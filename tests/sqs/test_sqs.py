@@ -338,19 +338,22 @@ def _attributed(body: str, attributes: dict[str, Any]) -> SqsMessage:
         for name, v in attributes.items()}})
 
 
-def test_unseen_failures_do_not_count_toward_max_redeliveries() -> None:
-    """A message that only failed for subscribers that never had it (they died on another
-    message, in another lane) is shown again, not dead-lettered for it."""
+def test_only_a_message_s_own_failures_count_toward_max_redeliveries() -> None:
+    """A failure counts only when it was the message's own (not of subscribers that died on
+    another message while it was queued for them), and only the failures this process saw:
+    a receive count says nothing of why the earlier receives ended (a killed triggerer's
+    receives count too; a message received too often is judged on arrival, by the store)."""
     message = sqs_message("{}")  # ApproximateReceiveCount 3: one past max_redeliveries
     payload = SqsPayload(message.message_id, "h", ("receive", 1), message)
+    producer = SqsSharedStreamProducer(SqsSettings(queue="orders", max_redeliveries=2))
 
     def sort(outcome: AdvanceOutcome) -> tuple[Any, ...]:
-        producer = SqsSharedStreamProducer(SqsSettings(queue="orders", max_redeliveries=2))
         return producer._sort([AdvanceItem(payload, outcome)])
 
-    # Its own failure: dead-lettered. Collateral: this receive is not counted, shown again.
+    assert sort(outcome_with_unseen(1, 1, 0, unseen=1)) == ([], [payload], [], [])  # collateral
+    assert sort(AdvanceOutcome(1, 1, 0)) == ([], [payload], [], [])  # its own: 1
+    assert sort(AdvanceOutcome(1, 1, 0)) == ([], [payload], [], [])  # 2
     assert sort(AdvanceOutcome(1, 1, 0)) == ([], [], [], [(payload, "max_redeliveries", ())])
-    assert sort(outcome_with_unseen(1, 1, 0, unseen=1)) == ([], [payload], [], [])
 
 
 def test_dead_letter_batches_keep_within_send_message_batch_limits() -> None:
