@@ -37,7 +37,7 @@ from sharedstream.demo.brokers import TOPIC, WatcherTriggers, require_modules
 
 __all__ = ["INSTALL_HINT", "ServiceBusDemoBroker"]
 
-INSTALL_HINT = "pip install 'sharedstream[servicebus]'"
+INSTALL_HINT = "pip install 'sharedstream[servicebus,testing]'"
 _BATCH = 200
 
 

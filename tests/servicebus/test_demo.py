@@ -40,7 +40,7 @@ def test_the_servicebus_demo_runs_to_completion_with_the_expected_counts() -> No
 
 def test_without_the_servicebus_sdk_the_demo_is_one_line_naming_the_extra() -> None:
     check_missing_sdk("servicebus", "azure.servicebus", "the demo needs Service Bus support: "
-                      "pip install 'sharedstream[servicebus]'")
+                      "pip install 'sharedstream[servicebus,testing]'")
 
 
 @needs_servicebus

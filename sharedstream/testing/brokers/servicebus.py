@@ -3,7 +3,7 @@
 The server is :mod:`sharedstream.testing.servicebus` (a subset of Service
 Bus over AMQP 1.0, written for the real ``azure-servicebus`` SDK; the
 official emulator needs Docker). It needs ``python-qpid-proton``: ``pip
-install 'sharedstream[servicebus]'``. A client reaches it with the
+install 'sharedstream[testing]'`` (built from source). A client reaches it with the
 connection string returned here
 (``Endpoint=sb://127.0.0.1:<port>;...;UseDevelopmentEmulator=true;``).
 
@@ -40,7 +40,8 @@ __all__ = ["servicebus_server", "start_servicebus", "stop_servicebus"]
 def _check_installed() -> None:
     if importlib.util.find_spec("proton") is None:
         raise BrokerNotInstalled("the Service Bus test server needs python-qpid-proton: "
-                                 "pip install 'sharedstream[servicebus]'")
+                                 "pip install 'sharedstream[testing]' (pip builds it: a C compiler "
+                                 "and Python's headers)")
 
 
 def _connection_string(port: int) -> str:
