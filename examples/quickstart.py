@@ -56,14 +56,15 @@ PRODUCER = ListProducer()
 
 
 class WatchKind(BaseEventTrigger):
-    """Fires for messages of one kind; rejects messages it cannot understand."""
+    """Fires for messages of one kind, from ``min_amount`` up; rejects what it cannot understand."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, min_amount: int = 0) -> None:
         super().__init__()
         self.kind = kind
+        self.min_amount = min_amount
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{__name__}.WatchKind", {"kind": self.kind})
+        return (f"{__name__}.WatchKind", {"kind": self.kind, "min_amount": self.min_amount})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         raise NotImplementedError("this trigger only runs on a shared stream")
@@ -82,13 +83,12 @@ class WatchKind(BaseEventTrigger):
         async for message in shared_stream:
             if message["kind"] == "junk":
                 reject_shared_stream_event()
-            elif message["kind"] == self.kind:
+            elif message["kind"] == self.kind and message["amount"] >= self.min_amount:
                 yield TriggerEvent({"watcher": self.kind, "offset": message["offset"]})
 
 
-async def run_watcher(manager: SharedStreamManager, trigger_id: int, kind: str,
+async def run_watcher(manager: SharedStreamManager, trigger_id: int, trigger: WatchKind,
                       store: list[Any]) -> None:
-    trigger = WatchKind(kind)
     key = trigger.shared_stream_key()
     stream = manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
     async for event in trigger.filter_shared_stream(stream):
@@ -101,10 +101,12 @@ async def run_watcher(manager: SharedStreamManager, trigger_id: int, kind: str,
 async def main() -> None:
     manager = SharedStreamManager()
     store: list[Any] = []
-    print("3 watchers (orders, refunds, orders) share one consumer of 12 messages:")
+    print("3 watchers (orders, refunds, orders of 50 or more) share one consumer "
+          "of 12 messages:")
+    triggers = [WatchKind("order"), WatchKind("refund"), WatchKind("order", min_amount=50)]
     watchers = [
-        asyncio.create_task(run_watcher(manager, i, kind, store))
-        for i, kind in enumerate(["order", "refund", "order"])
+        asyncio.create_task(run_watcher(manager, i, trigger, store))
+        for i, trigger in enumerate(triggers)
     ]
     await asyncio.wait_for(PRODUCER.done.wait(), timeout=10)
     for task in watchers:

@@ -40,6 +40,10 @@ PAGES = (
 )
 """The pages whose examples this suite owns."""
 
+README = "../README.md"
+"""The project's front page: its examples run too (its links are the repository's, not
+checked here)."""
+
 MAX_SECONDS = 5.0
 """Generous ceiling per example; each one is written to finish in well under a second."""
 PAGE_SECONDS = {"servicebus.md": 10.0}
@@ -84,7 +88,7 @@ def _fences(page: str) -> list[tuple[str, int, str]]:
 
 def _examples() -> list[Any]:
     params: list[Any] = []
-    for page in PAGES:
+    for page in (*PAGES, README):
         blocks = [b for b in _fences(page) if b[0].split(" ", 1)[0] == "python"]
         for number, (_, line, body) in enumerate(blocks, 1):
             params.append(pytest.param(
@@ -113,14 +117,14 @@ def test_every_page_exists_and_has_examples() -> None:
     """Every page exists, and all but the landing page carry runnable examples."""
     absent = [page for page in PAGES if not (DOCS / page).is_file()]
     assert not absent, f"missing pages: {absent}"
-    counts = dict.fromkeys(PAGES, 0)
+    counts = dict.fromkeys((*PAGES, README), 0)
     for param in EXAMPLES:
         counts[param.values[0]] += 1
     missing = [page for page, count in counts.items() if page != "index.md" and not count]
     assert not missing, f"pages without a runnable example: {missing}"
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", (*PAGES, README))
 def test_no_python_block_escapes_execution(page: str) -> None:
     """A python-looking fence the extractor does not run would silently go untested."""
     for info, line, _ in _fences(page):
