@@ -124,7 +124,7 @@ def test_every_page_exists_and_has_examples() -> None:
     assert not missing, f"pages without a runnable example: {missing}"
 
 
-@pytest.mark.parametrize("page", (*PAGES, README))
+@pytest.mark.parametrize("page", [*PAGES, README])
 def test_no_python_block_escapes_execution(page: str) -> None:
     """A python-looking fence the extractor does not run would silently go untested."""
     for info, line, _ in _fences(page):
