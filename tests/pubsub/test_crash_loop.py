@@ -18,6 +18,8 @@ the server never forwards a message itself.
 from __future__ import annotations
 
 import json
+import os
+import random
 import signal
 import time
 from pathlib import Path
@@ -44,11 +46,15 @@ def message(index: int) -> tuple[str, bytes]:
 
 class CrashLoopDeployment(Deployment):
     """:class:`Deployment` over ``crash_loop_defs.py``, its subscription with a dead-letter
-    policy (without one Pub/Sub reports no ``delivery_attempt``)."""
+    policy (without one Pub/Sub reports no ``delivery_attempt``), ``total`` messages sent."""
 
-    def __init__(self, server: RestartableServer, workdir: Path) -> None:
+    def __init__(self, server: RestartableServer, workdir: Path, *, total: int,
+                 max_redeliveries: int = 0) -> None:
         super().__init__(server, workdir, body=message)
-        self.cli = TriggererCli(workdir, self.cli.env, DEFINITIONS)
+        self.total = total
+        self.cli = TriggererCli(workdir, {
+            **self.cli.env, "PUBSUB_TEST_MAX_REDELIVERIES": str(max_redeliveries)}, DEFINITIONS)
+        self.letters: list[DeadLetterRecord] = []
 
     def create(self) -> None:
         assert self.dlq is not None
@@ -61,52 +67,88 @@ class CrashLoopDeployment(Deployment):
         self.subscriber.create_subscription(request={"name": self.dlq_reader,
                                                      "topic": self.dlq})
         self.cli.run("init", "--path", str(self.cli.config))
+        self.publish(range(self.total))
+
+    def kill_after(self, index: int, ready: int, then: float) -> int:
+        """Start triggerer ``index``, let it store ``ready`` events and run ``then`` s more,
+        SIGKILL it; the events stored by then."""
+        process = self.cli.start(index)
+        try:
+            wait_until(lambda: count_stored_events(self.db) >= ready, 60, "events stored",
+                       process, self.cli.log(index)[-2000:])
+            time.sleep(then)
+            assert process.poll() is None, self.cli.log(index)[-2000:]
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
+        return count_stored_events(self.db)
+
+    def finish(self, index: int) -> tuple[str, list[object]]:
+        """Run triggerer ``index`` until every message is stored or dead-lettered (as every
+        message a killed one held could be, by the broker's count alone, before the store
+        counted failures); stop it. Its log, and what a pull then still gets."""
+        def settled() -> bool:
+            self.letters.extend(self.dead_letters())  # read so far: kept
+            done = {e.source for e in read_stored_events(self.db)}
+            done |= {letter.source for letter in self.letters}
+            return done >= self.sent.keys()
+
+        process = self.cli.start(index, log_level="INFO")
+        try:
+            wait_until(settled, 180, "every message settled", process,
+                       self.cli.log(index)[-3000:])
+            time.sleep(1.0)  # the last acks go out
+            stop_cleanly(process, self.cli.log_path(index))
+        finally:
+            kill(process)
+        return self.cli.log(index), list(self.pull_once(self.subscription))
+
+    def check(self, context: str, log: str, left: list[object]) -> None:
+        """Only the poison dead-lettered; one event per healthy message; nothing unacked."""
+        stored = sorted(self.sent[e.source] for e in read_stored_events(self.db)
+                        if e.source is not None)
+        # A dead letter is published, then its message acked: a kill in between publishes it
+        # again on redelivery (at-least-once), so one copy per source is counted.
+        dead = sorted(self.sent[letter.source] for letter in distinct(self.letters))
+        assert dead == [POISON], f"dead-lettered: {dead} ({context})"
+        assert stored == [i for i in range(self.total) if i != POISON], (context, log[-3000:])
+        assert not left, f"{len(left)} messages still unacked on the subscription"
 
 
 @pytest.mark.timeout(180)
 def test_a_killed_triggerer_dead_letters_no_healthy_message(tmp_path: Path) -> None:
     with running(pubsub_process(tmp_path)) as server:
-        d = CrashLoopDeployment(server, tmp_path)
-        letters: list[DeadLetterRecord] = []
-        first = second = None
+        d = CrashLoopDeployment(server, tmp_path, total=TOTAL)
         try:
             d.create()
-            d.publish(range(TOTAL))
-
-            def settled() -> bool:
-                """Every message stored or dead-lettered (the dead letters read so far kept)."""
-                letters.extend(d.dead_letters())
-                done = {e.source for e in read_stored_events(d.db)}
-                done |= {letter.source for letter in letters}
-                return done >= d.sent.keys()
-
-            first = d.cli.start(0)
-            wait_until(lambda: count_stored_events(d.db) >= 4, 60, "a few events stored", first,
-                       d.cli.log(0)[-2000:])
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=10)
-            at_kill = count_stored_events(d.db)
+            at_kill = d.kill_after(0, ready=4, then=0)
             assert at_kill < TOTAL - 1, "everything was stored before the kill"
-
             # The killed one's leases lapse within 10 s; its messages come again, attempt 2.
-            second = d.cli.start(1, log_level="INFO")
-            # Settled: stored, or dead-lettered (as every message the killed one held was,
-            # by the broker's count alone, before the store counted failures).
-            wait_until(settled, 90, "every message settled", second, d.cli.log(1)[-3000:])
-            time.sleep(1.0)  # the last acks go out
-            stop_cleanly(second, d.cli.log_path(1))
-            log = d.cli.log(1)
-            left = d.pull_once(d.subscription)
+            log, left = d.finish(1)
         finally:
-            kill(first)
-            kill(second)
             d.close()
-        stored = sorted(d.sent[e.source] for e in read_stored_events(d.db)
-                        if e.source is not None)
-        # A dead letter is published, then its message acked: a kill in between publishes it
-        # again on redelivery (at-least-once), so one copy per source is counted.
-        dead = sorted(d.sent[letter.source] for letter in distinct(letters))
-        assert dead == [POISON], f"dead-lettered: {dead} ({at_kill} stored at the kill)"
-        assert stored == [i for i in range(TOTAL) if i != POISON], (at_kill, log[-3000:])
-        assert not left, f"{len(left)} messages still unacked on the subscription"
+        d.check(f"{at_kill} stored at the kill", log, left)
         assert "fanning out again messages delivered more than" in log, log[-3000:]
+
+
+STORM_KILLS = int(os.environ.get("STORM_KILLS", "10"))
+STORM_MAX_REDELIVERIES = int(os.environ.get("STORM_MAX_REDELIVERIES", "1"))
+
+
+@pytest.mark.slow  # about a minute and a half
+@pytest.mark.timeout(900)
+def test_a_kill_storm_dead_letters_no_healthy_message(tmp_path: Path) -> None:
+    """``STORM_KILLS`` kills (10) at random moments, ``max_redeliveries``
+    ``STORM_MAX_REDELIVERIES`` (1), 300 messages: only the poison is dead-lettered."""
+    chance = random.Random(29)
+    with running(pubsub_process(tmp_path)) as server:
+        d = CrashLoopDeployment(server, tmp_path, total=300,
+                                max_redeliveries=STORM_MAX_REDELIVERIES)
+        try:
+            d.create()
+            stored = [d.kill_after(i, ready=0, then=chance.uniform(1.5, 3.0))
+                      for i in range(STORM_KILLS)]
+            log, left = d.finish(STORM_KILLS)
+        finally:
+            d.close()
+        d.check(f"{STORM_KILLS} kills, events stored after each: {stored}", log, left)
