@@ -174,8 +174,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
 
     triggerer = commands.add_parser("triggerer", help="run the watchers of a definitions file")
-    triggerer.add_argument("--definitions", type=Path, required=True, metavar="FILE",
-                           help="Python file declaring Assets, their watchers and Dags")
+    triggerer.add_argument("--definitions", type=Path, required=True, action="append",
+                           metavar="PATH",
+                           help="Python file declaring Assets, their watchers and Dags, or a "
+                           "folder of them; repeat it for several (they make one set: a Dag "
+                           "id defined twice is an error)")
     triggerer.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL",
                            help=f"logging level: {', '.join(LOG_LEVELS)} (default: info)")
     triggerer.set_defaults(handler=_triggerer)
@@ -238,9 +241,10 @@ def _add_dags_commands(commands: _Commands, anywhere: argparse.ArgumentParser) -
     upcoming.add_argument("dag_id", metavar="DAG")
     upcoming.add_argument("-n", type=positive, default=5, metavar="N",
                           help="how many (default: 5)")
-    upcoming.add_argument("--definitions", type=Path, metavar="FILE",
-                          help="also register FILE's timetable classes (and know its DAGs the "
-                          "store does not have yet)")
+    upcoming.add_argument("--definitions", type=Path, action="append", metavar="PATH",
+                          help="also register the timetable classes of these definitions (a "
+                          "file or folder; repeatable), and know their DAGs the store does "
+                          "not have yet")
     upcoming.add_argument("--json", action="store_true", help="one JSON document on stdout")
     upcoming.set_defaults(handler=_dags_next_runs)
     return dag_verbs

@@ -133,10 +133,10 @@ def next_run_records(
         (spec,) = [s for s in dag_specs(definitions) if s.dag_id == dag_id]
         row = DagRow(spec.dag_id, spec.schedule, spec.timetable, spec.summary, spec.start_date,
                      spec.end_date, spec.catchup, last_interval=None, next_run=None, revision=0)
-        source = f"{definitions.path} (not in the store yet: no run queued so far)"
+        source = f"{definitions.source} (not in the store yet: no run queued so far)"
     if row is None:
         raise UnknownDag(f"no DAG {dag_id!r} in the store"
-                         + ("" if definitions is None else f" nor in {definitions.path}"))
+                         + ("" if definitions is None else f" nor in {definitions.source}"))
     if row.timetable is None:
         return [], f"DAG {dag_id!r} is not scheduled on time ({schedule_text(row)})"
     runs = next_runs(row, registry, count)

@@ -18,6 +18,15 @@ one :class:`DefinitionsError` naming the file, the object and the reason.
 Identical watcher triggers (same class path and kwargs) collapse into one
 trigger: they are the same upstream filter. A file needs at least one
 watcher or one Dag (a file of time-scheduled DAGs alone is useful).
+
+It also takes several files, and folders (like Airflow's DAGs folder):
+every ``*.py`` file under a folder, in path order, except names starting
+with ``_`` or ``.``; a file of a folder that declares nothing is a helper
+module and is skipped. What they declare is one set of definitions: an
+asset declared in two files is one asset, a Dag may be scheduled on an
+asset another file watches, and a Dag id defined in two files is an error
+naming both. Files are imported as modules named after their stem, so
+two files of one stem are refused.
 """
 
 from __future__ import annotations
@@ -364,7 +373,7 @@ class WatchedTrigger:
 
 @dataclass(frozen=True)
 class Definitions:
-    """Everything one definitions file declares, checked."""
+    """Everything the definitions files declare, checked."""
 
     path: Path
     assets: dict[str, Asset]
@@ -375,49 +384,79 @@ class Definitions:
     """The timetable classes the file defines, by class path (registered like its triggers)."""
     timetables: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Each time-scheduled DAG's serialized timetable (``serialize_timetable``), by dag id."""
+    sources: tuple[Path, ...] = ()
+    """The files and folders the definitions were loaded from, as given (``path`` is the
+    first)."""
+
+    @property
+    def source(self) -> str:
+        """Where the definitions came from, for messages: the paths given, comma-separated."""
+        return ", ".join(str(p) for p in self.sources or (self.path,))
 
 
-def load_definitions(path: Path) -> Definitions:
-    """Import the definitions file at ``path`` and check what it declares.
+def load_definitions(paths: Path | Sequence[Path]) -> Definitions:
+    """Import the definitions at ``paths`` (files or folders) and check what they declare.
 
     Raises :class:`DefinitionsError` (one line, naming the file, the object
-    and the reason) if the file is missing or fails to import, declares
-    neither a watcher nor a Dag, names an asset that is not defined in it,
-    reuses a name, holds a watcher whose trigger is not an event trigger or
-    cannot be serialized, or a Dag whose timetable cannot be stored and
-    rebuilt (its class must be a built-in, defined in the file, or
-    registered under the ``sharedstream.timetables`` entry-point group).
+    and the reason) if a file is missing or fails to import, a file given by
+    name declares neither a watcher nor a Dag, a folder holds no ``*.py``
+    file, nothing at all is declared, two files share a stem, a Dag id is
+    defined twice, a Dag names an asset no watcher feeds, a name is reused,
+    a watcher's trigger is not an event trigger or cannot be serialized, or
+    a Dag's timetable cannot be stored and rebuilt (its class must be a
+    built-in, defined in a definitions file, or registered under the
+    ``sharedstream.timetables`` entry-point group). See the module
+    docstring for how files and folders combine.
     """
-    path = Path(path).resolve()
-    module, built = _import_file(path)
+    given = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    if not given:
+        raise DefinitionsError("no definitions file given")
+    where = ", ".join(str(Path(p).resolve()) for p in given)
     assets: dict[str, Asset] = {}
     dags: dict[str, Dag] = {}
+    dag_files: dict[str, Path] = {}
     watchers: dict[str, list[AssetWatcher]] = {}
-    for value in built:  # every Asset and Dag the file built, assigned to a name or not
-        if isinstance(value, Asset):
-            # Assets are identified by name: Asset("orders") in a schedule is
-            # the same asset as the one declared with watchers.
-            assets.setdefault(value.name, value)
-            known = watchers.setdefault(value.name, [])
-            known.extend(w for w in value.watchers if not any(w is k for k in known))
-        elif isinstance(value, Dag):
-            if value.dag_id in dags:
-                raise DefinitionsError(f"{path}: Dag id {value.dag_id!r} is used twice")
-            dags[value.dag_id] = value
+    modules: list[ModuleType] = []
+    files = _definition_files(given)
+    for path, in_folder in files:
+        module, built = _import_file(path)
+        declared = False
+        for value in built:  # every Asset and Dag the file built, assigned to a name or not
+            if isinstance(value, Asset):
+                # Assets are identified by name: Asset("orders") in a schedule is
+                # the same asset as the one declared with watchers.
+                assets.setdefault(value.name, value)
+                known = watchers.setdefault(value.name, [])
+                known.extend(w for w in value.watchers if not any(w is k for k in known))
+                declared = declared or bool(value.watchers)
+            elif isinstance(value, Dag):
+                if value.dag_id in dags:
+                    other = dag_files[value.dag_id]
+                    raise DefinitionsError(
+                        f"{path}: Dag id {value.dag_id!r} is used twice" if other == path else
+                        f"{path}: Dag id {value.dag_id!r} is also defined in {other}")
+                dags[value.dag_id], dag_files[value.dag_id] = value, path
+                declared = True
+        if not declared and not in_folder:
+            raise DefinitionsError(
+                f"{path}: defines no Asset with a watcher and no Dag; nothing to watch or schedule")
+        modules.append(module)
     if not any(watchers.values()) and not dags:
         raise DefinitionsError(
-            f"{path}: defines no Asset with a watcher and no Dag; nothing to watch or schedule")
+            f"{where}: defines no Asset with a watcher and no Dag; nothing to watch or schedule")
     for dag in dags.values():
         for asset in dag.asset_condition.assets() if dag.asset_condition else ():
             if not watchers.get(asset.name):
                 raise DefinitionsError(
-                    f"{path}: Dag {dag.dag_id!r} is scheduled on asset {asset.name!r}, which "
-                    "no watcher in this file feeds (a typo in the asset name?)"
+                    f"{dag_files[dag.dag_id]}: Dag {dag.dag_id!r} is scheduled on asset "
+                    f"{asset.name!r}, which no watcher in "
+                    f"{'this file' if len(files) == 1 else 'the definitions'} feeds (a typo "
+                    "in the asset name?)"
                 )
-    triggers = _collect_triggers(path, watchers)
+    triggers = _collect_triggers(where, watchers)
     classes = {
         f"{cls.__module__}.{cls.__qualname__}": cls
-        for cls in vars(module).values()
+        for module in modules for cls in vars(module).values()
         if isinstance(cls, type)
         and issubclass(cls, BaseTrigger)
         and cls.__module__ == module.__name__
@@ -425,12 +464,42 @@ def load_definitions(path: Path) -> Definitions:
     _register_trigger_classes(triggers, classes)
     timetable_classes = {
         classpath_of(cls): cls
-        for cls in vars(module).values()
+        for module in modules for cls in vars(module).values()
         if isinstance(cls, type) and issubclass(cls, Timetable)
         and cls.__module__ == module.__name__
     }
-    timetables = _check_timetables(path, dags, timetable_classes)
-    return Definitions(path, assets, dags, triggers, classes, timetable_classes, timetables)
+    timetables = _check_timetables(where, dags, timetable_classes)
+    return Definitions(given[0].resolve(), assets, dags, triggers, classes, timetable_classes,
+                       timetables, sources=tuple(p.resolve() for p in given))
+
+
+def _definition_files(given: Sequence[Path]) -> list[tuple[Path, bool]]:
+    """The files to import, each once, in order: ``(path, found in a folder)``.
+
+    A folder gives every ``*.py`` file under it, sorted, except names (of
+    files or folders) starting with ``_`` or ``.``. Two files of one stem
+    are refused (each is imported as ``sharedstream_definitions.<stem>``).
+    """
+    files: dict[Path, bool] = {}
+    for each in given:
+        path = each.resolve()
+        if path.is_dir():
+            found = sorted(
+                f for f in path.rglob("*.py")
+                if not any(part.startswith(("_", ".")) for part in f.relative_to(path).parts))
+            if not found:
+                raise DefinitionsError(f"{path}: no definitions file (*.py) in this folder")
+            for f in found:
+                files.setdefault(f, True)
+        else:
+            files[path] = False  # named: must declare something, even if a folder has it too
+    stems: dict[str, Path] = {}
+    for path in files:
+        other = stems.setdefault(path.stem, path)
+        if other != path:
+            raise DefinitionsError(f"{path}: another definitions file has the name "
+                                   f"{path.name} ({other}); rename one")
+    return list(files.items())
 
 
 def _register_trigger_classes(triggers: dict[str, WatchedTrigger],
@@ -466,7 +535,7 @@ def timetable_registry(classes: dict[str, type[Timetable]]) -> TimetableRegistry
 
 
 def _check_timetables(
-    path: Path, dags: dict[str, Dag], classes: dict[str, type[Timetable]]
+    path: Path | str, dags: dict[str, Dag], classes: dict[str, type[Timetable]]
 ) -> dict[str, dict[str, Any]]:
     """Each timetable serialized, checked to come back from a registered class."""
     registry = timetable_registry(classes)
@@ -528,7 +597,7 @@ def _user_frame(exc: BaseException, path: Path) -> str:
 
 
 def _collect_triggers(
-    path: Path, watchers: dict[str, list[AssetWatcher]]
+    path: Path | str, watchers: dict[str, list[AssetWatcher]]
 ) -> dict[str, WatchedTrigger]:
     triggers: dict[str, WatchedTrigger] = {}
     for asset_name, asset_watchers in watchers.items():

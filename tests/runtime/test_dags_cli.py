@@ -124,6 +124,25 @@ def test_next_runs_of_a_file_class_need_the_file(
         "2026-03-02T12:00:00+00:00", "2026-03-03T12:00:00+00:00"]
 
 
+def test_definitions_given_twice_and_as_a_folder_are_all_read(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31, item 3: a second ``--definitions`` adds to the first (it used to replace
+    it), and a folder gives its files, like Airflow's DAGs folder."""
+    (workdir / "more").mkdir()
+    (workdir / "more" / "later.py").write_text(
+        "from datetime import UTC, datetime\n"
+        "from sharedstream.definitions import Dag\n"
+        'Dag("later", schedule="@daily", start_date=datetime(2026, 3, 2, tzinfo=UTC))\n')
+    given = ("--definitions", "dags_cli_defs.py", "--definitions", "more")
+    code, out, _ = cli(capsys, "dags", "next-runs", "noon", "-n", "1", "--json", *given)
+    assert (code, json.loads(out)[0]["run_after"]) == (0, "2026-03-02T12:00:00+00:00")
+    code, out, _ = cli(capsys, "dags", "next-runs", "later", "-n", "1", *given)
+    assert code == 0
+    assert out.splitlines()[0] == (
+        f"next runs of later (0 0 * * *), from {workdir / 'dags_cli_defs.py'}, {workdir / 'more'}"
+        " (not in the store yet: no run queued so far)")
+
+
 def test_next_runs_of_unknown_and_asset_dags(
         workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = cli(capsys, "dags", "next-runs", "nope")

@@ -232,3 +232,64 @@ def test_batching_is_checked_and_max_bounds_imply_it() -> None:
             Dag("x", schedule=orders, **kwargs)
     with pytest.raises(DefinitionsError, match="apply to a DAG scheduled on assets"):
         Dag("x", schedule=timedelta(hours=1), batch_asset_events=True)
+
+
+# -- several files, and folders (issue 31, item 3) ------------------------------------------
+
+
+def test_several_files_make_one_set_of_definitions(tmp_path: Path) -> None:
+    orders = write(tmp_path, 'orders = Asset("orders", watchers=[AssetWatcher("all", '
+                   'trigger=Watch("orders"))])\n', "orders_defs.py")
+    ship = write(tmp_path, 'Dag("ship", schedule=Asset("orders"))\n'
+                 'Asset("orders", watchers=[AssetWatcher("big", trigger=Watch("orders", 1))])\n',
+                 "ship_defs.py")
+    definitions = load_definitions([orders, ship])
+    assert list(definitions.dags) == ["ship"]  # scheduled on an asset another file watches
+    assert sorted(w for t in definitions.triggers.values() for w in t.watchers) == [
+        ("orders", "all"), ("orders", "big")]
+    assert definitions.sources == (orders, ship)
+    assert definitions.source == f"{orders}, {ship}"
+    assert load_definitions([orders, orders]).sources == (orders, orders)  # read once
+
+
+def test_a_dag_id_defined_in_two_files_names_both(tmp_path: Path) -> None:
+    first = write(tmp_path, 'Dag("ship", schedule="@daily")\n', "first.py")
+    second = write(tmp_path, 'Dag("ship", schedule="@hourly")\n', "second.py")
+    with pytest.raises(DefinitionsError) as refused:
+        load_definitions([first, second])
+    assert str(refused.value) == f"{second}: Dag id 'ship' is also defined in {first}"
+
+
+def test_a_folder_gives_its_files_and_skips_helpers(tmp_path: Path) -> None:
+    folder = tmp_path / "dags"
+    (folder / "team").mkdir(parents=True)
+    write(folder, 'Dag("a", schedule="@daily")\n', "a.py")
+    write(folder / "team", 'Dag("b", schedule="@daily")\n', "b.py")
+    write(folder, "HELPER = 1\n", "helpers.py")  # declares nothing: a helper module, skipped
+    write(folder, "raise RuntimeError('never imported')\n", "_private.py")
+    (folder / ".hidden").mkdir()
+    write(folder / ".hidden", "raise RuntimeError('never imported')\n", "c.py")
+    definitions = load_definitions(folder)
+    assert sorted(definitions.dags) == ["a", "b"]
+    assert definitions.sources == (folder.resolve(),)
+
+
+def test_what_a_folder_or_files_cannot_be_is_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DefinitionsError, match=r"empty: no definitions file \(\*\.py\)"):
+        load_definitions(empty)
+    helpers = tmp_path / "helpers"
+    helpers.mkdir()
+    write(helpers, "HELPER = 1\n", "util.py")
+    with pytest.raises(DefinitionsError, match="defines no Asset with a watcher and no Dag"):
+        load_definitions(helpers)
+    one, two = tmp_path / "x", tmp_path / "y"
+    one.mkdir()
+    two.mkdir()
+    write(one, 'Dag("a", schedule="@daily")\n', "shop.py")
+    write(two, 'Dag("b", schedule="@daily")\n', "shop.py")
+    with pytest.raises(DefinitionsError, match=r"another definitions file has the name shop\.py"):
+        load_definitions([one, two])
+    with pytest.raises(DefinitionsError, match="no definitions file given"):
+        load_definitions([])
