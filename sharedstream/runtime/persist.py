@@ -104,6 +104,7 @@ class PersistGate:
         self._stopping = False
         self.stored = 0
         self.duplicates = 0
+        self.renamed = 0  # stored events whose key another message had (see _committed)
         self.runs_queued = 0
         self.failed_writes = 0
         self.last_confirm_latency = 0.0
@@ -208,6 +209,22 @@ class PersistGate:
                 self._set_pressure(False)
             return
 
+    def _renamed(self, renamed: Sequence[tuple[int, str]]) -> None:
+        """Say, once per event, that a new message reused a stored message's name.
+
+        The store kept it under a new key (its fingerprint differed from
+        the stored message's), so nothing was lost; the line is there
+        because it means the broker's names repeated: a topic, queue or
+        entity deleted and created again, or a broker's storage reset.
+        """
+        self.renamed += len(renamed)
+        for trigger_id, idem_key in renamed:
+            # the key is "<trigger id>/<raw event name>#<index>" (see the supervisor)
+            raw_event = idem_key.partition("/")[2].rpartition("#")[0] or idem_key
+            log.warning("a new message reused the name of a stored message (topic or entity "
+                        "recreated? broker storage reset?); stored it as a new event, not a "
+                        "duplicate", trigger=trigger_id, raw_event=raw_event, idem_key=idem_key)
+
     def _write_failed(self, size: int, attempt: int, exc: Exception, delay: float) -> None:
         """Say it once when a batch fails, once when the store counts as failing."""
         if attempt < RETRIES:
@@ -232,6 +249,8 @@ class PersistGate:
         self.commit_seconds += latency
         self.stored += result.stored
         self.duplicates += result.duplicates
+        if result.renamed:
+            self._renamed(result.renamed)
         self.runs_queued += len(result.dag_runs)
         metrics = instruments()
         metrics.persist_latency.record(latency)

@@ -46,13 +46,13 @@ def test_upgrade_then_check(store_url: str, capsys: pytest.CaptureFixture[str]) 
     code, _, err = cli(capsys, "db", "check")
     assert code == 2
     assert err.count("\n") == 1
-    assert "is at schema v0, this sharedstream needs v6; run `sharedstream db upgrade`" in err
+    assert "is at schema v0, this sharedstream needs v7; run `sharedstream db upgrade`" in err
     code, out, _ = cli(capsys, "db", "upgrade")
-    assert (code, out) == (0, f"database {_shown(store_url)}: schema v0 -> v6\n")
+    assert (code, out) == (0, f"database {_shown(store_url)}: schema v0 -> v7\n")
     code, out, _ = cli(capsys, "db", "upgrade")
-    assert (code, out) == (0, f"database {_shown(store_url)}: schema v6, already up to date\n")
+    assert (code, out) == (0, f"database {_shown(store_url)}: schema v7, already up to date\n")
     code, out, _ = cli(capsys, "db", "check")
-    assert (code, out) == (0, f"database {_shown(store_url)}: reachable, schema v6 (up to date)\n")
+    assert (code, out) == (0, f"database {_shown(store_url)}: reachable, schema v7 (up to date)\n")
 
 
 def test_upgrade_from_version_1_keeps_the_data(
@@ -71,7 +71,7 @@ def test_upgrade_from_version_1_keeps_the_data(
     code, _, err = cli(capsys, "db", "check")
     assert (code, err.count("\n")) == (2, 1)
     assert "at schema v1" in err
-    assert cli(capsys, "db", "upgrade")[1].endswith(": schema v1 -> v6\n")
+    assert cli(capsys, "db", "upgrade")[1].endswith(": schema v1 -> v7\n")
     assert cli(capsys, "db", "check")[0] == 0
     with open_store(store_url) as store:
         assert [t.fingerprint for t in store.list_triggers()] == ["fp"]
@@ -115,7 +115,7 @@ def test_the_triggerer_stores_events_and_queues_runs_on_postgres(
 ) -> None:
     d = deployment
     d.env[URL_ENV] = postgres_database
-    assert "schema v0 -> v6" in d.cli("db", "upgrade").stdout
+    assert "schema v0 -> v7" in d.cli("db", "upgrade").stdout
     d.append(*MESSAGES)
     first = d.start()
     wait_for(lambda: d.committed() == 3, what="all four offsets committed")

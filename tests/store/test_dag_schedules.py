@@ -61,7 +61,7 @@ def test_a_v3_database_is_upgraded_and_its_asset_runs_keep_their_meaning(
         backend.execute("INSERT INTO dag_run_asset_events (dag_run_id, asset_event_id)"
                         " VALUES (1, 1)")
     with backend.open() as new:
-        assert new.migrate() == 6
+        assert new.migrate() == 7
         (run,) = new.list_runs()
         assert (run.run_id, run.run_type) == ("asset_triggered__000000000001", "asset_triggered")
         assert (run.logical_date, run.data_interval_start, run.data_interval_end) == (

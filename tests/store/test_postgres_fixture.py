@@ -79,7 +79,7 @@ def test_sqlite_needs_an_existing_file_unless_created(tmp_path: Path) -> None:
         open_store(url)
     open_store(url, create=True).close()
     with open_store(url) as store:
-        assert store.migrate() == 6
+        assert store.migrate() == 7
 
 
 def test_only_sqlite_holds_a_one_triggerer_lock(tmp_path: Path) -> None:

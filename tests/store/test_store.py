@@ -22,7 +22,7 @@ from sharedstream.store import (
 )
 from tests.store.conftest import Backend
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def trig(name: str, blob: bytes = b"kw") -> TriggerSpec:
@@ -65,9 +65,9 @@ def test_migrate_is_idempotent_and_records_each_version(backend: Backend) -> Non
     assert again.migrate() == SCHEMA_VERSION
     assert again.counts() == {"triggers": 0, "trigger_events": 0, "asset_events": 0, "dag_runs": 0}
     status = again.schema_status()
-    assert (status.current, status.latest, status.behind, status.newer) == (6, 6, False, False)
+    assert (status.current, status.latest, status.behind, status.newer) == (7, 7, False, False)
     assert backend.query("SELECT version FROM schema_version ORDER BY version") == [
-        (1,), (2,), (3,), (4,), (5,), (6,)]
+        (1,), (2,), (3,), (4,), (5,), (6,), (7,)]
 
 
 def test_a_database_newer_than_the_code_is_refused(store: MetadataStore, backend: Backend) -> None:
