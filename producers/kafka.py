@@ -343,7 +343,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         message = broker_payload.message
         if message is None:
             return None
-        return message_fingerprint(message.timestamp, message.key, message.value)
+        return message_fingerprint(message.timestamp, message.value, message.key)
 
     def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
         """The record's headers (``traceparent``, ``tracestate``, ``baggage``)."""

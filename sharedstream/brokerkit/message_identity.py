@@ -13,7 +13,7 @@ anything that changes between deliveries (a delivery count, a lock).
 
 Contract of :func:`message_fingerprint`: the same arguments give the same
 text in every process and every release (it is stored), and it is cheap
-(CRC-32 over the bytes, no allocation beyond the result). Two messages
+(CRC-32 over the bytes, a few hundred nanoseconds). Two messages
 with the same name, the same stamp and the same CRC of their parts are
 taken for the same message: a new message identical in all of these is
 indistinguishable from a redelivery, and is treated as one.
@@ -26,14 +26,11 @@ from zlib import crc32
 __all__ = ["message_fingerprint"]
 
 
-def message_fingerprint(stamp: object, *parts: bytes | None) -> str:
-    """``"<stamp>-<CRC-32 of the parts, 8 hex digits>"``; ``None`` parts count as empty.
+def message_fingerprint(stamp: object, data: bytes | None, key: bytes | None = None) -> str:
+    """``"<stamp>-<CRC-32 of key then data, 8 hex digits>"``; ``None`` counts as empty.
 
     ``stamp`` is what the broker stamped the message with (a timestamp in
-    milliseconds, an enqueued time), written with ``str``.
+    milliseconds, an enqueued time), written with ``str``; ``data`` its
+    body or value, ``key`` its key if it has one.
     """
-    digest = 0
-    for part in parts:
-        if part:
-            digest = crc32(part, digest)
-    return f"{stamp}-{digest:08x}"
+    return f"{stamp}-{crc32(data or b'', crc32(key or b'')):08x}"
