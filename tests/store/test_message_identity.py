@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from sharedstream.store import MetadataStore, PendingEvent, TriggerSpec
+from sharedstream.store._sqlite_schema import MIGRATIONS
 from tests.store.conftest import Backend
 from tests.store.test_store import asset, define
 
@@ -113,12 +114,13 @@ def test_a_key_repeated_within_a_batch_is_a_duplicate_whatever_its_fingerprint(
 
 
 def test_migration_keeps_stored_events_without_fingerprint(backend: Backend) -> None:
-    with backend.at_version(6) as old:
+    """The fingerprint's migration is the last one; the version before it stores none."""
+    with backend.at_version(len(MIGRATIONS) - 1) as old:
         [trigger_id] = old.sync_definitions(
             [TriggerSpec("fp", "pkg.Trigger", b"kw")], [], []).values()
         backend.insert_old_event(trigger_id, "k1")
     with backend.open() as new:
-        assert new.migrate() == 7
+        assert new.migrate() == len(MIGRATIONS)
         assert [e.idem_key for e in new.list_events()] == ["k1"]
         assert backend.query("SELECT idem_key, fingerprint FROM trigger_events") == [
             ("k1", None)]
