@@ -210,20 +210,26 @@ class PersistGate:
             return
 
     def _renamed(self, renamed: Sequence[tuple[int, str]]) -> None:
-        """Say, once per event, that a new message reused a stored message's name.
+        """Say, once per trigger and batch, that new messages reused stored messages' names.
 
-        The store kept it under a new key (its fingerprint differed from
-        the stored message's), so nothing was lost; the line is there
-        because it means the broker's names repeated: a topic, queue or
-        entity deleted and created again, or a broker's storage reset.
+        The store kept them under new keys (their fingerprints differed from
+        the stored messages'), so nothing was lost; the line is there because
+        it means the broker's names repeated: a topic, queue or entity
+        deleted and created again, or a broker's storage reset. One line per
+        trigger per batch, not per event: a recreated topic's whole backlog
+        can come this way. It names the first and last raw event of the batch.
         """
         self.renamed += len(renamed)
+        names: dict[int, list[str]] = {}
         for trigger_id, idem_key in renamed:
             # the key is "<trigger id>/<raw event name>#<index>" (see the supervisor)
-            raw_event = idem_key.partition("/")[2].rpartition("#")[0] or idem_key
-            log.warning("a new message reused the name of a stored message (topic or entity "
-                        "recreated? broker storage reset?); stored it as a new event, not a "
-                        "duplicate", trigger=trigger_id, raw_event=raw_event, idem_key=idem_key)
+            name = idem_key.partition("/")[2].rpartition("#")[0] or idem_key
+            names.setdefault(trigger_id, []).append(name)
+        for trigger_id, raw_events in names.items():
+            log.warning("new messages reused the names of stored messages (topic or entity "
+                        "recreated? broker storage reset?); stored as new events, not as "
+                        "duplicates", trigger=trigger_id, count=len(raw_events),
+                        raw_event=raw_events[0], last=raw_events[-1])
 
     def _write_failed(self, size: int, attempt: int, exc: Exception, delay: float) -> None:
         """Say it once when a batch fails, once when the store counts as failing."""

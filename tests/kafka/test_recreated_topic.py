@@ -11,6 +11,7 @@ and reading them all again must store nothing.
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import uuid
 from pathlib import Path
@@ -26,7 +27,7 @@ from tests.kafka.conftest import KafkaHarness, demo_cli, demo_environment
 aiokafka: Any = pytest.importorskip("aiokafka")
 
 RECORDS = 20  # demo records 0..19: none of them malformed
-WARNING = "a new message reused the name of a stored message"
+WARNING = "new messages reused the names of stored messages"
 
 
 def stored_keys(database: Path) -> list[str]:
@@ -108,8 +109,11 @@ async def test_new_records_of_a_recreated_topic_are_stored_and_redeliveries_are_
     assert all(key.rpartition("#")[0] in first for key in renamed), renamed
     assert not set(second[len(first):]) & set(first)
     warnings = [line for line in cli.log(1).splitlines() if WARNING in line]
-    assert len(warnings) == len(renamed), cli.log(1)
+    assert warnings, cli.log(1)
     assert all(f"raw_event={name}/0/" in line and "WARNING" in line for line in warnings)
+    counts = [int(found[1]) for line in warnings if (found := re.search(r" count=(\d+)", line))]
+    assert len(counts) == len(warnings)
+    assert sum(counts) == len(renamed), warnings
 
     # a redelivery of everything (the group starts over): nothing new is stored
     await reset_group(harness, stream)

@@ -78,7 +78,9 @@ def test_service_bus_fingerprints_tell_a_new_message_from_a_redelivery() -> None
         assert producer.raw_event_fingerprint(other) != first
 
 
-async def test_the_gate_warns_once_per_renamed_event(caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_gate_warns_once_per_trigger_and_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def write(batch: Sequence[PendingEvent]) -> WriteResult:
         renamed = tuple((e.trigger_id, str(e.idem_key)) for e in batch if e.fingerprint == "new")
         return WriteResult(stored=len(batch), duplicates=0, asset_events=0, dag_runs=(),
@@ -86,15 +88,20 @@ async def test_the_gate_warns_once_per_renamed_event(caplog: pytest.LogCaptureFi
 
     gate = PersistGate(write=write, confirm=lambda seqs: None, batch_max=100, linger=0)
     runner = asyncio.create_task(gate.run())
-    gate.offer(PendingEvent(4, "4/orders/3/42#0", b"{}", fingerprint="new"), 1)
-    gate.offer(PendingEvent(4, "4/orders/3/43#0", b"{}", fingerprint="old"), 2)
+    for seq, (trigger_id, offset, fingerprint) in enumerate([
+        (4, 42, "new"), (4, 43, "old"), (5, 42, "new"), (4, 44, "new"),
+    ]):
+        gate.offer(PendingEvent(trigger_id, f"{trigger_id}/orders/3/{offset}#0", b"{}",
+                                fingerprint=fingerprint), seq)
     with caplog.at_level(logging.WARNING, logger="sharedstream.runtime"):
         await asyncio.wait_for(gate.flush(), 5)
     gate.stop()
     await runner
-    [line] = [r for r in caplog.records if "reused the name" in text_of(r)]
-    assert line.levelno == logging.WARNING
-    assert "topic or entity recreated?" in text_of(line)
-    assert fields_of(line) == {"trigger": 4, "raw_event": "orders/3/42",
-                               "idem_key": "4/orders/3/42#0"}
-    assert (gate.stored, gate.renamed) == (2, 1)
+    lines = [r for r in caplog.records if "reused the names" in text_of(r)]
+    assert all(line.levelno == logging.WARNING for line in lines)
+    assert "topic or entity recreated?" in text_of(lines[0])
+    assert [fields_of(line) for line in lines] == [
+        {"trigger": 4, "count": 2, "raw_event": "orders/3/42", "last": "orders/3/44"},
+        {"trigger": 5, "count": 1, "raw_event": "orders/3/42", "last": "orders/3/42"},
+    ]
+    assert (gate.stored, gate.renamed) == (4, 3)
