@@ -60,6 +60,7 @@ from sharedstream.brokerkit.deadletters import (
     dead_letter_annotations,
 )
 from sharedstream.brokerkit.inflight import InFlightLimit
+from sharedstream.brokerkit.message_identity import message_fingerprint
 from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
@@ -330,6 +331,19 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """``topic/partition/offset``: the same for every redelivery of a record."""
         return f"{broker_payload.topic}/{broker_payload.partition}/{broker_payload.offset}"
+
+    def raw_event_fingerprint(self, broker_payload: Any) -> str | None:
+        """``<timestamp ms>-<CRC-32 of key and value>``: offsets repeat when a topic is recreated.
+
+        The same for every redelivery of a record (the broker stores its
+        timestamp with it); a new record at a reused offset differs unless
+        its timestamp, key and value are all the same. ``None`` when the
+        payload carries no record.
+        """
+        message = broker_payload.message
+        if message is None:
+            return None
+        return message_fingerprint(message.timestamp, message.value, message.key)
 
     def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
         """The record's headers (``traceparent``, ``tracestate``, ``baggage``)."""

@@ -80,6 +80,7 @@ from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
+from sharedstream.brokerkit.message_identity import message_fingerprint
 from sharedstream.brokerkit.redelivery import DeliveryTally, PoisonCheck, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
@@ -507,6 +508,16 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """``<entity path>/<sequence number>``: the same for every redelivery."""
         return f"{self.entity}/{broker_payload.message.sequence_number}"
+
+    def raw_event_fingerprint(self, broker_payload: Any) -> str | None:
+        """``<enqueued time>-<CRC-32 of the body>``: sequence numbers restart with a new entity.
+
+        The same for every redelivery (Service Bus keeps both with the
+        message); a new message that got a stored one's sequence number
+        differs unless it was enqueued at the same instant with the same body.
+        """
+        message = broker_payload.message
+        return message_fingerprint(message.enqueued_time, message.body)
 
     def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
         """The application properties (``traceparent``, or Azure's ``Diagnostic-Id``)."""

@@ -17,7 +17,8 @@ piece with its contract in its module docstring:
   :mod:`.settle` (settle senders: a bounded backlog of deletes, acks
   or completes sent in batches by a few senders, drained on close),
   :mod:`.batches`, :mod:`.fingerprints` (settings fingerprints, one consumer
-  per source) and :mod:`.coalesced_commits` (cumulative commits).
+  per source), :mod:`.message_identity` (message fingerprints beside
+  raw event names) and :mod:`.coalesced_commits` (cumulative commits).
 
 The kit imports only the engine and itself, never a broker SDK (checked by
 ``tests/test_import_contracts.py``).

@@ -46,7 +46,7 @@ from sharedstream.engine.fanout import Accept, FanOut, Subscriber
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetterFallback, FailureLedger, SharedStreamProducer
 from sharedstream.engine.pump import AdvancePump, StreamTotals
-from sharedstream.engine.records import UNNAMED
+from sharedstream.engine.records import UNNAMED, EventRecord
 from sharedstream.engine.resolution import ResolutionBook, overflow_error
 from sharedstream.engine.seqs import SeqRouter
 from sharedstream.engine.stream import ack_stream, fast_stream
@@ -179,6 +179,7 @@ class StreamGroup:
         self._task: asyncio.Task[None] | None = None
         self._terminated = False
         self._producer: SharedStreamProducer | None = None
+        self._fingerprints = False  # the producer overrides raw_event_fingerprint
 
     # -- membership (called by the manager, synchronously) -----------------------
 
@@ -271,14 +272,20 @@ class StreamGroup:
         sub = self.book.subscribers.get(trigger_id)
         if sub is None or sub.current is None:
             return None
-        record = sub.current
-        name = record.raw_name
-        if name is UNNAMED:
-            name = record.raw_name = self._producer.raw_event_name(record.broker_payload)
+        name = self._name(sub.current)
         return name if isinstance(name, str) else None
 
     def raw_event_key(self, trigger_id: Hashable) -> str | None:
         """``"<producer's name of the raw event>#<index>"`` for the event bound last."""
+        identity = self.raw_event_identity(trigger_id)
+        return None if identity is None else identity[0]
+
+    def raw_event_identity(self, trigger_id: Hashable) -> tuple[str, str | None] | None:
+        """``(raw_event_key, the producer's fingerprint of its raw event)`` for the last bound.
+
+        ``None`` where :meth:`raw_event_key` is ``None``. O(1); the producer
+        is asked once per raw event, however many subscribers bind it.
+        """
         if self.book is None or self._producer is None:
             return None
         sub = self.book.subscribers.get(trigger_id)
@@ -286,9 +293,20 @@ class StreamGroup:
             return None
         record = sub.current
         name = record.raw_name
-        if name is UNNAMED:  # asked once per raw event, however many subscribers bind it
-            name = record.raw_name = self._producer.raw_event_name(record.broker_payload)
-        return None if name is None else f"{name}#{sub.bind_index}"
+        if name is UNNAMED:
+            name = self._name(record)
+        return None if name is None else (f"{name}#{sub.bind_index}", record.raw_fingerprint)
+
+    def _name(self, record: EventRecord) -> str | object | None:
+        """``record``'s raw name; asks the producer for it and its fingerprint the first time."""
+        name = record.raw_name
+        if name is UNNAMED:
+            producer = cast("SharedStreamProducer", self._producer)
+            payload = record.broker_payload
+            name = record.raw_name = producer.raw_event_name(payload)
+            if name is not None and self._fingerprints:
+                record.raw_fingerprint = producer.raw_event_fingerprint(payload)
+        return name
 
     # -- ending ----------------------------------------------------------------
 
@@ -386,6 +404,8 @@ class StreamGroup:
                 f"{type(producer).__qualname__}, not a SharedStreamProducer"
             )
         self._producer = producer
+        self._fingerprints = (type(producer).raw_event_fingerprint
+                              is not SharedStreamProducer.raw_event_fingerprint)
         if self._dead_letter_fallback is not None:
             producer.dead_letter_fallback = self._dead_letter_fallback
         if self._failure_ledger is not None:

@@ -220,6 +220,12 @@ class Membership:
             return None
         return self._group.raw_event_key(self.trigger_id)
 
+    def raw_event_identity(self) -> tuple[str, str | None] | None:
+        """``(raw_event_key, fingerprint)`` for this member's current attempt (see the group's)."""
+        if self._group is None or self._sub is None or self._sub.error is not None:
+            return None
+        return self._group.raw_event_identity(self.trigger_id)
+
     def traceparent(self) -> str | None:
         """The ``traceparent`` of the raw event this member's filter is on (tracing on only)."""
         if self._group is None or self._sub is None or self._sub.error is not None:

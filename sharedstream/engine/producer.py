@@ -332,6 +332,29 @@ class SharedStreamProducer(abc.ABC):
         index, so a redelivered message creates no second asset event or DAG
         run. ``None`` (the default) means events are stored as they come
         (at-least-once). Called synchronously on the runner's hot path.
+
+        A name alone cannot tell a redelivery from a *new* message that got
+        the same name (a recreated topic reuses offsets, a recreated entity
+        restarts its sequence numbers); a producer whose names can repeat
+        also implements :meth:`raw_event_fingerprint`.
+        """
+        return None
+
+    def raw_event_fingerprint(self, broker_payload: Any) -> str | None:
+        """What tells this message from others with the same :meth:`raw_event_name`, or ``None``.
+
+        Asked once per named raw event, on the hot path, right after
+        :meth:`raw_event_name`: it must be cheap (no I/O, a digest of bytes
+        at most), must not raise, and must return the same text for every
+        redelivery of the message and (as far as a short digest can) a
+        different one for any other message. The store keeps it beside the
+        event; a later event whose key matches a stored one but whose
+        fingerprint differs is stored under a new key with a warning, not
+        dropped as a duplicate (see :class:`~sharedstream.store.base.PendingEvent`).
+
+        ``None`` (the default): the name alone identifies the message, as
+        when the broker assigns names that never repeat (Pub/Sub and SQS
+        message ids).
         """
         return None
 

@@ -24,7 +24,7 @@ from sharedstream.engine.producer import AdvanceOutcome, Verdict, annotated_outc
 __all__ = ["UNNAMED", "EventRecord", "add_verdict", "failure_verdict"]
 
 UNNAMED = object()
-"""``EventRecord.raw_name`` before anyone asked the producer for it."""
+"""``EventRecord.raw_name`` before anyone asked the producer for it (and for its fingerprint)."""
 
 _new_tuple = tuple.__new__
 """Builds the NamedTuples below without their Python-level ``__new__`` (hot path)."""
@@ -43,6 +43,7 @@ class EventRecord:
         "pending",
         "position",
         "raw",
+        "raw_fingerprint",
         "raw_name",
         "rejected",
         "unseen",
@@ -71,6 +72,7 @@ class EventRecord:
         self.unseen = 0  # failures of subscribers that never pulled it (part of failed)
         self.verdicts: list[Verdict] | None = None  # who failed on it or rejected it, and why
         self.raw_name: str | object | None = UNNAMED  # the producer's name, once asked for
+        self.raw_fingerprint: str | None = None  # and its fingerprint, asked with the name
 
     def outcome(self) -> AdvanceOutcome:
         """The resolution counts handed to the producer."""

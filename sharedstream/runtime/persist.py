@@ -104,6 +104,7 @@ class PersistGate:
         self._stopping = False
         self.stored = 0
         self.duplicates = 0
+        self.renamed = 0  # stored events whose key another message had (see _committed)
         self.runs_queued = 0
         self.failed_writes = 0
         self.last_confirm_latency = 0.0
@@ -208,6 +209,28 @@ class PersistGate:
                 self._set_pressure(False)
             return
 
+    def _renamed(self, renamed: Sequence[tuple[int, str]]) -> None:
+        """Say, once per trigger and batch, that new messages reused stored messages' names.
+
+        The store kept them under new keys (their fingerprints differed from
+        the stored messages'), so nothing was lost; the line is there because
+        it means the broker's names repeated: a topic, queue or entity
+        deleted and created again, or a broker's storage reset. One line per
+        trigger per batch, not per event: a recreated topic's whole backlog
+        can come this way. It names the first and last raw event of the batch.
+        """
+        self.renamed += len(renamed)
+        names: dict[int, list[str]] = {}
+        for trigger_id, idem_key in renamed:
+            # the key is "<trigger id>/<raw event name>#<index>" (see the supervisor)
+            name = idem_key.partition("/")[2].rpartition("#")[0] or idem_key
+            names.setdefault(trigger_id, []).append(name)
+        for trigger_id, raw_events in names.items():
+            log.warning("new messages reused the names of stored messages (topic or entity "
+                        "recreated? broker storage reset?); stored as new events, not as "
+                        "duplicates", trigger=trigger_id, count=len(raw_events),
+                        raw_event=raw_events[0], last=raw_events[-1])
+
     def _write_failed(self, size: int, attempt: int, exc: Exception, delay: float) -> None:
         """Say it once when a batch fails, once when the store counts as failing."""
         if attempt < RETRIES:
@@ -232,6 +255,8 @@ class PersistGate:
         self.commit_seconds += latency
         self.stored += result.stored
         self.duplicates += result.duplicates
+        if result.renamed:
+            self._renamed(result.renamed)
         self.runs_queued += len(result.dag_runs)
         metrics = instruments()
         metrics.persist_latency.record(latency)

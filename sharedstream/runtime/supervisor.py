@@ -297,8 +297,8 @@ class Supervisor:
         async for event in trigger.filter_shared_stream(stream):
             seq = member.bind()
             try:
-                pending = self._pending_event(trigger_id, event, member.raw_event_key(), native,
-                                              member.traceparent() if traced else None)
+                pending = self._pending_event(trigger_id, event, member.raw_event_identity(),
+                                              native, member.traceparent() if traced else None)
             except SerializationError as exc:
                 self._refuse_event(member, exc)  # rejecting drops the seq just bound
                 continue
@@ -326,20 +326,23 @@ class Supervisor:
 
     @staticmethod
     def _pending_event(
-        trigger_id: int, event: TriggerEvent, name: str | None,
+        trigger_id: int, event: TriggerEvent, identity: tuple[str, str | None] | None,
         native: Callable[[TriggerEvent], bool] | None = None, traceparent: str | None = None,
     ) -> PendingEvent:
-        """What the gate stores for ``event``: its packed payload and idempotency key.
+        """What the gate stores for ``event``: its packed payload, idempotency key and fingerprint.
 
-        ``native`` is the trigger's ``payload_is_native``, asked once the event
-        is known to be a :class:`TriggerEvent`; ``traceparent`` the trace
-        context of the filter span it came from (tracing on).
+        ``identity`` is the member's ``raw_event_identity()`` (``None``: not
+        idempotent); ``native`` is the trigger's ``payload_is_native``, asked
+        once the event is known to be a :class:`TriggerEvent`; ``traceparent``
+        the trace context of the filter span it came from (tracing on).
         """
         if not isinstance(event, TriggerEvent):
             raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
                             "not a TriggerEvent")
         vouched = native is not None and native(event)
         payload = pack_event_payload(event.payload, native=vouched)
-        idem_key = None if name is None else f"{trigger_id}/{name}"
-        return PendingEvent(trigger_id, idem_key, payload, traceparent)
+        if identity is None:
+            return PendingEvent(trigger_id, None, payload, traceparent)
+        name, fingerprint = identity
+        return PendingEvent(trigger_id, f"{trigger_id}/{name}", payload, traceparent, fingerprint)
 

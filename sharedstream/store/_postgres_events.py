@@ -28,7 +28,8 @@ What keeps them consistent is PostgreSQL's own machinery:
    ``FOR SHARE`` on the ``definitions_generation`` row, which
    ``sync_definitions`` updates first.
 5. Lock order is the same in every writer (generation row, idempotency keys
-   by key, DAG rows by id, trigger rows by id), so writers never deadlock
+   by key, then the renamed keys of new messages that reused a stored
+   key's name by key, DAG rows by id, trigger rows by id), so writers never deadlock
    with each other; a deadlock with anything else aborts the batch, which
    raises :class:`~sharedstream.store.base.StoreWriteError` (retryable) and
    is retried by the persistence gate.
@@ -52,10 +53,11 @@ __all__ = ["definitions", "write_batch"]
 _NEXT_IDS = "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)"
 
 _INSERT_EVENTS = (
-    "INSERT INTO trigger_events (id, trigger_id, idem_key, payload, trace_parent, created_at)"
-    " SELECT b.id, b.trigger_id, b.idem_key, b.payload, b.trace_parent, %s"
-    " FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bytea[], %s::text[])"
-    "  AS b (id, trigger_id, idem_key, payload, trace_parent)"
+    "INSERT INTO trigger_events"
+    " (id, trigger_id, idem_key, payload, trace_parent, fingerprint, created_at)"
+    " SELECT b.id, b.trigger_id, b.idem_key, b.payload, b.trace_parent, b.fingerprint, %s"
+    " FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bytea[], %s::text[], %s::text[])"
+    "  AS b (id, trigger_id, idem_key, payload, trace_parent, fingerprint)"
     " ORDER BY b.idem_key, b.id"  # lock keys in one order; the first of a repeated key wins
     " ON CONFLICT (idem_key) DO NOTHING RETURNING id, trigger_id, trace_parent"
 )
@@ -90,18 +92,11 @@ def write_batch(
     """
     cur = conn.cursor()
     ids = _next_ids(cur, "trigger_events", len(batch))
-    returned = cur.execute(
-        _INSERT_EVENTS,
-        (
-            now,
-            ids,
-            [event.trigger_id for event in batch],
-            [event.idem_key for event in batch],
-            [event.payload for event in batch],
-            [event.trace_parent for event in batch],
-        ),
-    ).fetchall()
-    # (event id, trigger id, trace parent) of the events stored, in batch order
+    returned = _insert_events(cur, ids, batch, [event.idem_key for event in batch], now)
+    renamed: list[tuple[int, str]] = []
+    if len(returned) != len(batch):
+        renamed = _store_renamed(cur, batch, ids, returned, now)
+    # (event id, trigger id, trace parent) of the events stored, in batch order (renamed last)
     stored = sorted(
         (int(event_id), int(trigger_id), trace) for event_id, trigger_id, trace in returned
     )
@@ -145,7 +140,80 @@ def write_batch(
         duplicates=len(batch) - len(stored),
         asset_events=len(asset_rows),
         dag_runs=tuple(runs),
+        renamed=tuple(renamed),
     )
+
+
+def _insert_events(
+    cur: psycopg.Cursor, ids: Sequence[int], events: Sequence[PendingEvent],
+    keys: Sequence[str | None], now: datetime,
+) -> list[tuple[int, int, str | None]]:
+    """Insert ``events`` under ``keys`` with ``ids`` (one each, in order), skipping stored keys.
+
+    Returns ``(id, trigger_id, trace_parent)`` of the rows inserted, in no particular order.
+    """
+    rows: list[tuple[int, int, str | None]] = cur.execute(
+        _INSERT_EVENTS,
+        (
+            now,
+            ids,
+            [event.trigger_id for event in events],
+            keys,
+            [event.payload for event in events],
+            [event.trace_parent for event in events],
+            [event.fingerprint for event in events],
+        ),
+    ).fetchall()
+    return rows
+
+
+def _store_renamed(
+    cur: psycopg.Cursor, batch: Sequence[PendingEvent], ids: Sequence[int],
+    returned: list[tuple[int, int, str | None]], now: datetime,
+) -> list[tuple[int, str]]:
+    """Store the batch's new messages whose keys an earlier message holds; name them.
+
+    Called after the batch's insert returned fewer rows than the batch
+    (``returned``; ``ids[i]`` was ``batch[i]``'s). An event is such a
+    message when its insert was skipped, it has a fingerprint, and its key
+    belongs to an event another batch stored with another, non-``NULL``
+    fingerprint. It is inserted under ``f"{idem_key}#{fingerprint}"`` (a
+    conflict there is a duplicate: that message was renamed before) and
+    its row is appended to ``returned``. Returns ``(trigger_id, idem_key)``
+    of the events stored so, in batch order.
+
+    Lock order stays the same in every writer: a renamed key ends with
+    ``#<fingerprint>`` after the ``#<index>`` of every key the runtime
+    makes, so the keys locked here are never ones a first insert locks,
+    and they are locked in key order too.
+    """
+    inserted = {event_id for event_id, _, _ in returned}
+    skipped = [(event_id, event) for event_id, event in zip(ids, batch, strict=True)
+               if event_id not in inserted and event.fingerprint is not None
+               and event.idem_key is not None]
+    if not skipped:
+        return []
+    ours = set(ids)
+    held = {
+        str(key): str(fingerprint)
+        for key, fingerprint, event_id in cur.execute(
+            "SELECT idem_key, fingerprint, id FROM trigger_events"
+            " WHERE idem_key = ANY(%s) AND fingerprint IS NOT NULL",
+            (sorted({str(event.idem_key) for _, event in skipped}),),
+        )
+        if event_id not in ours
+    }
+    moved = [event for _, event in skipped
+             if held.get(str(event.idem_key), event.fingerprint) != event.fingerprint]
+    if not moved:
+        return []
+    new_ids = _next_ids(cur, "trigger_events", len(moved))
+    rows = _insert_events(cur, new_ids, moved,
+                          [f"{event.idem_key}#{event.fingerprint}" for event in moved], now)
+    returned.extend(rows)
+    kept = {event_id for event_id, _, _ in rows}
+    return [(event.trigger_id, str(event.idem_key))
+            for event_id, event in zip(new_ids, moved, strict=True) if event_id in kept]
 
 
 def _queue_and_run(

@@ -209,7 +209,12 @@ _V7 = (
     "CREATE INDEX raw_event_failures_updated ON raw_event_failures (updated_at)",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+# A stored trigger event keeps the fingerprint of the broker message it came from
+# (NULL: none given, or stored before this version), which tells a redelivery from a
+# new message that reused the name in its idempotency key (a recreated topic's offsets).
+_V8 = ("ALTER TABLE trigger_events ADD COLUMN fingerprint TEXT",)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

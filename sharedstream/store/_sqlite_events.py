@@ -162,6 +162,9 @@ def write_batch(
     used), and ids follow statement order. The rows are the ones the
     one-statement-per-event algorithm produced, ids included (a duplicate
     still burns a trigger event id, as a conflicting insert always did).
+    Events stored under a new key (:func:`_store_renamed`) are inserted
+    last, so they take the batch's last ids and their asset events and runs
+    come after the others'.
     """
     cur = conn.cursor()
     trigger_ids = {event.trigger_id for event in batch}
@@ -170,22 +173,26 @@ def write_batch(
         " (SELECT count(*) FROM triggers WHERE id IN (SELECT value FROM json_each(?)))",
         (json.dumps(sorted(trigger_ids)),),
     ).fetchone()
-    stored = insert_rows(
+    inserted = insert_rows(
         cur,
-        "INSERT INTO trigger_events (trigger_id, idem_key, payload, trace_parent, created_at)",
-        [(event.trigger_id, event.idem_key, event.payload, event.trace_parent) for event in batch],
+        _INSERT_EVENTS,
+        [(event.trigger_id, event.idem_key, event.payload, event.trace_parent, event.fingerprint)
+         for event in batch],
         " ON CONFLICT (idem_key) DO NOTHING",
         (now,),
     )
+    renamed = [] if inserted == len(batch) else _store_renamed(cur, batch, before, now)
+    stored = inserted + len(renamed)
     if known != len(trigger_ids):
         _check_triggers(cur, before)
     stored_traces: Iterable[str | None]
-    if stored == len(batch):
+    if inserted == len(batch):
         stored_triggers = [event.trigger_id for event in batch]
         stored_traces = map(_trace_parent, batch)  # lazy: only runs need them
     else:
         # Some were duplicates (already stored, or earlier in the batch with
-        # the same key): the rows this batch stored say which events remain.
+        # the same key) or stored under a new key after the others (renamed):
+        # the rows this batch stored, in id order, say which events remain.
         rows = cur.execute(
             "SELECT trigger_id, trace_parent FROM trigger_events WHERE id > ? ORDER BY id",
             (before,),
@@ -236,7 +243,56 @@ def write_batch(
         duplicates=len(batch) - stored,
         asset_events=asset_event_count,
         dag_runs=tuple(runs),
+        renamed=tuple(renamed),
     )
+
+
+_INSERT_EVENTS = ("INSERT INTO trigger_events"
+                  " (trigger_id, idem_key, payload, trace_parent, fingerprint, created_at)")
+
+
+def _store_renamed(
+    cur: sqlite3.Cursor, batch: Sequence[PendingEvent], before: int, now: str
+) -> list[tuple[int, str]]:
+    """Store the batch's new messages whose keys an earlier message holds; name them.
+
+    Called after the batch's insert, when some of its events were not
+    stored. An event is such a message when it has a fingerprint and its
+    key belongs to an event stored before the batch (id at most
+    ``before``) with another, non-``NULL`` fingerprint. It is inserted
+    under ``f"{idem_key}#{fingerprint}"`` (a conflict there is a duplicate:
+    that message was renamed before). Returns ``(trigger_id, idem_key)`` of
+    the events stored so, in batch order; their ids follow every id the
+    batch's insert assigned. Cost when nothing was renamed: one indexed
+    lookup per fingerprinted key of the batch.
+    """
+    keys = {event.idem_key for event in batch
+            if event.fingerprint is not None and event.idem_key is not None}
+    if not keys:
+        return []
+    held = {
+        str(key): str(fingerprint)
+        for key, fingerprint, event_id in cur.execute(
+            # The id is filtered here, not in SQL, so the lookup stays on the key's index.
+            "SELECT idem_key, fingerprint, id FROM trigger_events"
+            " WHERE idem_key IN (SELECT value FROM json_each(?)) AND fingerprint IS NOT NULL",
+            (json.dumps(sorted(keys)),),
+        )
+        if event_id <= before
+    }
+    renamed: list[tuple[int, str]] = []
+    for event in batch:
+        key, fingerprint = event.idem_key, event.fingerprint
+        if fingerprint is None or key is None or held.get(key, fingerprint) == fingerprint:
+            continue
+        cur.execute(
+            f"{_INSERT_EVENTS} VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING",
+            (event.trigger_id, f"{key}#{fingerprint}", event.payload, event.trace_parent,
+             fingerprint, now),
+        )
+        if cur.rowcount:
+            renamed.append((event.trigger_id, key))
+    return renamed
 
 
 def _check_triggers(cur: sqlite3.Cursor, before: int) -> None:

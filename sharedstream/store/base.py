@@ -19,6 +19,18 @@ Data model, in the words every backend uses:
   the caller must put into the key everything that distinguishes two genuine
   events (trigger fingerprint, broker message identity, position of the event
   among those the filter derived from that message).
+* **message fingerprint** - a stored event may keep the fingerprint of the
+  broker message it came from (see
+  ``SharedStreamProducer.raw_event_fingerprint``): what tells that message
+  from a later one that got the same name, as when a recreated topic reuses
+  offsets. An event whose key is stored already is a duplicate *unless*
+  both it and the stored event have a fingerprint and the two differ: then
+  it is a new message that reused the name, and it is stored under the
+  key ``f"{idem_key}#{fingerprint}"`` (itself idempotent: its redelivery is
+  a duplicate) and reported in :attr:`WriteResult.renamed`. Events stored
+  before fingerprints existed have none, so anything matching their keys
+  stays a duplicate. Only keys stored before the batch are compared: a key
+  repeated within one batch is a duplicate whatever its fingerprint.
 * **trace context** - a stored event keeps the W3C ``traceparent`` value
   (``00-<trace id>-<span id>-<flags>``) of the span that processed it, and
   an asset-triggered run keeps that of the event that completed its
@@ -310,12 +322,17 @@ class PendingEvent:
     the module docstring for what it must contain. ``trace_parent`` is the
     W3C ``traceparent`` value of the span that processed the event (or
     ``None``), kept as given; a duplicate's is dropped with it.
+    ``fingerprint`` is the broker message's fingerprint (or ``None``): with
+    ``idem_key``, it tells a redelivery from a new message that reused the
+    key's broker name (see *message fingerprint* in the module docstring);
+    ignored without ``idem_key``.
     """
 
     trigger_id: int
     idem_key: str | None
     payload: bytes
     trace_parent: str | None = None
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,13 +340,18 @@ class WriteResult:
     """What one :meth:`MetadataStore.write_events` batch did.
 
     ``stored + duplicates`` equals the batch size. ``dag_runs`` lists the
-    runs created, as ``"dag_id/run_id"``, in creation order.
+    runs created, as ``"dag_id/run_id"``, in creation order. ``renamed``
+    names, as ``(trigger_id, idem_key)`` in batch order, the stored events
+    (counted in ``stored``) whose key was stored already for another message
+    (their fingerprints differ) and which were therefore stored under
+    ``f"{idem_key}#{fingerprint}"``; usually empty.
     """
 
     stored: int
     duplicates: int
     asset_events: int
     dag_runs: tuple[str, ...]
+    renamed: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

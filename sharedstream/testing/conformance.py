@@ -192,8 +192,9 @@ self, harness: BrokerHarness) -> AsyncIterator[Session]:
         if harness.features.ordered_delivery:
             assert set(again) <= set(values(6)[2:]), "nothing before the failure comes again"
         if harness.features.names_raw_events:
-            # Redelivered copies carry the same names: a store skips them.
+            # Redelivered copies carry the same names and fingerprints: a store skips them.
             assert len(set(healthy.names)) == 6
+            assert len(set(healthy.identities)) == 6, healthy.identities
 
     async def test_floor_persists_across_batches(
         self, harness: BrokerHarness, session: Session

@@ -52,6 +52,8 @@ class SupervisedRunner:
         """Every event emitted, redeliveries included, in order."""
         self.names: list[str | None] = []
         """The raw event key of each event (``None`` when the producer names none)."""
+        self.identities: list[tuple[str, str | None] | None] = []
+        """Each event's ``(raw event key, fingerprint)`` (``Membership.raw_event_identity``)."""
         self.errors: list[BaseException] = []
         """The scripted failures the filter raised."""
         self.task: asyncio.Task[None] | None = None
@@ -80,6 +82,7 @@ class SupervisedRunner:
         async for event in self.trigger.filter_shared_stream(stream):
             seq = member.bind()
             self.names.append(member.raw_event_key())
+            self.identities.append(member.raw_event_identity())
             self.events.append(event)
             if seq is not None:
                 self.manager.confirm_persisted([seq])

@@ -273,6 +273,7 @@ class MemberRunner:
         self.gate: asyncio.Event | None = None  # when set, the filter waits before each raw
         self.task: asyncio.Task[None] | None = None
         self.interrupted: list[BaseException] = []
+        self.identities: list[tuple[str, str | None] | None] = []  # raw_event_identity per event
 
     def start(self, delay: float = 0.0) -> MemberRunner:
         self.task = asyncio.get_running_loop().create_task(self._attempt(delay))
@@ -295,6 +296,7 @@ class MemberRunner:
     async def _consume(self, stream: AsyncIterator[Any]) -> None:
         async for event in self._filter(stream):
             seq = self.member.bind()
+            self.identities.append(self.member.raw_event_identity())
             self.events.append(event)
             if seq is not None:
                 if self.auto_confirm:

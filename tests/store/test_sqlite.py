@@ -395,15 +395,15 @@ def test_write_events_matches_the_per_row_reference_on_large_batches(tmp_path: P
     _assert_same_as_reference(ops, tmp_path)
 
 
-@pytest.mark.parametrize("variable_limit", [999, 64, 5])
+@pytest.mark.parametrize("variable_limit", [999, 64, 6])
 def test_large_batches_fit_a_lower_bound_parameter_limit(
     tmp_path: Path, variable_limit: int
 ) -> None:
     """Builds allowing fewer bound parameters per statement get smaller VALUES chunks.
 
-    A trigger event binds 4 values per row and the batch's time once: a limit
+    A trigger event binds 5 values per row and the batch's time once: a limit
     of 999 (SQLite before 3.32) allows 128 rows per statement, 64 allows 8,
-    5 one row at a time.
+    6 one row at a time.
     """
     batches = [
         [ev(0, rng_key, bytes([i % 256])) for i, rng_key in enumerate(
@@ -417,8 +417,8 @@ def test_large_batches_fit_a_lower_bound_parameter_limit(
             ids = define(store, {"t": ["x"]}, {"d": asset("x")})
             if limit is not None:
                 store._connection().setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
-                assert values_chunk(store._connection(), 4, 1) == min(
-                    4096, 1 << (((limit - 1) // 4).bit_length() - 1))
+                assert values_chunk(store._connection(), 5, 1) == min(
+                    4096, 1 << (((limit - 1) // 5).bit_length() - 1))
             written = [
                 store.write_events([PendingEvent(ids["t"], e.idem_key, e.payload, f"tp-{i}")
                                     for i, e in enumerate(batch)])

@@ -87,6 +87,10 @@ class LazyProducer(SharedStreamProducer, Generic[P], abc.ABC):
         """The built producer's name of the raw event."""
         return self._producer().raw_event_name(broker_payload)
 
+    def raw_event_fingerprint(self, broker_payload: Any) -> str | None:
+        """The built producer's fingerprint of the raw event."""
+        return self._producer().raw_event_fingerprint(broker_payload)
+
     def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
         """The carrier of the whole message just yielded (``raw_event`` is its unwrapped form)."""
         current = self._current
