@@ -58,8 +58,20 @@ emulator's results go to ``servicebus_e2e-emulator.*``; it takes at most 50
 entities, five per round with the default K = 1, 10 (so ``--repeat`` up to
 10), refused before any container starts otherwise.
 
+**A real network's round trip** (``--rtt MS``, the kit's server only:
+``--backend server``; refused otherwise): every client of every case - the
+senders, the raw and independent receivers, the shared case's triggerer -
+reaches the server through the testing kit's latency proxy, started as a
+process of its own (``python -m sharedstream.testing.latency_proxy``, so its
+work is not on the benchmark's GIL) with MS ms round trip, give or take
+MS/20 per chunk each way (seed 0). Only the final peek goes to the server
+directly. Results go to ``servicebus_e2e-rtt<MS>.*`` (``--rtt 0``: the
+same cases on loopback, no proxy, named for comparison); the JSON's
+``about`` records the round trip, the jitter and the proxy's CPU seconds.
+Without ``--rtt``, loopback as before, into ``servicebus_e2e.*``.
+
 Usage: ``python benchmarks/servicebus_e2e.py [--messages N] [--quick] [--ks 1,10]
-[--repeat R] [--backend auto|server|emulator] [--output-dir D]``
+[--repeat R] [--backend auto|server|emulator] [--rtt MS] [--output-dir D]``
 """
 
 from __future__ import annotations
@@ -69,9 +81,13 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import re
+import signal
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -269,9 +285,14 @@ async def run_shared(connection_string: str, queue: str, messages: int, *, k: in
 
 
 async def run_case(connection_string: str, server_pid: int | None, kind: str, k: int, *,
-                   round_: int,
-                   n: int, messages: int, workdir: Path, limit: float) -> CaseResult:
-    """One case on its own entities: send, consume until N completions each, check none left."""
+                   round_: int, n: int, messages: int, workdir: Path, limit: float,
+                   checker: str | None = None) -> CaseResult:
+    """One case on its own entities: send, consume until N completions each, check none left.
+
+    Every client of the case uses ``connection_string``; the final peek uses
+    ``checker`` (the server directly, when the clients go through a proxy)
+    if given.
+    """
     label = "raw" if kind == "raw" else f"{kind} {k}"
     entity, sources = case_names(kind, k, round_, n)
     await send(connection_string, entity, messages, topic=kind == "independent")
@@ -294,7 +315,7 @@ async def run_case(connection_string: str, server_pid: int | None, kind: str, k:
                                            limit=limit)
         events, expected = stored_rows(workdir / f"{entity}.db"), expected_events(messages, k)
     cpu, server1 = time.process_time() - cpu0, cpu_seconds(server_pid)
-    left = sum([await leftover(connection_string, s) for s in sources])
+    left = sum([await leftover(checker or connection_string, s) for s in sources])
     result = CaseResult(label, k, messages, round_, max(progress.done_at.values()),
                         progress.first_ack_at, events, expected, left, cpu,
                         None if server0 is None or server1 is None else server1 - server0)
@@ -317,18 +338,76 @@ def _backend_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "server", "emulator"), default="auto",
                         help="auto (default): the kit's test server, then the official "
                         "emulator in containers when a Docker engine answers")
+    parser.add_argument("--rtt", type=int, default=None, metavar="MS",
+                        help="every client reaches the kit's test server through a latency "
+                        "proxy process with this round trip, in ms (--backend server only); "
+                        "writes servicebus_e2e-rtt<MS>.*")
+
+
+PROXY_START = 10.0
+"""Seconds the latency proxy may take to say where it listens."""
+
+
+def jitter_ms(rtt: int) -> float:
+    """The proxy's jitter for a round trip of ``rtt`` ms: a twentieth of it, each way."""
+    return rtt / 20
+
+
+@contextlib.contextmanager
+def proxy_process(server_port: int, rtt: int) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """The latency proxy as its own process in front of ``127.0.0.1:server_port``.
+
+    Yields the port it listens on and the process; on leaving, SIGTERM and
+    a wait (a kill after 10 s). Raises ``RuntimeError`` if it does not say
+    where it listens within :data:`PROXY_START` seconds.
+    """
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sharedstream.testing.latency_proxy",
+         f"127.0.0.1:{server_port}", "--rtt-ms", str(rtt), "--jitter-ms",
+         f"{jitter_ms(rtt):g}", "--seed", "0"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        stdout = process.stdout
+        if stdout is None:
+            raise RuntimeError("the latency proxy's stdout is not a pipe")
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(PROXY_START)
+        found = re.search(r"listening on 127\.0\.0\.1:(\d+)", line[0] if line else "")
+        if found is None:
+            raise RuntimeError(f"the latency proxy did not start: {line[0] if line else ''!r}")
+        yield int(found[1]), process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def run_backend(args: argparse.Namespace, backend: str, workdir: Path) -> list[CaseResult]:
     """Every case on ``backend`` (``server`` or ``emulator``), ``--repeat`` rounds."""
     entities = entities_document(case_list(args.ks), args.repeat)
     with contextlib.ExitStack() as stack:
+        checker: str | None = None
         if backend == "server":
             process, connection_string = start_servicebus(workdir, entities=entities)
             stack.callback(stop_servicebus, process)
             server_pid: int | None = process.pid
             _say(f"the Service Bus test server (pid {process.pid}); {args.messages} messages "
                  f"per case; in {workdir}")
+            if args.rtt:
+                server_port = int(connection_string.split("sb://127.0.0.1:")[1].split(";")[0])
+                port, proxy = stack.enter_context(proxy_process(server_port, args.rtt))
+                stack.callback(_note_proxy_cpu, args, proxy.pid)  # runs before it stops
+                checker, connection_string = connection_string, connection_string.replace(
+                    f"127.0.0.1:{server_port};", f"127.0.0.1:{port};")
+                _say(f"every client through the latency proxy (pid {proxy.pid}, port {port}): "
+                     f"{args.rtt} ms round trip, +/- {jitter_ms(args.rtt):g} ms each way")
         else:
             connection_string = stack.enter_context(servicebus_emulator_container(entities))
             server_pid = None  # in a container: its CPU is not ours to read
@@ -336,14 +415,25 @@ def run_backend(args: argparse.Namespace, backend: str, workdir: Path) -> list[C
 
         async def run_one(kind: str, k: int, round_: int, n: int) -> CaseResult:
             return await run_case(connection_string, server_pid, kind, k, round_=round_, n=n,
-                                  messages=args.messages, workdir=workdir, limit=args.timeout)
+                                  messages=args.messages, workdir=workdir, limit=args.timeout,
+                                  checker=checker)
 
         return asyncio.run(run_rounds(case_list(args.ks), args.repeat, run_one))
+
+
+def _note_proxy_cpu(args: argparse.Namespace, pid: int) -> None:
+    """Keep the proxy's CPU seconds so far in ``args.proxy_cpu_s`` (for the report)."""
+    args.proxy_cpu_s = cpu_seconds(pid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, (__doc__ or "").splitlines()[0], quick_messages=2_000,
                       timeout=600.0, more=_backend_option)
+    if args.rtt is not None and (args.rtt < 0 or args.backend != "server"):
+        print("error: --rtt takes milliseconds >= 0 and runs on the kit's test server only "
+              "(--backend server)", file=sys.stderr)
+        return 2
+    args.proxy_cpu_s = None
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chosen = chosen_backends(args.backend, local="server", container="emulator",
@@ -353,16 +443,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                        load: Mapping[str, list[float]]) -> int:
         where = ("kit's test server" if backend == "server"
                  else "the official emulator, in containers")
+        stem = "servicebus_e2e" if backend == "server" else "servicebus_e2e-emulator"
+        network: dict[str, Any] = {}
+        if args.rtt is not None:
+            stem, where = f"{stem}-rtt{args.rtt}", (
+                f"{where}, {args.rtt} ms round trip" if args.rtt else f"{where}, loopback")
+            network = {"rtt_ms": args.rtt, "jitter_ms": jitter_ms(args.rtt) if args.rtt else 0,
+                       "proxy": "python -m sharedstream.testing.latency_proxy (own process), "
+                                "between every client and the server" if args.rtt else None,
+                       "proxy_cpu_s": args.proxy_cpu_s}
         return report(
-            args, "servicebus_e2e" if backend == "server" else "servicebus_e2e-emulator", runs,
+            args, stem, runs,
             targets=TARGETS, chart=Chart(
-                f"Service Bus end to end ({where}, {args.messages:,} JSON messages, "
+                f"Service Bus end to end ({where},\n{args.messages:,} JSON messages, "
                 "1 in 10 stored per watcher)", "messages/s, send -> completed", ("raw",),
                 ("raw", TARGETS["shared 10 / raw"] or 0,
                  "80% of the raw loop (target for shared 10)")),
             about={"broker": "sharedstream.testing.servicebus (own process)"
                    if backend == "server" else f"{SERVICEBUS_EMULATOR_IMAGE} (containers)",
-                   "max_messages": MAX_MESSAGES, "load_average": load,
+                   "max_messages": MAX_MESSAGES, "load_average": load, **network,
                    "done_when": "each consumer counted N complete_message calls that returned "
                                 "(shared: the producer's completions that did not raise), then "
                                 "a peek of each entity and its dead-letter sub-queue after the "

@@ -9,9 +9,15 @@ slow, never fast).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -168,6 +174,136 @@ def test_negative_delays_are_refused() -> None:
         LatencyProxy("127.0.0.1", 1, delay=-0.01)
     with pytest.raises(ValueError, match="max_chunks"):
         LatencyProxy("127.0.0.1", 1, delay=0.01, max_chunks=0)
+
+
+# -- the command: python -m sharedstream.testing.latency_proxy ---------------------------------
+
+COMMAND = [sys.executable, "-m", "sharedstream.testing.latency_proxy"]
+
+
+@contextlib.contextmanager
+def _threaded_echo() -> Iterator[int]:
+    """A blocking TCP echo server on a thread (the proxy's process connects to it); its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    while data := conn.recv(65536):
+                        conn.sendall(data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+
+
+def test_the_command_delays_a_round_trip_and_ends_cleanly_on_sigterm() -> None:
+    """The proxy as its own process: it says where it listens, a round trip takes >= the RTT,
+    SIGTERM ends it with status 0 within a few seconds."""
+    rtt = 0.06
+    with _threaded_echo() as echo_port:
+        proxy = subprocess.Popen(
+            [*COMMAND, f"127.0.0.1:{echo_port}", "--rtt-ms", "60", "--jitter-ms", "2",
+             "--seed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proxy.stdout is not None
+            line = proxy.stdout.readline()  # flushed at once: no wait for the process's end
+            found = re.fullmatch(
+                rf"listening on 127\.0\.0\.1:(\d+), 60 ms round trip to "
+                rf"127\.0\.0\.1:{echo_port}\n", line)
+            assert found is not None, line
+            with socket.create_connection(("127.0.0.1", int(found[1])), timeout=5) as client:
+                client.sendall(b"warm-up")  # pays the handshake's round trip
+                assert _recv_exactly(client, 7) == b"warm-up"
+                started = time.monotonic()
+                client.sendall(b"ping")
+                assert _recv_exactly(client, 4) == b"ping"
+                took = time.monotonic() - started
+            # jitter is at most 2 ms each way: never below rtt - 4 ms
+            assert rtt - 0.004 <= took < rtt + SLACK, took
+            started = time.monotonic()
+            proxy.send_signal(signal.SIGTERM)
+            assert proxy.wait(5) == 0
+            assert time.monotonic() - started < 5
+            assert proxy.stdout.read() == ""  # the one line only
+        finally:
+            if proxy.poll() is None:
+                proxy.kill()
+                proxy.wait()
+            proxy.stdout.close()  # type: ignore[union-attr]
+            proxy.stderr.close()  # type: ignore[union-attr]
+
+
+def test_the_command_waits_out_the_full_round_trip_without_jitter() -> None:
+    """Without jitter, a round trip through the proxy process is never shorter than the RTT."""
+    with _threaded_echo() as echo_port:
+        proxy = subprocess.Popen([*COMMAND, f"localhost:{echo_port}", "--rtt-ms", "40"],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert proxy.stdout is not None
+            port = int(re.findall(r"127\.0\.0\.1:(\d+)", proxy.stdout.readline())[0])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+                for _ in range(3):
+                    started = time.monotonic()
+                    client.sendall(b"x")
+                    assert _recv_exactly(client, 1) == b"x"
+                    assert time.monotonic() - started >= 0.04
+            proxy.send_signal(signal.SIGINT)
+            assert proxy.wait(5) == 0
+        finally:
+            if proxy.poll() is None:
+                proxy.kill()
+                proxy.wait()
+            proxy.stdout.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("args", [
+    ["no-port-here", "--rtt-ms", "20"],
+    ["127.0.0.1:http", "--rtt-ms", "20"],
+    ["127.0.0.1:70000", "--rtt-ms", "20"],
+    ["127.0.0.1:5672", "--rtt-ms", "-1"],
+    ["127.0.0.1:5672"],
+])
+def test_bad_arguments_end_the_command_with_one_line_and_status_2(args: list[str]) -> None:
+    done = subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "error:" in done.stderr
+
+
+def test_a_port_taken_ends_the_command_with_one_line_and_status_1() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        done = subprocess.run([*COMMAND, "127.0.0.1:5672", "--rtt-ms", "20", "--port",
+                               str(taken.getsockname()[1])],
+                              capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 async def _round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

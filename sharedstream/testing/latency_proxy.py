@@ -38,19 +38,35 @@ Invariants:
 for code that is not async or whose loop must not carry the proxy's work
 (a test whose client runs in a subprocess, or that blocks its own loop).
 Both listen on ``127.0.0.1`` on a free port (:attr:`LatencyProxy.port`).
+
+As a command, for a client in another process (or a broker of your own)::
+
+    python -m sharedstream.testing.latency_proxy HOST:PORT --rtt-ms 20 [--jitter-ms 2]
+                                                 [--port N] [--seed S]
+
+runs one (one-way delay = half the round trip, jitter per chunk either
+way) until SIGINT or SIGTERM, then closes every relay and exits 0. Once
+bound it prints one line to stdout, flushed, saying where it listens
+and where to: ``listening on 127.0.0.1:PORT, 20 ms round trip to
+HOST:PORT`` (:func:`main`). Bad arguments: one line on stderr, exit
+status 2; a port it cannot bind: one line, exit status 1.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import random
+import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import NoReturn
 
-__all__ = ["CONNECT_TIMEOUT", "LatencyProxy", "ProxyAddress", "latency_proxy"]
+__all__ = ["CONNECT_TIMEOUT", "LatencyProxy", "ProxyAddress", "latency_proxy", "main"]
 
 _CHUNK = 65536
 """Bytes read at once from either side."""
@@ -234,3 +250,89 @@ def latency_proxy(upstream_host: str, upstream_port: int, *, delay: float,
         thread.join(10)
         if not thread.is_alive():
             loop.close()
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def _address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> ``(host, port)``; ``ArgumentTypeError`` otherwise."""
+    host, colon, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _milliseconds(text: str) -> float:
+    """A number of milliseconds, at least 0; ``ArgumentTypeError`` otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse``, but an argument error is one line on stderr (then exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m sharedstream.testing.latency_proxy",
+        description="A TCP proxy on 127.0.0.1 that delays every byte both ways: a server "
+        "as far away as a real one. Runs until SIGINT or SIGTERM.")
+    parser.add_argument("upstream", type=_address, metavar="HOST:PORT",
+                        help="the server to relay to")
+    parser.add_argument("--rtt-ms", type=_milliseconds, required=True,
+                        help="round-trip time to add, in ms (each way: half of it)")
+    parser.add_argument("--jitter-ms", type=_milliseconds, default=0.0,
+                        help="the most a chunk's one-way delay varies either way, in ms "
+                        "(default 0)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="the port to listen on, on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--seed", type=int, default=None, help="makes the jitter repeatable")
+    return parser
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    """Run the proxy until SIGINT or SIGTERM; 1 if it cannot bind."""
+    host, port = args.upstream
+    proxy = LatencyProxy(host, port, delay=args.rtt_ms / 2000, jitter=args.jitter_ms / 1000,
+                         seed=args.seed, port=args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await proxy.start()
+    except OSError as exc:
+        print(f"error: cannot listen on 127.0.0.1:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(f"listening on 127.0.0.1:{proxy.port}, {args.rtt_ms:g} ms round trip to "
+              f"{host}:{port}", flush=True)
+        await stop.wait()
+    finally:
+        await proxy.aclose()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (see the module docstring); returns the exit status.
+
+    Argument errors leave through :class:`SystemExit` with status 2
+    (``argparse``). Signals are taken on the running thread's new event
+    loop, so call it from the main thread.
+    """
+    args = _parser().parse_args(argv)
+    return asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
