@@ -61,7 +61,9 @@ async def retrying(
     transient, or the last attempt's, is raised as ``wrap(f"{what} failed:
     ...")`` from the SDK error. Errors outside ``catch`` (and
     ``CancelledError``) pass through untouched. Each retry is logged at
-    warning level, naming ``what``.
+    warning level, naming ``what``, marked as a repeat of ``what``
+    (``extra={"repeat_key": what}``): the ``sharedstream`` commands show
+    one such line a minute per call (:mod:`sharedstream.runtime.logs`).
     """
     delays = policy.delays()
     while True:
@@ -71,6 +73,8 @@ async def retrying(
             delay = next(delays, None) if transient(exc) else None
             if delay is None:
                 raise wrap(f"{what} failed: {exc}") from exc
+            # One line per call while the broker stays away, not one per retry: the
+            # runtime's log filter holds back the repeats of a call (see REPEAT_KEY).
             log.warning("broker call failed; retrying", call=what, error=exc,
-                        delay_s=round(delay, 2))
+                        delay_s=round(delay, 2), extra={"repeat_key": what})
             await sleep(delay)

@@ -12,8 +12,13 @@ A broker that goes away makes its client library log the same error many
 times a second (aiokafka: "Unable connect to node ..."). Those lines say
 one thing: the broker is unreachable and the client keeps retrying. The
 commands let the first of each through with that said, and hide its
-repeats for ``REPEAT_WINDOW`` seconds; ``sharedstream`` loggers are never
-filtered.
+repeats for ``REPEAT_WINDOW`` seconds. Our own retry lines repeat the same
+way while a broker is away (``broker call failed; retrying``, five a
+connection attempt): a ``sharedstream`` line logged with
+``extra={REPEAT_KEY: key}`` is held back by the same filter, once per
+logger, message and ``key`` in the window, and the next one shown says how
+many were hidden (``held_back``). Every other ``sharedstream`` line, and
+trigger code's, always passes.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Any
 from sharedstream.engine.keyvalue_log import KeyValueMessage
 from sharedstream.engine.payload_json import jsonable
 
-__all__ = ["LOG_FORMATS", "REPEAT_WINDOW", "JsonFormatter", "QuietRepeats", "configure_logging"]
+__all__ = ["LOG_FORMATS", "REPEAT_KEY", "REPEAT_WINDOW", "JsonFormatter", "QuietRepeats",
+           "configure_logging"]
 
 LOG_FORMATS = ("text", "json")
 """The values of ``[logging] format``."""
@@ -38,32 +44,69 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 REPEAT_WINDOW = 60.0
 """Seconds during which a client library's repeated message is shown once."""
 
+REPEAT_KEY = "repeat_key"
+"""The record attribute (``extra={REPEAT_KEY: ...}``) marking one of our lines as a repeat."""
+
 
 class QuietRepeats(logging.Filter):
-    """Pass a library's record once per template and ``window``; ours and triggers' always."""
+    """Pass a repeating record once per kind and ``window``; every other record always.
+
+    Repeating records: a client library's (not ``sharedstream`` nor trigger
+    code's), of one kind per logger and message template; and our own lines
+    that carry a :data:`REPEAT_KEY` attribute, of one kind per logger,
+    message and that key. The first of a kind in the window passes (a
+    library's warning says it comes from the library; ours gets
+    ``repeats_hidden_s`` and, when some were hidden since the last one
+    shown, ``held_back``); the rest are dropped. Attached to the handlers:
+    it runs on the logging caller's thread, costs a dict look-up per
+    repeating record, and never raises.
+    """
 
     def __init__(self, window: float = REPEAT_WINDOW) -> None:
         super().__init__()
         self.window = window
         self._last: dict[tuple[str, object], float] = {}
+        self._hidden: dict[tuple[str, object], int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Whether ``record`` is shown (a first of its kind in the window is annotated)."""
-        if record.name == "sharedstream" or record.name.startswith("sharedstream."):
+        ours = record.name == "sharedstream" or record.name.startswith("sharedstream.")
+        repeat_key = getattr(record, REPEAT_KEY, None)
+        if ours and repeat_key is None:
             return True
-        if hasattr(record, "key_values"):  # trigger code's self.log: its lines, never a library's
+        if not ours and hasattr(record, "key_values"):  # trigger code's self.log: never a library's
             return True
-        key = (record.name, record.msg)
+        key = (record.name, (_text(record), repeat_key) if ours else record.msg)
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self.window:
+            self._hidden[key] = self._hidden.get(key, 0) + 1
             return False
         self._last[key] = now
-        if record.levelno >= logging.WARNING:
+        if ours:
+            _annotate(record, window=self.window, held_back=self._hidden.pop(key, 0))
+        elif record.levelno >= logging.WARNING:
             record.msg = (f"{record.msg} (from the client library: the broker may be "
                           f"unreachable, and it keeps retrying; repeats hidden for "
                           f"{self.window:.0f}s)")
         return True
+
+
+def _text(record: logging.LogRecord) -> str:
+    """The record's message without its key-values (its kind, for our own lines)."""
+    msg = record.msg
+    return msg.text if isinstance(msg, KeyValueMessage) else str(msg)
+
+
+def _annotate(record: logging.LogRecord, *, window: float, held_back: int) -> None:
+    """Add ``repeats_hidden_s`` (and ``held_back`` when some were) to one of our records."""
+    fields = dict(getattr(record, "key_values", None) or {})
+    fields["repeats_hidden_s"] = round(window)
+    if held_back:
+        fields["held_back"] = held_back
+    text = _text(record) % record.args if record.args else _text(record)
+    record.msg, record.args = KeyValueMessage(text, fields), ()
+    record.key_values = fields
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,5 +1,10 @@
 """The triggerer's ``progress`` log line, every ten seconds: what it did, and who is behind.
 
+A line whose keys (``new`` and ``last_commit_ms`` aside) are all the same
+as the last line's says nothing new: it is logged at DEBUG, so an idle
+triggerer writes its first progress line at INFO and then none until
+something happens (it used to write 8,640 a day).
+
 Keys (``docs/runtime.md``, Log lines): ``running``, ``stored`` and ``new``
 (since the last line), ``duplicates``, ``dag_runs`` (queued), ``rejected``,
 ``dead_lettered``, ``last_commit_ms``; when they apply, ``behind`` (the
@@ -11,6 +16,7 @@ handed to their targets).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from sharedstream.engine.keyvalue_log import key_value_logger
@@ -24,20 +30,31 @@ log = key_value_logger("sharedstream.runtime")
 
 
 async def report_progress(triggerer: Triggerer, every: float = 10.0) -> None:
-    """Log a ``progress`` line every ``every`` seconds until cancelled."""
+    """Log a ``progress`` line every ``every`` seconds until cancelled.
+
+    At INFO when something changed since the last line (the first line
+    always), else at DEBUG (see the module docstring).
+    """
     last = 0
+    said: dict[str, Any] | None = None
     while True:
         await asyncio.sleep(every)
         gate, manager = triggerer.gate, triggerer.manager
         stored = gate.stored
-        log.info(
-            "progress", running=triggerer.progress.running, stored=stored, new=stored - last,
-            duplicates=gate.duplicates, dag_runs=triggerer.runs_queued,
-            rejected=manager.totals.rejected, dead_lettered=manager.totals.dead_lettered,
-            last_commit_ms=round(gate.last_confirm_latency * 1000, 1),
+        line: dict[str, Any] = {
+            "running": triggerer.progress.running, "stored": stored, "new": stored - last,
+            "duplicates": gate.duplicates, "dag_runs": triggerer.runs_queued,
+            "rejected": manager.totals.rejected, "dead_lettered": manager.totals.dead_lettered,
+            "last_commit_ms": round(gate.last_confirm_latency * 1000, 1),
             **lag_note(triggerer), **_dispatch_note(triggerer),
-        )
-        last = stored
+        }
+        state = {key: value for key, value in line.items() if key not in _NOT_NEWS}
+        log.log(logging.INFO if state != said else logging.DEBUG, "progress", **line)
+        last, said = stored, state
+
+
+_NOT_NEWS = frozenset({"new", "last_commit_ms"})
+"""Keys whose value alone does not make a line news (``new`` is 0 when nothing changed)."""
 
 
 def lag_note(triggerer: Triggerer) -> dict[str, Any]:

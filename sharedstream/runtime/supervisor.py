@@ -3,8 +3,11 @@
 :meth:`Supervisor.supervise` is the task the triggerer runs per trigger. A
 trigger that raises is recorded in the store (error and traceback) and
 restarted with exponential backoff (back to the initial delay after
-:data:`STABLE_AFTER` seconds of running). The backoff of a shared-stream
-filter is per raw event: a failure on another raw event than the last one
+:data:`STABLE_AFTER` seconds of running; a recorded error is cleared then,
+or when a standalone trigger finishes, so ``triggers list`` shows the last
+error only while the trigger has not recovered). An exception raised while
+the supervisor is being cancelled is the stop's, never a failure. The
+backoff of a shared-stream filter is per raw event: a failure on another raw event than the last one
 starts from the initial delay again, so one bad record's delays never carry
 over to the next, and the broker's redelivery limit dead-letters each bad
 record after the same few seconds. The delay logged is the one waited
@@ -50,13 +53,27 @@ CLEANUP_TIMEOUT = 10.0
 """Seconds one trigger's ``cleanup()`` may take before it is abandoned."""
 
 STABLE_AFTER = 60.0
-"""A trigger that ran this many seconds before failing restarts with the initial backoff."""
+"""A trigger that ran this many seconds before failing restarts with the initial backoff;
+one with a recorded error that runs this long without failing has the error cleared."""
 
 
 class TriggerEnded(SharedStreamError):
     """A watcher's filter or ``run()`` ended in a way a watcher must not (restarted)."""
 
     retryable = True
+
+
+def _raise_if_stopping(exc: Exception) -> None:
+    """Raise ``CancelledError`` from ``exc`` if the running task is being cancelled.
+
+    Code that turns a cancellation into another exception (a client library
+    raising "connection closed" when its call is cancelled, a filter that
+    wraps it) would otherwise be recorded as the trigger's failure and
+    restart it after the stop was asked for, keeping the shutdown waiting.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
 
 
 class Unrunnable(SharedStreamError):
@@ -70,6 +87,7 @@ class Attempt:
     trigger_id: int
     member: Membership | None = None
     failed_on: str | None = None  # the raw event the last failure was on (its backoff's)
+    erred: bool = False  # the store holds an error of the trigger that it has not outrun yet
 
 
 @dataclass
@@ -102,6 +120,9 @@ class Supervisor:
         self._store = store
         self._db = db
         self._last_shared_error: BaseException | None = None
+        self.stable_after = STABLE_AFTER
+        """Seconds of running without failing after which a trigger's backoff starts
+        afresh and its recorded error is cleared (tests shorten it)."""
 
     def rehydrate(self, row: TriggerRow) -> BaseTrigger:
         """The trigger of ``row``, built from its class and decrypted kwargs.
@@ -120,12 +141,18 @@ class Supervisor:
         """Run ``row``'s trigger until it finishes for good, restarting it with backoff.
 
         Returns when a standalone trigger finished, or when the trigger cannot
-        run at all (marked failed); cancelled at shutdown.
+        run at all (marked failed); cancelled at shutdown. An exception the
+        trigger's code (or its SDK, or leaving its stream) raises once the
+        task is being cancelled is the stop's doing, not a failure: nothing is
+        logged or recorded, no restart follows, and ``CancelledError`` is
+        raised from it. A trigger with a recorded error that then runs
+        :attr:`stable_after` seconds without failing (or finishes) has that
+        error cleared in the store.
         """
         tconf = self._config
         backoff = tconf.restart_backoff_initial
         delay = 0.0  # before consuming (a kept subscription) or before starting again
-        attempt = Attempt(row.id)
+        attempt = Attempt(row.id, erred=row.last_error is not None)
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -133,10 +160,7 @@ class Supervisor:
             except Unrunnable as exc:
                 log.error("not running a trigger",  # noqa: TRY400 - the reason is it
                           trigger=row.id, classpath=row.classpath, error=exc)
-                await self._release(attempt)
-                await self._note_error(row.id, str(exc), "")
-                await self._note_state(row.id, "failed")
-                self.progress.unrunnable += 1
+                await self._give_up(attempt, str(exc), "")
                 return
             if attempt.member is None and delay:
                 await asyncio.sleep(delay)  # not a member: back off before starting again
@@ -146,8 +170,9 @@ class Supervisor:
             self.progress.running += 1
             instruments().triggers_running.add(1)
             try:
-                finished = await self._run_once(attempt, trigger, delay)
+                finished = await self._run_watched(attempt, trigger, delay)
             except BrokerConfigError as exc:
+                _raise_if_stopping(exc)
                 # The broker refused the stream's settings for good (no such subscription,
                 # queue or topic; no permission): restarting cannot help. Said once for the
                 # stream, recorded for each of its triggers, which are marked failed.
@@ -156,13 +181,11 @@ class Supervisor:
                               "other triggers of its stream)", trigger=row.id,
                               classpath=row.classpath, error=exc)
                 self._last_shared_error = exc
-                await self._release(attempt)
-                await self._note_error(row.id, f"{type(exc).__name__}: {exc}",
-                                       "".join(traceback.format_exception(exc)))
-                await self._note_state(row.id, "failed")
-                self.progress.unrunnable += 1
+                await self._give_up(attempt, f"{type(exc).__name__}: {exc}",
+                                    "".join(traceback.format_exception(exc)))
                 return
             except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
+                _raise_if_stopping(exc)
                 # Any failure of the trigger's own code: record it, restart it. An error
                 # every trigger of a stream gets at once (its poll ended) is said once.
                 backoff = self._backoff(attempt, backoff, loop.time() - started)
@@ -176,16 +199,55 @@ class Supervisor:
                     row.id, f"{type(exc).__name__}: {exc}",
                     "".join(traceback.format_exception(exc)),
                 )
+                attempt.erred = True
             finally:
                 self.progress.running -= 1
                 instruments().triggers_running.add(-1)
                 await self._cleanup(row.id, trigger)
             if finished:
+                if attempt.erred:
+                    await self._clear_error(attempt)
                 await self._note_state(row.id, "finished")
                 return
             self.progress.restarts += 1
             delay = backoff
             backoff = min(backoff * 2, tconf.restart_backoff_max)
+
+    async def _give_up(self, attempt: Attempt, message: str, traceback_text: str) -> None:
+        """The trigger cannot run at all: leave its stream, record why, mark it failed."""
+        await self._release(attempt)
+        await self._note_error(attempt.trigger_id, message, traceback_text)
+        await self._note_state(attempt.trigger_id, "failed")
+        self.progress.unrunnable += 1
+
+    async def _run_watched(self, attempt: Attempt, trigger: BaseTrigger, delay: float) -> bool:
+        """:meth:`_run_once`, clearing a recorded error once it ran :attr:`stable_after` seconds.
+
+        The watch is a task this call owns: cancelled and awaited before it
+        returns or raises, whatever ends the attempt.
+        """
+        if not attempt.erred:
+            return await self._run_once(attempt, trigger, delay)
+        watch = asyncio.create_task(self._clear_error_after(attempt, delay + self.stable_after),
+                                    name=f"sharedstream-trigger[{attempt.trigger_id}]-recovery")
+        try:
+            return await self._run_once(attempt, trigger, delay)
+        finally:
+            watch.cancel()
+            await asyncio.wait({watch})  # never raises: our own cancellation stays ours
+
+    async def _clear_error_after(self, attempt: Attempt, seconds: float) -> None:
+        """Clear the trigger's recorded error if its attempt is still running ``seconds`` later."""
+        await asyncio.sleep(seconds)
+        await self._clear_error(attempt)
+
+    async def _clear_error(self, attempt: Attempt) -> None:
+        """The trigger works again: say so, and clear its last error in the store."""
+        attempt.erred = False
+        log.info("trigger runs again; its last error is cleared", trigger=attempt.trigger_id)
+        store = self._store()
+        await self._note("no error", attempt.trigger_id,
+                         partial(store.clear_trigger_error, attempt.trigger_id))
 
     def _backoff(self, attempt: Attempt, backoff: float, ran_for: float) -> float:
         """The backoff after a failure, from ``backoff`` (the one before).
@@ -196,7 +258,7 @@ class Supervisor:
         failed_on = None if attempt.member is None else attempt.member.failed_on
         another = failed_on is not None and failed_on != attempt.failed_on
         attempt.failed_on = failed_on
-        if another or ran_for >= STABLE_AFTER:
+        if another or ran_for >= self.stable_after:
             return self._config.restart_backoff_initial
         return backoff
 

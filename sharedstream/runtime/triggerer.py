@@ -38,8 +38,11 @@ Shutdown (SIGINT/SIGTERM): close every stream's intake first (no new raw
 event is fanned out, whatever the backlog), give the watchers up to half of
 ``shutdown_timeout`` to work through what they already hold and the store
 to write it, then stop the triggers and groups (resolved events are
-advanced, producers closed), store the rest, exit 0 - all within
-``shutdown_timeout``. A second signal exits at once; the broker redelivers
+advanced, producers closed), store the rest, sign off in the store (its
+``triggerers`` row is deleted and its standalone triggers released, so
+nobody counts it alive), exit 0 - all within ``shutdown_timeout``. A
+trigger whose code turns the stop's cancellation into another exception
+is not failed nor restarted for it. A second signal exits at once; the broker redelivers
 whatever was not advanced.
 """
 
@@ -492,17 +495,21 @@ class Triggerer:
             await self.dispatch.stop(within=max(1.0, budget / 3))
         for task in side:
             task.cancel()
-        await self._release_standalone()
+        await self._sign_off()
 
-    async def _release_standalone(self) -> None:
-        """Hand the standalone triggers back (a clean stop): others take them now, not later."""
-        if not self._standalone:
-            return
+    async def _sign_off(self) -> None:
+        """A clean stop: hand the standalone triggers back and remove this triggerer's row.
+
+        Others take its triggers now, not after the health-check threshold,
+        and ``triggerers list`` stops showing it alive. The single database
+        thread runs this after any heartbeat still being written.
+        """
         try:
-            await self._db(self.store.release_triggers, self.triggerer_id)
+            await self._db(self.store.sign_off, self.triggerer_id)
         except Exception:
-            # Nothing is lost: they are taken over once this triggerer's heartbeat is stale.
-            log.exception("could not release this triggerer's standalone triggers")
+            # Nothing is lost: its triggers are taken over, and it counts dead, once its
+            # heartbeat is stale; retention removes the row.
+            log.exception("could not sign this triggerer off in the store")
 
     async def _finish_in_flight(self, within: float) -> None:
         """Wait until the watchers hold no raw event and the store has written everything.

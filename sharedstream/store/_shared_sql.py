@@ -206,6 +206,17 @@ class SharedSql(OutboxSql):
             (message, traceback, now, trigger_id),
         )
 
+    def clear_trigger_error(self, trigger_id: int) -> None:
+        """Forget the last error's text and traceback; its count and time stay.
+
+        :class:`StoreError` for an unknown id.
+        """
+        self._update_one_trigger(
+            "clear_trigger_error",
+            "UPDATE triggers SET last_error = NULL, last_traceback = NULL WHERE id = ?",
+            (trigger_id,),
+        )
+
     def set_trigger_state(self, trigger_id: int, state: str) -> None:
         """Set the state of an existing trigger.
 
@@ -218,6 +229,14 @@ class SharedSql(OutboxSql):
             )
         self._update_one_trigger("set_trigger_state", "UPDATE triggers SET state = ? WHERE id = ?",
                                  (state, trigger_id))
+
+    def sign_off(self, triggerer_id: str) -> None:
+        """Give up every trigger ``triggerer_id`` owns and delete its row; idempotent."""
+        with self._write("sign_off") as conn:
+            conn.execute(self._dialect.sql(
+                "UPDATE triggers SET triggerer_id = NULL WHERE triggerer_id = ?"), (triggerer_id,))
+            conn.execute(self._dialect.sql("DELETE FROM triggerers WHERE id = ?"),
+                         (triggerer_id,))
 
     def triggerers(self) -> list[TriggererRow]:
         """Every triggerer that ever sent a heartbeat, by id."""

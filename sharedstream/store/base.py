@@ -616,6 +616,16 @@ class MetadataStore(OutboxStore, Protocol):
         """Count one error of the trigger and remember it as the last one."""
         ...
 
+    def clear_trigger_error(self, trigger_id: int) -> None:
+        """The trigger works again: forget its last error's text and traceback.
+
+        ``error_count`` and ``last_error_at`` stay (how often, and when it
+        last failed), so ``triggers list`` shows an empty ``LAST_ERROR`` for
+        a trigger that recovered. Called by the supervisor (see
+        :data:`~sharedstream.runtime.supervisor.STABLE_AFTER`); idempotent.
+        """
+        ...
+
     def set_trigger_state(self, trigger_id: int, state: str) -> None:
         """Set the state (one of :data:`TRIGGER_STATES`) of an existing trigger."""
         ...
@@ -687,8 +697,20 @@ class MetadataStore(OutboxStore, Protocol):
         """
         ...
 
+    def sign_off(self, triggerer_id: str) -> None:
+        """A triggerer stopped cleanly: give up its triggers and remove its row, one transaction.
+
+        Others take its standalone triggers (and its dispatch claims) at once
+        instead of after the health-check threshold, and ``triggerers list``
+        no longer shows it as alive. A triggerer that crashed never signs off:
+        its row stays, counted dead after the threshold, until retention
+        prunes it. Idempotent. Raises :class:`StoreWriteError` on failure
+        (nothing changes; the threshold then does the same, later).
+        """
+        ...
+
     def triggerers(self) -> list[TriggererRow]:
-        """Every triggerer that ever sent a heartbeat, by id."""
+        """Every triggerer that sent a heartbeat and has not signed off nor been pruned, by id."""
         ...
 
     def list_triggers(self) -> list[TriggerRow]:

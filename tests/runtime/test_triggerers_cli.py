@@ -34,7 +34,17 @@ def test_triggerers_list_shows_the_running_triggerer_and_its_triggers(
     assert second.wait(timeout=30) == 2
     assert "already running" in d.stderr()
     assert d.stop(proc) == 0
+    # A clean stop signs off: not shown alive for the threshold's 30 s, and no row left.
+    assert d.cli("triggerers", "list").stdout == "(none)\n"
 
+
+def test_a_killed_triggerer_counts_dead_after_the_threshold(deployment: Deployment) -> None:
+    d = deployment
+    d.env["STANDALONE_AT"] = "2100-01-01T00:00:00+00:00"
+    proc = d.start(STANDALONE)
+    wait_for(lambda: bool(d.json("triggerers", "list")), what="the first heartbeat")
+    proc.kill()
+    proc.wait(timeout=10)
     d.env["SHAREDSTREAM__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD"] = "0.5"
     wait_for(lambda: d.json("triggerers", "list")[0]["alive"] is False, timeout=10,
-             what="the stopped triggerer counted dead after the threshold")
+             what="the killed triggerer counted dead after the threshold")
