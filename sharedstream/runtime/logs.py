@@ -62,6 +62,10 @@ class QuietRepeats(logging.Filter):
     repeating record, and never raises.
     """
 
+    MAX_KINDS = 1024
+    """Kinds remembered before those outside the window are forgotten (a repeat key may
+    name an offset, so the kinds seen over days are not a fixed set)."""
+
     def __init__(self, window: float = REPEAT_WINDOW) -> None:
         super().__init__()
         self.window = window
@@ -83,6 +87,8 @@ class QuietRepeats(logging.Filter):
             self._hidden[key] = self._hidden.get(key, 0) + 1
             return False
         self._last[key] = now
+        if len(self._last) > self.MAX_KINDS:
+            self._forget_before(now - self.window)
         if ours:
             _annotate(record, window=self.window, held_back=self._hidden.pop(key, 0))
         elif record.levelno >= logging.WARNING:
@@ -90,6 +96,13 @@ class QuietRepeats(logging.Filter):
                           f"unreachable, and it keeps retrying; repeats hidden for "
                           f"{self.window:.0f}s)")
         return True
+
+
+    def _forget_before(self, cutoff: float) -> None:
+        """Forget the kinds last shown before ``cutoff`` (their next one is shown anyway)."""
+        for key in [key for key, shown in self._last.items() if shown < cutoff]:
+            del self._last[key]
+            self._hidden.pop(key, None)
 
 
 def _text(record: logging.LogRecord) -> str:

@@ -71,3 +71,10 @@ def test_the_next_shown_repeat_says_how_many_were_held_back() -> None:
     assert quiet.filter(later)
     assert fields(later) == {"call": "connecting", "delay_s": 0.1, "repeats_hidden_s": 0,
                              "held_back": 2}
+
+
+def test_kinds_outside_the_window_are_forgotten_when_there_are_many() -> None:
+    quiet = QuietRepeats(window=0)
+    for offset in range(3 * QuietRepeats.MAX_KINDS):
+        assert quiet.filter(our_retry(f"committing orders/0 at {offset}"))
+    assert len(quiet._last) <= QuietRepeats.MAX_KINDS + 1
