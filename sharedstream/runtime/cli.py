@@ -33,6 +33,7 @@ from typing import Any
 from sharedstream import __version__
 from sharedstream.connections import Connection, env_connections, get_connection
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.cli_broker import add_broker_command
 from sharedstream.runtime.cli_output import (
     emit,
     open_migrated_store,
@@ -42,6 +43,7 @@ from sharedstream.runtime.cli_output import (
     to_base64,
 )
 from sharedstream.runtime.cli_runs import add_redrive_command, add_run_commands
+from sharedstream.runtime.cli_send import add_send_command
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import generate_key
@@ -222,6 +224,8 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_config_commands(commands, anywhere)
     _add_status_command(commands)
+    add_send_command(commands, _log_level)
+    add_broker_command(commands)
     return parser
 
 
