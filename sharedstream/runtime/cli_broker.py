@@ -55,11 +55,11 @@ def add_broker_command(commands: Any) -> None:
     verbs = broker.add_subparsers(title="actions", required=True, metavar="ACTION")
     start = verbs.add_parser(
         "start", help="start a local broker; print its connection; Ctrl-C stops it",
-        description="Start the testing kit's local broker on 127.0.0.1: Tansu (kafka), moto "
-        "(sqs), or the kit's Pub/Sub or Service Bus test server. Prints the connection to "
-        "paste (an environment variable or a config-file table) and a `sharedstream send` "
-        "example, then runs until Ctrl-C or SIGTERM. Nothing is kept: the broker holds its "
-        "messages in memory.",
+        description="Start the testing kit's local broker on 127.0.0.1: Tansu (kafka), moto\n"
+        "(sqs), or the kit's Pub/Sub or Service Bus test server. Prints the connection to\n"
+        "paste (an environment variable or a config-file table) and a `sharedstream send`\n"
+        "example, then runs until Ctrl-C or SIGTERM. Nothing is kept: the broker holds\n"
+        "its messages in memory.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     start.add_argument("name", metavar="BROKER", help="kafka, sqs, pubsub or servicebus")
     start.add_argument("--port", type=positive, default=None, metavar="N",
@@ -82,7 +82,8 @@ def _banner(running: RunningBroker, streams: list[str], send_options: str, log: 
     table = render_connections({conn_id: connection_from_table(conn_id, connection)},
                                mask_secrets=False)
     lines = [
-        f"{name} running at {running.address} (created: {', '.join(streams)}; log: {log})",
+        f"{name} running at {running.address}; created: {', '.join(streams)}",
+        f"its log: {log} (removed when it stops)",
         "",
         "its connection, in this shell (for sharedstream send and the triggerer):",
         f"  export {env}='{connection_json(connection)}'",

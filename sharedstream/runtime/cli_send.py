@@ -98,8 +98,8 @@ def add_send_command(commands: Any, log_level: Callable[[str], str]) -> None:
     """
     send = commands.add_parser(
         "send", help="send test messages to a broker (Kafka, SQS, Pub/Sub, Service Bus)",
-        description="Send messages to a broker with its real SDK: the --value texts, or "
-        "the lines of --file (one message body per line, e.g. JSON lines; '-' reads "
+        description="Send messages to a broker with its real SDK: the --value texts, or\n"
+        "the lines of --file (one message body per line, e.g. JSON lines; '-' reads\n"
         "stdin). Headers, attributes and keys apply to every message.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     send.add_argument("--broker", required=True, metavar="NAME",
@@ -126,8 +126,7 @@ def add_send_command(commands: Any, log_level: Callable[[str], str]) -> None:
                       "(default: a digest of the body, as content-based deduplication makes it)")
     meta.add_argument("--session-id", help="Service Bus: the session id (required by an entity "
                       "with sessions)")
-    conn = send.add_argument_group("connection (default: the local brokers of `sharedstream "
-                                   "broker start` where there is one)")
+    conn = send.add_argument_group("connection (options given win over --conn-id's)")
     conn.add_argument("--conn-id", metavar="ID",
                       help="an Airflow-style connection (environment or [connections] of the "
                       "config file), read as the broker's trigger reads it; options given win")

@@ -50,7 +50,8 @@ class RunningBroker:
     name: str
     process: subprocess.Popen[bytes]
     address: str
-    """What its clients connect to: ``host:port``, an endpoint URL, a connection string."""
+    """Where it listens: a ``host:port`` (Kafka, Pub/Sub) or an endpoint URL (``http://``,
+    ``sb://``)."""
     connection: dict[str, Any]
     """Its Airflow-style connection (``conn_type``, fields, ``extra``), as JSON or TOML."""
     stop: Callable[[subprocess.Popen[bytes]], None]
@@ -172,7 +173,8 @@ def _start_servicebus(workdir: Path, port: int | None, streams: Sequence[str]) -
 
         raise LocalBrokerError(f"--create: {exc}") from None
     process, connection_string = start_servicebus(workdir, entities=entities, port=port)
-    return RunningBroker("servicebus", process, connection_string,
+    endpoint = connection_string.split(";", 1)[0].removeprefix("Endpoint=")
+    return RunningBroker("servicebus", process, endpoint,
                          {"conn_type": "azure_service_bus", "schema": connection_string},
                          stop_servicebus)
 
