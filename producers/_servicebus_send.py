@@ -42,6 +42,10 @@ class ServiceBusSender:
         {"queue", "topic", "session_id", "connection_string", "conn_id"})
     key_option: ClassVar[str | None] = "session_id"
     batch_size: ClassVar[int] = 200
+    send_timeout: float = 30.0
+    """Seconds opening the sender, or one batch, may take: the SDK's own ``timeout`` does
+    not bound a transfer that is never settled (the kit's server leaves a message without
+    a session id for a queue with sessions so; Service Bus refuses it)."""
 
     def __init__(self, settings: ServiceBusSettings) -> None:
         """Send to ``settings.queue`` (or ``.topic``) of its namespace; no I/O yet."""
@@ -88,7 +92,11 @@ class ServiceBusSender:
                         if s.queue else
                         self._client.get_topic_sender(topic_name=s.topic, keep_alive=None))
         try:
-            await self._sender.__aenter__()
+            async with asyncio.timeout(self.send_timeout):
+                await self._sender.__aenter__()
+        except TimeoutError as exc:
+            raise SendConnectError(f"Service Bus at {s.namespace_host} did not open a sender "
+                                   f"to {self.destination} within {self.send_timeout:g} s") from exc
         except errors.ServiceBusConnectionError as exc:
             raise SendConnectError(f"cannot reach Service Bus at {s.namespace_host} "
                                    f"({type(exc).__name__})") from exc
@@ -110,7 +118,13 @@ class ServiceBusSender:
                         session_id=message.key)
                     for message in batch]
         try:
-            await self._sender.send_messages(messages)
+            async with asyncio.timeout(self.send_timeout):
+                await self._sender.send_messages(messages)
+        except TimeoutError as exc:
+            hint = ("" if any(m.key for m in batch)
+                    else " (a queue with sessions needs --session-id)")
+            raise SendFailed(f"Service Bus did not acknowledge the messages for "
+                             f"{self.destination} within {self.send_timeout:g} s{hint}") from exc
         except errors.ServiceBusError as exc:
             raise SendFailed(f"Service Bus did not take the messages for {self.destination}: "
                              f"{str(exc).splitlines()[0]}") from exc

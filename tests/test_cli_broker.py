@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -181,3 +182,14 @@ def test_the_test_servers_take_the_printed_send(start_broker: Any, tmp_path: Pat
     sent = run_sharedstream(*started.send_command(), cwd=tmp_path, env={name: value})
     assert sent.stdout == f"sent 1 message to {where}\n", sent.stderr
     _stop(started, signal.SIGINT)
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_sharedstream("broker", "start", "kafka", "--port", str(port), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"sharedstream: error: port {port} is in use on 127.0.0.1: stop "
+                             "what listens there, or give another --port (or none: a free one)\n")

@@ -261,3 +261,22 @@ async def test_servicebus_properties_and_session(servicebus_connection_string: s
             assert [b"".join(m.body).decode() for m in received] == BODIES
             assert [m.application_properties for m in received] == [{b"region": b"eu"}] * 3
             assert {m.session_id for m in received} == {session}
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # the SDK's lost sockets: tests/servicebus
+async def test_servicebus_send_that_is_never_settled_ends_in_time(
+        servicebus_connection_string: str) -> None:
+    """No session id for a queue with sessions: the kit's server never settles it; bounded."""
+    pytest.importorskip("azure.servicebus")
+    from sharedstream.brokerkit.sending import OutgoingMessage, SendFailed  # noqa: PLC0415
+    from sharedstream.producers._servicebus_send import ServiceBusSender  # noqa: PLC0415
+
+    sender = ServiceBusSender.from_options(
+        {"queue": SB_SESSION_QUEUE, "connection_string": servicebus_connection_string})
+    sender.send_timeout = 1.0
+    await sender.open()
+    try:
+        with pytest.raises(SendFailed, match="needs --session-id"):
+            await sender.send([OutgoingMessage(b"{}")])
+    finally:
+        await sender.close()

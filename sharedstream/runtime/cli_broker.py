@@ -106,6 +106,11 @@ def _broker_start(args: argparse.Namespace, config: Config) -> int:
     if local is None:
         raise SharedStreamError(f"no local broker {args.name!r}: choose from "
                                 f"{', '.join(LOCAL_BROKERS)}")
+    from sharedstream.testing.brokers.process import port_answers  # noqa: PLC0415
+
+    if args.port is not None and port_answers(args.port):  # else its answer would pass for ours
+        raise SharedStreamError(f"port {args.port} is in use on 127.0.0.1: stop what listens "
+                                "there, or give another --port (or none: a free one)")
     streams = args.create or ["orders"]
     stopping = threading.Event()
 
@@ -115,11 +120,7 @@ def _broker_start(args: argparse.Namespace, config: Config) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
     workdir = Path(tempfile.mkdtemp(prefix=f"sharedstream-{local.name}-"))
-    try:
-        running = local.start(workdir, args.port, streams)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
+    running = local.start(workdir, args.port, streams)  # a failure names its log: kept
     code = 0
     try:
         if local.create is not None:
