@@ -140,6 +140,7 @@ __all__ = [
     "PubSubRequestError",
     "PubSubSettings",
     "PubSubSharedStreamProducer",
+    "pubsub_clients",
 ]
 
 log = key_value_logger(__name__)
@@ -158,6 +159,25 @@ _Disposal = tuple[PubSubPayload, str, Sequence[Verdict]]
 
 _consumed = SourceClaims()
 """Subscriptions consumed in this process, and the settings fingerprint consuming each."""
+
+
+def pubsub_clients(host: str | None, kind: str) -> Any:
+    """A new async GAPIC client, ``kind`` ``"publisher"`` or ``"subscriber"``. No I/O yet.
+
+    With an emulator ``host`` (``host:port``) the transport is an insecure
+    channel to it, without gRPC's message size limits (:data:`CHANNEL_OPTIONS`),
+    as the SDK's own clients do; otherwise the default transport with
+    Application Default Credentials. The caller closes it
+    (``client.transport.close()``). Used by the producer, ``sharedstream
+    send`` and ``sharedstream broker start``.
+    """
+    module = _sdk(f"google.pubsub_v1.services.{kind}")
+    client_class = getattr(module, f"{kind.capitalize()}AsyncClient")
+    if not host:
+        return client_class()
+    transport = getattr(module.transports, f"{kind.capitalize()}GrpcAsyncIOTransport")
+    return client_class(transport=transport(
+        channel=_sdk("grpc").aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
 
 
 class PubSubSharedStreamProducer(SharedStreamProducer):
@@ -223,26 +243,11 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     def _clients(self, *, publisher: bool) -> tuple[Any, Any]:
         """New async GAPIC clients: a subscriber, and a publisher (or ``None``). No I/O yet.
 
-        With an emulator host (the setting, else ``PUBSUB_EMULATOR_HOST``) the
-        transport is an insecure channel to it, without gRPC's message size
-        limits (:data:`CHANNEL_OPTIONS`), as the SDK's own clients do;
-        otherwise the default transport with Application Default Credentials.
-        The caller closes them (``client.transport.close()``).
+        See :func:`pubsub_clients`. The caller closes them (``client.transport.close()``).
         """
         host = self.settings.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST")
-        subscribing = _sdk("google.pubsub_v1.services.subscriber")
-        publishing = _sdk("google.pubsub_v1.services.publisher")
-        if not host:
-            return (subscribing.SubscriberAsyncClient(),
-                    publishing.PublisherAsyncClient() if publisher else None)
-        aio = _sdk("grpc").aio
-        return (subscribing.SubscriberAsyncClient(
-                    transport=subscribing.transports.SubscriberGrpcAsyncIOTransport(
-                        channel=aio.insecure_channel(host, options=CHANNEL_OPTIONS))),
-                publishing.PublisherAsyncClient(
-                    transport=publishing.transports.PublisherGrpcAsyncIOTransport(
-                        channel=aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
-                if publisher else None)
+        subscriber = pubsub_clients(host, "subscriber")
+        return subscriber, pubsub_clients(host, "publisher") if publisher else None
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """One unary call (counted), transient errors retried, the rest wrapped."""

@@ -132,6 +132,7 @@ __all__ = [
     "SqsSettings",
     "SqsSharedStreamProducer",
     "queue_name",
+    "sqs_client",
 ]
 
 log = key_value_logger(__name__)
@@ -147,6 +148,36 @@ _sized_chunks = sized_chunks  # its name before it moved to the types module
 
 _Lease = tuple[str, str]
 """A receipt handle and the message id it belongs to."""
+
+
+def sqs_client(settings: SqsSettings) -> contextlib.AbstractAsyncContextManager[Any]:
+    """An aiobotocore SQS client of ``settings``: an async context manager, no I/O until entered.
+
+    The producer's, its re-drives' and ``sharedstream send``'s: botocore's
+    standard retries (``settings.retries``), a 5 s connect timeout, a read
+    timeout above the long poll, a connection pool for the concurrent calls.
+    """
+    s = settings
+    session = _sdk("aiobotocore.session").get_session()
+    config = _sdk("aiobotocore.config").AioConfig(**{
+        "connect_timeout": 5,
+        "read_timeout": s.wait_time_seconds + 10,
+        "retries": {"mode": "standard", "max_attempts": s.retries + 1},
+        "max_pool_connections": s.receive_concurrency + s.delete_concurrency + 4,
+        # Two per-request costs the SDK pays in Python on every call, about a
+        # fifth of its CPU per call together: checking the request against
+        # the model (ours are built here from validated settings) and
+        # rebuilding the User-Agent header twice (a fixed one instead).
+        "parameter_validation": False,
+        "user_agent": f"sharedstream/{__version__} aiobotocore/{_sdk().__version__}",
+        **dict(s.client_config),
+    })
+    extra: dict[str, Any] = {} if s.verify is None else {"verify": s.verify}
+    client: contextlib.AbstractAsyncContextManager[Any] = session.create_client(
+        "sqs", region_name=s.region_name, endpoint_url=s.endpoint_url, config=config,
+        **dict(s.credentials), **extra,
+    )
+    return client
 
 
 def _handles(payloads: Sequence[SqsPayload]) -> list[_Lease]:
@@ -235,28 +266,8 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             raise sdk_error(where, exc, exceptions) from exc
 
     def _new_client(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        """An SQS client of these settings: an async context manager, no I/O until entered."""
-        s = self.settings
-        session = _sdk("aiobotocore.session").get_session()
-        config = _sdk("aiobotocore.config").AioConfig(**{
-            "connect_timeout": 5,
-            "read_timeout": s.wait_time_seconds + 10,
-            "retries": {"mode": "standard", "max_attempts": s.retries + 1},
-            "max_pool_connections": s.receive_concurrency + s.delete_concurrency + 4,
-            # Two per-request costs the SDK pays in Python on every call, about a
-            # fifth of its CPU per call together: checking the request against
-            # the model (ours are built here from validated settings) and
-            # rebuilding the User-Agent header twice (a fixed one instead).
-            "parameter_validation": False,
-            "user_agent": f"sharedstream/{__version__} aiobotocore/{_sdk().__version__}",
-            **dict(s.client_config),
-        })
-        extra: dict[str, Any] = {} if s.verify is None else {"verify": s.verify}
-        client: contextlib.AbstractAsyncContextManager[Any] = session.create_client(
-            "sqs", region_name=s.region_name, endpoint_url=s.endpoint_url, config=config,
-            **dict(s.credentials), **extra,
-        )
-        return client
+        """An SQS client of these settings: see :func:`sqs_client`."""
+        return sqs_client(self.settings)
 
     async def _connect(self) -> None:
         s = self.settings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -90,3 +91,23 @@ class TriggererCli:
     def log(self, index: int) -> str:
         """Triggerer ``index``'s log so far."""
         return self.log_path(index).read_text(errors="replace")
+
+
+def run_sharedstream(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """``sharedstream ARGS`` as a user runs it (this tree's code first on the path); not checked.
+
+    ``env`` adds to (and overrides) the test process's environment.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "sharedstream", *args], cwd=cwd, env=cli_environment(env),
+        input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def cli_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The test process's environment with this tree first on ``PYTHONPATH``, plus ``extra``."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}

@@ -7,7 +7,9 @@
   Airflow providers' mirrors, ``sharedstream.airflow.providers`` - the demo and
   the testing kit) imports no broker module, no demo or testing code and no
   broker SDK, not even inside a function; the declared exceptions are the
-  CLI's ``demo`` command, which imports the demo when it is run, and the
+  CLI's ``demo`` command, which imports the demo when it is run, its
+  ``broker start`` command, which imports the testing kit's local brokers
+  when it is run, and the
   PostgreSQL store (``sharedstream.store.postgres`` and its private modules),
   which imports its driver, psycopg, and is itself imported only when a
   ``postgresql://`` URL is opened.
@@ -34,6 +36,7 @@ BROKER_SDKS = ("aiokafka", "kafka", "aiobotocore", "botocore", "boto3", "moto", 
                "azure", "proton", "asyncpg", "psycopg", "testcontainers")
 ALLOWED = {
     ("sharedstream.runtime.cli", "sharedstream.demo"),  # the demo command, when run
+    ("sharedstream.runtime.cli_broker", "sharedstream.testing"),  # broker start, when run
     ("sharedstream.store.postgres", "psycopg"),  # the PostgreSQL store and its driver
     ("sharedstream.store.postgres", "psycopg_pool"),
     ("sharedstream.store._postgres_events", "psycopg"),

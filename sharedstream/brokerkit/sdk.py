@@ -26,13 +26,17 @@ class OptionalSdk:
     ``package`` is the distribution's top-level module (``"aiokafka"``),
     ``extra`` the sharedstream extra that installs it (``"kafka"``), ``error``
     the broker's :class:`BrokerConfigError` subclass raised when it is
-    missing. Stateless apart from the import system's own cache; safe to call
-    from any thread.
+    missing, ``user`` who needs it, in that error (default: the
+    producer). Stateless apart from the import system's own cache; safe to
+    call from any thread.
     """
 
     def __init__(self, *, broker: str, package: str, extra: str,
-                 error: type[BrokerConfigError] = BrokerConfigError) -> None:
+                 error: type[BrokerConfigError] = BrokerConfigError,
+                 user: str | None = None) -> None:
         self.broker, self.package, self.extra, self.error = broker, package, extra, error
+        self.user = user or f"the {broker} producer"
+        """Who needs the SDK, at the head of the error (``the Kafka producer``)."""
 
     def __call__(self, module: str | None = None) -> ModuleType:
         """Import ``module`` (the package itself by default) and return it.
@@ -45,6 +49,6 @@ class OptionalSdk:
             return importlib.import_module(module or self.package)
         except ImportError as exc:
             raise self.error(
-                f"the {self.broker} producer needs {self.package}: "
+                f"{self.user} needs {self.package}: "
                 f"pip install 'sharedstream[{self.extra}]'"
             ) from exc

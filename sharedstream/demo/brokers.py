@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from sharedstream.brokerkit.sending import OutgoingMessage, Sender, send_all
 from sharedstream.engine.errors import SharedStreamError
 
-__all__ = ["DEMO_BROKERS", "DemoBroker", "WatcherTriggers", "demo_broker", "require_modules"]
+__all__ = ["DEMO_BROKERS", "DemoBroker", "WatcherTriggers", "demo_broker", "produce_with",
+           "require_modules"]
 
 TOPIC = "demo.orders"
 """The stream of the demo (a Kafka topic, a Pub/Sub topic and subscription, a Service Bus queue)."""
@@ -111,6 +113,21 @@ def require_modules(modules: Sequence[str], *, support: str, hint: str) -> None:
             found = False
         if not found:
             raise SharedStreamError(f"the demo needs {support} support: {hint}")
+
+
+async def produce_with(sender: Sender, messages: Iterable[OutgoingMessage],
+                       sent: Callable[[int], None]) -> None:
+    """:meth:`DemoBroker.produce` with the broker's sender (``sharedstream send``'s).
+
+    Opens ``sender``, sends ``messages`` in its batches (``sent(n)`` after
+    each acknowledged one) and closes it, whether it ends, fails or is
+    cancelled.
+    """
+    await sender.open()
+    try:
+        await send_all(sender, messages, sent)
+    finally:
+        await sender.close()
 
 
 DEMO_BROKERS: Mapping[str, str] = {

@@ -7,7 +7,6 @@ demo's one partition, read with a separate ``aiokafka`` consumer of the group.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import os
 import subprocess
@@ -16,8 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sharedstream.brokerkit.sending import OutgoingMessage
 from sharedstream.demo import demo_message
-from sharedstream.demo.brokers import DEAD_LETTERS, TOPIC, WatcherTriggers
+from sharedstream.demo.brokers import DEAD_LETTERS, TOPIC, WatcherTriggers, produce_with
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.testing.brokers import (
     BrokerNotInstalled,
@@ -123,22 +123,13 @@ class KafkaDemoBroker:
         await self._reader.start()
 
     async def produce(self, messages: int, sent: Callable[[int], None]) -> None:
-        """Send the records to partition 0 in chunks of 200, each chunk awaited."""
-        aiokafka: Any = importlib.import_module("aiokafka")
-        producer = aiokafka.AIOKafkaProducer(bootstrap_servers=self.bootstrap,
-                                             enable_idempotence=False, linger_ms=5)
-        await producer.start()
-        try:
-            chunk = 200
-            for start in range(0, messages, chunk):
-                futures = []
-                for index in range(start, min(start + chunk, messages)):
-                    key, value = demo_message(index)
-                    futures.append(await producer.send(TOPIC, value, key=key, partition=0))
-                await asyncio.gather(*futures)
-                sent(len(futures))
-        finally:
-            await producer.stop()
+        """Send the records (keyed by region) with ``sharedstream send``'s Kafka sender."""
+        from sharedstream.producers._kafka_send import KafkaSender  # noqa: PLC0415 - the extra
+
+        sender = KafkaSender.from_options({"topic": TOPIC, "bootstrap_servers": self.bootstrap})
+        records = (OutgoingMessage(value, key=key.decode())
+                   for key, value in map(demo_message, range(messages)))
+        await produce_with(sender, records, sent)
 
     async def advanced(self) -> int:
         """The group's committed offset of partition 0 (0 before the first commit)."""

@@ -27,8 +27,15 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sharedstream.brokerkit.sending import OutgoingMessage
 from sharedstream.demo import demo_message
-from sharedstream.demo.brokers import DEAD_LETTERS, TOPIC, WatcherTriggers, require_modules
+from sharedstream.demo.brokers import (
+    DEAD_LETTERS,
+    TOPIC,
+    WatcherTriggers,
+    produce_with,
+    require_modules,
+)
 from sharedstream.engine.errors import SharedStreamError
 
 __all__ = ["INSTALL_HINT", "PROJECT", "PubSubDemoBroker"]
@@ -138,19 +145,10 @@ class PubSubDemoBroker:
 
     async def create_stream(self) -> None:
         """The topic, its subscription (60 s ack deadline), the ``.dlq`` topic and its reader."""
-        grpc_aio: Any = importlib.import_module("grpc.aio")
-        publisher: Any = importlib.import_module("google.pubsub_v1.services.publisher")
-        publisher_transports: Any = importlib.import_module(
-            "google.pubsub_v1.services.publisher.transports")
-        subscriber: Any = importlib.import_module("google.pubsub_v1.services.subscriber")
-        subscriber_transports: Any = importlib.import_module(
-            "google.pubsub_v1.services.subscriber.transports")
-        self._publisher = publisher.PublisherAsyncClient(
-            transport=publisher_transports.PublisherGrpcAsyncIOTransport(
-                channel=grpc_aio.insecure_channel(self.host)))
-        self._subscriber = subscriber.SubscriberAsyncClient(
-            transport=subscriber_transports.SubscriberGrpcAsyncIOTransport(
-                channel=grpc_aio.insecure_channel(self.host)))
+        from sharedstream.producers.pubsub import pubsub_clients  # noqa: PLC0415 - the extra
+
+        self._publisher = pubsub_clients(self.host, "publisher")
+        self._subscriber = pubsub_clients(self.host, "subscriber")
         for name in (TOPIC, DEAD_LETTERS):
             await self._publisher.create_topic(name=_topic(name))
         await self._subscriber.create_subscription(request={
@@ -159,18 +157,17 @@ class PubSubDemoBroker:
             "name": _LETTERS_READER, "topic": _topic(DEAD_LETTERS)})
 
     async def produce(self, messages: int, sent: Callable[[int], None]) -> None:
-        """Publish the records in requests of 200 with a ``region`` attribute."""
-        types: Any = importlib.import_module("google.pubsub_v1.types")
-        chunk = 200
-        for start in range(0, messages, chunk):
-            batch = []
-            for index in range(start, min(start + chunk, messages)):
-                key, value = demo_message(index)
-                batch.append(types.PubsubMessage(data=value,
-                                                 attributes={"region": key.decode()}))
-            response = await self._publisher.publish(topic=_topic(TOPIC), messages=batch)
-            self._published += len(response.message_ids)
-            sent(len(response.message_ids))
+        """Publish the records with a ``region`` attribute (``sharedstream send``'s sender)."""
+        from sharedstream.producers._pubsub_send import PubSubSender  # noqa: PLC0415
+
+        def published(count: int) -> None:
+            self._published += count
+            sent(count)
+
+        sender = PubSubSender(project=PROJECT, topic=TOPIC, emulator_host=self.host)
+        records = (OutgoingMessage(value, properties=(("region", key.decode()),))
+                   for key, value in map(demo_message, range(messages)))
+        await produce_with(sender, records, published)
 
     async def advanced(self) -> int:
         """Messages acked: published minus outstanding on the server, never decreasing."""

@@ -23,7 +23,6 @@ sender run without the keep-alive pinger (closing would wait for it).
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import subprocess
 import time
@@ -32,13 +31,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from sharedstream.brokerkit.sending import OutgoingMessage
 from sharedstream.demo import demo_message
-from sharedstream.demo.brokers import TOPIC, WatcherTriggers, require_modules
+from sharedstream.demo.brokers import TOPIC, WatcherTriggers, produce_with, require_modules
 
 __all__ = ["INSTALL_HINT", "ServiceBusDemoBroker"]
 
 INSTALL_HINT = "pip install 'sharedstream[servicebus,testing]'"
-_BATCH = 200
 
 
 class ServiceBusDemoBroker:
@@ -54,7 +53,6 @@ class ServiceBusDemoBroker:
         self._sent = 0
         self._advanced = 0
         self._client: Any = None
-        self._sender: Any = None
         self._peeker: Any = None
 
     @classmethod
@@ -111,34 +109,29 @@ class ServiceBusDemoBroker:
     # -- the clients ----------------------------------------------------------------------
 
     async def create_stream(self) -> None:
-        """Open a client, a sender and a receiver that only peeks (the queue exists already)."""
+        """Open a client and a receiver that only peeks (the queue exists already)."""
         aio: Any = importlib.import_module("azure.servicebus.aio")
         self._client = aio.ServiceBusClient.from_connection_string(self.connection_string)
-        self._sender = self._client.get_queue_sender(queue_name=TOPIC, keep_alive=None)
         self._peeker = self._client.get_queue_receiver(queue_name=TOPIC, keep_alive=None)
-        await asyncio.gather(self._sender.__aenter__(), self._peeker.__aenter__())
+        await self._peeker.__aenter__()
 
     async def produce(self, messages: int, sent: Callable[[int], None]) -> None:
-        """Send the records in batches of 200 with a ``region`` application property.
+        """Send the records with a ``region`` application property (``sharedstream send``'s).
 
         Ends at the first batch boundary after it is cancelled, even where the
-        SDK lost the cancellation (see the comment below).
+        SDK lost the cancellation (the sender sees to it).
         """
-        message_type: Any = importlib.import_module("azure.servicebus").ServiceBusMessage
-        task = asyncio.current_task()
-        for start in range(0, messages, _BATCH):
-            batch = []
-            for index in range(start, min(start + _BATCH, messages)):
-                key, value = demo_message(index)
-                batch.append(message_type(value, application_properties={"region": key.decode()}))
-            await self._sender.send_messages(batch)
-            self._sent += len(batch)
-            sent(len(batch))
-            # A cancel that lands inside send_messages is sometimes lost (1 in 5 in a probe
-            # on Python 3.11: the call returns and the loop would send on, up to all 200,000
-            # records of the Ctrl-C test, 25 s); the request stays counted on the task.
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
+        from sharedstream.producers._servicebus_send import ServiceBusSender  # noqa: PLC0415
+
+        def counted(count: int) -> None:
+            self._sent += count
+            sent(count)
+
+        sender = ServiceBusSender.from_options(
+            {"queue": TOPIC, "connection_string": self.connection_string})
+        records = (OutgoingMessage(value, properties=(("region", key.decode()),))
+                   for key, value in map(demo_message, range(messages)))
+        await produce_with(sender, records, counted)
 
     async def advanced(self) -> int:
         """Messages sent before the queue's oldest (all sent once it is empty); never decreasing.
@@ -171,8 +164,8 @@ class ServiceBusDemoBroker:
         return count
 
     async def close(self) -> None:
-        """Close the receiver, the sender and the client; idempotent."""
-        for handle in (self._peeker, self._sender, self._client):
+        """Close the receiver and the client; idempotent."""
+        for handle in (self._peeker, self._client):
             if handle is not None:
                 await handle.close()
-        self._peeker = self._sender = self._client = None
+        self._peeker = self._client = None

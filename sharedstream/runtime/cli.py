@@ -7,9 +7,11 @@ list``, ``runs list``, ``deadletters list`` (``--json`` for machines),
 ``dags list`` (each DAG's schedule, next and last run) and ``dags next-runs
 DAG -n N`` (its next logical dates and data intervals),
 ``db upgrade`` and ``db check`` (the schema of the metadata database),
-``config show`` (the effective configuration, secrets masked) and
+``config show`` (the effective configuration, secrets masked),
 ``connections list`` / ``connections get ID`` (the Airflow-style
-connections of the config file and the environment, masked). Every
+connections of the config file and the environment, masked), ``send``
+(test messages to a broker: :mod:`.cli_send`) and ``broker start`` (a
+local broker of the testing kit: :mod:`.cli_broker`). Every
 command reaches the store through ``[store] url`` and the
 :class:`~sharedstream.store.MetadataStore` protocol, whatever the backend.
 Every error a user can cause - bad configuration, a broken definitions
@@ -33,6 +35,7 @@ from typing import Any
 from sharedstream import __version__
 from sharedstream.connections import Connection, env_connections, get_connection
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.cli_broker import add_broker_command
 from sharedstream.runtime.cli_output import (
     emit,
     open_migrated_store,
@@ -42,6 +45,7 @@ from sharedstream.runtime.cli_output import (
     to_base64,
 )
 from sharedstream.runtime.cli_runs import add_redrive_command, add_run_commands
+from sharedstream.runtime.cli_send import add_send_command
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import generate_key
@@ -96,6 +100,9 @@ examples:
   sharedstream deadletters list --json            raw events kept in the store's DLQ table
   sharedstream db check                           is the database reachable and up to date?
   sharedstream demo                               everything against a local broker
+  sharedstream broker start kafka                 a local broker; prints its connection
+  sharedstream send --broker kafka --topic orders --value '{"id": 1}'
+                                                  a test message (see `send --help`)
 
 environment:
   SHAREDSTREAM_CONFIG                   the configuration file (like --config)
@@ -108,7 +115,8 @@ environment:
 
 exit status:
   0    success (the triggerer: stopped by SIGTERM/SIGINT, or every trigger finished)
-  1    the triggerer had no trigger left it could run
+  1    the triggerer had no trigger left it could run; send: the broker could not be
+       reached or failed; broker start: the broker exited on its own
   2    bad arguments, configuration, definitions or database (one line says which)
   128+N  a second signal N (130 for Ctrl-C, 143 for SIGTERM): exited at once; the
          broker redelivers whatever was not advanced
@@ -225,6 +233,8 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_config_commands(commands, anywhere)
     _add_status_command(commands)
+    add_send_command(commands, _log_level)
+    add_broker_command(commands)
     return parser
 
 
