@@ -64,6 +64,20 @@ def test_a_dead_owners_triggers_are_taken_over_and_a_release_frees_them_at_once(
     store.release_triggers("nobody")  # idempotent, harmless
 
 
+def test_signing_off_removes_the_triggerer_and_frees_its_triggers_at_once(
+    store: MetadataStore,
+) -> None:
+    ids = define(store, 2)
+    store.heartbeat("a", "h", 1, running=ids)
+    store.heartbeat("b", "h", 2)
+    assert store.claim_triggers("a", ids, 10, 30).owned == tuple(ids)
+    store.sign_off("a")
+    assert [t.id for t in store.triggerers()] == ["b"]
+    assert store.claim_triggers("b", ids, 10, 30).owned == tuple(ids)
+    store.sign_off("a")  # idempotent, harmless
+    assert [t.id for t in store.triggerers()] == ["b"]
+
+
 def test_concurrent_claims_never_give_a_trigger_two_owners(backend: Backend) -> None:
     setup = backend.open()
     setup.migrate()

@@ -511,6 +511,19 @@ def test_error_recording_and_states(store: MetadataStore) -> None:
         store.record_trigger_error(12345, "m", "tb")
 
 
+def test_a_cleared_error_keeps_its_count_and_time(store: MetadataStore) -> None:
+    ids = define(store, {"t": ["x"]}, {})
+    store.record_trigger_error(ids["t"], "broker away", "tb")
+    store.clear_trigger_error(ids["t"])
+    store.clear_trigger_error(ids["t"])  # idempotent
+    row = store.get_trigger(ids["t"])
+    assert row is not None
+    assert (row.error_count, row.last_error, row.last_traceback) == (1, None, None)
+    assert row.last_error_at is not None
+    with pytest.raises(StoreError, match="no trigger"):
+        store.clear_trigger_error(12345)
+
+
 def test_heartbeats(store: MetadataStore) -> None:
     store.heartbeat("t-2", "host-b", 20)
     store.heartbeat("t-1", "host-a", 10)
