@@ -3,11 +3,8 @@
 :meth:`Supervisor.supervise` is the task the triggerer runs per trigger. A
 trigger that raises is recorded in the store (error and traceback) and
 restarted with exponential backoff (back to the initial delay after
-:data:`STABLE_AFTER` seconds of running; a recorded error is cleared then,
-or when a standalone trigger finishes, so ``triggers list`` shows the last
-error only while the trigger has not recovered). An exception raised while
-the supervisor is being cancelled is the stop's, never a failure. The
-backoff of a shared-stream filter is per raw event: a failure on another raw event than the last one
+:data:`STABLE_AFTER` seconds of running). The backoff of a shared-stream
+filter is per raw event: a failure on another raw event than the last one
 starts from the initial delay again, so one bad record's delays never carry
 over to the next, and the broker's redelivery limit dead-letters each bad
 record after the same few seconds. The delay logged is the one waited
@@ -18,6 +15,14 @@ refused its stream's settings for good is marked failed and not restarted.
 its stream, kept across restarts (:class:`Attempt`); every event it yields
 is packed here and offered to the persistence gate with its seq, and a
 payload the store could not take rejects its raw event instead.
+
+The store holds a trigger's current error, not its history: a recorded
+error is cleared once the trigger has run :data:`STABLE_AFTER` seconds
+without failing again, or when a standalone trigger finishes (the count
+and time stay). Stopping is not failing: an exception raised while the
+supervisor is being cancelled is the stop's (nothing logged, recorded or
+restarted), and a failure after the triggerer's stop began
+(:attr:`Supervisor.stopping`) is recorded but not restarted.
 """
 
 from __future__ import annotations
@@ -120,6 +125,9 @@ class Supervisor:
         self._store = store
         self._db = db
         self._last_shared_error: BaseException | None = None
+        self.stopping = False
+        """Set by the triggerer when its graceful stop begins: a trigger that fails from
+        then on is recorded but not restarted (its supervisor returns)."""
         self.stable_after = STABLE_AFTER
         """Seconds of running without failing after which a trigger's backoff starts
         afresh and its recorded error is cleared (tests shorten it)."""
@@ -186,20 +194,12 @@ class Supervisor:
                 return
             except Exception as exc:  # noqa: BLE001 - the trigger's own code failed
                 _raise_if_stopping(exc)
-                # Any failure of the trigger's own code: record it, restart it. An error
-                # every trigger of a stream gets at once (its poll ended) is said once.
+                # Any failure of the trigger's own code: record it, restart it (unless the
+                # triggerer is stopping: the broker redelivers what it was on).
                 backoff = self._backoff(attempt, backoff, loop.time() - started)
-                if exc is not self._last_shared_error:
-                    log.warning("trigger failed; restarting", trigger=row.id,
-                                classpath=row.classpath, error=exc,
-                                delay_s=round(self._waited(attempt, backoff), 2),
-                                raw_event=attempt.failed_on)
-                self._last_shared_error = exc
-                await self._note_error(
-                    row.id, f"{type(exc).__name__}: {exc}",
-                    "".join(traceback.format_exception(exc)),
-                )
-                attempt.erred = True
+                await self._failed(row, attempt, exc, backoff)
+                if self.stopping:
+                    return
             finally:
                 self.progress.running -= 1
                 instruments().triggers_running.add(-1)
@@ -212,6 +212,27 @@ class Supervisor:
             self.progress.restarts += 1
             delay = backoff
             backoff = min(backoff * 2, tconf.restart_backoff_max)
+
+    async def _failed(self, row: TriggerRow, attempt: Attempt, exc: Exception,
+                      backoff: float) -> None:
+        """Log and record a failure of the trigger's code; ``backoff``: the delay before the next.
+
+        An error every trigger of a stream gets at once (its poll ended) is
+        logged once, for the first of them; each records it.
+        """
+        if exc is not self._last_shared_error:
+            if self.stopping:
+                log.warning("trigger failed while stopping; not restarted", trigger=row.id,
+                            classpath=row.classpath, error=exc, raw_event=attempt.failed_on)
+            else:
+                log.warning("trigger failed; restarting", trigger=row.id,
+                            classpath=row.classpath, error=exc,
+                            delay_s=round(self._waited(attempt, backoff), 2),
+                            raw_event=attempt.failed_on)
+        self._last_shared_error = exc
+        await self._note_error(row.id, f"{type(exc).__name__}: {exc}",
+                               "".join(traceback.format_exception(exc)))
+        attempt.erred = True
 
     async def _give_up(self, attempt: Attempt, message: str, traceback_text: str) -> None:
         """The trigger cannot run at all: leave its stream, record why, mark it failed."""

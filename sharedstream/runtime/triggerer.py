@@ -473,6 +473,7 @@ class Triggerer:
         gate_task: asyncio.Task[None],
     ) -> None:
         budget = self.config.triggerer.shutdown_timeout
+        self.supervisor.stopping = True  # a trigger failing from now on is not restarted
         self.manager.intake.close("stopping")  # from now on, only what is in flight
         assignment.close()  # no standalone trigger starts from now on
         heartbeat.cancel()  # nor is one claimed (the lease runs out, or is released below)

@@ -5,7 +5,8 @@ port (an unreachable broker): our own ``broker call failed; retrying``
 lines are held back like a client library's repeats, one per call a
 minute. An idle one logs its first ``progress`` line at INFO and the
 unchanged ones after it at DEBUG. A filter whose client turns the stop's
-cancellation into an error is not reported as failed after ``stopping``.
+cancellation into an error is not reported as failed after ``stopping``;
+one that really fails while the triggerer stops is not restarted.
 """
 
 from __future__ import annotations
@@ -74,3 +75,25 @@ def test_a_trigger_stopped_by_the_stop_is_not_a_failure(deployment: Deployment) 
     [closing] = [row for row in d.json("triggers", "list")
                  if row["classpath"].endswith(".ClosingFileLogTrigger")]
     assert (closing["errors"], closing["last_error"]) == (0, None)
+
+
+def test_a_trigger_failing_while_stopping_is_not_restarted(deployment: Deployment) -> None:
+    d = deployment
+    mark = d.dir / "failing"
+    d.env.update(STOP_FAIL_MARK=str(mark), STOP_FAIL_AFTER="1")
+    d.append({"kind": "order", "amount": 1}, {"kind": "order", "amount": 2})
+    proc = d.start(CLOSING)
+    # The second order waits for the late filter, so the stop waits for it (in flight).
+    wait_for(mark.exists, what="the late filter on its order")
+    signalled = time.monotonic()
+    assert d.stop(proc) == 0  # while the filter still holds the order
+    assert time.monotonic() - signalled < 10, d.stderr()
+    log = d.stderr()
+    assert "trigger failed; restarting" not in log, log
+    stopping = log.index("stopping (")
+    failed = log.index("trigger failed while stopping; not restarted")
+    assert stopping < failed
+    assert "error=ValueError('cannot handle order 0')" in log[failed:]
+    [late] = [row for row in d.json("triggers", "list")
+              if row["classpath"].endswith(".FailsLateFileLogTrigger")]
+    assert (late["errors"], late["last_error"]) == (1, "ValueError: cannot handle order 0")
