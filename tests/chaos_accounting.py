@@ -136,11 +136,17 @@ class Reality:
 
 
 def parse_idem_key(trigger_id: int, idem_key: str | None) -> StoredEvent:
-    """``<trigger id>/<source>#<index>`` -> :class:`StoredEvent` (no key: source ``None``)."""
+    """``<trigger id>/<source>#<index>`` -> :class:`StoredEvent` (no key: source ``None``).
+
+    A new message that reused a stored one's name is stored under
+    ``<trigger id>/<source>#<index>#<fingerprint>``: the same source and index.
+    """
     if idem_key is None:
         return StoredEvent(trigger_id, None, 0)
     prefix, _, rest = idem_key.partition("/")
     source, _, index = rest.rpartition("#")
+    if not index.isdigit() and "#" in source:  # renamed: the fingerprint follows the index
+        source, _, index = source.rpartition("#")
     if prefix != str(trigger_id) or not source or not index.isdigit():
         raise AssertionError(f"trigger {trigger_id}: unexpected idempotency key {idem_key!r}")
     return StoredEvent(trigger_id, source, int(index))
