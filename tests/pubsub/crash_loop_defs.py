@@ -20,6 +20,7 @@ from tests.paced_poison import PacedPoison
 
 PACE = float(os.environ.get("PUBSUB_TEST_PACE", "0.1"))
 MAX_REDELIVERIES = int(os.environ.get("PUBSUB_TEST_MAX_REDELIVERIES", "0"))
+MAX_IN_FLIGHT = int(os.environ.get("PUBSUB_TEST_MAX_IN_FLIGHT", "10"))
 
 
 class Slow(PacedPoison, PubSubSharedStreamTrigger):
@@ -33,6 +34,6 @@ every = Asset("every", watchers=[AssetWatcher("all", trigger=Slow(
     subscription=os.environ.get("PUBSUB_TEST_SUBSCRIPTION", "orders"),
     dead_letter_topic=os.environ.get("PUBSUB_TEST_DLQ") or None,
     ack_deadline=10,  # Pub/Sub's shortest: a killed triggerer's leases lapse within 10 s
-    max_in_flight=10, max_redeliveries=MAX_REDELIVERIES,
+    max_in_flight=MAX_IN_FLIGHT, max_redeliveries=MAX_REDELIVERIES,
     payload_format="json",
 ))])

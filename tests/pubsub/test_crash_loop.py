@@ -49,11 +49,12 @@ class CrashLoopDeployment(Deployment):
     policy (without one Pub/Sub reports no ``delivery_attempt``), ``total`` messages sent."""
 
     def __init__(self, server: RestartableServer, workdir: Path, *, total: int,
-                 max_redeliveries: int = 0) -> None:
+                 max_redeliveries: int = 0, max_in_flight: int = 10) -> None:
         super().__init__(server, workdir, body=message)
         self.total = total
         self.cli = TriggererCli(workdir, {
-            **self.cli.env, "PUBSUB_TEST_MAX_REDELIVERIES": str(max_redeliveries)}, DEFINITIONS)
+            **self.cli.env, "PUBSUB_TEST_MAX_REDELIVERIES": str(max_redeliveries),
+            "PUBSUB_TEST_MAX_IN_FLIGHT": str(max_in_flight)}, DEFINITIONS)
         self.letters: list[DeadLetterRecord] = []
 
     def create(self) -> None:
@@ -133,17 +134,20 @@ def test_a_killed_triggerer_dead_letters_no_healthy_message(tmp_path: Path) -> N
 
 STORM_KILLS = int(os.environ.get("STORM_KILLS", "10"))
 STORM_MAX_REDELIVERIES = int(os.environ.get("STORM_MAX_REDELIVERIES", "1"))
+STORM_IN_FLIGHT = int(os.environ.get("STORM_IN_FLIGHT", "50"))
 
 
 @pytest.mark.slow  # about a minute and a half
 @pytest.mark.timeout(900)
 def test_a_kill_storm_dead_letters_no_healthy_message(tmp_path: Path) -> None:
     """``STORM_KILLS`` kills (10) at random moments, ``max_redeliveries``
-    ``STORM_MAX_REDELIVERIES`` (1), 300 messages: only the poison is dead-lettered."""
+    ``STORM_MAX_REDELIVERIES`` (1), ``max_in_flight`` ``STORM_IN_FLIGHT`` (50), 300
+    messages: only the poison is dead-lettered."""
     chance = random.Random(29)
     with running(pubsub_process(tmp_path)) as server:
         d = CrashLoopDeployment(server, tmp_path, total=300,
-                                max_redeliveries=STORM_MAX_REDELIVERIES)
+                                max_redeliveries=STORM_MAX_REDELIVERIES,
+                                max_in_flight=STORM_IN_FLIGHT)
         try:
             d.create()
             stored = [d.kill_after(i, ready=0, then=chance.uniform(1.5, 3.0))

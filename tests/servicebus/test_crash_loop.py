@@ -15,7 +15,9 @@ and the kit's server.
   comes back a suspect (before the store counted failures: 6 of 40
   healthy messages dead-lettered plain, 6 with sessions);
 * a storm (slow suite): ``STORM_KILLS`` kills (10) at random moments with
-  ``max_redeliveries`` ``STORM_MAX_REDELIVERIES`` (1), over 300 messages.
+  ``max_redeliveries`` ``STORM_MAX_REDELIVERIES`` (1) and ``max_in_flight``
+  ``STORM_IN_FLIGHT`` (50: each kill leaves that many to come again), over
+  300 messages.
 """
 
 from __future__ import annotations
@@ -55,13 +57,14 @@ class Storm:
     """A queue of ``total`` messages (one poison), and the CLI over ``crash_loop_defs.py``."""
 
     def __init__(self, server: Any, workdir: Path, queue: str, *, sessions: bool, total: int,
-                 max_redeliveries: int) -> None:
+                 max_redeliveries: int, max_in_flight: int = 10) -> None:
         self.d = d = Deployment(server, workdir, queue, sessions=sessions)
         d.cli = TriggererCli(workdir, {
             **os.environ, "PYTHONPATH": str(ROOT), **TRIGGERER_ENV,
             "SERVICEBUS_TEST_CONNECTION_STRING": d.string, "SERVICEBUS_TEST_QUEUE": queue,
             "SERVICEBUS_TEST_SESSIONS": "1" if sessions else "",
-            "SERVICEBUS_TEST_MAX_REDELIVERIES": str(max_redeliveries)}, DEFINITIONS)
+            "SERVICEBUS_TEST_MAX_REDELIVERIES": str(max_redeliveries),
+            "SERVICEBUS_TEST_MAX_IN_FLIGHT": str(max_in_flight)}, DEFINITIONS)
         self.total = total
         with d.client() as client, client.get_queue_sender(queue) as sender:
             for start in range(0, total, 100):
@@ -136,6 +139,7 @@ def test_a_killed_triggerer_dead_letters_no_healthy_message(tmp_path: Path,
 
 STORM_KILLS = int(os.environ.get("STORM_KILLS", "10"))
 STORM_MAX_REDELIVERIES = int(os.environ.get("STORM_MAX_REDELIVERIES", "1"))
+STORM_IN_FLIGHT = int(os.environ.get("STORM_IN_FLIGHT", "50"))
 
 
 @pytest.mark.slow  # about a minute each
@@ -147,7 +151,7 @@ def test_a_kill_storm_dead_letters_no_healthy_message(tmp_path: Path, sessions: 
     with running(servicebus_process(tmp_path, queue, sessions=sessions,
                                     max_delivery_count=2000)) as server:
         storm = Storm(server, tmp_path, queue, sessions=sessions, total=300,
-                      max_redeliveries=STORM_MAX_REDELIVERIES)
+                      max_redeliveries=STORM_MAX_REDELIVERIES, max_in_flight=STORM_IN_FLIGHT)
         stored = [storm.kill_after(i, ready=0, then=chance.uniform(1.5, 3.0))
                   for i in range(STORM_KILLS)]
         log = storm.finish(STORM_KILLS)
