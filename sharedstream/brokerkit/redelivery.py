@@ -39,7 +39,7 @@ from sharedstream.engine.producer import AdvanceOutcome, SharedStreamProducer
 
 __all__ = ["CEILING_FACTOR", "DeliveryTally", "PoisonCheck", "RedeliveryPolicy"]
 
-CEILING_FACTOR = 4
+CEILING_FACTOR = 10
 """A message delivered more than this many times ``max_redeliveries + 1`` is poison, whatever
 the failure ledger says (:attr:`RedeliveryPolicy.ceiling`)."""
 
@@ -80,7 +80,11 @@ class RedeliveryPolicy:
 
         ``CEILING_FACTOR * (max_redeliveries + 1)``: a message that kills
         the process (or hangs it until it is killed) never records a
-        failure, and must not come back forever.
+        failure, and must not come back forever. Generous, because a healthy
+        message also gathers deliveries without a failure: every kill of a
+        crash loop while it waits, received, behind others (4 was too few:
+        a storm of 10 kills with 50 messages in flight and
+        ``max_redeliveries`` 1 dead-lettered one healthy message).
         """
         return CEILING_FACTOR * (self.max_redeliveries + 1)
 

@@ -97,8 +97,8 @@ def test_the_ledger_decides_whether_a_suspect_is_poison(caplog: pytest.LogCaptur
 
 def test_past_the_ceiling_a_message_is_poison_whatever_the_ledger_says() -> None:
     check = _check(_Ledger({}), max_redeliveries=1)
-    assert check.policy.ceiling == 8
-    assert asyncio.run(check.confirmed({0: ("a", 8), 1: ("b", 9)})) == {1}
+    assert check.policy.ceiling == 20
+    assert asyncio.run(check.confirmed({0: ("a", 20), 1: ("b", 21)})) == {1}
 
 
 def test_without_a_ledger_the_broker_s_count_decides() -> None:
