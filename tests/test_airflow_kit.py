@@ -19,11 +19,14 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -191,6 +194,29 @@ def test_a_component_that_dies_at_start_is_named_and_nothing_is_left_running(
     assert log.is_file()  # kept for reading
     assert not port_answers(int(broken.url.rpartition(":")[2]))
     shutil.rmtree(broken.home)
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
+def test_a_hung_scheduler_is_started_again(airflow_server: AirflowServer, tmp_path: Path) -> None:
+    # Its heartbeat is called stale after 5 s here (30 s by default), and the kit waits 5 s more.
+    hanging = AirflowServer(tmp_path, components=("scheduler",), hang_timeout=5.0, environment={
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "5"})
+    with hanging:
+        os.killpg(hanging._processes["scheduler"].pid, signal.SIGSTOP)  # alive, and silent
+
+        deadline = time.monotonic() + 90
+        while hanging.restarts.get("scheduler", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert hanging.restarts == {"scheduler": 1}
+        while time.monotonic() < deadline:
+            health = hanging.request("GET", "/api/v2/monitor/health")[1]
+            if isinstance(health, dict) and health["scheduler"]["status"] == "healthy":
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the scheduler did not become healthy again: {health}")
+        assert (hanging.home / "logs-of-processes" / "scheduler.log.1").is_file()
 
 
 # -- the virtualenv cache, without Airflow ----------------------------------------------------

@@ -34,6 +34,11 @@ Guarantees:
    a second, as a process supervisor would (an SQLite Airflow's scheduler
    exits on a long ``database is locked``); :attr:`AirflowServer.restarts`
    counts it. The SQLite database is in WAL mode, which makes that rare.
+7. Once started, a component the health endpoint reports unhealthy (no
+   heartbeat) for ``hang_timeout`` s while its process runs is stopped and
+   started again, as a liveness probe would: a scheduler that hung after an
+   ``httpx.ReadTimeout`` from its own API server on a loaded machine left
+   every later run ``queued``. Counted in :attr:`AirflowServer.restarts` too.
 
 Per server, the API's ``admin`` gets a generated password, and the fernet
 key and API and JWT secrets are generated once and shared by the components
@@ -120,7 +125,9 @@ class AirflowServer:
     :data:`COMPONENTS`); ``extra`` are more requirements for the virtualenv
     (a provider); ``environment`` goes into the components' environment
     last (``AIRFLOW_CONN_*``, settings of your own, what a DAG file reads);
-    ``keep`` leaves :attr:`home` in place after :meth:`stop`. :meth:`request`
+    ``keep`` leaves :attr:`home` in place after :meth:`stop`; ``hang_timeout``
+    is how long a running component may be reported unhealthy before it is
+    started again (guarantee 7 of the module). :meth:`request`
     and :meth:`token` may be called from several threads; starting,
     restarting and stopping are for one thread.
 
@@ -135,7 +142,8 @@ class AirflowServer:
     def __init__(self, dags_folder: Path, *, version: str = DEFAULT_AIRFLOW_VERSION,
                  components: Collection[str] = DEFAULT_COMPONENTS,
                  extra: Sequence[str] = (), environment: Mapping[str, str] | None = None,
-                 keep: bool = False, start_timeout: float = 120.0) -> None:
+                 keep: bool = False, start_timeout: float = 120.0,
+                 hang_timeout: float = 30.0) -> None:
         unknown = set(components) - set(COMPONENTS)
         if unknown:
             raise ValueError(f"unknown Airflow components {sorted(unknown)}; known: {COMPONENTS}")
@@ -146,7 +154,8 @@ class AirflowServer:
         self.url = ""
         self._components = [name for name in COMPONENTS if name in components]
         self._extra, self._environment = tuple(extra), dict(environment or {})
-        self._keep, self._start_timeout = keep, start_timeout
+        self._keep, self._start_timeout, self._hang_timeout = keep, start_timeout, hang_timeout
+        self._unhealthy_since: dict[str, float] = {}
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._env: dict[str, str] = {}
         self._airflow = ""
@@ -209,28 +218,54 @@ class AirflowServer:
         return self
 
     def _keep_alive(self) -> None:
-        """Start again, as a process supervisor would, a component that exited by itself.
+        """Start again, as a process supervisor would, a component that exited or hung.
 
         An SQLite Airflow's scheduler exits on a long ``database is locked``
         (seen after a burst of run creations, and after an API server restart
-        in about one session in ten). Each restart is counted in
-        :attr:`restarts` and said on stderr; the dead one's log is kept as
-        ``<component>.log.<n>``.
+        in about one session in ten), and once hung with no heartbeat after an
+        ``httpx.ReadTimeout`` from its API server on a loaded machine. Each
+        restart is counted in :attr:`restarts` and said on stderr; the old
+        process's log is kept as ``<component>.log.<n>``.
         """
         while not self._stopping.wait(1.0):
+            hung = self._hung_components()
             with self._lifecycle:
                 if self._stopping.is_set():
                     return
                 for name, process in list(self._processes.items()):
-                    if process.poll() is None:
+                    if process.poll() is None and name not in hung:
                         continue
+                    if process.poll() is None:
+                        why = f"reported unhealthy for {self._hang_timeout:.0f} s"
+                        _stop_groups([process])
+                    else:
+                        why = f"exited with {process.returncode}"
+                    self._unhealthy_since.pop(name, None)
                     self.restarts[name] = self.restarts.get(name, 0) + 1
                     log = self._log(name)
                     with contextlib.suppress(OSError):
                         log.rename(log.with_name(f"{log.name}.{self.restarts[name]}"))
-                    print(f"airflow kit: {name} exited with {process.returncode}; starting it "
-                          f"again (restart {self.restarts[name]})", file=sys.stderr)
+                    print(f"airflow kit: {name} {why}; starting it again "
+                          f"(restart {self.restarts[name]})", file=sys.stderr)
                     self._start_component(name)
+
+    def _hung_components(self) -> set[str]:
+        """Components the health endpoint has called unhealthy for ``hang_timeout`` s, by name.
+
+        A component not reported (the API server is down, or restarting) keeps
+        its clock: only an answer saying "healthy" resets it.
+        """
+        health = self._health()
+        if not isinstance(health, dict):
+            return set()
+        now, hung = time.monotonic(), set()
+        for name in self._components:
+            report = health.get(name.replace("-", "_"))
+            if isinstance(report, dict) and report.get("status") == "healthy":
+                self._unhealthy_since.pop(name, None)
+            elif now - self._unhealthy_since.setdefault(name, now) >= self._hang_timeout:
+                hung.add(name)
+        return hung
 
     def restart_api_server(self) -> None:
         """Stop the API server's process group, start it again on the same port, wait until healthy.
@@ -486,13 +521,15 @@ def _stop_groups(processes: Sequence[subprocess.Popen[bytes]]) -> None:
 def airflow_server(dags_folder: Path, *, version: str = DEFAULT_AIRFLOW_VERSION,
                    components: Collection[str] = DEFAULT_COMPONENTS,
                    extra: Sequence[str] = (), environment: Mapping[str, str] | None = None,
-                   keep: bool = False, start_timeout: float = 120.0) -> Iterator[AirflowServer]:
+                   keep: bool = False, start_timeout: float = 120.0,
+                   hang_timeout: float = 30.0) -> Iterator[AirflowServer]:
     """Run Airflow on ``dags_folder`` for the ``with`` block; yields the :class:`AirflowServer`.
 
     The arguments are :class:`AirflowServer`'s; raises what its ``start``
     raises. The server is stopped when the block ends, however it ends.
     """
     server = AirflowServer(dags_folder, version=version, components=components, extra=extra,
-                           environment=environment, keep=keep, start_timeout=start_timeout)
+                           environment=environment, keep=keep, start_timeout=start_timeout,
+                           hang_timeout=hang_timeout)
     with server:
         yield server
