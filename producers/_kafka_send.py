@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.sending import OutgoingMessage, SendConnectError, SendFailed
-from sharedstream.connection_settings import resolve_inline
+from sharedstream.connections.settings import resolve_inline
 from sharedstream.producers._kafka_types import KafkaConfigError, KafkaSettings, sending_config
 from sharedstream.triggers.kafka import kafka_settings_from_connection
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.sending import OutgoingMessage, SendConnectError, SendFailed
-from sharedstream.connection_settings import resolve_inline
+from sharedstream.connections.settings import resolve_inline
 from sharedstream.producers._sqs_types import sdk_error, sized_chunks
 from sharedstream.producers.sqs import (
     SqsConfigError,

@@ -14,9 +14,21 @@
   which imports its driver, psycopg, and is itself imported only when a
   ``postgresql://`` URL is opened.
 
+* the timetables import only themselves, the assets and the engine (a
+  lower floor never reaches up into the runtime), and the assets and the
+  connections only what is below them;
+* no module of the package, broker modules included, imports itself back
+  through others: there is no import circle, and the circles that were
+  broken (the engine's resolution modules, the manager and its
+  memberships, the triggerer and its operations modules, the timetable
+  contract and its built-ins) are named, so a new one fails with its name;
+* the package root holds no loose module: every part has its folder.
+
 Every import is read from the syntax tree (``import``, ``from``, and
 ``importlib.import_module`` with a literal name), so a lazy import inside a
-function counts as much as one at the top.
+function, or one under ``if TYPE_CHECKING:``, counts as much as one at the
+top: a circle is broken by moving the shared piece down or by a protocol,
+not by hiding an import from the checker.
 """
 
 from __future__ import annotations
@@ -47,7 +59,28 @@ LAYERS = {
     "sharedstream.engine": ("sharedstream.engine", "opentelemetry"),
     "sharedstream.store": ("sharedstream.store", "sharedstream.engine"),
     "sharedstream.brokerkit": ("sharedstream.brokerkit", "sharedstream.engine"),
+    "sharedstream.assets": ("sharedstream.assets", "sharedstream.engine"),
+    "sharedstream.timetables": ("sharedstream.timetables", "sharedstream.assets",
+                                "sharedstream.engine"),
+    "sharedstream.connections": ("sharedstream.connections", "sharedstream.brokerkit",
+                                 "sharedstream.engine"),
 }
+# Import circles that were broken (issue 31): each named so its return fails by name.
+BROKEN_CIRCLES = {
+    "engine resolution": ("sharedstream.engine.resolution", "sharedstream.engine.ack_subscriber",
+                          "sharedstream.engine.failures", "sharedstream.engine.seqs"),
+    "engine manager": ("sharedstream.engine.manager", "sharedstream.engine.membership"),
+    "triggerer and ops": ("sharedstream.runtime.triggerer", "sharedstream.runtime.ops",
+                          "sharedstream.runtime.api", "sharedstream.runtime.ops_view",
+                          "sharedstream.runtime.ops_metrics", "sharedstream.runtime.ops_dispatch",
+                          "sharedstream.runtime.progress_log"),
+    "timetables": ("sharedstream.timetables.base", "sharedstream.timetables.interval",
+                   "sharedstream.timetables.simple", "sharedstream.timetables.trigger",
+                   "sharedstream.timetables.assets", "sharedstream.runtime.definitions"),
+}
+# What may stand loose at the package root: the package, ``python -m`` and the public
+# names of a definitions file. Everything else lives in a folder that says what it is.
+ROOT_MODULES = ("__init__.py", "__main__.py", "definitions.py")
 
 
 def module_name(path: Path) -> str:
@@ -60,6 +93,56 @@ def core_modules() -> Iterator[tuple[str, Path]]:
         name = module_name(path)
         if not name.startswith(OUTSIDE_CORE):
             yield name, path
+
+
+def all_modules() -> dict[str, Path]:
+    """Every module of the package by name, the broker modules (symlinked folders) too."""
+    paths = [*PACKAGE.rglob("*.py"), *PACKAGE.glob("producers/*.py"),
+             *PACKAGE.glob("triggers/*.py")]
+    return {module_name(path): path for path in sorted(paths)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports, anywhere in it.
+
+    An imported name that is not a module (``from pkg.mod import Name``
+    read as ``pkg.mod.Name``) stands for the module that holds it, and a
+    package for its ``__init__``.
+    """
+    modules = all_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in imports(path, name):
+            target = imported
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    return seen
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each a sorted list of modules that reach each other."""
+    reach = {module: reachable(graph, module) for module in graph}
+    found = {
+        frozenset(other for other in reach[module] if module in reach[other])
+        for module in graph if module in reach[module]
+    }
+    return sorted(sorted(circle) for circle in found)
 
 
 def imports(path: Path, name: str) -> Iterator[str]:
@@ -75,8 +158,8 @@ def imports(path: Path, name: str) -> Iterator[str]:
             target = (f"{base}.{node.module}" if node.module else base) if node.level else (
                 node.module or "")
             yield target
-            if target in ("sharedstream", "sharedstream.engine"):  # from sharedstream import x
-                yield from (f"{target}.{alias.name}" for alias in node.names)
+            # from sharedstream import producers; from pkg import module: the module too
+            yield from (f"{target}.{alias.name}" for alias in node.names if alias.name != "*")
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr == "import_module" and node.args
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
@@ -138,3 +221,36 @@ def test_importing_all_of_core_loads_no_sdk() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, timeout=60)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_package_has_no_import_circle() -> None:
+    assert circles(import_graph()) == []
+
+
+@pytest.mark.parametrize("circle", sorted(BROKEN_CIRCLES))
+def test_a_broken_circle_stays_broken(circle: str) -> None:
+    members = set(BROKEN_CIRCLES[circle])
+    graph = import_graph()
+    assert members <= graph.keys()
+    back = [sorted(set(found) & members) for found in circles(graph)
+            if len(set(found) & members) > 1]
+    assert back == []
+
+
+def test_the_circle_finder_sees_a_circle_through_a_type_checking_import(tmp_path: Path) -> None:
+    probe = PACKAGE / "engine" / "seqs.py"
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from sharedstream.engine.resolution import ResolutionBook\n"
+    )
+    graph = import_graph()
+    graph["sharedstream.engine.seqs"] = set(imports(source, module_name(probe))) & graph.keys()
+    pair = {"sharedstream.engine.resolution", "sharedstream.engine.seqs"}
+    assert any(pair <= set(circle) for circle in circles(graph))
+
+
+def test_the_package_root_holds_no_loose_module() -> None:
+    loose = sorted(path.name for path in PACKAGE.glob("*.py") if path.name not in ROOT_MODULES)
+    assert loose == []

@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 from sharedstream.brokerkit.codecs import AS_HELD, JSON, MSGPACK, UTF8, PayloadFormat
 from sharedstream.brokerkit.fingerprints import fingerprint
 from sharedstream.brokerkit.trigger import BrokerTrigger
-from sharedstream.connection_settings import ConnectionReader, resolve_inline
 from sharedstream.connections import Connection
+from sharedstream.connections.settings import ConnectionReader, resolve_inline
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.pubsub import (
     PubSubConfigError,

@@ -45,8 +45,8 @@ from typing import Any, ClassVar
 from sharedstream.brokerkit.codecs import AS_HELD, BYTES, DECODERS, JSON, PayloadFormat
 from sharedstream.brokerkit.fingerprints import secret_digest
 from sharedstream.brokerkit.trigger import BrokerTrigger
-from sharedstream.connection_settings import ConnectionReader, resolve_inline
 from sharedstream.connections import Connection
+from sharedstream.connections.settings import ConnectionReader, resolve_inline
 from sharedstream.engine.producer import SharedStreamProducer
 from sharedstream.producers.sqs import (
     SqsConfigError,

@@ -16,7 +16,7 @@ one name each:
 Invariants: a sender module imports its SDK only inside methods (it
 imports without its broker's extra); where to connect comes from the
 same settings and Airflow-style connections the broker's trigger reads
-(``conn_id``, see :mod:`sharedstream.connection_settings`), so a connection
+(``conn_id``, see :mod:`sharedstream.connections.settings`), so a connection
 that works for a watcher works for ``send``. A sender's calls, in order:
 :meth:`Sender.open`, :meth:`Sender.send` any number of times (one batch
 each, returning once the broker acknowledged all of it), :meth:`Sender.close`

@@ -17,22 +17,37 @@ Invariants (part of those of :mod:`sharedstream.engine.resolution`):
 Ownership: one of the resolution modules listed in
 :mod:`sharedstream.engine.resolution`, the only modules that change
 resolution state. Everything here is called by them, on
-the event loop.
+the event loop. It knows its book only as an :class:`OwningBook` (what the
+seq router asks of it), so it imports no other resolution module: they
+import it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sharedstream.engine.fanout import Subscriber
+from sharedstream.engine.records import EventRecord
 
-if TYPE_CHECKING:
-    from sharedstream.engine.records import EventRecord
-    from sharedstream.engine.resolution import ResolutionBook
+__all__ = ["AckSubscriber", "OwningBook", "still_owed"]
 
-__all__ = ["AckSubscriber", "still_owed"]
+
+class OwningBook(Protocol):
+    """The book an :class:`AckSubscriber` belongs to, as the seq router reaches it.
+
+    :class:`~sharedstream.engine.resolution.ResolutionBook` is the one
+    implementation (see its methods for the contracts). Both are called on
+    the event loop, by :class:`~sharedstream.engine.seqs.SeqRouter` only,
+    with a subscriber of this very book.
+    """
+
+    def confirm(self, sub: AckSubscriber, seq: int) -> None:
+        """The trigger event ``sub`` bound under ``seq`` is stored; unknown seqs are ignored."""
+
+    def refuse(self, sub: AckSubscriber, seq: int, reason: str) -> None:
+        """The store refused the trigger event bound under ``seq`` for good."""
 
 
 class AckSubscriber(Subscriber):
@@ -57,7 +72,7 @@ class AckSubscriber(Subscriber):
     )
 
     def __init__(
-        self, trigger_id: Hashable, book: ResolutionBook, *, durable: bool = False
+        self, trigger_id: Hashable, book: OwningBook, *, durable: bool = False
     ) -> None:
         super().__init__(trigger_id, durable=durable)
         self.book = book

@@ -28,24 +28,63 @@ looks at its front.
 Ownership: one of the resolution modules listed in
 :mod:`sharedstream.engine.resolution`, the only modules that change
 resolution state. Only its book calls it, on the event loop; records resolve
-through the book's ``resolve_failed``.
+through the book's ``resolve_failed``. It knows its book only as a
+:class:`FailingBook` (what the failure paths read and call), so it does not
+import the book's module: that one imports it.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Mapping
+from typing import Protocol
 
+from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import AckTimeout
-from sharedstream.engine.records import failure_verdict
+from sharedstream.engine.fanout import FanOut
+from sharedstream.engine.producer import Verdict
+from sharedstream.engine.records import EventRecord, failure_verdict
+from sharedstream.engine.seqs import SeqRouter
 
-if TYPE_CHECKING:
-    from sharedstream.engine.ack_subscriber import AckSubscriber
-    from sharedstream.engine.records import EventRecord
-    from sharedstream.engine.resolution import ResolutionBook
+__all__ = ["FailingBook", "Failures"]
 
-__all__ = ["Failures"]
+
+class FailingBook(Protocol):
+    """The book :class:`Failures` works for, as the failure paths see it.
+
+    :class:`~sharedstream.engine.resolution.ResolutionBook` is the one
+    implementation (its attributes and methods state the contracts). Read
+    and called on the event loop only, from inside the book's own calls.
+    """
+
+    @property
+    def key(self) -> Hashable:
+        """The stream key (named in ack timeout errors)."""
+
+    @property
+    def ack_timeout(self) -> float:
+        """Seconds a subscriber has to resolve a record."""
+
+    @property
+    def fanout(self) -> FanOut:
+        """The group's fan-out: a failed subscriber is dropped from it."""
+
+    @property
+    def router(self) -> SeqRouter:
+        """The manager's seq router: a failed subscriber is withdrawn from it."""
+
+    @property
+    def subscribers(self) -> Mapping[Hashable, AckSubscriber]:
+        """The live subscribers, by trigger id."""
+
+    def next_deadline(self) -> float | None:
+        """When the oldest unresolved record times out; ``None`` when none is left."""
+
+    def resolve_failed(
+        self, record: EventRecord, *, unseen: bool = False, verdict: Verdict | None = None
+    ) -> None:
+        """One subscriber failed on ``record``; ``unseen``: it never pulled it."""
 
 
 class Failures:
@@ -61,7 +100,7 @@ class Failures:
 
     __slots__ = ("book", "departed", "fenced", "timeline")
 
-    def __init__(self, book: ResolutionBook) -> None:
+    def __init__(self, book: FailingBook) -> None:
         self.book = book
         self.timeline: deque[EventRecord] = deque()
         self.departed: set[AckSubscriber] = set()

@@ -34,18 +34,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import FilterEnded, StreamStopped
 from sharedstream.engine.fanout import Accept, Subscriber
+from sharedstream.engine.group import StreamGroup
 from sharedstream.engine.trigger import BaseEventTrigger
 
-if TYPE_CHECKING:
-    from sharedstream.engine.group import StreamGroup
-    from sharedstream.engine.manager import SharedStreamManager
+__all__ = ["Membership", "Roster"]
 
-__all__ = ["Membership"]
+
+class Roster(Protocol):
+    """Who keeps the rosters a :class:`Membership` is on: what a member asks of it.
+
+    :class:`~sharedstream.engine.manager.SharedStreamManager` is the one
+    implementation (its methods state the contracts); a member is made by
+    it, so this module never imports it. Called on the manager's event loop.
+    """
+
+    @property
+    def ack_timeout(self) -> float:
+        """Seconds every subscriber has to resolve an event (caps a restart's delay)."""
+
+    def live_group(self, key: Hashable, trigger: BaseEventTrigger) -> StreamGroup:
+        """The running group of ``key``, started with the whole roster if none runs."""
+
+    async def release(self, member: Membership) -> None:
+        """Take ``member`` off its roster and out of its group."""
 
 
 class Membership:
@@ -57,7 +73,7 @@ class Membership:
 
     def __init__(
         self,
-        manager: SharedStreamManager,
+        manager: Roster,
         *,
         trigger_id: Hashable,
         trigger: BaseEventTrigger,

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from sharedstream.engine.ack_subscriber import AckSubscriber
+from sharedstream.engine.ack_subscriber import AckSubscriber
 
 __all__ = ["SLOT_SHIFT", "SeqRouter"]
 
@@ -76,7 +74,7 @@ class SeqRouter:
                 sub.book.confirm(sub, seq)
 
     def refuse(self, seq: int, reason: str) -> None:
-        """The store refused the event behind ``seq`` for good: :meth:`ResolutionBook.refuse`."""
+        """The store refused the event behind ``seq`` for good: its book's ``refuse``."""
         sub = self._slots.get(seq >> SLOT_SHIFT)
         if sub is not None:
             sub.book.refuse(sub, seq, reason)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -50,11 +49,9 @@ from prometheus_client.registry import Collector
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.runtime import status_page
+from sharedstream.runtime.ops_base import ObservedTriggerer
 from sharedstream.runtime.ops_metrics import TriggererCollector
 from sharedstream.runtime.ops_view import TriggererView
-
-if TYPE_CHECKING:
-    from sharedstream.runtime.triggerer import Triggerer
 
 __all__ = ["OpsEndpoint"]
 
@@ -76,7 +73,7 @@ class OpsEndpoint:
     else ``None``.
     """
 
-    def __init__(self, triggerer: Triggerer) -> None:
+    def __init__(self, triggerer: ObservedTriggerer) -> None:
         self._triggerer = triggerer
         self.view = TriggererView(triggerer)
         self.address: tuple[str, int] | None = None

@@ -27,6 +27,10 @@ asset declared in two files is one asset, a Dag may be scheduled on an
 asset another file watches, and a Dag id defined in two files is an error
 naming both. Files are imported as modules named after their stem, so
 two files of one stem are refused.
+
+The asset classes (:class:`Asset`, its watchers and combinations) are
+:mod:`sharedstream.assets`'s, handed on here; ``Dag`` and the loader are
+this module's.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import datetime as dt
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -43,6 +47,17 @@ from typing import Any
 
 from dateutil.relativedelta import relativedelta
 
+from sharedstream.assets.conditions import (
+    Asset,
+    AssetAll,
+    AssetAny,
+    AssetCondition,
+    AssetWatcher,
+    DefinitionsError,
+    Schedule,
+    declarations,
+    declare,
+)
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
 from sharedstream.runtime.registry import TriggerRegistry
@@ -53,8 +68,8 @@ from sharedstream.timetables.base import (
     classpath_of,
     deserialize_timetable,
     serialize_timetable,
-    timetable_for,
 )
+from sharedstream.timetables.from_schedule import timetable_for
 
 __all__ = [
     "Asset",
@@ -69,115 +84,8 @@ __all__ = [
     "timetable_registry",
 ]
 
-_building: list[object] | None = None
-"""While a definitions file is imported: every Asset and Dag it constructs."""
-
 DEFINITIONS_PACKAGE = "sharedstream_definitions"
 """Definitions files are imported as ``sharedstream_definitions.<file stem>``."""
-
-
-class DefinitionsError(SharedStreamError):
-    """A definitions file could not be used; the message names the file, object and reason."""
-
-
-class _Condition:
-    """Something a DAG can be scheduled on: an asset or a combination of assets."""
-
-    def __or__(self, other: _Condition) -> AssetAny:
-        """Either condition."""
-        return AssetAny(self, other)
-
-    def __and__(self, other: _Condition) -> AssetAll:
-        """Both conditions."""
-        return AssetAll(self, other)
-
-    def to_tree(self) -> dict[str, Any]:
-        """The JSON-able schedule tree stored with the DAG."""
-        raise NotImplementedError
-
-    def assets(self) -> Iterator[Asset]:
-        """Every asset this condition mentions."""
-        raise NotImplementedError
-
-
-class Asset(_Condition):
-    """A named piece of data; its watchers turn external events into asset events."""
-
-    def __init__(self, name: str, *, watchers: Sequence[AssetWatcher] = ()) -> None:
-        if not isinstance(name, str) or not name:
-            raise DefinitionsError(f"Asset name must be a non-empty string, got {name!r}")
-        self.name = name
-        self.watchers = list(watchers)
-        if _building is not None:
-            _building.append(self)
-
-    def to_tree(self) -> dict[str, Any]:
-        """``{"asset": name}``."""
-        return {"asset": self.name}
-
-    def assets(self) -> Iterator[Asset]:
-        """Just this asset."""
-        yield self
-
-    def __repr__(self) -> str:
-        return f"Asset({self.name!r})"
-
-
-class AssetAll(_Condition):
-    """Satisfied when every part has new events (``a & b``, or a list of assets)."""
-
-    def __init__(self, *parts: _Condition) -> None:
-        self.parts = _flatten(AssetAll, parts)
-
-    def to_tree(self) -> dict[str, Any]:
-        """``{"all": [parts]}``."""
-        return {"all": [part.to_tree() for part in self.parts]}
-
-    def assets(self) -> Iterator[Asset]:
-        """Every asset of every part."""
-        for part in self.parts:
-            yield from part.assets()
-
-
-class AssetAny(_Condition):
-    """Satisfied when any part has new events (``a | b``)."""
-
-    def __init__(self, *parts: _Condition) -> None:
-        self.parts = _flatten(AssetAny, parts)
-
-    def to_tree(self) -> dict[str, Any]:
-        """``{"any": [parts]}``."""
-        return {"any": [part.to_tree() for part in self.parts]}
-
-    def assets(self) -> Iterator[Asset]:
-        """Every asset of every part."""
-        for part in self.parts:
-            yield from part.assets()
-
-
-def _flatten(kind: type[_Condition], parts: Sequence[_Condition]) -> list[_Condition]:
-    flat: list[_Condition] = []
-    for part in parts:
-        if not isinstance(part, _Condition):
-            raise DefinitionsError(
-                f"a schedule can combine assets only, got {type(part).__qualname__}"
-            )
-        flat.extend(part.parts if isinstance(part, kind) else [part])  # type: ignore[attr-defined]
-    return flat
-
-
-Schedule = _Condition | Sequence[_Condition]
-
-
-class AssetWatcher:
-    """Runs ``trigger``; every event it fires becomes an event of the asset it is attached to."""
-
-    def __init__(self, name: str, trigger: BaseEventTrigger) -> None:
-        self.name = name
-        self.trigger = trigger
-
-    def __repr__(self) -> str:
-        return f"AssetWatcher({self.name!r}, trigger={self.trigger!r})"
 
 
 class Dag:
@@ -270,29 +178,28 @@ class Dag:
             raise DefinitionsError(f"Dag {dag_id!r}: catchup must be True or False, "
                                    f"got {catchup!r}")
         self.catchup = catchup
-        self.asset_condition: _Condition | None = None
+        self.asset_condition: AssetCondition | None = None
         self.timetable: Timetable | None = None
-        if isinstance(schedule, _Condition):
+        if isinstance(schedule, AssetCondition):
             self.asset_condition = schedule
         elif isinstance(schedule, (list, tuple)) and schedule:
             self.asset_condition = AssetAll(*schedule)
         elif isinstance(schedule, str | dt.timedelta | relativedelta | Timetable):
             self.timetable = self._timetable(schedule)
             condition = self.timetable.asset_condition  # an AssetOrTimeSchedule's
-            self.asset_condition = condition if isinstance(condition, _Condition) else None
+            self.asset_condition = condition if isinstance(condition, AssetCondition) else None
         elif schedule is not None:
             raise DefinitionsError(
                 f"Dag {dag_id!r}: schedule must be an Asset, a non-empty list of assets, "
                 f"an expression with | and &, a cron expression, a timedelta, a Timetable "
                 f"or None, got {schedule!r}"
             )
-        self.schedule: _Condition | Timetable | None = (
+        self.schedule: AssetCondition | Timetable | None = (
             self.asset_condition if self.timetable is None else self.timetable)
         if self.batch_asset_events and self.asset_condition is None:
             raise DefinitionsError(f"Dag {dag_id!r}: batch_asset_events, max_events and "
                                    "max_wait apply to a DAG scheduled on assets")
-        if _building is not None:
-            _building.append(self)
+        declare(self)
 
     def _timetable(self, schedule: str | dt.timedelta | relativedelta | Timetable) -> Timetable:
         # A cron schedule runs in the start date's timezone (Airflow's rule).
@@ -557,7 +464,6 @@ def _check_timetables(
 
 
 def _import_file(path: Path) -> tuple[ModuleType, list[object]]:
-    global _building  # noqa: PLW0603 - set only for the duration of one import
     if not path.is_file():
         raise DefinitionsError(f"{path}: definitions file not found")
     name = f"{DEFINITIONS_PACKAGE}.{path.stem}"
@@ -574,20 +480,17 @@ def _import_file(path: Path) -> tuple[ModuleType, list[object]]:
         raise DefinitionsError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    built: list[object] = []
-    _building = built
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        # Whatever the user's module raised, it is reported, not re-raised:
-        # the message carries the exception and the line it came from.
-        del sys.modules[name]
-        where = _user_frame(exc, path)
-        raise DefinitionsError(
-            f"{path}: failed to import{where}: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        _building = None
+    with declarations() as built:
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            # Whatever the user's module raised, it is reported, not re-raised:
+            # the message carries the exception and the line it came from.
+            del sys.modules[name]
+            where = _user_frame(exc, path)
+            raise DefinitionsError(
+                f"{path}: failed to import{where}: {type(exc).__name__}: {exc}"
+            ) from exc
     return module, built
 
 

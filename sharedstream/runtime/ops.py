@@ -12,10 +12,10 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from sharedstream.engine.errors import SharedStreamError
+from sharedstream.runtime.ops_base import ObservedTriggerer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the ops extra: imported only once it is known to be installed
     from sharedstream.runtime.api import OpsEndpoint
-    from sharedstream.runtime.triggerer import Triggerer
 
 __all__ = ["OPS_EXTRA_MODULES", "OpsExtraMissing", "open_endpoint"]
 
@@ -29,7 +29,7 @@ class OpsExtraMissing(SharedStreamError):
     retryable = False
 
 
-def open_endpoint(triggerer: Triggerer) -> OpsEndpoint | None:
+def open_endpoint(triggerer: ObservedTriggerer) -> OpsEndpoint | None:
     """The triggerer's endpoint if ``[api] enabled``, else ``None``; it is not serving yet.
 
     Called from the triggerer's constructor, so a missing extra stops the

@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any
 
 from sharedstream.dispatch.dispatcher import Dispatcher
-from sharedstream.runtime.ops_view import Check
+from sharedstream.runtime.ops_base import Check
 
 __all__ = ["OUTCOMES", "dispatch_check", "dispatch_status"]
 

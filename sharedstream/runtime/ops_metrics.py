@@ -24,7 +24,6 @@ so every read sees a consistent loop state.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -37,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from sharedstream.brokerkit.calls import PROCESS_CALLS
 from sharedstream.dispatch.dispatcher import LATENCY_BUCKETS, Dispatcher
+from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
 from sharedstream.runtime.ops_dispatch import OUTCOMES
 from sharedstream.runtime.ops_view import (
     TriggererView,
@@ -44,9 +44,6 @@ from sharedstream.runtime.ops_view import (
     stream_label,
     watcher_counts,
 )
-
-if TYPE_CHECKING:
-    from sharedstream.runtime.triggerer import Triggerer
 
 __all__ = ["TriggererCollector"]
 

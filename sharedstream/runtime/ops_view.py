@@ -35,14 +35,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Hashable
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sharedstream.runtime.ops_base import Check
+from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
+from sharedstream.runtime.ops_dispatch import dispatch_check, dispatch_status
 from sharedstream.store import redact_url
-
-if TYPE_CHECKING:
-    from sharedstream.runtime.triggerer import Triggerer
 
 __all__ = [
     "RECENT",
@@ -82,15 +81,6 @@ def lane_label(lane: Hashable) -> str:
     return text if len(text) <= _LABEL_LIMIT else text[: _LABEL_LIMIT - 3] + "..."
 
 
-@dataclass(frozen=True)
-class Check:
-    """One readiness check: its name, whether it holds, and why not."""
-
-    name: str
-    ok: bool
-    detail: str
-
-
 class TriggererView:
     """Read-only views of one running triggerer (see the module docstring).
 
@@ -121,8 +111,6 @@ class TriggererView:
         checks = [await self._store_check(), self._streams_check(), self._stuck_check()]
         dispatcher = self._dispatcher()
         if dispatcher is not None:
-            from sharedstream.runtime.ops_dispatch import dispatch_check  # noqa: PLC0415
-
             checks.append(dispatch_check(dispatcher))
         return checks
 
@@ -238,8 +226,6 @@ class TriggererView:
         dispatcher = self._dispatcher()
         if dispatcher is None:
             return []
-        from sharedstream.runtime.ops_dispatch import dispatch_status  # noqa: PLC0415
-
         return dispatch_status(dispatcher)
 
     async def _read(self, errors: dict[str, str], part: str, fn: Any, *args: Any) -> Any:

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sharedstream.engine.keyvalue_log import key_value_logger
-
-if TYPE_CHECKING:
-    from sharedstream.runtime.triggerer import Triggerer
+from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
 
 __all__ = ["lag_note", "report_progress"]
 

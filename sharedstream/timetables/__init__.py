@@ -2,8 +2,9 @@
 
 :mod:`~sharedstream.timetables.base` holds the contract every timetable
 implements, run ids and the registry stored timetables are rebuilt from;
-the other modules hold the built-in timetables, under Airflow's names, all
-re-exported here.
+the other modules hold the built-in timetables, under Airflow's names, and
+:mod:`~sharedstream.timetables.from_schedule` the one that a ``schedule=``
+value stands for; all re-exported here.
 """
 
 from sharedstream.timetables.assets import AssetOrTimeSchedule
@@ -16,10 +17,10 @@ from sharedstream.timetables.base import (
     Timetable,
     TimetableRegistry,
     UnregisteredTimetableClass,
-    timetable_for,
     use_clock,
 )
 from sharedstream.timetables.events import EventsTimetable
+from sharedstream.timetables.from_schedule import timetable_for
 from sharedstream.timetables.interval import CronDataIntervalTimetable, DeltaDataIntervalTimetable
 from sharedstream.timetables.simple import OnceTimetable
 from sharedstream.timetables.trigger import (

@@ -2,7 +2,7 @@
 
 :class:`AssetOrTimeSchedule` queues a run whenever either side says so: its
 ``timetable`` (every question of the timetable contract is passed to it
-unchanged) or its asset condition (an :class:`~sharedstream.runtime.definitions.Asset`,
+unchanged) or its asset condition (an :class:`~sharedstream.assets.Asset`,
 ``a & b``, ``a | b``, or a list meaning all of them), which the runtime
 evaluates as it does for ``Dag(schedule=<assets>)`` and reads from
 :attr:`AssetOrTimeSchedule.asset_condition`. The two sides are independent:
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sharedstream.assets.conditions import Asset, AssetAll, AssetAny, AssetCondition
 from sharedstream.timetables.base import (
     DagRunInfo,
     DataInterval,
@@ -30,17 +31,15 @@ from sharedstream.timetables.base import (
 )
 from sharedstream.timetables.values import InvalidTimetable
 
-if TYPE_CHECKING:
-    from sharedstream.runtime.definitions import _Condition
-
 __all__ = ["AssetOrTimeSchedule"]
 
 
 class AssetOrTimeSchedule(Timetable):
     """Runs on ``timetable`` and whenever ``assets`` (an asset condition) is satisfied."""
 
-    def __init__(self, *, timetable: Timetable, assets: _Condition | Sequence[_Condition]) -> None:
-        definitions = _definitions()
+    def __init__(
+        self, *, timetable: Timetable, assets: AssetCondition | Sequence[AssetCondition]
+    ) -> None:
         if not isinstance(timetable, Timetable):
             raise InvalidTimetable(
                 f"AssetOrTimeSchedule: timetable must be a Timetable, got "
@@ -48,17 +47,17 @@ class AssetOrTimeSchedule(Timetable):
             )
         if isinstance(timetable, AssetOrTimeSchedule):
             raise InvalidTimetable("AssetOrTimeSchedule: asset timetables cannot be nested")
-        if isinstance(assets, definitions._Condition):
-            condition: _Condition = assets
+        if isinstance(assets, AssetCondition):
+            condition: AssetCondition = assets
         elif isinstance(assets, list | tuple) and assets:
-            condition = definitions.AssetAll(*assets)
+            condition = AssetAll(*assets)
         else:
             raise InvalidTimetable(
                 "AssetOrTimeSchedule: assets must be an Asset, a non-empty list of assets or an "
                 f"expression with | and &, got {assets!r}"
             )
         self.timetable = timetable
-        self.asset_condition: _Condition = condition
+        self.asset_condition: AssetCondition = condition
         self.description = f"Triggered by assets or {timetable.description}"
         self.periodic = timetable.periodic
         self.can_be_scheduled = timetable.can_be_scheduled
@@ -105,23 +104,15 @@ class AssetOrTimeSchedule(Timetable):
         )
 
 
-def _condition_from_tree(tree: dict[str, Any]) -> _Condition:
-    definitions = _definitions()
-    condition: _Condition
+def _condition_from_tree(tree: dict[str, Any]) -> AssetCondition:
+    condition: AssetCondition
     if "asset" in tree:
-        condition = definitions.Asset(tree["asset"])
+        condition = Asset(tree["asset"])
     elif "all" in tree:
-        condition = definitions.AssetAll(*(_condition_from_tree(part) for part in tree["all"]))
+        condition = AssetAll(*(_condition_from_tree(part) for part in tree["all"]))
     elif "any" in tree:
-        condition = definitions.AssetAny(*(_condition_from_tree(part) for part in tree["any"]))
+        condition = AssetAny(*(_condition_from_tree(part) for part in tree["any"]))
     else:
         raise InvalidTimetable(f"stored asset condition {tree!r} is not an asset, all or any")
     return condition
 
-
-def _definitions() -> Any:
-    # Imported when used: the definitions module imports the timetables package
-    # (Dag(schedule=...)), so importing it at the top would be circular.
-    from sharedstream.runtime import definitions  # noqa: PLC0415
-
-    return definitions

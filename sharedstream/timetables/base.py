@@ -40,15 +40,11 @@ from contextvars import ContextVar
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple
 
-from dateutil.relativedelta import relativedelta
-
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.timetables.values import (
-    Delta,
     InvalidTimetable,
     NaiveDatetime,
-    parse_timezone,
     require_aware,
 )
 
@@ -66,7 +62,6 @@ __all__ = [
     "cron_presets",
     "deserialize_timetable",
     "serialize_timetable",
-    "timetable_for",
     "use_clock",
     "utcnow",
 ]
@@ -278,47 +273,6 @@ class Timetable:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.summary}>"
-
-
-def timetable_for(
-    schedule: str | Delta | Timetable,
-    *,
-    timezone: str | dt.tzinfo = "UTC",
-    create_cron_data_intervals: bool = False,
-    create_delta_data_intervals: bool = False,
-) -> Timetable:
-    """The timetable a ``Dag(schedule=...)`` stands for, as Airflow 3 decides it.
-
-    A timetable is itself; a cron expression or preset (``"@daily"``) is a
-    :class:`~sharedstream.timetables.trigger.CronTriggerTimetable` in
-    ``timezone``; ``"@once"`` a
-    :class:`~sharedstream.timetables.simple.OnceTimetable`; a ``timedelta``
-    or ``relativedelta`` a
-    :class:`~sharedstream.timetables.trigger.DeltaTriggerTimetable`. The two
-    flags (Airflow's ``[scheduler] create_cron_data_intervals`` and
-    ``create_delta_data_intervals``, both off by default since 3.0) choose
-    the data-interval timetables instead.
-    """
-    # Imported here, not at the top: those modules import this one.
-    from sharedstream.timetables import interval, simple, trigger  # noqa: PLC0415
-
-    if isinstance(schedule, Timetable):
-        return schedule
-    if isinstance(schedule, str):
-        if schedule == "@once":
-            return simple.OnceTimetable()
-        tz = parse_timezone(timezone)
-        if create_cron_data_intervals:
-            return interval.CronDataIntervalTimetable(schedule, timezone=tz)
-        return trigger.CronTriggerTimetable(schedule, timezone=tz)
-    if isinstance(schedule, dt.timedelta | relativedelta):
-        if create_delta_data_intervals:
-            return interval.DeltaDataIntervalTimetable(schedule)
-        return trigger.DeltaTriggerTimetable(schedule)
-    raise InvalidTimetable(
-        "a time schedule must be a cron expression, a preset such as '@daily', a timedelta, "
-        f"a relativedelta or a Timetable, got {type(schedule).__qualname__}"
-    )
 
 
 # -- storing and rebuilding -----------------------------------------------------------------------

@@ -22,8 +22,8 @@ from sharedstream.timetables.base import (
     DagRunInfo,
     Timetable,
     serialize_timetable,
-    timetable_for,
 )
+from sharedstream.timetables.from_schedule import timetable_for
 from sharedstream.timetables.interval import CronDataIntervalTimetable
 from tests.log_lines import fields_of, text_of
 

@@ -20,10 +20,10 @@ from sharedstream.timetables.base import (
     UnregisteredTimetableClass,
     deserialize_timetable,
     serialize_timetable,
-    timetable_for,
     use_clock,
     utcnow,
 )
+from sharedstream.timetables.from_schedule import timetable_for
 from sharedstream.timetables.interval import CronDataIntervalTimetable, DeltaDataIntervalTimetable
 from sharedstream.timetables.simple import OnceTimetable
 from sharedstream.timetables.trigger import CronTriggerTimetable, DeltaTriggerTimetable

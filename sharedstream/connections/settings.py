@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from sharedstream.connections import Connection, InvalidConnection, get_connection
+from sharedstream.connections.lookup import Connection, InvalidConnection, get_connection
 from sharedstream.engine.keyvalue_log import key_value_logger
 
 __all__ = ["ConnectionReader", "merge_inline", "resolve_inline"]
