@@ -7,8 +7,11 @@ Pub/Sub test server for ``pubsub``, its Service Bus test server for
 :mod:`sharedstream.demo.definitions` (four watchers with different filters on
 one stream, three DAGs), produces N JSON records (every 50th malformed, to
 show the dead-letter destination), reports progress on stderr every 0.5 s and
-prints a summary once the broker counts every record as done. Ctrl-C stops
-cleanly at any time; the broker is always stopped.
+prints a summary once the broker counts every record as done: the counts
+per DAG, where the dead letters went, and the events each watcher stored.
+Ctrl-C stops cleanly at any time, the publisher first; a second one exits
+at once, killing the broker. The broker is always stopped. ``--keep DIR``
+must be a new or empty directory (checked before anything starts).
 
 Everything here is broker-neutral; what differs per broker is a
 :class:`~sharedstream.demo.brokers.DemoBroker` (:mod:`.kafka`, :mod:`.pubsub`,
