@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(
     r"done: (\d+) messages, (\d+) trigger events stored, (\d+) asset events, "
     r"DAG runs: ship (\d+), reconcile (\d+), notify (\d+) \(success (\d+)\), "
-    r"(\d+) dead-lettered, [\d.]+s, \d+ msgs/s once consuming")
+    r"(\d+) dead-lettered \(to (.+) on the demo's broker, gone with it\), [\d.]+s, "
+    r"\d+ msgs/s once consuming")
+PER_WATCHER = re.compile(r"events stored per watcher: (.+)")
 
 
 def run_demo_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -39,11 +41,19 @@ def run_demo_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess
 def check_demo_run(result: subprocess.CompletedProcess[str], broker: str, messages: int) -> None:
     """Exit 0, the exact expected summary, and progress lines in the broker's words."""
     assert result.returncode == 0, result.stderr
-    summary = result.stdout.strip().splitlines()[0]
+    summary, per_watcher = result.stdout.strip().splitlines()[:2]
     found = SUMMARY.fullmatch(summary)
     assert found, summary
-    done, events, asset_events, ship, reconcile, notify, ran, dead = map(int, found.groups())
+    *counts, dead_letters_at = found.groups()
+    done, events, asset_events, ship, reconcile, notify, ran, dead = map(int, counts)
+    labels = demo_broker(broker)
+    assert dead_letters_at == labels.dead_letters_at
     expected = expected_counts(messages)
+    watchers = PER_WATCHER.fullmatch(per_watcher)
+    assert watchers, per_watcher
+    stored = dict(item.rsplit(" ", 1) for item in watchers.group(1).split(", "))
+    assert {watcher.split("/")[0]: int(n) for watcher, n in stored.items()} == expected.events
+    assert sorted(stored) == ["big_orders/over_min", "eu_orders/eu", "orders/all", "refunds/all"]
     runs = expected.runs()
     assert done == messages
     assert events == asset_events == expected.trigger_events
@@ -53,7 +63,6 @@ def check_demo_run(result: subprocess.CompletedProcess[str], broker: str, messag
     assert dead == expected.dead_lettered > 0
     assert ran == ship + reconcile + notify  # every run ran, on the local target
     # The waiting phase (a group join, a stream opening), then how far the broker advanced.
-    labels = demo_broker(broker)
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
     assert any(labels.advanced_label in line for line in progress), result.stderr
     assert all(labels.waiting_label in line or labels.advanced_label in line
@@ -88,11 +97,19 @@ def check_interrupted_demo(broker: str, signals: int, *, started: str, progress:
     if signals == 2:
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
+    last_signal = time.monotonic()
     out, err = proc.communicate(timeout=60)
+    exited_after = time.monotonic() - last_signal
+    after_stop = err.partition("SIGINT: stopping")[2]
     err = "".join(seen) + err
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err[-3000:]
     assert "SIGINT: stopping" in err
+    if signals == 2:  # "at once": the broker is killed, not asked to stop (Tansu ignores it)
+        assert exited_after < 2.0, f"{exited_after:.1f} s after the second Ctrl-C"
+    # The publisher stops at the first Ctrl-C: at most the batch it was sending completes.
+    produced = {int(found) for found in re.findall(r"produced +(\d+)", after_stop)}
+    assert len(produced) <= 2, after_stop
     assert not workdir.exists()
     with contextlib.suppress(ConnectionRefusedError), socket.create_connection(
             (host, port), timeout=2):

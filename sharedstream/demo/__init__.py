@@ -7,8 +7,11 @@ Pub/Sub test server for ``pubsub``, its Service Bus test server for
 :mod:`sharedstream.demo.definitions` (four watchers with different filters on
 one stream, three DAGs), produces N JSON records (every 50th malformed, to
 show the dead-letter destination), reports progress on stderr every 0.5 s and
-prints a summary once the broker counts every record as done. Ctrl-C stops
-cleanly at any time; the broker is always stopped.
+prints a summary once the broker counts every record as done: the counts
+per DAG, where the dead letters went, and the events each watcher stored.
+Ctrl-C stops cleanly at any time, the publisher first; a second one exits
+at once, killing the broker. The broker is always stopped. ``--keep DIR``
+must be a new or empty directory (checked before anything starts).
 
 Everything here is broker-neutral; what differs per broker is a
 :class:`~sharedstream.demo.brokers.DemoBroker` (:mod:`.kafka`, :mod:`.pubsub`,
@@ -31,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sharedstream.demo.brokers import DEMO_BROKERS, TOPIC, DemoBroker, demo_broker
 from sharedstream.engine.errors import SharedStreamError
@@ -139,6 +142,12 @@ def expected_counts(messages: int) -> Expected:
 # -- the run --------------------------------------------------------------------------------
 
 
+class CleanUp(Protocol):
+    """Stops the demo's broker (``at_once``: kills it) and drops its temp directory."""
+
+    def __call__(self, *, at_once: bool = False) -> None: ...
+
+
 def _write_config(workdir: Path) -> Config:
     path = workdir / "sharedstream.toml"
     write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///sharedstream.db")
@@ -178,7 +187,7 @@ class _State:
         return self.committed / (now - since)
 
 
-def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> Callable[[int], None]:
+def _on_signals(triggerer: Triggerer, clean_up: CleanUp) -> Callable[[int], None]:
     """Ctrl-C: say at once that the demo is stopping; a second one cleans up, then exits.
 
     Returns that exit (cleaning up, then ``os._exit`` with the status given),
@@ -190,7 +199,7 @@ def _on_signals(triggerer: Triggerer, clean_up: Callable[[], None]) -> Callable[
               "flight", file=sys.stderr, flush=True)
 
     def exit_at_once(code: int) -> None:
-        clean_up()  # the broker and the temp directory go too
+        clean_up(at_once=True)  # the broker (killed: no graceful stop) and the temp directory
         print("stopped at once", file=sys.stderr, flush=True)
         os._exit(code)
 
@@ -252,8 +261,9 @@ async def _run_triggerer(broker: DemoBroker, triggerer: Triggerer, messages: int
     had run (for at most :data:`RUNS_GRACE` seconds more), or the triggerer
     ended first (Ctrl-C, a failure). Returns the triggerer's exit code and
     the seconds until the broker counted every record done (or it ended).
-    The producer is cancelled and the triggerer stopped and awaited on every
-    exit path; a failed producer raises ``SharedStreamError`` once both are
+    The producer is cancelled as soon as a stop signal arrives (before the
+    triggerer finishes what is in flight), and the triggerer stopped and
+    awaited on every exit path; a failed producer raises ``SharedStreamError`` once both are
     done.
     """
     labels = _Labels(broker.advanced_label, broker.waiting_label)
@@ -261,6 +271,15 @@ async def _run_triggerer(broker: DemoBroker, triggerer: Triggerer, messages: int
     committed_at: float | None = None
     produce_task = asyncio.create_task(_produce(broker, messages, state),
                                        name="sharedstream-demo-producer")
+    say_stopping = triggerer.on_stop_signal
+
+    def stop_producing_first(signal_name: str) -> None:
+        # The publisher stops before the triggerer finishes what is in flight: publishing on
+        # would keep the broker (a Service Bus server) busy, and the stop waiting for it.
+        produce_task.cancel()
+        say_stopping(signal_name)
+
+    triggerer.on_stop_signal = stop_producing_first
     try:
         while True:
             done, _ = await asyncio.wait({trigger_task}, timeout=0.5)
@@ -289,7 +308,7 @@ async def _run_triggerer(broker: DemoBroker, triggerer: Triggerer, messages: int
 
 
 async def _demo(broker: DemoBroker, config: Config, messages: int, workdir: Path, *,
-                keep: bool, clean_up: Callable[[], None]) -> int:
+                keep: bool, clean_up: CleanUp) -> int:
     from sharedstream.runtime.definitions import load_definitions  # noqa: PLC0415 - imports user code
     from sharedstream.runtime.triggerer import Triggerer  # noqa: PLC0415 - heavy, only here
 
@@ -314,6 +333,8 @@ async def _demo(broker: DemoBroker, config: Config, messages: int, workdir: Path
     with config.store.open_store() as store:
         counts = store.counts()
         rows = store.list_runs(limit=10_000_000)
+        watchers = [(watcher, trigger.events_stored) for trigger in store.list_triggers()
+                    for watcher in trigger.watchers]
     runs = Counter(run.dag_id for run in rows)
     outcomes = Counter(run.state for run in rows)
     per_dag = ", ".join(f"{dag} {runs.get(dag, 0)}" for dag in ("ship", "reconcile", "notify"))
@@ -322,7 +343,10 @@ async def _demo(broker: DemoBroker, config: Config, messages: int, workdir: Path
     print(("interrupted: " if interrupted else "done: ")
           + f"{state.committed} messages, {counts['trigger_events']} trigger events stored, "
           f"{counts['asset_events']} asset events, DAG runs: {per_dag} ({ran or 'none'}), "
-          f"{dead} dead-lettered, {elapsed:.2f}s, {rate:.0f} msgs/s once consuming")
+          f"{dead} dead-lettered (to {broker.dead_letters_at} on the demo's broker, gone with "
+          f"it), {elapsed:.2f}s, {rate:.0f} msgs/s once consuming")
+    print("events stored per watcher: "
+          + ", ".join(f"{watcher} {stored}" for watcher, stored in sorted(watchers)))
     print("the runs ran here, on the local target (each Dag's run= in "
           f"{DEFINITIONS.name}); to run them in an Apache Airflow, see docs/dispatch.md",
           file=sys.stderr)
@@ -339,14 +363,33 @@ def _say_where(workdir: Path, *, keep: bool) -> None:
               file=sys.stderr)
 
 
+def _check_keep(keep: Path) -> Path:
+    """``--keep DIR`` made absolute; ``SharedStreamError`` (one line) unless new or empty.
+
+    Creates nothing: the directory is made once the broker's extras are known to be there.
+    """
+    workdir = keep.resolve()
+    try:
+        if workdir.exists() and not workdir.is_dir():
+            raise SharedStreamError(f"--keep {keep}: not a directory (give a new or empty one)")
+        if workdir.is_dir() and next(workdir.iterdir(), None) is not None:
+            held = " already holds a demo" if (workdir / "sharedstream.toml").exists() else (
+                " is not empty")
+            raise SharedStreamError(f"--keep {keep}{held} (give a new or empty directory)")
+    except OSError as exc:
+        raise SharedStreamError(f"--keep {keep}: {exc.strerror}") from None
+    return workdir
+
+
 def _workdir(keep: Path | None) -> Path:
+    """The temp directory, or ``keep`` (checked by :func:`_check_keep`) created."""
     if keep is None:
         return Path(tempfile.mkdtemp(prefix="sharedstream-demo-"))
-    workdir = keep.resolve()
-    if (workdir / "sharedstream.toml").exists():
-        raise SharedStreamError(f"{workdir} already holds a demo; give an empty directory")
-    workdir.mkdir(parents=True, exist_ok=True)
-    return workdir
+    try:
+        keep.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SharedStreamError(f"--keep {keep}: cannot create it: {exc.strerror}") from None
+    return keep
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -363,17 +406,17 @@ def run_demo(args: argparse.Namespace) -> int:
     if name not in DEMO_BROKERS:
         raise SharedStreamError(f"--broker {name!r}: the demo runs on "
                                 f"{', '.join(sorted(DEMO_BROKERS))} only for now")
+    keep = None if args.keep is None else _check_keep(Path(args.keep))
     broker_class = demo_broker(name)
     broker_class.check_installed()
     configure_logging(args.log_level)
-    keep = None if args.keep is None else Path(args.keep)
     workdir = _workdir(keep)
     broker: DemoBroker | None = None
 
-    def clean_up() -> None:
-        """Stop the broker and drop the temp directory; safe to call twice."""
+    def clean_up(*, at_once: bool = False) -> None:
+        """Stop the broker (``at_once``: kill it) and drop the temp directory; safe twice."""
         if broker is not None:
-            broker.stop()
+            broker.stop(at_once=at_once)
         if keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
 

@@ -66,6 +66,8 @@ class DemoBroker(Protocol):
     """What :meth:`advanced` counts, in the progress line (``consumed and committed``)."""
     waiting_label: ClassVar[str]
     """The progress line's phase before anything is advanced."""
+    dead_letters_at: ClassVar[str]
+    """Where rejected records go, for the summary (``topic demo.orders.dlq``)."""
 
     @classmethod
     def check_installed(cls) -> None:
@@ -78,8 +80,12 @@ class DemoBroker(Protocol):
     def start(self, workdir: Path) -> str:
         """Start the broker (its files under ``workdir``); return a line saying where it is."""
 
-    def stop(self) -> None:
-        """Stop the broker; idempotent, quick, never raises."""
+    def stop(self, *, at_once: bool = False) -> None:
+        """Stop the broker; idempotent, quick, never raises.
+
+        ``at_once`` (a second Ctrl-C): kill it without waiting for it to end
+        gracefully; the demo exits right after and throws its state away.
+        """
 
     def environment(self) -> dict[str, str]:
         """The variables that point :meth:`watcher_triggers` at this broker's stream."""

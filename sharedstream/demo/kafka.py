@@ -25,6 +25,7 @@ from sharedstream.testing.brokers import (
     stop_tansu,
     tansu_binary,
 )
+from sharedstream.testing.brokers.process import stop_process
 
 __all__ = ["INSTALL_HINT", "KafkaDemoBroker"]
 
@@ -44,6 +45,7 @@ class KafkaDemoBroker:
     name: ClassVar[str] = "kafka"
     advanced_label: ClassVar[str] = "consumed and committed"
     waiting_label: ClassVar[str] = "waiting for the consumer group to form (about a second)..."
+    dead_letters_at: ClassVar[str] = f"topic {DEAD_LETTERS}"
 
     def __init__(self) -> None:
         self._binary = tansu_binary()
@@ -90,9 +92,17 @@ class KafkaDemoBroker:
         self._tansu, self.bootstrap = start_tansu(self._binary, workdir)
         return f"tansu on {self.bootstrap}"
 
-    def stop(self) -> None:
-        """Stop Tansu (SIGTERM, then a kill); idempotent."""
-        if self._tansu is not None:
+    def stop(self, *, at_once: bool = False) -> None:
+        """Stop Tansu (SIGTERM, then a kill; ``at_once``: a kill); idempotent.
+
+        A kill at once because Tansu ignores SIGTERM while a consumer is
+        connected, and a second Ctrl-C leaves the triggerer's consumer connected.
+        """
+        if self._tansu is None:
+            return
+        if at_once:
+            stop_process(self._tansu, at_once=True)
+        else:
             stop_tansu(self._tansu)
 
     def environment(self) -> dict[str, str]:

@@ -56,6 +56,7 @@ class PubSubDemoBroker:
     name: ClassVar[str] = "pubsub"
     advanced_label: ClassVar[str] = "consumed and acked (server count)"
     waiting_label: ClassVar[str] = "waiting for the streaming pull to start..."
+    dead_letters_at: ClassVar[str] = f"topic {DEAD_LETTERS}"
 
     def __init__(self) -> None:
         self.host = ""
@@ -130,11 +131,16 @@ class PubSubDemoBroker:
             raise SharedStreamError(f"the Pub/Sub test server did not start: {self._failed}")
         return f"pubsub test server on {self.host}"
 
-    def stop(self) -> None:
-        """Stop the server and join its thread (5 s at most); idempotent."""
+    def stop(self, *, at_once: bool = False) -> None:
+        """Stop the server and join its thread (5 s at most; ``at_once``: no join); idempotent.
+
+        ``at_once`` does not wait: the process exits right after, and the
+        thread with it.
+        """
         if self._stop_serving is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop_serving.set)
-            self._thread.join(5)
+            if not at_once:
+                self._thread.join(5)
 
     def environment(self) -> dict[str, str]:
         """The server's ``host:port``, topic and project for the definitions."""

@@ -46,6 +46,7 @@ class ServiceBusDemoBroker:
     name: ClassVar[str] = "servicebus"
     advanced_label: ClassVar[str] = "completed (below the oldest in the queue)"
     waiting_label: ClassVar[str] = "waiting for the receiver to open..."
+    dead_letters_at: ClassVar[str] = f"{TOPIC}/$DeadLetterQueue"
 
     def __init__(self) -> None:
         self.connection_string = ""
@@ -94,11 +95,16 @@ class ServiceBusDemoBroker:
         endpoint = self.connection_string.split(";", 1)[0].removeprefix("Endpoint=")
         return f"servicebus test server on {urlsplit(endpoint).netloc}"
 
-    def stop(self) -> None:
-        """Stop the server process (SIGTERM, a kill after 5 s); idempotent."""
+    def stop(self, *, at_once: bool = False) -> None:
+        """Stop the server process (SIGTERM, a kill after 5 s; ``at_once``: a kill); idempotent."""
+        from sharedstream.testing.brokers.process import stop_process  # noqa: PLC0415
         from sharedstream.testing.brokers.servicebus import stop_servicebus  # noqa: PLC0415
 
-        if self._process is not None:
+        if self._process is None:
+            return
+        if at_once:
+            stop_process(self._process, at_once=True)
+        else:
             stop_servicebus(self._process)
 
     def environment(self) -> dict[str, str]:

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from sharedstream import __version__
 from sharedstream.connections import Connection, env_connections, get_connection
@@ -123,20 +124,53 @@ exit status:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """The CLI's parser (and, argparse's default, every subcommand's).
+
+    A command or action left out (bare ``sharedstream``, ``sharedstream
+    dags``) prints the parser's usage and its list of commands on stderr,
+    then exits 2, instead of argparse's bare "arguments are required".
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Exit 2: the command list when only the command is missing, else argparse's line."""
+        commands = [action for action in self._actions
+                    if isinstance(action, argparse._SubParsersAction)]
+        if commands and message == (
+                f"the following arguments are required: {commands[0].metavar}"):
+            epilog, self.epilog = self.epilog, None  # the examples are in --help
+            try:
+                listing = self.format_help()
+            finally:
+                self.epilog = epilog
+            what = str(commands[0].metavar).lower()
+            article = "an" if what[0] in "aeiou" else "a"
+            self.exit(EXIT_USAGE, f"{listing}\n{self.prog}: error: choose {article} {what} "
+                      f"(`{self.prog} {commands[0].metavar} --help` says more)\n")
+        super().error(message)
+
+
 class _Commands:
-    """``add_subparsers()`` whose every command also takes the shared options of ``parent``."""
+    """``add_subparsers()`` whose every command also takes the shared options of ``parent``.
+
+    A command given a ``help`` but no ``description`` gets the help as its
+    description, so that ``COMMAND --help`` says what the command does.
+    """
 
     def __init__(self, actions: Any, parent: argparse.ArgumentParser) -> None:
         self._actions, self._parent = actions, parent
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if kwargs.get("help") and "description" not in kwargs:
+            text = str(kwargs["help"])
+            kwargs["description"] = f"{text[0].upper()}{text[1:]}."
         parser: argparse.ArgumentParser = self._actions.add_parser(
             name, parents=[self._parent], **kwargs)
         return parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sharedstream",
         description=("Event-driven ingestion: one shared broker consumer per stream, fanned out "
                      "to many filtering triggers; the broker is advanced only once every event "
@@ -296,13 +330,21 @@ def _add_config_commands(commands: _Commands, anywhere: argparse.ArgumentParser)
 
 
 def _init(args: argparse.Namespace) -> int:
+    """Create and migrate the database, then write the file: nothing is written unless both work."""
     path = args.path or args.config or Path("sharedstream.toml")
-    write_default_config(path, kwargs_key=generate_key(), store_url=args.db)
-    config = load_config(path)
+    ready: list[str] = []
+
+    def migrate(config: Config) -> None:
+        try:
+            with config.store.open_store(create=True) as store:
+                ready.append(f"database {store.location} ready (schema v{store.migrate()})")
+        except StoreError as exc:
+            raise StoreError(f"{exc}; nothing was written: run `sharedstream init` again once "
+                             "the database answers") from exc
+
+    write_default_config(path, kwargs_key=generate_key(), store_url=args.db, check=migrate)
     print(f"wrote {path} (with a new kwargs encryption key: keep it secret)")
-    with config.store.open_store(create=True) as store:
-        version = store.migrate()
-        print(f"database {store.location} ready (schema v{version})")
+    print(*ready)
     return 0
 
 
@@ -445,6 +487,11 @@ def _effective_connections(config: Config) -> dict[str, Connection]:
 def _status(args: argparse.Namespace, config: Config) -> int:
     from sharedstream.runtime import cli_status  # noqa: PLC0415 - only this command needs it
 
+    if args.url is not None:
+        parts = urlsplit(args.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise SharedStreamError(f"--url {args.url!r} is not an http(s) URL of the endpoint "
+                                    "(e.g. http://127.0.0.1:8794)")
     status, note = cli_status.fetch_status(config, args.url, partial(open_migrated_store, config))
     if note is not None:
         print(f"sharedstream: {note}", file=sys.stderr)

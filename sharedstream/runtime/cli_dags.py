@@ -135,8 +135,10 @@ def next_run_records(
                      spec.end_date, spec.catchup, last_interval=None, next_run=None, revision=0)
         source = f"{definitions.source} (not in the store yet: no run queued so far)"
     if row is None:
-        raise UnknownDag(f"no DAG {dag_id!r} in the store"
-                         + ("" if definitions is None else f" nor in {definitions.source}"))
+        raise UnknownDag(f"no DAG {dag_id!r} in the store" + (
+            " (it has the DAGs of a triggerer that started; to read a definitions file or "
+            "folder instead, pass --definitions PATH)" if definitions is None
+            else f" nor in {definitions.source}"))
     if row.timetable is None:
         return [], f"DAG {dag_id!r} is not scheduled on time ({schedule_text(row)})"
     runs = next_runs(row, registry, count)

@@ -36,7 +36,7 @@ import dataclasses
 import difflib
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -627,8 +627,18 @@ def load_config(path: Path | None = None, *, environ: Mapping[str, str] | None =
     )
 
 
+def _refuse_overwrite(path: Path) -> ConfigError:
+    return ConfigError(
+        f"refusing to overwrite existing file {path} (it may hold the key your stored trigger "
+        "kwargs are encrypted with); pass --path to write a new one, or set up the database "
+        f"it names with `sharedstream --config {path} db upgrade`",
+        source=f"file {path}",
+    )
+
+
 def write_default_config(
-    path: Path, *, kwargs_key: str, store_url: str, source: str = "sharedstream init --db"
+    path: Path, *, kwargs_key: str, store_url: str, source: str = "sharedstream init --db",
+    check: Callable[[Config], None] | None = None,
 ) -> None:
     """Write a commented TOML file with every option at its default (``sharedstream init``).
 
@@ -638,6 +648,12 @@ def write_default_config(
     Raises :class:`ConfigError` if the file exists (never overwritten), a
     value is invalid (``source`` says where the value came from), or the
     file cannot be written.
+
+    ``check`` (``init``: the database must answer) is called with the
+    configuration as it will load from ``path``, environment included,
+    before ``path`` exists: the file is written to a temporary name beside
+    it and linked to ``path`` only once ``check`` returned. When ``check``
+    raises, that is raised and nothing is left behind.
     """
     convert_value("store", "kwargs_key", kwargs_key, source, from_text=False)
     convert_value("store", "url", store_url, source, from_text=False)
@@ -649,14 +665,32 @@ def write_default_config(
         "SHAREDSTREAM__<SECTION>__<OPTION> override this file. It holds a secret: keep it private.",
     ]
     text = _render_toml(values, header=header, help_comments=True)
+    if check is None:
+        _create(path, path, text)
+        return
+    if path.exists():  # before anything is checked or written
+        raise _refuse_overwrite(path)
+    draft = path.with_name(f".{path.name}.{os.getpid()}.init")
+    _create(draft, path, text)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        check(load_config(draft))
+        try:
+            os.link(draft, path)  # exclusive, like O_EXCL: never overwrites
+        except FileExistsError:
+            raise _refuse_overwrite(path) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot create {path}: {exc.strerror}",
+                              source=f"file {path}") from exc
+    finally:
+        draft.unlink(missing_ok=True)
+
+
+def _create(file: Path, path: Path, text: str) -> None:
+    """Create ``file`` exclusively (mode 0600) holding ``text``; errors name ``path``."""
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise ConfigError(
-            f"refusing to overwrite existing file {path} (it may hold the key your stored "
-            "trigger kwargs are encrypted with); pass --path to write a new one",
-            source=f"file {path}",
-        ) from None
+        raise _refuse_overwrite(path) from None
     except OSError as exc:
         raise ConfigError(f"cannot create {path}: {exc.strerror}", source=f"file {path}") from exc
     with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -291,10 +291,13 @@ class Triggerer:
         extra is not installed, would otherwise fail and back off forever:
         that is a definitions or installation error, said in one line per
         watcher before anything runs. Producers connect to nothing when
-        built (the producer contract), so this touches no broker.
+        built (the producer contract), so this touches no broker. A missing
+        or invalid connection fails only its own watchers (logged; the
+        others run), unless no watcher is left: then it too refuses the start.
         """
         names = {t.fingerprint: t.watchers for t in self.definitions.triggers.values()}
         problems = []
+        unconnected: list[tuple[str, str, Exception]] = []
         shared: set[int] = set()
         for row in rows:
             watchers = ", ".join(f"{asset}/{name}" for asset, name in names.get(
@@ -309,13 +312,17 @@ class Triggerer:
             except (ConnectionNotFound, InvalidConnection) as exc:
                 # The environment's fault, not the definitions': this stream is marked failed
                 # when it starts (its producer raises the same), the others run.
-                log.error("watcher cannot run", watchers=watchers,  # noqa: TRY400
-                          classpath=row.classpath, error=exc)
+                unconnected.append((watchers, row.classpath, exc))
             except (Unrunnable, SharedStreamError, ImportError, TypeError, ValueError) as exc:
                 cause = exc.__cause__ if isinstance(exc, Unrunnable) and exc.__cause__ else exc
                 problems.append(f"watcher {watchers} ({row.classpath}) cannot run: {cause}")
+        if unconnected and len(unconnected) == len(rows):  # nothing could run: a start-up error
+            problems += [f"watcher {who} ({classpath}) cannot run: {error}"
+                         for who, classpath, error in unconnected]
         if problems:
             raise SharedStreamError("; ".join(problems))
+        for who, classpath, error in unconnected:
+            log.error("watcher cannot run", watchers=who, classpath=classpath, error=error)
         return shared
 
     # -- running ------------------------------------------------------------------

@@ -38,6 +38,23 @@ def test_an_unknown_broker_is_one_line_listing_the_valid_ones() -> None:
         "only for now"]
 
 
+@pytest.mark.parametrize(("keep", "error"), [
+    ("/etc/passwd", "--keep /etc/passwd: not a directory (give a new or empty one)"),
+    ("full", "--keep {tmp}/full is not empty (give a new or empty directory)"),
+    ("/etc/passwd/sub", "--keep /etc/passwd/sub: cannot create it: Not a directory"),
+])
+def test_a_bad_keep_directory_is_one_line(tmp_path: Path, keep: str, error: str) -> None:
+    """``--keep`` takes a new or empty directory; anything else is refused before it starts."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    result = run_demo_cli("--keep", keep if keep.startswith("/") else str(tmp_path / keep),
+                          "--messages", "5", timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"sharedstream: error: {error.format(tmp=tmp_path)}"]
+    assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["full"]
+
+
 @pytest.mark.usefixtures("kafka_bootstrap")
 @pytest.mark.parametrize("signals", [1, 2])
 def test_an_interrupted_demo_stops_its_broker_and_cleans_up(signals: int) -> None:

@@ -146,7 +146,9 @@ def test_definitions_given_twice_and_as_a_folder_are_all_read(
 def test_next_runs_of_unknown_and_asset_dags(
         workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = cli(capsys, "dags", "next-runs", "nope")
-    assert (code, err) == (2, "sharedstream: error: no DAG 'nope' in the store\n")
+    assert (code, err) == (2, "sharedstream: error: no DAG 'nope' in the store (it has the DAGs "
+                           "of a triggerer that started; to read a definitions file or folder "
+                           "instead, pass --definitions PATH)\n")
     code, out, _ = cli(capsys, "dags", "next-runs", "ship")
     assert (code, out) == (
         0, "DAG 'ship' is not scheduled on time (assets: orders & refunds)\n(none)\n")

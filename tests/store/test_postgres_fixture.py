@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -90,3 +91,35 @@ def test_only_sqlite_holds_a_one_triggerer_lock(tmp_path: Path) -> None:
         pytest.fail("a second triggerer must not get the lock")
     with triggerer_guard("postgresql://db/meta"), triggerer_guard("postgresql://db/meta"):
         pass  # several triggerers share a PostgreSQL database
+
+
+def test_the_kit_runs_a_server_for_a_person_until_ctrl_c(tmp_path: Path) -> None:
+    """``python -m sharedstream.testing.brokers.postgres``: the URL it prints takes
+    ``sharedstream init --db``; Ctrl-C stops the server (nothing listens) and exits 0."""
+    try:
+        kit.postgres_bin_dir()
+    except BrokerNotInstalled as exc:
+        pytest.skip(str(exc))
+    from tests.cli import cli_environment, run_sharedstream  # noqa: PLC0415 - one test needs them
+
+    with subprocess.Popen(
+            [sys.executable, "-m", "sharedstream.testing.brokers.postgres"], cwd=tmp_path,
+            env=cli_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True) as server:
+        try:
+            assert server.stdout is not None
+            first = server.stdout.readline()
+            assert first.startswith("PostgreSQL running: postgresql://"), first
+            url = first.removeprefix("PostgreSQL running: ").strip()
+            init = run_sharedstream("init", "--db", url, cwd=tmp_path)
+            assert init.returncode == 0, init.stderr
+            assert f"database {url} ready (schema v{LATEST})" in init.stdout
+            server.send_signal(signal.SIGINT)
+            _, err = server.communicate(timeout=30)
+            assert (server.returncode, err) == (0, "stopped PostgreSQL\n")
+        finally:
+            if server.poll() is None:
+                server.kill()
+    check = run_sharedstream("db", "check", cwd=tmp_path)
+    assert check.returncode == 2  # the server went with it
+    assert "cannot connect" in check.stderr

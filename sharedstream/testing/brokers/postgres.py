@@ -18,17 +18,28 @@ root the cluster runs as the ``postgres`` user the package creates.
 ``durable=False`` (the default) turns ``fsync`` off: a test cluster is
 thrown away, and its commits then cost no disk flush. Benchmarks pass
 ``durable=True`` (``fsync`` and ``synchronous_commit`` on, the defaults).
+
+The server runs in a session of its own, so a Ctrl-C in the terminal
+reaches only the caller, which stops it. ``python -m
+sharedstream.testing.brokers.postgres`` (:func:`main`) runs one for a
+person to try things on: it prints the URL to give ``sharedstream init
+--db`` and runs until Ctrl-C or SIGTERM, then stops the server and deletes
+its data.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,12 +48,14 @@ from urllib.parse import urlsplit, urlunsplit
 from sharedstream.testing.brokers.process import (
     BrokerDidNotStart,
     BrokerNotInstalled,
+    LocalBrokerError,
     free_port,
 )
 
 __all__ = [
     "POSTGRES_INSTALL_HINT",
     "fresh_database",
+    "main",
     "postgres_bin_dir",
     "postgres_server",
 ]
@@ -88,7 +101,7 @@ def _run(command: Sequence[str], what: str, log_path: Path) -> None:
         try:
             subprocess.run(  # noqa: S603 - a PostgreSQL command the kit built
                 list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                check=True, timeout=_TIMEOUT,
+                check=True, timeout=_TIMEOUT, start_new_session=True,
             )
         except subprocess.CalledProcessError as exc:
             raise BrokerDidNotStart(f"{what} failed with {exc.returncode}; see {log_path}") from exc
@@ -159,3 +172,35 @@ def fresh_database(admin_url: str, *, prefix: str = "sharedstream_test") -> Iter
     finally:
         with psycopg.connect(admin_url, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """A throwaway PostgreSQL until Ctrl-C or SIGTERM (see the module docstring); the exit status.
+
+    0 once stopped; 2 and one line when it cannot start (no binaries: what
+    to install).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m sharedstream.testing.brokers.postgres",
+        description="Run a throwaway PostgreSQL server on a free 127.0.0.1 port (initdb into a "
+        "temporary directory, trust authentication) until Ctrl-C; print its URL.")
+    parser.parse_args(argv)
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda _signum, _frame: stopping.set())
+    try:
+        with postgres_server(durable=True) as url:
+            print(f"PostgreSQL running: {url}\n\n"
+                  f"  sharedstream init --db {url}\n\n"
+                  "Ctrl-C stops it and deletes its data.", flush=True)
+            while not stopping.wait(0.2):
+                pass
+    except LocalBrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("stopped PostgreSQL", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

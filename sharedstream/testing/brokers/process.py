@@ -11,8 +11,8 @@ is built on these three functions, so they share one set of guarantees:
    stopped before the exception leaves;
 3. the process runs in its own session, so a Ctrl-C in the terminal reaches
    the caller only, and the caller stops the broker (in a ``finally``);
-4. :func:`stop_process` terminates, waits a bounded time, then kills; it is
-   idempotent.
+4. :func:`stop_process` terminates, waits a bounded time, then kills (or
+   kills at once when asked); it is idempotent.
 
 Errors are :class:`LocalBrokerError` subclasses named after what went wrong:
 :class:`BrokerNotInstalled` (a test should skip) and
@@ -136,12 +136,21 @@ def _last_line(log_path: Path, limit: int = 200) -> str:
     return f": {last if len(last) <= limit else last[: limit - 1] + '…'}"
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-    """Terminate ``process``; kill it if it has not exited after ``timeout`` s. Idempotent."""
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 5.0, *,
+                 at_once: bool = False) -> None:
+    """Terminate ``process``; kill it if it has not exited after ``timeout`` s. Idempotent.
+
+    ``at_once`` kills it straight away (SIGKILL), for a caller that is
+    exiting at once and throws the broker's state away.
+    """
     if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=timeout)
+        if not at_once:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            else:
+                return
+        process.kill()
+        process.wait(timeout=timeout)
