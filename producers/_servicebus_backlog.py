@@ -62,10 +62,11 @@ def runtime_counts(properties: Any) -> dict[str, int]:
 def _admin_client(settings: ServiceBusSettings, sdk: OptionalSdk) -> tuple[Any, Any]:
     """The SDK's async administration client and an Entra ID credential to close (or ``None``)."""
     admin = sdk("azure.servicebus.aio.management").ServiceBusAdministrationClient
+    retry = {"retry_total": settings.retries, "retry_backoff_factor": settings.retry_backoff}
     if settings.connection_string is not None:
-        return admin.from_connection_string(settings.connection_string), None
+        return admin.from_connection_string(settings.connection_string, **retry), None
     credential, identity = namespace_credential(settings, sdk("azure.core.credentials"))
-    return admin(settings.namespace_host, credential), identity
+    return admin(settings.namespace_host, credential, **retry), identity
 
 
 async def entity_backlog(settings: ServiceBusSettings, sdk: OptionalSdk) -> BrokerBacklog:

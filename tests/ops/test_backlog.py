@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from sharedstream.runtime.ops_view import stream_label
+from sharedstream.testing.memory_broker import MemoryBroker
 from sharedstream.testing.runner import eventually_async
 from tests.ops.conftest import OpsClient, start_triggerer
-from tests.ops.held import HELD
+from tests.ops.held import BROKER, HELD
 from tests.ops.test_endpoint import samples
 from tests.ops.test_readiness import tansu  # noqa: F401 - the fixture
 from tests.ops.test_why import sharedstream
@@ -110,3 +111,31 @@ async def test_kafka_lag_per_partition_rises_while_held_and_drains_after(
     finally:
         HELD.set()
         stop_tansu(process)
+
+
+async def test_a_broker_that_cannot_tell_shows_na_not_zero(tmp_path: Path) -> None:
+    """The memory broker's producer says nothing of its backlog: n/a everywhere, never 0."""
+    MemoryBroker.forget(BROKER)
+    triggerer, task = await start_triggerer(
+        tmp_path, environ={"SHAREDSTREAM__API__BACKLOG_INTERVAL": INTERVAL})
+    assert triggerer.api is not None and triggerer.api.address is not None
+    client = OpsClient("http://{}:{}".format(*triggerer.api.address))
+    try:
+        async def state() -> str:
+            (stream,) = json.loads((await client.get("/status")).text)["streams"]
+            return str(stream["broker_backlog"]["state"])
+        await eventually_async(state, "n/a", within=30, what="the backlog polled")
+        found = samples((await client.get("/metrics")).text)
+        assert "sharedstream_broker_backlog" not in found
+        (known,) = found["sharedstream_broker_backlog_known"]
+        assert known.value == 0
+        code, out, err = await sharedstream(tmp_path, "status", "--url", client.base)
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        row = lines[lines.index("BROKER BACKLOG") + 2].split()
+        assert row[1:3] == ["-", "n/a"]
+        assert " ".join(row[4:]) == "MemorySharedStreamProducer cannot tell its broker's backlog"
+    finally:
+        triggerer.request_stop()
+        assert await task == 0
+        MemoryBroker.forget(BROKER)
