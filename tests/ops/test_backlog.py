@@ -71,7 +71,8 @@ async def test_kafka_lag_per_partition_rises_while_held_and_drains_after(
         triggerer, task = await start_triggerer(
             workdir, definitions=BACKLOG_DEFS,
             environ={"SHAREDSTREAM__API__BACKLOG_INTERVAL": INTERVAL})
-        assert triggerer.api is not None and triggerer.api.address is not None
+        assert triggerer.api is not None
+        assert triggerer.api.address is not None
         client = OpsClient("http://{}:{}".format(*triggerer.api.address))
         ((key, _group, _members),) = triggerer.manager.streams()
         label = stream_label(key)
@@ -118,7 +119,8 @@ async def test_a_broker_that_cannot_tell_shows_na_not_zero(tmp_path: Path) -> No
     MemoryBroker.forget(BROKER)
     triggerer, task = await start_triggerer(
         tmp_path, environ={"SHAREDSTREAM__API__BACKLOG_INTERVAL": INTERVAL})
-    assert triggerer.api is not None and triggerer.api.address is not None
+    assert triggerer.api is not None
+    assert triggerer.api.address is not None
     client = OpsClient("http://{}:{}".format(*triggerer.api.address))
     try:
         async def state() -> str:

@@ -45,7 +45,8 @@ async def test_an_emulator_connection_is_not_asked_and_says_why() -> None:
 def test_the_emulator_flag_is_read_in_any_case_and_only_when_true() -> None:
     def settings(text: str) -> ServiceBusSettings:
         return ServiceBusSettings(connection_string=text, queue="q")
-    assert uses_emulator(settings(EMULATOR.replace("UseDevelopmentEmulator", "usedevelopmentemulator")))
+    lower = EMULATOR.replace("UseDevelopmentEmulator", "usedevelopmentemulator")
+    assert uses_emulator(settings(lower))
     assert not uses_emulator(settings(NOWHERE))
     assert not uses_emulator(settings(NOWHERE + ";UseDevelopmentEmulator=false"))
     assert not uses_emulator(ServiceBusSettings(

@@ -1,4 +1,4 @@
-"""The backlog poller: readings per stream, ``n/a`` and ``unknown`` kept apart, failures logged once.
+"""The backlog poller: readings per stream, ``n/a`` apart from ``unknown``, failures logged once.
 
 Pure logic over stand-in groups (the real thing runs in tests/ops/test_backlog.py).
 """
@@ -81,7 +81,8 @@ async def test_a_broker_that_cannot_tell_is_na_never_zero(
         "n/a", {}, "the Pub/Sub API gives no backlog")
     assert warnings(caplog) == []
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert len(infos) == 1 and infos[0].startswith("broker backlog not available")
+    assert len(infos) == 1
+    assert infos[0].startswith("broker backlog not available")
 
 
 async def test_failures_show_unknown_and_are_logged_once_until_they_change(
