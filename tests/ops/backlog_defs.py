@@ -9,24 +9,14 @@ while it is closed.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from typing import Any
 
-from sharedstream import TriggerEvent
 from sharedstream.definitions import Asset, AssetWatcher, Dag
 from sharedstream.triggers.kafka import KafkaSharedStreamTrigger
-from tests.ops.held import HELD
+from tests.ops.held import HeldFilter
 
 
-class HeldKafkaTrigger(KafkaSharedStreamTrigger):
+class HeldKafkaTrigger(HeldFilter, KafkaSharedStreamTrigger):
     """The Kafka trigger, waiting for ``HELD`` before each event it yields."""
-
-    async def filter_shared_stream(
-        self, shared_stream: AsyncIterator[Any]
-    ) -> AsyncIterator[TriggerEvent]:
-        async for event in super().filter_shared_stream(shared_stream):
-            await HELD.wait()
-            yield event
 
 
 orders = Asset("orders", watchers=[AssetWatcher("held", trigger=HeldKafkaTrigger(

@@ -21,21 +21,11 @@ from sharedstream.testing.runner import eventually_async
 from tests.ops.conftest import OpsClient, start_triggerer
 from tests.ops.held import BROKER, HELD
 from tests.ops.test_endpoint import samples
-from tests.ops.test_readiness import tansu  # noqa: F401 - the fixture
+from tests.ops.test_readiness import create_topic, tansu  # noqa: F401 - tansu: the fixture
 from tests.ops.test_why import sharedstream
 
 BACKLOG_DEFS = Path(__file__).with_name("backlog_defs.py")
 INTERVAL = "0.3"
-
-
-async def create_topic(address: str, topic: str, partitions: int) -> None:
-    admin_module: Any = importlib.import_module("aiokafka.admin")  # untyped: held as Any
-    admin = admin_module.AIOKafkaAdminClient(bootstrap_servers=address)
-    await admin.start()
-    try:
-        await admin.create_topics([admin_module.NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 async def produce(address: str, topic: str, per_partition: dict[int, int]) -> None:
