@@ -2,7 +2,7 @@
 
 With ``[api] enabled`` (or ``--url``), the overview is the running
 triggerer's ``/status`` (:mod:`sharedstream.runtime.api`): live streams,
-lanes, lag and every watcher's counts. When no endpoint is configured, or
+lanes, lag, the brokers' own backlog and every watcher's counts. When no endpoint is configured, or
 it does not answer within :data:`ENDPOINT_TIMEOUT` seconds, the overview is
 read from the store instead (one line on stderr says why): the watchers
 with their stored counts and last errors, the triggerers, recent dead

@@ -66,10 +66,11 @@ PENDING = BacklogReading("pending")
 class BacklogPoller:
     """Asks every live stream's producer for its broker backlog (see the module docstring).
 
-    ``streams`` is the manager's :meth:`~SharedStreamManager.streams`
-    (injected for tests); ``interval`` seconds between polls; ``timeout``
-    bounds each stream's call (default: the smaller of ``interval`` and 10
-    seconds). Used on one event loop; :meth:`run` until cancelled.
+    ``manager`` is what has :meth:`~SharedStreamManager.streams` (a
+    stand-in in unit tests); ``interval`` is the seconds between polls;
+    ``timeout`` bounds each stream's call; ``label`` names a stream in log
+    lines; ``clock`` stamps readings. Used on one event loop; :meth:`run`
+    until cancelled.
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class BacklogPoller:
         """The poller's clock: readings' ``at`` is on it."""
         self._readings: dict[Hashable, BacklogReading] = {}
         self.polls = 0
-        """Polls completed (every stream asked once); tests wait on it."""
+        """Polls completed (every stream asked once)."""
 
     def reading(self, key: Hashable) -> BacklogReading:
         """The last reading of the stream ``key`` (``pending`` before its first poll)."""

@@ -5,7 +5,10 @@ registry of its own (one per endpoint, never the process-wide default). It
 keeps nothing: every scrape reads the counters the runtime already keeps
 (the persist gate's, the manager's totals, the supervisor's progress, the
 process's broker calls) and walks the live groups for lag, exactly like a
-status does (:class:`~sharedstream.runtime.ops_view.TriggererView`). So the
+status does (:class:`~sharedstream.runtime.ops_view.TriggererView`). The
+brokers' own backlog is the last reading of the endpoint's
+:class:`~sharedstream.runtime.ops_backlog.BacklogPoller`: a scrape never
+asks a broker. So the
 hot path pays nothing for it - no instrument call, no lock - and a scrape
 costs O(streams + watchers + lanes).
 
