@@ -39,6 +39,7 @@ __all__ = [
     "credential_of",
     "dead_letter_details",
     "first_line",
+    "namespace_credential",
     "namespace_of",
     "open_client",
     "receiver_options",
@@ -250,6 +251,28 @@ def credential_of(settings: ServiceBusSettings, core_credentials: Any) -> Any:
                                                     credential["shared_access_key"])
 
 
+def namespace_credential(settings: ServiceBusSettings, core_credentials: Any) -> tuple[Any, Any]:
+    """The credential for ``settings.namespace``, and the Entra ID one to close (or ``None``).
+
+    The given key or SAS token (:func:`credential_of`), or else azure-identity's
+    ``DefaultAzureCredential`` (returned twice: the caller closes it).
+    Raises :class:`ServiceBusConfigError` when Entra ID is needed but
+    azure-identity is not installed.
+    """
+    credential = credential_of(settings, core_credentials)
+    if credential is not None:
+        return credential, None
+    try:
+        identity_aio = importlib.import_module("azure.identity.aio")
+    except ImportError:
+        raise ServiceBusConfigError(
+            f"namespace {settings.namespace!r} without a credential signs in with "
+            "Microsoft Entra ID, which needs azure-identity: pip install "
+            "azure-identity (or give a credential)") from None
+    identity = identity_aio.DefaultAzureCredential()
+    return identity, identity
+
+
 Property = str | bytes | int | float | bool | None
 
 
@@ -268,17 +291,7 @@ def open_client(settings: ServiceBusSettings, aio: Any, core_credentials: Any) -
     s = settings
     retry = {"retry_total": s.retries, "retry_backoff_factor": s.retry_backoff}
     if s.connection_string is None:
-        identity = None
-        credential = credential_of(s, core_credentials)
-        if credential is None:
-            try:
-                identity_aio = importlib.import_module("azure.identity.aio")
-            except ImportError:
-                raise ServiceBusConfigError(
-                    f"namespace {s.namespace!r} without a credential signs in with "
-                    "Microsoft Entra ID, which needs azure-identity: pip install "
-                    "azure-identity (or give a credential)") from None
-            credential = identity = identity_aio.DefaultAzureCredential()
+        credential, identity = namespace_credential(s, core_credentials)
         client = aio.ServiceBusClient(fully_qualified_namespace=s.namespace_host,
                                       credential=credential, **retry)
         return client, identity

@@ -109,6 +109,7 @@ OPERATIONS = {
     "ChangeMessageVisibilityBatch": "change_message_visibility_batch",
     "SendMessageBatch": "send_message_batch",
     "GetQueueUrl": "get_queue_url",
+    "GetQueueAttributes": "get_queue_attributes",
 }
 """The SQS API operations the producer calls, and the SDK client's method for each."""
 

@@ -65,8 +65,15 @@ from sharedstream.brokerkit.redelivery import DeliveryTally, RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import (
+    AdvanceItem,
+    BrokerBacklog,
+    DeadLetter,
+    SharedStreamProducer,
+    Verdict,
+)
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._kafka_backlog import group_lag
 from sharedstream.producers._kafka_republish import KafkaRepublishError, republish_records
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
@@ -323,6 +330,12 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         if coordinator is None or not hasattr(coordinator, "coordinator_id"):
             return None
         return coordinator.coordinator_id is not None
+
+    async def broker_backlog(self) -> BrokerBacklog:
+        """The group's lag per partition (:mod:`sharedstream.producers._kafka_backlog`)."""
+        if self._consumer is None:
+            raise KafkaConsumeError("the consumer is not open")
+        return await group_lag(self._consumer, self.settings.topics, _sdk)
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``(topic, partition)``: Kafka commits are cumulative per partition."""

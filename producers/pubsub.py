@@ -95,8 +95,15 @@ from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
+from sharedstream.engine.errors import BacklogUnavailable
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import (
+    AdvanceItem,
+    BrokerBacklog,
+    DeadLetter,
+    SharedStreamProducer,
+    Verdict,
+)
 from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._pubsub_republish import PubSubRepublishError, republish_messages
 from sharedstream.producers._pubsub_stream_ends import StreamEnds
@@ -178,6 +185,12 @@ def pubsub_clients(host: str | None, kind: str) -> Any:
     transport = getattr(module.transports, f"{kind.capitalize()}GrpcAsyncIOTransport")
     return client_class(transport=transport(
         channel=_sdk("grpc").aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
+
+
+PUBSUB_BACKLOG_REASON = (
+    "the Pub/Sub API gives no backlog; Cloud Monitoring does "
+    "(pubsub.googleapis.com/subscription/num_undelivered_messages)")
+"""Why a Pub/Sub stream's broker backlog shows ``n/a``."""
 
 
 class PubSubSharedStreamProducer(SharedStreamProducer):
@@ -398,6 +411,10 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             await self._dispose(poison)
 
     # -- the engine's calls --------------------------------------------------------------
+
+    async def broker_backlog(self) -> BrokerBacklog:
+        """Not available: Pub/Sub's API has no backlog count (see docs/operations.md)."""
+        raise BacklogUnavailable(PUBSUB_BACKLOG_REASON)
 
     @property
     def connected(self) -> bool | None:

@@ -86,8 +86,15 @@ from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import (
+    AdvanceItem,
+    BrokerBacklog,
+    DeadLetter,
+    SharedStreamProducer,
+    Verdict,
+)
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._servicebus_backlog import entity_backlog
 from sharedstream.producers._servicebus_locks import RENEW_BATCH, BatchedLockRenewal
 from sharedstream.producers._servicebus_received import (
     UndecodableBodyError,
@@ -486,6 +493,10 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             await self._call("RenewSessionLock", receiver.session.renew_lock)
 
     # -- the engine's calls --------------------------------------------------------------
+
+    async def broker_backlog(self) -> BrokerBacklog:
+        """The entity's active and dead-letter counts (see ``_servicebus_backlog``)."""
+        return await entity_backlog(self.settings, _sdk)
 
     @property
     def connected(self) -> bool | None:

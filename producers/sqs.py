@@ -87,8 +87,15 @@ from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import AdvanceItem, DeadLetter, SharedStreamProducer, Verdict
+from sharedstream.engine.producer import (
+    AdvanceItem,
+    BrokerBacklog,
+    DeadLetter,
+    SharedStreamProducer,
+    Verdict,
+)
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._sqs_backlog import queue_backlog
 from sharedstream.producers._sqs_republish import SqsRepublishError, republish_messages
 from sharedstream.producers._sqs_types import (
     BATCH,
@@ -394,6 +401,12 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         decides.
         """
         return self._receiving
+
+    async def broker_backlog(self) -> BrokerBacklog:
+        """The queue's message counts (:mod:`sharedstream.producers._sqs_backlog`)."""
+        if self._client is None or not self._url:
+            raise SqsRequestError("the SQS client is not open")
+        return await queue_backlog(self._call, self._url, self._dlq_url)
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """The ``MessageGroupId`` on a FIFO queue, the receive call on a standard one."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "AckTimeout",
+    "BacklogUnavailable",
     "DuplicateSubscription",
     "FilterEnded",
     "InvalidStreamKey",
@@ -110,3 +111,16 @@ class DuplicateSubscription(SharedStreamError, RuntimeError):
 
 class InvalidStreamKey(SharedStreamError, ValueError):
     """A shared-stream key was ``None`` or not hashable."""
+
+
+class BacklogUnavailable(SharedStreamError):
+    """The broker (or this server of it) cannot tell the stream's backlog; the message says why.
+
+    Raised by :meth:`SharedStreamProducer.broker_backlog
+    <sharedstream.engine.producer.SharedStreamProducer.broker_backlog>`
+    when asking again cannot help (Pub/Sub's API has no backlog; a
+    development emulator serves no administration API). Status views show
+    the backlog as ``n/a``, not as 0 and not as a failure.
+    """
+
+    retryable = False

@@ -36,6 +36,7 @@ from opentelemetry.trace import TracerProvider
 
 from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import (
+    BacklogUnavailable,
     DuplicateSubscription,
     PollTerminated,
     ProducerContractError,
@@ -44,7 +45,12 @@ from sharedstream.engine.errors import (
 )
 from sharedstream.engine.fanout import Accept, FanOut, Subscriber
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.engine.producer import DeadLetterFallback, FailureLedger, SharedStreamProducer
+from sharedstream.engine.producer import (
+    BrokerBacklog,
+    DeadLetterFallback,
+    FailureLedger,
+    SharedStreamProducer,
+)
 from sharedstream.engine.pump import AdvancePump, StreamTotals
 from sharedstream.engine.records import UNNAMED, EventRecord
 from sharedstream.engine.resolution import ResolutionBook, overflow_error
@@ -179,6 +185,7 @@ class StreamGroup:
         self._task: asyncio.Task[None] | None = None
         self._terminated = False
         self._producer: SharedStreamProducer | None = None
+        self._producer_open = False  # between the producer's creation and its aclose
         self._fingerprints = False  # the producer overrides raw_event_fingerprint
 
     # -- membership (called by the manager, synchronously) -----------------------
@@ -245,6 +252,21 @@ class StreamGroup:
     def connected(self) -> bool | None:
         """The producer's ``connected`` (``None``: the fast path, or no producer yet)."""
         return None if self._producer is None else self._producer.connected
+
+    async def broker_backlog(self) -> BrokerBacklog:
+        """The producer's :meth:`~SharedStreamProducer.broker_backlog` while its poll runs.
+
+        Raises :class:`BacklogUnavailable` on the fast path (no producer to
+        ask) and :class:`SharedStreamError` while no producer is open (not
+        built yet, or closed); otherwise whatever the producer raises. The
+        caller bounds it with a timeout.
+        """
+        if not self.ack_mode:
+            raise BacklogUnavailable("a fast-path stream has no producer to ask")
+        producer = self._producer
+        if producer is None or not self._producer_open:
+            raise SharedStreamError("the stream's producer is not open")
+        return await producer.broker_backlog()
 
     def is_empty(self) -> bool:
         """Whether no subscriber is registered any more."""
@@ -404,6 +426,7 @@ class StreamGroup:
                 f"{type(producer).__qualname__}, not a SharedStreamProducer"
             )
         self._producer = producer
+        self._producer_open = True
         self._fingerprints = (type(producer).raw_event_fingerprint
                               is not SharedStreamProducer.raw_event_fingerprint)
         if self._dead_letter_fallback is not None:
@@ -518,6 +541,7 @@ class StreamGroup:
             log.exception("closing the source of the shared stream failed", stream=self.key)
 
     async def _close_producer(self, producer: SharedStreamProducer) -> None:
+        self._producer_open = False
         try:
             await producer.aclose()
         except Exception:

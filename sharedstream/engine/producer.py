@@ -25,10 +25,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mappin
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from sharedstream.engine.errors import BacklogUnavailable
+
 __all__ = [
     "MAX_ADVANCE_ITEMS",
     "AdvanceItem",
     "AdvanceOutcome",
+    "BrokerBacklog",
     "DeadLetter",
     "DeadLetterFallback",
     "FailureLedger",
@@ -202,6 +205,16 @@ class DeadLetter:
 
     headers: tuple[tuple[str, bytes], ...] = ()
     """Broker headers or attributes, as ``(name, value)`` pairs."""
+
+
+BrokerBacklog = Mapping[str, Mapping[str, int]]
+"""The broker's own count of what waits for the stream: lane (as text) -> kind -> messages.
+
+Kinds are the broker's own words (``lag`` for Kafka; ``visible``,
+``in_flight`` and ``dead_letter`` for SQS; ``active`` and ``dead_letter``
+for Service Bus); each broker module documents its lanes and kinds. See
+:meth:`SharedStreamProducer.broker_backlog`.
+"""
 
 
 DeadLetterFallback = Callable[[DeadLetter], Awaitable[None]]
@@ -393,6 +406,27 @@ class SharedStreamProducer(abc.ABC):
         must not raise.
         """
         return None
+
+    async def broker_backlog(self) -> BrokerBacklog:
+        """What the broker itself holds for this stream, by lane and kind (:data:`BrokerBacklog`).
+
+        The broker's view, not the process's: a Kafka group's lag (log end
+        offset minus committed offset, per partition), a queue's message
+        counts. Asked by the runtime every ``[api] backlog_interval``
+        seconds, between :meth:`open_stream` and :meth:`aclose`, never on
+        the hot path and never twice at once; it may run while
+        :meth:`open_stream` or :meth:`advance` is awaited, so it only reads
+        (metadata calls on the producer's client, or a client of its own
+        that it closes before returning). Must not change what is
+        delivered or committed.
+
+        The runtime bounds each call with a timeout and shows the backlog
+        as unknown when it raises or times out. Raise
+        :class:`~sharedstream.engine.errors.BacklogUnavailable` when asking
+        cannot help (the broker's API has no such count); the default does,
+        so a producer that says nothing shows ``n/a``.
+        """
+        raise BacklogUnavailable(f"{type(self).__name__} cannot tell its broker's backlog")
 
     async def republish(self, letters: Sequence[DeadLetter]) -> None:
         """Publish kept dead letters again to the stream this producer consumes, as new messages.

@@ -49,9 +49,10 @@ from prometheus_client.registry import Collector
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.runtime import status_page
+from sharedstream.runtime.ops_backlog import BacklogPoller
 from sharedstream.runtime.ops_base import ObservedTriggerer
 from sharedstream.runtime.ops_metrics import TriggererCollector
-from sharedstream.runtime.ops_view import TriggererView
+from sharedstream.runtime.ops_view import TriggererView, stream_label
 
 __all__ = ["OpsEndpoint"]
 
@@ -75,7 +76,11 @@ class OpsEndpoint:
 
     def __init__(self, triggerer: ObservedTriggerer) -> None:
         self._triggerer = triggerer
-        self.view = TriggererView(triggerer)
+        self.backlog = BacklogPoller(triggerer.manager,
+                                     interval=triggerer.config.api.backlog_interval,
+                                     label=stream_label)
+        """The brokers' backlog of each stream, polled while :meth:`serve` runs."""
+        self.view = TriggererView(triggerer, backlog=self.backlog)
         self.address: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
         self.serving = asyncio.Event()
@@ -121,7 +126,8 @@ class OpsEndpoint:
         """Answer requests until cancelled; then close the socket and open connections.
 
         :meth:`start` must have returned first. Watcher names are read from
-        the store once here (the metrics label lag with them).
+        the store once here (the metrics label lag with them). The backlog
+        poller (:attr:`backlog`) runs as a task of its own meanwhile.
         """
         runner, self._runner = self._runner, None
         if runner is None:
@@ -129,7 +135,9 @@ class OpsEndpoint:
         try:
             await self.view.refresh_names()
             self.serving.set()
-            await asyncio.Event().wait()  # until cancelled
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self.backlog.run(), name="sharedstream-backlog")
+                await asyncio.Event().wait()  # until cancelled
         finally:
             self.serving.clear()
             await runner.cleanup()

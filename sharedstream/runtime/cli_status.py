@@ -2,7 +2,7 @@
 
 With ``[api] enabled`` (or ``--url``), the overview is the running
 triggerer's ``/status`` (:mod:`sharedstream.runtime.api`): live streams,
-lanes, lag and every watcher's counts. When no endpoint is configured, or
+lanes, lag, the brokers' own backlog and every watcher's counts. When no endpoint is configured, or
 it does not answer within :data:`ENDPOINT_TIMEOUT` seconds, the overview is
 read from the store instead (one line on stderr says why): the watchers
 with their stored counts and last errors, the triggerers, recent dead
@@ -126,6 +126,8 @@ def render(status: dict[str, Any]) -> str:
                           round(s["oldest_unresolved_age"], 1),
                           [f"{lane['lane']}:{lane['outstanding']}" for lane in s["lanes"]]]
                          for s in status["streams"]])
+        lines += _table("BROKER BACKLOG", ["stream", "lane", "backlog", "age_s", "detail"],
+                        [row for s in status["streams"] for row in _backlog_rows(s)])
         lines += _table("LIVE WATCHERS", ["stream", "watchers", "queued", "seen", "skipped",
                                           "emitted", "rejected", "failed", "last_reject"],
                         [[s["stream"], w["names"] or w["trigger"], w["queued"], w["seen"],
@@ -151,6 +153,23 @@ def render(status: dict[str, Any]) -> str:
                     [[r["dag"], r["run_id"], r["state"], r["at"], r.get("target"), r["assets"]]
                      for r in status["dag_runs"]])
     return "\n".join(lines) + "\n"
+
+
+def _backlog_rows(stream: dict[str, Any]) -> list[list[Any]]:
+    """A stream's broker backlog as table rows: one per lane, or one saying why there is none.
+
+    Never a 0 the broker did not say: ``n/a`` (it cannot tell), ``unknown``
+    (its last answer failed), ``pending`` (not asked yet).
+    """
+    backlog = stream.get("broker_backlog")
+    if backlog is None:  # an endpoint of an older version
+        return []
+    if backlog["state"] != "ok" or not backlog["lanes"]:
+        state = backlog["state"] if backlog["state"] != "ok" else "no lanes"
+        return [[stream["stream"], None, state, backlog["age_seconds"], backlog["detail"]]]
+    return [[stream["stream"], lane["lane"],
+             ", ".join(f"{kind} {n}" for kind, n in lane.items() if kind != "lane"),
+             backlog["age_seconds"], None] for lane in backlog["lanes"]]
 
 
 def fetch_status(config: Config, url: str | None, open_store: Any) -> tuple[dict[str, Any],

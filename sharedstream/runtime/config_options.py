@@ -203,6 +203,11 @@ SPECS: dict[str, dict[str, OptionSpec]] = {
             "int", "TCP port of the endpoint (0: any free port, logged at start-up).",
             strict=False, maximum=65535,
         ),
+        "backlog_interval": OptionSpec(
+            "float",
+            "Seconds between questions to the brokers about each stream's own backlog "
+            "(Kafka group lag, queue depths), shown in /metrics and /status.",
+        ),
     },
     "traces": {
         "enabled": OptionSpec(

@@ -5,7 +5,10 @@ registry of its own (one per endpoint, never the process-wide default). It
 keeps nothing: every scrape reads the counters the runtime already keeps
 (the persist gate's, the manager's totals, the supervisor's progress, the
 process's broker calls) and walks the live groups for lag, exactly like a
-status does (:class:`~sharedstream.runtime.ops_view.TriggererView`). So the
+status does (:class:`~sharedstream.runtime.ops_view.TriggererView`). The
+brokers' own backlog is the last reading of the endpoint's
+:class:`~sharedstream.runtime.ops_backlog.BacklogPoller`: a scrape never
+asks a broker. So the
 hot path pays nothing for it - no instrument call, no lock - and a scrape
 costs O(streams + watchers + lanes).
 
@@ -36,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from sharedstream.brokerkit.calls import PROCESS_CALLS
 from sharedstream.dispatch.dispatcher import LATENCY_BUCKETS, Dispatcher
+from sharedstream.runtime.ops_backlog import PENDING
 from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
 from sharedstream.runtime.ops_dispatch import OUTCOMES
 from sharedstream.runtime.ops_view import (
@@ -177,6 +181,28 @@ class TriggererCollector(Collector):
                 for name, family in why.items():
                     family.add_metric(values, counts[name])
         yield from (up, connected, paused, outstanding, age, lanes, lag, *why.values())
+        yield from self._backlog()
+
+    def _backlog(self) -> Iterator[Metric]:
+        """The brokers' own backlog per stream, lane and kind, as last polled."""
+        backlog = GaugeMetricFamily(
+            _P + "broker_backlog", "Messages the broker itself holds for the stream, by lane "
+            "and kind (Kafka: lag; SQS: visible, in_flight, dead_letter; Service Bus: active, "
+            "dead_letter), as last polled; absent unless the last poll answered",
+            labels=["stream", "lane", "kind"])
+        known = GaugeMetricFamily(
+            _P + "broker_backlog_known", "1 when the stream's last backlog poll answered; 0 "
+            "when it failed, the broker cannot tell (n/a), or it was not asked yet",
+            labels=["stream"])
+        poller = self._view.backlog
+        for key, _group, _members in self._triggerer.manager.streams():
+            label = stream_label(key)
+            reading = poller.reading(key) if poller is not None else PENDING
+            known.add_metric([label], int(reading.state == "ok"))
+            for lane, kinds in sorted(reading.lanes.items()):
+                for kind, count in sorted(kinds.items()):
+                    backlog.add_metric([label, lane_label(lane), kind], count)
+        yield from (backlog, known)
 
 
 def dispatch_metrics(dispatcher: Dispatcher) -> Iterator[Metric]:

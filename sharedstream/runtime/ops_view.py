@@ -38,6 +38,7 @@ from collections.abc import Hashable
 from datetime import datetime
 from typing import Any
 
+from sharedstream.runtime.ops_backlog import PENDING, BacklogPoller, BacklogReading
 from sharedstream.runtime.ops_base import Check
 from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
 from sharedstream.runtime.ops_dispatch import dispatch_check, dispatch_status
@@ -47,6 +48,7 @@ __all__ = [
     "RECENT",
     "Check",
     "TriggererView",
+    "backlog_record",
     "lane_label",
     "letter_record",
     "run_record",
@@ -88,8 +90,11 @@ class TriggererView:
     be called on the triggerer's event loop.
     """
 
-    def __init__(self, triggerer: Triggerer, *, store_timeout: float = STORE_TIMEOUT) -> None:
+    def __init__(self, triggerer: Triggerer, *, store_timeout: float = STORE_TIMEOUT,
+                 backlog: BacklogPoller | None = None) -> None:
         self._triggerer = triggerer
+        self.backlog = backlog
+        """Where the brokers' backlog readings come from (``None``: every stream ``pending``)."""
         self._store_timeout = store_timeout
         self._names: dict[int, tuple[str, ...]] = {}  # trigger id -> its asset/watcher names
 
@@ -160,7 +165,11 @@ class TriggererView:
     # -- status ----------------------------------------------------------------------
 
     def streams(self) -> list[dict[str, Any]]:
-        """Every stream in use: label, live, watchers with their lag, lanes, oldest age."""
+        """Every stream in use: label, live, watchers with their lag, lanes, oldest age.
+
+        ``broker_backlog`` is the broker's own backlog (see :func:`backlog_record`).
+        """
+        now = self.backlog.clock() if self.backlog is not None else 0.0
         result = []
         for key, group, members in self._triggerer.manager.streams():
             queued = group.queued() if group is not None else {}
@@ -177,6 +186,8 @@ class TriggererView:
                 "paused_seconds": dict(group.paused) if group is not None else {},
                 "oldest_unresolved_age": _oldest_age(group) or 0.0,
                 "lanes": [{"lane": lane_label(lane), "outstanding": n} for lane, n in lanes],
+                "broker_backlog": backlog_record(
+                    self.backlog.reading(key) if self.backlog is not None else PENDING, now),
                 "watchers": [{"trigger": trigger_id, "names": list(self.names(trigger_id)),
                               "queued": queued.get(trigger_id, 0),
                               **watcher_counts(group, trigger_id)}
@@ -278,6 +289,25 @@ def _int(value: Hashable) -> int:
 
 def _time(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+def backlog_record(reading: BacklogReading, now: float) -> dict[str, Any]:
+    """A stream's broker backlog as a status shows it.
+
+    ``state`` (``ok``, ``n/a``, ``unknown``, ``pending``: see
+    :data:`~sharedstream.runtime.ops_backlog.BacklogState`), ``lanes`` (one
+    entry per lane: its label and a count per kind; empty unless ``ok``),
+    ``detail`` (why not ``ok``) and ``age_seconds`` (since the reading;
+    ``None`` while ``pending``). ``now`` is on the poller's clock.
+    """
+    return {
+        "state": reading.state,
+        "lanes": [{"lane": lane_label(lane), **kinds}
+                  for lane, kinds in sorted(reading.lanes.items())],
+        "detail": reading.detail,
+        "age_seconds": (None if reading.state == "pending"
+                        else round(max(0.0, now - reading.at), 1)),
+    }
 
 
 def trigger_record(row: Any) -> dict[str, Any]:

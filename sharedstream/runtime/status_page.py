@@ -45,7 +45,8 @@ PAGE = """<!doctype html>
 <h2>Streams</h2>
 <table id="streams"><thead><tr><th>stream</th><th>poll</th><th>broker</th>
 <th class="n">outstanding</th><th class="n">oldest unresolved (s)</th><th>lanes (outstanding)</th>
-</tr></thead><tbody></tbody></table>
+<th title="what the broker itself holds for the stream (Kafka lag, queue depths), polled every
+[api] backlog_interval">broker backlog</th></tr></thead><tbody></tbody></table>
 <h2>Watchers</h2>
 <table id="watchers"><thead><tr><th>watchers</th><th>trigger</th><th>state</th>
 <th class="n">lag</th><th class="n">seen</th><th class="n" title="declined by the watcher's
@@ -171,6 +172,18 @@ function watchers(status) {
   return rows;
 }
 
+function backlog(stream) {
+  const b = stream.broker_backlog;
+  if (!b) return "-";
+  if (b.state !== "ok") return b.state + (b.detail ? " (" + b.detail + ")" : "");
+  return b.lanes.map((l) => l.lane + ": " + Object.entries(l)
+    .filter(([kind]) => kind !== "lane").map(([kind, n]) => kind + " " + n).join(" "));
+}
+
+function backlogClass(b) {
+  return b && b.state === "unknown" ? "warn" : "";
+}
+
 function render(status) {
   document.getElementById("triggerer").textContent =
     status.triggerer.id + " · " + status.triggerer.store;
@@ -208,6 +221,7 @@ function render(status) {
     ["broker"], ["outstanding", "n"],
     [(s) => s.oldest_unresolved_age.toFixed(1), "n"],
     [(s) => s.lanes.map((l) => l.lane + ": " + l.outstanding)],
+    [backlog, (s) => backlogClass(s.broker_backlog)],
   ], "no stream is running");
   fill("watchers", watchers(status), [
     [(w) => w.names], ["trigger"], ["state"],

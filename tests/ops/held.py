@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sharedstream import TriggerEvent
+from sharedstream import BaseEventTrigger, TriggerEvent
 from sharedstream.testing.memory import MemorySharedStreamTrigger
 
 
@@ -49,8 +49,8 @@ BROKER = "ops-endpoint"
 STREAM = "orders"
 
 
-class HeldMemoryTrigger(MemorySharedStreamTrigger):
-    """A memory trigger whose filter waits for ``HELD`` before each event it yields."""
+class HeldFilter(BaseEventTrigger):
+    """Mixed in before a trigger class: its filter waits for ``HELD`` before each event."""
 
     async def filter_shared_stream(
         self, shared_stream: AsyncIterator[Any]
@@ -58,3 +58,7 @@ class HeldMemoryTrigger(MemorySharedStreamTrigger):
         async for event in super().filter_shared_stream(shared_stream):
             await HELD.wait()
             yield event
+
+
+class HeldMemoryTrigger(HeldFilter, MemorySharedStreamTrigger):
+    """A memory trigger whose filter waits for ``HELD`` before each event it yields."""

@@ -46,6 +46,8 @@ def test_enabled_from_the_environment(word: str, on: bool) -> None:
     ("host", "http://0.0.0.0", "expected an IP address or host name"),
     ("host", "", "expected an IP address or host name"),
     ("host", "a b", "expected an IP address or host name"),
+    ("backlog_interval", "0", "expected a number > 0"),
+    ("backlog_interval", "soon", "expected a number > 0"),
 ])
 def test_bad_values_are_one_line_naming_the_option(option: str, raw: str, expected: str) -> None:
     name = f"SHAREDSTREAM__API__{option.upper()}"
@@ -70,7 +72,7 @@ def test_the_written_configuration_has_the_section_and_loads_back(tmp_path: Path
     path = tmp_path / "sharedstream.toml"
     write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///ss.db")
     assert tomllib.loads(path.read_text())["api"] == {"enabled": False, "host": "127.0.0.1",
-                                                       "port": 8794}
+                                                       "port": 8794, "backlog_interval": 30.0}
     config = load_config(path, environ={"SHAREDSTREAM__API__ENABLED": "on"})
     assert tomllib.loads(config.to_toml())["api"]["enabled"] is True
 

@@ -49,12 +49,12 @@ def tansu(tmp_path: Path) -> tuple[str, int, Path]:
     return binary, free_port(), tmp_path
 
 
-async def create_topic(address: str, topic: str) -> None:
+async def create_topic(address: str, topic: str, partitions: int = 1) -> None:
     admin_module: Any = importlib.import_module("aiokafka.admin")  # untyped: held as Any
     admin = admin_module.AIOKafkaAdminClient(bootstrap_servers=address)
     await admin.start()
     try:
-        await admin.create_topics([admin_module.NewTopic(topic, 1, 1)])
+        await admin.create_topics([admin_module.NewTopic(topic, partitions, 1)])
     finally:
         await admin.close()
 

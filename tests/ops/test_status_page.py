@@ -52,7 +52,8 @@ async def page_triggerer(tmp_path: Path) -> AsyncIterator[tuple[Triggerer, OpsCl
         pytest.skip("no chromium (apt-get install chromium)")
     MemoryBroker.forget(BROKER)
     HELD.set()
-    triggerer, task = await start_triggerer(tmp_path, definitions=PAGE_DEFS)
+    triggerer, task = await start_triggerer(
+        tmp_path, definitions=PAGE_DEFS, environ={"SHAREDSTREAM__API__BACKLOG_INTERVAL": "0.2"})
     assert triggerer.api is not None
     assert triggerer.api.address is not None
     try:
@@ -116,6 +117,8 @@ async def test_the_page_shows_the_live_numbers(
     (stream,) = cells(dom, "streams")
     assert stream[1] == "polling"
     assert int(stream[3]) >= 29  # outstanding: the held watcher's backlog
+    # The memory broker cannot tell its backlog: n/a and why, never a 0.
+    assert stream[6] == ("n/a (MemorySharedStreamProducer cannot tell its broker's backlog)")
     (letter,) = cells(dom, "dead_letters")
     assert "undecodable json value" in letter[4]
     runs = cells(dom, "dag_runs")

@@ -101,3 +101,15 @@ def test_raw_requests_are_the_requests_the_client_builds(request_type: str,
     assert kind.serialize(built) == kind.serialize(kind(**fields))
     assert list(built.ack_ids) == fields["ack_ids"]
 
+
+
+async def test_the_pubsub_backlog_is_not_available_and_says_where_it_is() -> None:
+    from sharedstream.engine.errors import BacklogUnavailable  # noqa: PLC0415
+    from sharedstream.producers.pubsub import (  # noqa: PLC0415
+        PubSubSettings,
+        PubSubSharedStreamProducer,
+    )
+
+    producer = PubSubSharedStreamProducer(PubSubSettings(project="p", subscription="s"))
+    with pytest.raises(BacklogUnavailable, match="subscription/num_undelivered_messages"):
+        await producer.broker_backlog()  # never asks the service: its API has no such count
