@@ -106,7 +106,7 @@ class Failures:
                 if sub.error is None and sub.owes(record):
                     expired.append((sub, record))
                     error = AckTimeout(
-                        f"shared stream {book.key!r}: trigger {sub.trigger_id!r} did not "
+                        f"shared stream {book.name}: trigger {sub.trigger_id!r} did not "
                         f"resolve event #{record.position} within {book.ack_timeout}s "
                         "(its filter was still on the event, or trigger events it "
                         "derived were not confirmed persisted)"
