@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sharedstream.engine.names import broker_word, stream_name
@@ -292,7 +292,8 @@ def _int(value: Hashable) -> int:
 
 
 def _time(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    """ISO 8601 in UTC with its offset (``...+00:00``), as a status's JSON carries times."""
+    return None if value is None else value.astimezone(UTC).isoformat()
 
 
 def trigger_record(row: Any) -> dict[str, Any]:

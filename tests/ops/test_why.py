@@ -108,8 +108,10 @@ async def test_the_status_command_reads_the_endpoint_or_else_the_store(
     assert lines[1] == "ready: yes"
     assert "LIVE WATCHERS" in lines
     json_row = next(line for line in lines if "orders/json" in line and "undecodable" in line)
-    # queued seen skipped emitted rejected failed
-    assert json_row.split()[2:8] == ["0", "2", "0", "1", "1", "0"]
+    # stream (its name: "memory mixed"), watchers, queued seen skipped emitted rejected failed
+    assert json_row.startswith("  " + stream["stream"] + " ")
+    assert json_row.removeprefix("  " + stream["stream"]).split()[1:7] == [
+        "0", "2", "0", "1", "1", "0"]
 
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
