@@ -39,14 +39,16 @@ def time_text(value: datetime | str) -> str:
     writes them) or its ISO 8601 text (what ``/status`` carries); text that
     is not a time is returned as it is.
     """
-    if isinstance(value, str):
+    if isinstance(value, datetime):
+        moment = value
+    else:
         try:
-            value = datetime.fromisoformat(value)
+            moment = datetime.fromisoformat(value)
         except ValueError:
             return value
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime(TIME_FORMAT)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime(TIME_FORMAT)
 
 
 def positive(text: str) -> int:
