@@ -103,3 +103,17 @@ def test_the_same_topic_on_two_clusters_gets_two_names_without_a_host_in_either(
     assert len(found) == 2
     assert all(name.startswith("kafka orders (group g) [") for name in found)
     assert not any("example" in name or "9092" in name for name in found)
+
+
+def test_the_airflow_provider_shims_name_their_streams_too() -> None:
+    from sharedstream.airflow.providers.amazon.aws.triggers.shared_stream import (  # noqa: PLC0415
+        SqsSharedStreamTrigger as ProviderSqs,
+    )
+    from sharedstream.airflow.providers.apache.kafka.triggers.shared_stream import (  # noqa: PLC0415
+        KafkaSharedStreamTrigger as ProviderKafka,
+    )
+
+    assert ProviderKafka(topics=["orders"]).shared_stream_name() == \
+        "kafka orders (connection kafka_default)"
+    assert ProviderSqs(sqs_queue="https://sqs.us-east-1.amazonaws.com/1/orders-queue"
+                       ).shared_stream_name() == "sqs orders-queue"
