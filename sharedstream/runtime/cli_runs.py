@@ -140,8 +140,8 @@ def add_redrive_command(deadletter_verbs: Any) -> None:
         "redrive", help="publish dead letters kept in the store to their source again")
     redrive.add_argument("ids", metavar="ID", nargs="*", type=int,
                          help="the dead letters (see `deadletters list`)")
-    redrive.add_argument("--stream", help="every kept letter of this stream (\"kafka orders\") "
-                         "not re-driven yet")
+    redrive.add_argument("--stream", help="every kept letter of this stream (its name, "
+                         "\"kafka orders (group g)\") not re-driven yet")
     redrive.add_argument("--again", action="store_true",
                          help="with --stream: also those re-driven before")
     redrive.add_argument("--definitions", type=Path, metavar="FILE",
