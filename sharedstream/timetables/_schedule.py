@@ -159,7 +159,6 @@ class DeltaSteps:
         """``moment - delta``."""
         return (moment - self.delta).astimezone(dt.UTC)
 
-
     def align_up(self, moment: dt.datetime) -> dt.datetime:
         """``moment``: a delta schedule has no fixed points."""
         return moment
