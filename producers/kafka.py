@@ -161,9 +161,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         self._rewinds: dict[tuple[str, int], int] = {}  # seeks per partition (stale-chunk guard)
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
-        self._letters = DeadLetterDesk(
-            self, stream=f"kafka {','.join(settings.topics)} (group {settings.group_id})",
-            setting="dead_letter_topic", logger=log)
+        self._letters = DeadLetterDesk(self, setting="dead_letter_topic", logger=log)
         self._idle_until = 0.0
         self._committer: CoalescedCommitter[tuple[str, int]] = CoalescedCommitter(
             self._commit_offsets, name=f"sharedstream-kafka-commit[{settings.group_id}]",

@@ -211,8 +211,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         self.settings = settings
         self.subscription = settings.subscription_path
         self.calls = BrokerCalls("pubsub")
-        self._letters = DeadLetterDesk(self, stream=f"pubsub {self.subscription}",
-                                       setting="dead_letter_topic", logger=log)
+        self._letters = DeadLetterDesk(self, setting="dead_letter_topic", logger=log)
         self._subscriber: Any = None
         self._publisher: Any = None
         self._claimed = False
@@ -234,7 +233,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         self._workers: PollWorkers[PubSubPayload] = PollWorkers(
             on_broken=(self._acks.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[str] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
-        self._poison = PoisonCheck(self._redelivery, self, stream=self._letters.stream, logger=log)
+        self._poison = PoisonCheck(self._redelivery, self, logger=log)
         self._client_id = uuid.uuid4().hex
         self._pulling = False  # a streaming pull is open (connected)
         # A failure comes back once its lease lapses (the ack deadline): a stream that lived

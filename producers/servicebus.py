@@ -210,8 +210,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self.settings = settings
         self.entity = settings.entity_path
         self.calls = BrokerCalls("servicebus")
-        self._letters = DeadLetterDesk(self, stream=f"servicebus {self.entity}",
-                                       setting="dead-letter queue", logger=log)
+        self._letters = DeadLetterDesk(self, setting="dead-letter queue", logger=log)
         self._client: Any = None
         self._identity: Any = None  # DefaultAzureCredential, when the producer made one
         self._exit = contextlib.AsyncExitStack()
@@ -242,7 +241,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._workers: PollWorkers[ServiceBusPayload] = PollWorkers(
             on_broken=(self._completes.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[int] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
-        self._poison = PoisonCheck(self._redelivery, self, stream=self._letters.stream, logger=log)
+        self._poison = PoisonCheck(self._redelivery, self, logger=log)
         self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
         self._turns = LinkTurns()  # one receive or one run of settlements per link at a time
         self._lock_warned = False

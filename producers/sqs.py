@@ -215,8 +215,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         _sdk("aiobotocore.session")  # a missing extra is a clear error here, not at connect
         self.settings = settings
         self.calls = BrokerCalls("sqs")
-        self._letters = DeadLetterDesk(self, stream=f"sqs {queue_name(settings.queue)}",
-                                       setting="dead_letter_queue", logger=log)
+        self._letters = DeadLetterDesk(self, setting="dead_letter_queue", logger=log)
         self._refusals: dict[str, str] = {}  # message id -> why the DLQ refused it
         self._client: Any = None
         self._exit = contextlib.AsyncExitStack()
@@ -232,7 +231,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # Received (or being received) and not yet advanced.
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
-        self._poison = PoisonCheck(self._redelivery, self, stream=self._letters.stream, logger=log)
+        self._poison = PoisonCheck(self._redelivery, self, logger=log)
         # Bounded (two rounds of the senders): a message waiting here is no longer renewed,
         # so when deletes back up, advance waits (and receiving pauses behind it).
         self._deletes: SettleSender[SqsPayload] = SettleSender(

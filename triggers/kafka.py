@@ -331,6 +331,18 @@ class KafkaSharedStreamTrigger(BrokerTrigger):
         settings.validate()
         return settings
 
+    def shared_stream_name(self) -> str:
+        """``kafka orders (group sharedstream-orders)``: the topics and the consumer group.
+
+        A group the connection gives is named by the connection
+        (``kafka orders (connection kafka_default)``); brokers and security
+        settings never appear (see :mod:`sharedstream.engine.names`).
+        """
+        topics = ",".join(sorted(set(self.topics)))
+        if self.group_id is None:
+            return f"kafka {topics} (connection {self.conn_id})"
+        return f"kafka {topics} (group {self.group_id})"
+
     def shared_stream_key(self) -> Hashable:
         """Everything that changes the shared consumer or its producer, nothing per-trigger.
 

@@ -189,6 +189,14 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
         settings.validate()
         return settings
 
+    def shared_stream_name(self) -> str:
+        """``pubsub orders-sub (project shop)``: the subscription's id and its project."""
+        project, subscription = self.project, self.subscription
+        if subscription.startswith("projects/"):  # a full path: projects/<p>/subscriptions/<s>
+            parts = subscription.split("/")
+            project, subscription = parts[1], parts[-1]
+        return f"pubsub {subscription}" + (f" (project {project})" if project else "")
+
     def shared_stream_key(self) -> Hashable:
         """The subscription and a fingerprint of every consumer setting; no filter setting.
 

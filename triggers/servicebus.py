@@ -206,6 +206,15 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         settings.validate()
         return settings
 
+    def shared_stream_name(self) -> str:
+        """``servicebus orders`` (a queue) or ``servicebus orders/subscriptions/audit``.
+
+        The entity only: never the namespace or the connection string.
+        """
+        if self.queue is not None:
+            return f"servicebus {self.queue}"
+        return f"servicebus {self.topic}/subscriptions/{self.subscription}"
+
     def shared_stream_key(self) -> Hashable:
         """The namespace, the entity and a fingerprint of every consumer setting.
 

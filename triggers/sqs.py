@@ -244,6 +244,10 @@ class SqsSharedStreamTrigger(BrokerTrigger):
         settings.validate()
         return settings
 
+    def shared_stream_name(self) -> str:
+        """``sqs orders-queue``: the queue's name (of a URL, its last segment), nothing else."""
+        return f"sqs {queue_name(self.queue)}"
+
     def shared_stream_key(self) -> Hashable:
         """The queue and every consumer setting; not the per-trigger decoding or matching.
 

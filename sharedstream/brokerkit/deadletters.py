@@ -81,18 +81,24 @@ class DeadLetterDesk:
     """Counts a producer's dead letters and keeps those its broker will not take.
 
     Owned by one producer (``owner``): it adds to ``owner.dead_lettered`` and
-    reads ``owner.dead_letter_fallback`` at each call (the engine sets it
-    before ``open_stream``). ``stream`` names the stream in letters and logs
-    (``"kafka orders (group g)"``); ``setting`` is the option that configures
-    the broker's dead-letter destination, named in warnings. Called from the
-    owner's event loop.
+    reads ``owner.dead_letter_fallback`` and ``owner.stream_name`` at each
+    call (the engine sets them before ``open_stream``); the stream's name
+    goes in letters and logs (``"kafka orders (group g)"``, see
+    :mod:`sharedstream.engine.names`). ``setting`` is the option that
+    configures the broker's dead-letter destination, named in warnings.
+    Called from the owner's event loop.
     """
 
-    def __init__(self, owner: SharedStreamProducer, *, stream: str, setting: str,
+    def __init__(self, owner: SharedStreamProducer, *, setting: str,
                  logger: KeyValueLogger) -> None:
-        self.owner, self.stream, self.setting, self.log = owner, stream, setting, logger
+        self.owner, self.setting, self.log = owner, setting, logger
         self.discarded = 0
         """Messages dropped because there was no dead-letter destination and no fallback."""
+
+    @property
+    def stream(self) -> str:
+        """The stream's name, as the engine gave it to the owner."""
+        return self.owner.stream_name
 
     def sent(self, source: str, destination: str, reason: str,
              verdicts: Sequence[Verdict]) -> None:

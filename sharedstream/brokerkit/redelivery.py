@@ -93,13 +93,14 @@ class PoisonCheck:
     """Whether the messages a broker delivered too often are poison: the failure ledger decides.
 
     Owned by one producer (``owner``), whose ``failure_ledger`` it reads at
-    each call (the engine sets it before ``open_stream``); ``stream`` names
-    the stream in log lines. Called from the owner's event loop.
+    each call (the engine sets it before ``open_stream``), and whose
+    ``stream_name`` names the stream in log lines. Called from the owner's
+    event loop.
     """
 
-    def __init__(self, policy: RedeliveryPolicy, owner: SharedStreamProducer, *, stream: str,
+    def __init__(self, policy: RedeliveryPolicy, owner: SharedStreamProducer, *,
                  logger: KeyValueLogger) -> None:
-        self.policy, self.owner, self.stream, self.log = policy, owner, stream, logger
+        self.policy, self.owner, self.log = policy, owner, logger
         self.cleared = 0
         """Suspects found not poison so far (their deliveries were not their own failures)."""
 
@@ -133,7 +134,7 @@ class PoisonCheck:
         except Exception as exc:  # noqa: BLE001 - any store failure: fan them out again
             self.log.warning("cannot read raw events' failures from the store; fanning out "
                              "again the messages the broker delivered too often",
-                             stream=self.stream, messages=len(asked),
+                             stream=self.owner.stream_name, messages=len(asked),
                              error=f"{type(exc).__name__}: {exc}")
             return poison
         poison.update(key for key, name in asked.items()
@@ -143,7 +144,7 @@ class PoisonCheck:
             self.cleared += cleared
             self.log.info("fanning out again messages delivered more than max_redeliveries + 1 "
                           "times: the store counts too few failures of their own (crashes "
-                          "redelivered them)", stream=self.stream, messages=cleared,
+                          "redelivered them)", stream=self.owner.stream_name, messages=cleared,
                           max_redeliveries=policy.max_redeliveries)
         return poison
 

@@ -59,8 +59,8 @@ class FailingBook(Protocol):
     """
 
     @property
-    def key(self) -> Hashable:
-        """The stream key (named in ack timeout errors)."""
+    def name(self) -> str:
+        """The stream's name (in ack timeout errors: see :mod:`sharedstream.engine.names`)."""
 
     @property
     def ack_timeout(self) -> float:
@@ -145,7 +145,7 @@ class Failures:
                 if sub.error is None and sub.owes(record):
                     expired.append((sub, record))
                     error = AckTimeout(
-                        f"shared stream {book.key!r}: trigger {sub.trigger_id!r} did not "
+                        f"shared stream {book.name}: trigger {sub.trigger_id!r} did not "
                         f"resolve event #{record.position} within {book.ack_timeout}s "
                         "(its filter was still on the event, or trigger events it "
                         "derived were not confirmed persisted)"

@@ -45,6 +45,7 @@ from sharedstream.engine.errors import (
 )
 from sharedstream.engine.fanout import Accept, FanOut, Subscriber
 from sharedstream.engine.keyvalue_log import key_value_logger
+from sharedstream.engine.names import stream_name
 from sharedstream.engine.producer import (
     BrokerBacklog,
     DeadLetterFallback,
@@ -140,8 +141,12 @@ class StreamGroup:
         failure_ledger: FailureLedger | None = None,
         totals: StreamTotals | None = None,
         tracer_provider: TracerProvider | None = None,
+        name: str | None = None,
     ) -> None:
         self.key = key
+        self.name = name if name is not None else stream_name(key)
+        """The stream's name (:mod:`sharedstream.engine.names`): in its log lines, errors,
+        metrics, task names, and given to its producer as ``stream_name``."""
         self._tracer_provider = tracer_provider
         self.trigger_class = trigger_class
         self.kwargs = kwargs
@@ -165,6 +170,7 @@ class StreamGroup:
         if self.ack_mode:
             self.book = ResolutionBook(
                 key=key,
+                name=self.name,
                 fanout=self.fanout,
                 ack_timeout=ack_timeout,
                 router=router,
@@ -193,9 +199,9 @@ class StreamGroup:
     def start(self) -> None:
         """Start the poll task. Called exactly once, from inside the event loop."""
         if self._task is not None:
-            raise RuntimeError(f"shared stream group {self.key!r} already started")
+            raise RuntimeError(f"shared stream group {self.name} already started")
         self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"sharedstream-poll[{self.key!r}]"
+            self._run(), name=f"sharedstream-poll[{self.name}]"
         )
 
     def subscribe(self, trigger_id: Hashable, accept: Accept | None = None) -> AsyncIterator[Any]:
@@ -213,7 +219,7 @@ class StreamGroup:
             self.book is not None and trigger_id in self.book.subscribers
         ):
             raise DuplicateSubscription(
-                f"trigger {trigger_id!r} is already subscribed to shared stream {self.key!r}; "
+                f"trigger {trigger_id!r} is already subscribed to shared stream {self.name}; "
                 "unsubscribe it first"
             )
         if self.book is not None:
@@ -344,7 +350,7 @@ class StreamGroup:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task])
-        self._terminate(StreamStopped(f"shared stream {self.key!r} was stopped"))
+        self._terminate(StreamStopped(f"shared stream {self.name} was stopped"))
 
     def _terminate(self, error: BaseException) -> None:
         """Evict the group and hand ``error`` to every subscriber. Synchronous; idempotent."""
@@ -376,7 +382,7 @@ class StreamGroup:
                 else:
                     await self._poll_fast(exits)
                 terminal = PollTerminated(
-                    f"the poll of shared stream {self.key!r} returned; open_shared_stream / "
+                    f"the poll of shared stream {self.name} returned; open_shared_stream / "
                     "open_stream must yield for the lifetime of the group or raise"
                 )
             except asyncio.CancelledError:
@@ -387,14 +393,14 @@ class StreamGroup:
                 terminal = exc
                 if getattr(exc, "retryable", False):  # the broker's doing: one line says it
                     log.warning("shared stream stopped; its triggers start it again after "
-                                "their restart backoff", stream=self.key, error=exc)
+                                "their restart backoff", stream=self.name, error=exc)
                 elif isinstance(exc, SharedStreamError):
                     # A named, lasting problem (settings that cannot work, a stream that does
                     # not exist): every subscriber gets it and its owner says it, once.
-                    log.debug("the poll of the shared stream failed", stream=self.key,
+                    log.debug("the poll of the shared stream failed", stream=self.name,
                               error=exc)
                 else:
-                    log.exception("the poll of the shared stream failed", stream=self.key)
+                    log.exception("the poll of the shared stream failed", stream=self.name)
             finally:
                 if terminal is not None:
                     self._terminate(terminal)
@@ -413,7 +419,7 @@ class StreamGroup:
             if overflowed is not None:
                 for sub in overflowed:
                     self._report_overflow(sub)
-                    sub.set_error(overflow_error(self.key, sub.trigger_id, self.fanout.capacity))
+                    sub.set_error(overflow_error(self.name, sub.trigger_id, self.fanout.capacity))
             count += 1
             if self.fanout.crowded or not valve.is_open or not count % YIELD_EVERY:
                 await self._hold()
@@ -429,23 +435,24 @@ class StreamGroup:
         self._producer_open = True
         self._fingerprints = (type(producer).raw_event_fingerprint
                               is not SharedStreamProducer.raw_event_fingerprint)
+        producer.stream_name = self.name
         if self._dead_letter_fallback is not None:
             producer.dead_letter_fallback = self._dead_letter_fallback
         if self._failure_ledger is not None:
             producer.failure_ledger = self._failure_ledger
         exits.push_async_callback(self._close_producer, producer)
         if self._tracer_provider is not None:
-            book.tracer = StreamTracer(self._tracer_provider, self.key, producer)
+            book.tracer = StreamTracer(self._tracer_provider, self.name, producer)
             exits.callback(book.tracer.close)  # after the drain: spans left end abandoned
         tracer = book.tracer
         pump = AdvancePump(book, producer, on_failure=self._fail_from_pump, totals=self._totals)
         book.on_ready = pump.notify
         pump_task = asyncio.get_running_loop().create_task(
-            pump.run(), name=f"sharedstream-advance[{self.key!r}]"
+            pump.run(), name=f"sharedstream-advance[{self.name}]"
         )
-        exits.push_async_callback(_drain_pump, pump, pump_task, self.key)
+        exits.push_async_callback(_drain_pump, pump, pump_task, self.name)
         watchdog = asyncio.get_running_loop().create_task(
-            run_ack_watchdog(book, self._clock), name=f"sharedstream-ack-watchdog[{self.key!r}]"
+            run_ack_watchdog(book, self._clock), name=f"sharedstream-ack-watchdog[{self.name}]"
         )
         exits.push_async_callback(_cancel_and_wait, watchdog)
 
@@ -510,7 +517,7 @@ class StreamGroup:
                 self.paused["watcher_behind"] += time.monotonic() - began
 
     def _report_behind(self, sub: Subscriber) -> None:
-        instruments().pauses.add(1, {"stream": repr(self.key), "reason": "subscriber_behind"})
+        instruments().pauses.add(1, {"stream": self.name, "reason": "subscriber_behind"})
         now = time.monotonic()
         last = self._behind_logged.get(sub.trigger_id)
         if last is not None and now - last < BEHIND_LOG_INTERVAL:
@@ -518,14 +525,14 @@ class StreamGroup:
         self._behind_logged[sub.trigger_id] = now
         log.info(
             "shared stream paused: trigger behind, until it has worked through half its queue",
-            stream=self.key, trigger=sub.trigger_id, queue_size=self.fanout.capacity,
+            stream=self.name, trigger=sub.trigger_id, queue_size=self.fanout.capacity,
         )
 
     def _report_overflow(self, sub: Subscriber) -> None:
-        instruments().forced_failures.add(1, {"stream": repr(self.key), "reason": "overflow"})
+        instruments().forced_failures.add(1, {"stream": self.name, "reason": "overflow"})
         log.warning(
             "trigger fell behind the shared stream (its queue is full); failing it alone",
-            stream=self.key, trigger=sub.trigger_id, queue_size=self.fanout.capacity,
+            stream=self.name, trigger=sub.trigger_id, queue_size=self.fanout.capacity,
         )
 
     async def _close_source(self, source: AsyncIterator[Any]) -> None:
@@ -538,7 +545,7 @@ class StreamGroup:
         except Exception:
             # The poll is over; a failing cleanup in the source must not stop
             # the drain and producer close that follow.
-            log.exception("closing the source of the shared stream failed", stream=self.key)
+            log.exception("closing the source of the shared stream failed", stream=self.name)
 
     async def _close_producer(self, producer: SharedStreamProducer) -> None:
         self._producer_open = False
@@ -547,7 +554,7 @@ class StreamGroup:
         except Exception:
             # Best-effort by contract: the poll is over either way, and what
             # was not advanced will be redelivered.
-            log.exception("producer.aclose() of the shared stream failed", stream=self.key)
+            log.exception("producer.aclose() of the shared stream failed", stream=self.name)
 
 
 def _no_bind(_trigger_id: Hashable) -> None:
@@ -559,7 +566,7 @@ async def _cancel_and_wait(task: asyncio.Task[None]) -> None:
     await asyncio.wait([task])
 
 
-async def _drain_pump(pump: AdvancePump, task: asyncio.Task[None], key: Hashable) -> None:
+async def _drain_pump(pump: AdvancePump, task: asyncio.Task[None], stream: str) -> None:
     """Let the pump advance what is resolved, for at most ``DRAIN_TIMEOUT`` seconds."""
     pump.request_stop()
     done, _ = await asyncio.wait([task], timeout=DRAIN_TIMEOUT)
@@ -567,6 +574,6 @@ async def _drain_pump(pump: AdvancePump, task: asyncio.Task[None], key: Hashable
         log.error(
             "shared stream stopping: advancing resolved events timed out; abandoning them to "
             "broker redelivery",
-            stream=key, timeout_s=DRAIN_TIMEOUT,
+            stream=stream, timeout_s=DRAIN_TIMEOUT,
         )
         await _cancel_and_wait(task)

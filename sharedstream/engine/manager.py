@@ -26,6 +26,7 @@ from sharedstream.engine.fanout import Accept
 from sharedstream.engine.group import IntakeValve, StreamGroup
 from sharedstream.engine.keyvalue_log import KeyValueLogger, key_value_logger
 from sharedstream.engine.membership import Membership
+from sharedstream.engine.names import STREAM_NAMES, stream_name
 from sharedstream.engine.producer import DeadLetterFallback, FailureLedger
 from sharedstream.engine.pump import StreamTotals
 from sharedstream.engine.seqs import SeqRouter
@@ -133,7 +134,8 @@ class SharedStreamManager:
         roster = self._rosters.get(key)
         if roster is not None and trigger_id in roster:
             raise DuplicateSubscription(
-                f"trigger {trigger_id!r} is already a member of shared stream {key!r}"
+                f"trigger {trigger_id!r} is already a member of shared stream "
+                f"{self.stream_name(key, trigger)}"
             )
         return self.live_group(key, trigger).subscribe(trigger_id, _prefilter(trigger))
 
@@ -151,11 +153,12 @@ class SharedStreamManager:
         id already subscribed or joined.
         """
         _check_key(key)
+        name = self.stream_name(key, trigger)
         roster = self._rosters.setdefault(key, {})
         group = self._groups.get(key)
         if trigger_id in roster or (group is not None and group.has_subscriber(trigger_id)):
             raise DuplicateSubscription(
-                f"trigger {trigger_id!r} is already subscribed to shared stream {key!r}"
+                f"trigger {trigger_id!r} is already subscribed to shared stream {name}"
             )
         member = Membership(
             self, trigger_id=trigger_id, trigger=trigger, key=key, accept=_prefilter(trigger)
@@ -178,6 +181,7 @@ class SharedStreamManager:
         _, kwargs = trigger.serialize()
         group = StreamGroup(
             key=key,
+            name=self.stream_name(key, trigger),
             trigger_class=type(trigger),
             kwargs=kwargs,
             max_subscriber_queue=self._max_subscriber_queue,
@@ -196,8 +200,22 @@ class SharedStreamManager:
         for member in self._rosters.get(key, {}).values():
             member.attach(group)
         self._groups[key] = group
-        self._log.debug("shared stream started", stream=key, ack_mode=group.ack_mode)
+        self._log.debug("shared stream started", stream=group.name, ack_mode=group.ack_mode)
         return group
+
+    @staticmethod
+    def stream_name(key: Hashable, trigger: BaseEventTrigger | None = None) -> str:
+        """The name of the stream of ``key``, given now (from ``trigger``) if it has none yet.
+
+        One name per key for the life of the process, in every log line,
+        error, metric and dead letter of the stream (see
+        :mod:`sharedstream.engine.names`): ``trigger``'s
+        ``shared_stream_name()``, with a digest of the key appended when
+        another stream already has that name. Synchronous and cheap.
+        """
+        if trigger is None:
+            return stream_name(key)
+        return STREAM_NAMES.name(key, trigger.shared_stream_name())
 
     async def release(self, member: Membership) -> None:
         """Take ``member`` off its roster and out of its group (``Membership.leave``)."""
@@ -310,7 +328,7 @@ class SharedStreamManager:
         if group.is_empty():
             del self._groups[key]
             await group.stop()
-            self._log.debug("shared stream stopped: last subscriber left", stream=key)
+            self._log.debug("shared stream stopped: last subscriber left", stream=group.name)
 
     async def stop_all(self) -> None:
         """Stop every group (triggerer shutdown): evict all, then stop each in turn.

@@ -40,6 +40,7 @@ from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import FilterEnded, StreamStopped
 from sharedstream.engine.fanout import Accept, Subscriber
 from sharedstream.engine.group import StreamGroup
+from sharedstream.engine.names import stream_name
 from sharedstream.engine.trigger import BaseEventTrigger
 
 __all__ = ["Membership", "Roster"]
@@ -106,7 +107,8 @@ class Membership:
         ``stop_all``.
         """
         if self.left:
-            raise StreamStopped(f"trigger {self.trigger_id!r} left shared stream {self.key!r}")
+            raise StreamStopped(
+                f"trigger {self.trigger_id!r} left shared stream {stream_name(self.key)}")
         group = self._manager.live_group(self.key, self.trigger)
         # Every group of the key attaches the whole roster when it is made (or at join).
         assert self._group is group  # noqa: S101
@@ -195,7 +197,8 @@ class Membership:
             self.fail(exc)
             raise
         ended = FilterEnded(
-            f"the filter of trigger {self.trigger_id!r} on shared stream {self.key!r} returned"
+            f"the filter of trigger {self.trigger_id!r} on shared stream "
+            f"{stream_name(self.key)} returned"
         )
         self.fail(ended)
         raise ended

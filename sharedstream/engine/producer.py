@@ -257,6 +257,13 @@ class SharedStreamProducer(abc.ABC):
 
     dead_letter_fallback: DeadLetterFallback | None = None
 
+    stream_name: str = "an unnamed stream"
+    """The stream's name (:mod:`sharedstream.engine.names`), for log lines and dead letters.
+
+    Set by the engine before :meth:`open_stream`; a producer names its stream
+    with it and never builds a name of its own, so every line agrees.
+    """
+
     counts_deliveries: bool = False
     """Whether the broker counts each message's deliveries and the producer judges poison by it.
 

@@ -124,7 +124,7 @@ class AdvancePump:
                 # advanced (at-least-once, never a silent skip).
                 log.exception(
                     "producer.advance raised; terminating the shared stream",
-                    stream=book.key,
+                    stream=book.name,
                     lane=lane,
                     other_lanes=together,
                     batch_size=len(batch),
@@ -158,7 +158,7 @@ class AdvancePump:
             await ledger.add(names)
         except Exception as exc:  # noqa: BLE001 - any store failure: say so, go on
             log.warning("could not count raw events' failures in the store; after a restart "
-                        "their redeliveries cannot be told from a crash's", stream=self._book.key,
+                        "their redeliveries cannot be told from a crash's", stream=self._book.name,
                         raw_events=len(names), error=f"{type(exc).__name__}: {exc}")
 
     def _count_outcomes(self, batch: Sequence[AdvanceItem], counter: Counter) -> None:

@@ -79,6 +79,7 @@ from sharedstream.engine.ack_subscriber import AckSubscriber, still_owed
 from sharedstream.engine.errors import SubscriberOverflow
 from sharedstream.engine.failures import Failures
 from sharedstream.engine.fanout import Accept, FanOut
+from sharedstream.engine.names import stream_name
 from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, Verdict
 from sharedstream.engine.records import EventRecord, add_verdict
 from sharedstream.engine.seqs import SeqRouter
@@ -111,8 +112,11 @@ class ResolutionBook:
         router: SeqRouter | None = None,
         on_ready: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        name: str | None = None,
     ) -> None:
         self.key = key
+        self.name = name if name is not None else stream_name(key)
+        """The stream's name in log lines, errors and metrics (:mod:`sharedstream.engine.names`)."""
         self.fanout = fanout
         self.ack_timeout = ack_timeout
         self.clock = clock
@@ -219,7 +223,7 @@ class ResolutionBook:
         if overflowed is not None:
             for sub in overflowed:
                 self.resolve_failed(record, unseen=True)
-                self.fail(sub, overflow_error(self.key, sub.trigger_id, fanout.capacity))
+                self.fail(sub, overflow_error(self.name, sub.trigger_id, fanout.capacity))
         return overflowed
 
     # -- subscriber progress ---------------------------------------------------
@@ -566,10 +570,10 @@ class ResolutionBook:
             self.on_ready()
 
 
-def overflow_error(key: Hashable, trigger_id: Hashable, capacity: int) -> SubscriberOverflow:
-    """The error a subscriber gets when its inbox was full at fan-out."""
+def overflow_error(stream: str, trigger_id: Hashable, capacity: int) -> SubscriberOverflow:
+    """The error a subscriber of the stream named ``stream`` gets when its inbox was full."""
     return SubscriberOverflow(
-        f"shared stream {key!r}: trigger {trigger_id!r} fell behind; its queue already "
+        f"shared stream {stream}: trigger {trigger_id!r} fell behind; its queue already "
         f"held {capacity} unprocessed events (shared_stream_subscriber_queue_size)"
     )
 

@@ -69,12 +69,12 @@ def _watched() -> list[ResolutionBook]:
 
 
 def _outstanding(_options: CallbackOptions) -> Iterable[Observation]:
-    return [Observation(book.outstanding(), {"stream": repr(book.key)}) for book in _watched()]
+    return [Observation(book.outstanding(), {"stream": book.name}) for book in _watched()]
 
 
 def _subscriber_lag(_options: CallbackOptions) -> Iterable[Observation]:
     return [
-        Observation(queued, {"stream": repr(book.key), "trigger": str(trigger_id)})
+        Observation(queued, {"stream": book.name, "trigger": str(trigger_id)})
         for book in _watched()
         for trigger_id, queued in book.queued_snapshot()
     ]
@@ -82,7 +82,7 @@ def _subscriber_lag(_options: CallbackOptions) -> Iterable[Observation]:
 
 def _lane_outstanding(_options: CallbackOptions) -> Iterable[Observation]:
     return [
-        Observation(records, {"stream": repr(book.key), "lane": repr(lane)})
+        Observation(records, {"stream": book.name, "lane": repr(lane)})
         for book in _watched()
         for lane, records in book.lanes_snapshot()
     ]
@@ -93,7 +93,7 @@ def _head_of_line_age(_options: CallbackOptions) -> Iterable[Observation]:
     for book in _watched():
         since = book.oldest_unresolved_at()
         age = 0.0 if since is None else max(0.0, book.clock() - since)
-        observations.append(Observation(age, {"stream": repr(book.key)}))
+        observations.append(Observation(age, {"stream": book.name}))
     return observations
 
 

@@ -44,7 +44,7 @@ async def run_ack_watchdog(book: ResolutionBook, clock: Callable[[], float]) -> 
             log.warning(
                 "ack timeout: trigger did not resolve an event in time; failing it (the broker "
                 "redelivers what it owed)",
-                stream=book.key,
+                stream=book.name,
                 trigger=sub.trigger_id,
                 position=record.position,
                 timeout_s=book.ack_timeout,

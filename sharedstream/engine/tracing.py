@@ -100,12 +100,12 @@ class StreamTracer:
     """The spans of one group's raw events (see the module docstring)."""
 
     def __init__(
-        self, provider: TracerProvider, key: Hashable, producer: SharedStreamProducer
+        self, provider: TracerProvider, stream: str, producer: SharedStreamProducer
     ) -> None:
         self._tracer = provider.get_tracer(TRACER_NAME)
         self._producer = producer
         attributes: dict[str, Any] = dict(producer.messaging_attributes)
-        destination = str(attributes.setdefault("messaging.destination.name", str(key)))
+        destination = str(attributes.setdefault("messaging.destination.name", stream))
         self._attributes = attributes
         self._names = (f"process {destination}", f"fan-out {destination}",
                        f"settle {destination}")

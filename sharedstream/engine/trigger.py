@@ -137,6 +137,20 @@ class BaseEventTrigger(BaseTrigger):
         """
         return None
 
+    def shared_stream_name(self) -> str | None:
+        """Optionally, the stream's name for people, in the broker's words (not Airflow's API).
+
+        ``kafka orders (group sharedstream-orders)``, ``sqs orders-queue``:
+        what is consumed, and by which group, never a connection string,
+        credential or host (the runtime appends a digest of the key where two
+        streams would otherwise share a name; see
+        :mod:`sharedstream.engine.names`). Read once, when the stream is
+        first named; log lines, metrics, the status and dead letters all use
+        the name. ``None`` (the default): the broker word and that digest.
+        Pure and cheap; it must not read connections.
+        """
+        return None
+
     @classmethod
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """Poll the shared upstream and yield raw events (fast path).

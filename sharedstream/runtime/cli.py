@@ -244,7 +244,8 @@ def _parser() -> argparse.ArgumentParser:
         if "--dag" in extra:
             listing.add_argument("--dag", help="only runs of this DAG")
         if "--stream" in extra:
-            listing.add_argument("--stream", help="only those of this stream (\"kafka orders\")")
+            listing.add_argument("--stream", help="only those of this stream, by its name "
+                                 "(\"kafka orders (group g)\", see `status`)")
         if "--limit" in extra:
             listing.add_argument("--limit", type=positive, default=100,
                                  help="at most this many (default: 100)")

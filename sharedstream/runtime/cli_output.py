@@ -2,9 +2,15 @@
 
 Every listing command builds records (dicts) and hands them to :func:`emit`
 with the columns a table shows: ``--json`` prints every field of every
-record as one JSON document (times ISO 8601, bytes base64); otherwise a
-table of the columns, each cell one line of at most 60 characters (times to
-the second, bytes as their text, lists and dicts as JSON).
+record as one JSON document (times ISO 8601 with their offset,
+``2026-11-28T12:42:44.123456+00:00``; bytes base64); otherwise a table of
+the columns, each cell one line of at most 60 characters (times as
+:func:`time_text` writes them, bytes as their text, lists and dicts as JSON).
+
+Times for people have one format everywhere: :func:`time_text`,
+``2026-11-28 12:42:44 UTC`` - the CLI's tables and ``key: value`` lines,
+``sharedstream status`` and the status page (whose script writes the same
+format; ``tests/ops/test_status_page.py`` holds them together).
 """
 
 from __future__ import annotations
@@ -13,13 +19,36 @@ import argparse
 import base64
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sharedstream.runtime.config import Config
 from sharedstream.store import MetadataStore
 
-__all__ = ["cell", "emit", "open_migrated_store", "plain", "positive", "preview", "to_base64"]
+__all__ = ["TIME_FORMAT", "cell", "emit", "open_migrated_store", "plain", "positive", "preview",
+           "time_text", "to_base64"]
+
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
+"""How a time is shown to people (``strftime``): in UTC, to the second, saying so."""
+
+
+def time_text(value: datetime | str) -> str:
+    """``2026-11-28 12:42:44 UTC``: ``value`` in UTC, to the second (cut, not rounded).
+
+    ``value`` is a datetime (a naive one is taken as UTC, as the store
+    writes them) or its ISO 8601 text (what ``/status`` carries); text that
+    is not a time is returned as it is.
+    """
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime(TIME_FORMAT)
 
 
 def positive(text: str) -> int:
@@ -47,7 +76,7 @@ def open_migrated_store(config: Config) -> MetadataStore:
 def plain(value: Any) -> Any:
     """JSON for what ``json`` cannot write: times as ISO 8601, bytes as base64."""
     if isinstance(value, datetime):
-        return value.isoformat()
+        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).isoformat()
     if isinstance(value, bytes):
         return to_base64(value)
     return str(value)
@@ -96,7 +125,7 @@ def cell(value: Any, limit: int = 60) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
-        text = value.strftime("%Y-%m-%d %H:%M:%S")
+        text = time_text(value)
     elif isinstance(value, (list, dict)):
         text = json.dumps(value, default=_readable)
     else:

@@ -24,7 +24,14 @@ from typing import Any
 
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.runtime import config_options
-from sharedstream.runtime.cli_output import cell, emit, open_migrated_store, plain, positive
+from sharedstream.runtime.cli_output import (
+    cell,
+    emit,
+    open_migrated_store,
+    plain,
+    positive,
+    time_text,
+)
 from sharedstream.runtime.config import Config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.redrive import redrive
@@ -133,8 +140,8 @@ def add_redrive_command(deadletter_verbs: Any) -> None:
         "redrive", help="publish dead letters kept in the store to their source again")
     redrive.add_argument("ids", metavar="ID", nargs="*", type=int,
                          help="the dead letters (see `deadletters list`)")
-    redrive.add_argument("--stream", help="every kept letter of this stream (\"kafka orders\") "
-                         "not re-driven yet")
+    redrive.add_argument("--stream", help="every kept letter of this stream (its name, "
+                         "\"kafka orders (group g)\") not re-driven yet")
     redrive.add_argument("--again", action="store_true",
                          help="with --stream: also those re-driven before")
     redrive.add_argument("--definitions", type=Path, metavar="FILE",
@@ -191,7 +198,7 @@ def _runs_show(args: argparse.Namespace, config: Config) -> int:
                 "external_url", "conf", "trace_parent"):
         value = record[key]
         if value is not None or key in ("state", "attempts"):
-            print(f"{key + ':':15} {value.isoformat() if isinstance(value, datetime) else value}")
+            print(f"{key + ':':15} {time_text(value) if isinstance(value, datetime) else value}")
     _table("events", events, ("asset", "asset_event_id", "event_id", "created_at", "payload"))
     _table("attempts", tries, ("attempt", "triggerer", "started_at", "ended_at", "outcome",
                                "detail"))
@@ -323,7 +330,7 @@ def _db_prune(args: argparse.Namespace, config: Config) -> int:
 
     with open_migrated_store(config) as store:
         result = asyncio.run(prune_all(store, direct, before, progress=said))
-    print(f"pruned what finished before {before.isoformat(timespec='seconds')}: "
+    print(f"pruned what finished before {time_text(before)}: "
           f"{result.dag_runs} runs, {result.trigger_events} trigger events, "
           f"{result.asset_events} asset events, {result.dead_letters} dead letters, "
           f"{result.triggerers} triggerers")

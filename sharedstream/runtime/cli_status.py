@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sharedstream.runtime.cli_output import time_text
 from sharedstream.runtime.config import Config
 from sharedstream.runtime.ops_view import RECENT, letter_record, run_record, trigger_record
 from sharedstream.store import MetadataStore, redact_url
@@ -90,6 +91,11 @@ def _table(title: str, columns: Sequence[str], rows: list[list[Any]]) -> list[st
     return lines
 
 
+def _when(value: str | None) -> str | None:
+    """A status's time (ISO 8601 in its JSON) as people read it: :func:`time_text`."""
+    return None if value is None else time_text(value)
+
+
 def _cell(value: Any, width: int = 60) -> str:
     text = "-" if value is None else ",".join(map(str, value)) if isinstance(value, list) else (
         str(value))
@@ -117,7 +123,7 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"({part} not read: {error})")
     if "triggerers" in status:
         lines += _table("TRIGGERERS", ["id", "host", "pid", "alive", "heartbeat_at", "running"],
-                        [[t["id"], t["host"], t["pid"], t["alive"], t["heartbeat_at"],
+                        [[t["id"], t["host"], t["pid"], t["alive"], _when(t["heartbeat_at"]),
                           t["running"]] for t in status["triggerers"]])
     if "totals" in status:  # live: the endpoint answered
         lines += _table("STREAMS", ["stream", "live", "connected", "outstanding",
@@ -139,7 +145,7 @@ def render(status: dict[str, Any]) -> str:
                     [[w["trigger"], w["names"], w["state"], w["events_stored"], w["errors"],
                       w["last_error"]] for w in status["watchers"]])
     lines += _table("RECENT DEAD LETTERS", ["id", "at", "stream", "source", "reason"],
-                    [[d["id"], d["at"], d["stream"], d["source"], d["reason"]]
+                    [[d["id"], _when(d["at"]), d["stream"], d["source"], d["reason"]]
                      for d in status["dead_letters"]])
     if status.get("dispatch"):
         lines += _table("DISPATCH", ["target", "delivering", "queued", "dispatching",
@@ -150,8 +156,8 @@ def render(status: dict[str, Any]) -> str:
                           t["failed"], t["undeliverable"], t["last_error"]]
                          for t in status["dispatch"]])
     lines += _table("RECENT DAG RUNS", ["dag", "run_id", "state", "at", "target", "assets"],
-                    [[r["dag"], r["run_id"], r["state"], r["at"], r.get("target"), r["assets"]]
-                     for r in status["dag_runs"]])
+                    [[r["dag"], r["run_id"], r["state"], _when(r["at"]), r.get("target"),
+                      r["assets"]] for r in status["dag_runs"]])
     return "\n".join(lines) + "\n"
 
 

@@ -12,10 +12,11 @@ Invariants:
    steps of the loop, never while they change. Store reads go through the
    triggerer's single database thread, each bounded by ``store_timeout``.
 2. Nothing secret leaves: no trigger kwargs, no connection settings. A
-   stream is named by its broker and a digest of its key (a key may hold
-   bootstrap servers or an endpoint), plus the watchers that use it; the
-   store's URL is redacted; dead letters are listed without their bodies
-   or headers.
+   stream is shown by its name (:mod:`sharedstream.engine.names`: topic,
+   queue or subscription and group, a digest of its key where two would
+   otherwise agree; never the key, which may hold bootstrap servers or an
+   endpoint), plus the watchers that use it; the store's URL is redacted;
+   dead letters are listed without their bodies or headers.
 3. Cost: a status or a check walks the live groups once (O(streams +
    members + lanes)) and asks the store a bounded number of small queries;
    nothing runs per raw event.
@@ -33,11 +34,11 @@ event is older than the ack timeout: nobody is stuck); a fourth,
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Hashable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from sharedstream.engine.names import broker_word, stream_name
 from sharedstream.runtime.ops_backlog import PENDING, BacklogPoller, BacklogReading
 from sharedstream.runtime.ops_base import Check
 from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
@@ -67,14 +68,14 @@ _LABEL_LIMIT = 120
 
 
 def stream_label(key: Hashable) -> str:
-    """``kafka:3f9a1c2b``: the broker (a key's first word) and a digest of the whole key.
+    """The stream's name, as in its log lines and dead letters: ``kafka orders (group g)``.
 
-    Stable across processes and restarts (a digest of ``repr(key)``), and
-    never the key itself, which may hold connection details.
+    The metrics' and the status's ``stream`` (see
+    :mod:`sharedstream.engine.names`): the same across restarts for the
+    same definitions, and never the key itself, which may hold connection
+    details.
     """
-    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
-    broker = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else "stream"
-    return f"{broker[:20]}:{digest}"
+    return stream_name(key)
 
 
 def lane_label(lane: Hashable) -> str:
@@ -178,7 +179,7 @@ class TriggererView:
             ids = sorted({*members, *queued}, key=str)
             result.append({
                 "stream": stream_label(key),
-                "broker": stream_label(key).split(":", 1)[0],
+                "broker": broker_word(key),
                 "live": group is not None,
                 "connected": group.connected() if group is not None else False,
                 "ack_mode": group.ack_mode if group is not None else None,
@@ -288,7 +289,8 @@ def _int(value: Hashable) -> int:
 
 
 def _time(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    """ISO 8601 in UTC with its offset (``...+00:00``), as a status's JSON carries times."""
+    return None if value is None else value.astimezone(UTC).isoformat()
 
 
 def backlog_record(reading: BacklogReading, now: float) -> dict[str, Any]:

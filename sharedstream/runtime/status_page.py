@@ -12,6 +12,13 @@ reason or an error message cannot inject anything.
 Laid out for a laptop screen (about 1280 px wide): the header and the
 totals on top, then one table per part, numbers right-aligned, long texts
 cut with an ellipsis and shown whole on hover.
+
+Times are written as the CLI writes them
+(:func:`~sharedstream.runtime.cli_output.time_text`:
+``2026-11-28 12:42:44 UTC``), the moment of the last refresh included:
+never in the browser's zone or 12-hour clock. The script's ``when`` is
+that format in JavaScript (the page runs in the browser, so it cannot call
+the Python one); ``tests/ops/test_status_page.py`` checks the two agree.
 """
 
 from __future__ import annotations
@@ -119,6 +126,16 @@ const TOTALS = [["events_stored", "events stored"], ["dag_runs_queued", "DAG run
   ["store_queue", "store queue"], ["store_write_retries", "store write retries"]];
 const BAD_WHEN_POSITIVE = new Set(["rejected", "dead_lettered", "dead_letter_fallbacks",
   "failed", "restarts", "store_write_retries"]);
+
+// The one time format (sharedstream.runtime.cli_output.time_text): "2026-11-28 12:42:44 UTC",
+// in UTC, to the second (cut, not rounded). ISO text keeps at most milliseconds for Date.
+function when(value) {
+  if (value === null || value === undefined || value === "") return value;
+  const date = value instanceof Date ? value
+    : new Date(String(value).replace(/(\\.\\d{3})\\d+/, "$1"));
+  if (isNaN(date.getTime())) return value;
+  return date.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+}
 
 function text(value) {
   if (value === null || value === undefined || value === "") return "-";
@@ -232,8 +249,8 @@ function render(status) {
     ["events_stored", "n"], ["errors", (w) => "n" + (w.errors > 0 ? " bad" : "")],
     [(w) => w.last_error || w.last_reject],
   ], "no watcher");
-  fill("dead_letters", status.dead_letters, [["id", "n"], ["at"], ["stream"], ["source"],
-    ["reason"], ["size", "n"]], "no dead letter kept in the store");
+  fill("dead_letters", status.dead_letters, [["id", "n"], [(d) => when(d.at)], ["stream"],
+    ["source"], ["reason"], ["size", "n"]], "no dead letter kept in the store");
   fill("dispatch", status.dispatch || [], [
     [(t) => t.target || "(no target)"],
     [(t) => t.capacity ? t.delivering + "/" + t.capacity : "-", "n"],
@@ -245,10 +262,10 @@ function render(status) {
   ], "this triggerer dispatches no run");
   fill("dag_runs", status.dag_runs, [["dag"], ["run_id"],
     ["state", (r) => r.state === "failed" || r.state === "undeliverable" ? "bad" : ""],
-    ["type"], ["at"], ["target"], ["attempts", "n"], ["assets"], ["last_error"]],
+    ["type"], [(r) => when(r.at)], ["target"], ["attempts", "n"], ["assets"], ["last_error"]],
     "no DAG run yet");
   document.getElementById("updated").textContent =
-    "updated " + new Date().toLocaleTimeString();
+    "updated " + when(new Date());
   document.body.dataset.loaded = "yes";
 }
 

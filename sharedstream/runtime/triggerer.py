@@ -55,7 +55,7 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -66,6 +66,7 @@ from sharedstream.connections import ConnectionNotFound, InvalidConnection
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.manager import SharedStreamManager
+from sharedstream.engine.names import STREAM_NAMES
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.engine.tracing import TRACER_NAME
 from sharedstream.engine.trigger import BaseEventTrigger, uses_ack_mode
@@ -294,21 +295,25 @@ class Triggerer:
         built (the producer contract), so this touches no broker. A missing
         or invalid connection fails only its own watchers (logged; the
         others run), unless no watcher is left: then it too refuses the start.
+        Every stream is named here, all at once (see :mod:`sharedstream.engine.names`).
         """
         names = {t.fingerprint: t.watchers for t in self.definitions.triggers.values()}
         problems = []
         unconnected: list[tuple[str, str, Exception]] = []
         shared: set[int] = set()
+        streams: list[tuple[Hashable, str | None]] = []
         for row in rows:
             watchers = ", ".join(f"{asset}/{name}" for asset, name in names.get(
                 row.fingerprint, [])) or f"trigger {row.id}"
             try:
                 trigger = self.supervisor.rehydrate(row)
-                if isinstance(trigger, BaseEventTrigger) and (
-                        trigger.shared_stream_key() is not None):
+                event = trigger if isinstance(trigger, BaseEventTrigger) else None
+                key = None if event is None else event.shared_stream_key()
+                if event is not None and key is not None:
                     shared.add(row.id)
-                    if uses_ack_mode(type(trigger)):
-                        type(trigger).create_shared_stream_producer(trigger.serialize()[1])
+                    streams.append((key, event.shared_stream_name()))
+                    if uses_ack_mode(type(event)):
+                        type(event).create_shared_stream_producer(trigger.serialize()[1])
             except (ConnectionNotFound, InvalidConnection) as exc:
                 # The environment's fault, not the definitions': this stream is marked failed
                 # when it starts (its producer raises the same), the others run.
@@ -323,6 +328,8 @@ class Triggerer:
             raise SharedStreamError("; ".join(problems))
         for who, classpath, error in unconnected:
             log.error("watcher cannot run", watchers=who, classpath=classpath, error=error)
+        # Every stream named at once, before any starts: the same names on every restart.
+        STREAM_NAMES.name_all(streams)
         return shared
 
     # -- running ------------------------------------------------------------------

@@ -180,8 +180,7 @@ class MemorySharedStreamProducer(SharedStreamProducer):
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
         self._failures: DeliveryTally[tuple[str, int]] = DeliveryTally(_MAX_TALLIES)
-        self._letters = DeadLetterDesk(self, stream=f"memory {settings.stream}",
-                                       setting="dead_letter", logger=log)
+        self._letters = DeadLetterDesk(self, setting="dead_letter", logger=log)
         self._lanes: dict[str, _Lane] = {}  # cumulative mode
         self._turn = 0  # round-robin start among lanes
         self._leases: LeaseKeeper[Delivery] | None = None  # per-message mode
@@ -431,6 +430,10 @@ class MemorySharedStreamTrigger(BrokerTrigger):
     def consumer_kwargs(self) -> dict[str, Any]:
         """The shared consumer's settings, as constructor kwargs."""
         return self.settings.consumer_kwargs()
+
+    def shared_stream_name(self) -> str:
+        """``memory orders``: the stream's name (not its broker, as a real cluster's address)."""
+        return f"memory {self.settings.stream}"
 
     def shared_stream_key(self) -> Hashable:
         """The broker, the stream and a fingerprint of every consumer setting."""

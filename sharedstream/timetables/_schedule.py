@@ -15,7 +15,10 @@ jobs that run every hour or more often follow the wall clock through both).
 A delta step adds a ``timedelta`` or ``relativedelta`` in UTC; a delta that
 leaves a moment where it is would schedule the same run for ever, so it is
 refused (at construction for the 168 hourly moments of one week, and at the
-moment it happens otherwise).
+moment it happens otherwise). A ``timedelta`` schedule's points are
+``anchor + k * delta`` for whole ``k`` (:func:`last_point`): the
+anchor is the start date, or the Unix epoch without one, never "now", so
+run ids carry no stray seconds or microseconds.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from cronsim import CronSim, CronSimError
 from sharedstream.timetables.values import Delta, InvalidTimetable, check_delta
 
 _PROBE_WEEK = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)  # a Monday
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _NO_MATCH = "matches no moment in the next 50 years"
 
 
@@ -115,6 +119,20 @@ def check_interval(interval: object) -> Delta:
         raise InvalidTimetable(f"interval {delta!r} is negative; a data interval cannot end "
                                "before it starts")
     return delta
+
+
+def last_point(delta: dt.timedelta, moment: dt.datetime,
+               anchor: dt.datetime | None) -> dt.datetime:
+    """The last ``anchor + k * delta`` at or before ``moment`` (``anchor`` if it is later).
+
+    ``anchor`` ``None`` means the Unix epoch (as Airflow rounds a delta
+    schedule). Only for a ``timedelta``: a ``relativedelta``'s steps have no
+    fixed length to count from an anchor. Exact (integer microseconds).
+    """
+    start = _EPOCH if anchor is None else anchor.astimezone(dt.UTC)
+    if moment <= start:
+        return start
+    return start + delta * ((moment - start) // delta)
 
 
 class DeltaSteps:

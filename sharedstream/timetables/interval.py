@@ -15,9 +15,12 @@ How the next period is chosen:
 * without catch-up, never a period that starts before the latest period
   that has already ended: missed periods are skipped, and the most recent
   complete one runs at once. For a cron schedule that is the period ending
-  at the last point at or before now; for a delta schedule, the period
-  ending at now rounded down to a whole number of ``delta`` since the Unix
-  epoch (a ``relativedelta`` counts months as 30 days, years as 365);
+  at the last point at or before now; for a ``timedelta`` schedule, the
+  period ending at the last ``start date + k * delta`` at or before now
+  (the Unix epoch standing in for a missing start date), so periods stay
+  aligned to the start date; for a ``relativedelta``, the period ending at
+  now rounded down to a whole number of ``delta`` since the Unix epoch
+  (months counted as 30 days, years as 365);
 * no run if the period starts after ``latest``.
 """
 
@@ -28,7 +31,7 @@ from typing import Any
 
 from dateutil.relativedelta import relativedelta
 
-from sharedstream.timetables._schedule import CronSteps, DeltaSteps, Steps
+from sharedstream.timetables._schedule import CronSteps, DeltaSteps, Steps, last_point
 from sharedstream.timetables.base import (
     DagRunInfo,
     DataInterval,
@@ -56,8 +59,8 @@ class _DataIntervalTimetable(Timetable):
 
     _steps: Steps
 
-    def _latest_start(self, now: dt.datetime) -> dt.datetime:
-        """The start of the most recent period that has ended by ``now``."""
+    def _latest_start(self, now: dt.datetime, anchor: dt.datetime | None) -> dt.datetime:
+        """The start of the latest period that has ended by ``now``; ``anchor``: the start date."""
         raise NotImplementedError
 
     def next_dagrun_info(
@@ -72,7 +75,7 @@ class _DataIntervalTimetable(Timetable):
             earliest = self._steps.align_up(
                 require_aware(restriction.earliest, "restriction.earliest"))
         if not restriction.catchup:
-            latest_start = self._latest_start(utcnow())
+            latest_start = self._latest_start(utcnow(), earliest)
             earliest = latest_start if earliest is None else max(earliest, latest_start)
         if last_automated_data_interval is None:
             if earliest is None:
@@ -106,7 +109,7 @@ class CronDataIntervalTimetable(_DataIntervalTimetable):
         """The cron expression."""
         return self._expression
 
-    def _latest_start(self, now: dt.datetime) -> dt.datetime:
+    def _latest_start(self, now: dt.datetime, anchor: dt.datetime | None) -> dt.datetime:
         return self._steps.before(self._steps.align_down(now))
 
     def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
@@ -140,11 +143,10 @@ class DeltaDataIntervalTimetable(_DataIntervalTimetable):
         """The delta, as Python prints it."""
         return str(self._delta) if isinstance(self._delta, dt.timedelta) else repr(self._delta)
 
-    def _latest_start(self, now: dt.datetime) -> dt.datetime:
-        if isinstance(self._delta, dt.timedelta):
-            step = self._delta.total_seconds()
-        else:
-            step = _approximate_seconds(self._delta)
+    def _latest_start(self, now: dt.datetime, anchor: dt.datetime | None) -> dt.datetime:
+        if isinstance(self._delta, dt.timedelta):  # the period that ended at the last point
+            return self._steps.before(last_point(self._delta, now, anchor))
+        step = _approximate_seconds(self._delta)
         if step <= 0:  # only absolute fields (hour=18): no period length to round to
             return self._steps.before(now)
         seconds = now.timestamp()

@@ -17,8 +17,11 @@ How the next run is chosen (``t`` is the answer's ``run_after``):
   run is the next point from now, unless ``run_immediately`` says to run the
   most recent past point (``True``: always; a ``timedelta``: if it passed no
   longer ago than that; ``None``: if it passed no longer ago than a tenth of
-  the gap between points, and at least five minutes). For a delta timetable
-  it is now.
+  the gap between points, and at least five minutes). For a ``timedelta``
+  timetable it is the most recent point at or before now, the points
+  being ``start date + k * delta`` (the Unix epoch standing in for a
+  missing start date), so run ids stay aligned to the start date; for a
+  ``relativedelta`` timetable it is now.
 * no run if ``t`` is after ``latest``.
 """
 
@@ -27,7 +30,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sharedstream.timetables._schedule import CronSteps, DeltaSteps, Steps, check_interval
+from sharedstream.timetables._schedule import (
+    CronSteps,
+    DeltaSteps,
+    Steps,
+    check_interval,
+    last_point,
+)
 from sharedstream.timetables.base import (
     DagRunInfo,
     DataInterval,
@@ -59,7 +68,8 @@ class _TriggerTimetable(Timetable):
     _steps: Steps
     _interval: Delta
 
-    def _first_run(self, now: dt.datetime) -> dt.datetime:
+    def _first_run(self, now: dt.datetime, anchor: dt.datetime | None) -> dt.datetime:
+        """The first run without catch-up as of ``now``; ``anchor`` is the start date."""
         raise NotImplementedError
 
     def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
@@ -87,9 +97,9 @@ class _TriggerTimetable(Timetable):
             elif earliest is not None:
                 candidates.append(self._steps.align_up(earliest))
             else:
-                candidates.append(self._first_run(utcnow()))
+                candidates.append(self._first_run(utcnow(), earliest))
         else:
-            candidates.append(self._first_run(utcnow()))
+            candidates.append(self._first_run(utcnow(), earliest))
             if after_last is not None:
                 candidates.append(after_last)
             if earliest is not None:
@@ -137,7 +147,7 @@ class CronTriggerTimetable(_TriggerTimetable):
         """The cron expression."""
         return self._expression
 
-    def _first_run(self, now: dt.datetime) -> dt.datetime:
+    def _first_run(self, now: dt.datetime, anchor: dt.datetime | None) -> dt.datetime:
         upcoming = self._steps.align_up(now)
         if upcoming == now or self._run_immediately is False:
             return upcoming
@@ -178,7 +188,9 @@ class DeltaTriggerTimetable(_TriggerTimetable):
     """Runs every ``delta`` (a ``timedelta`` or ``relativedelta``, applied in UTC).
 
     ``interval`` gives each run the data interval that ends at the run. The
-    first run without catch-up is now (or the start date, if later).
+    first run without catch-up is the start date, if later than now, else
+    the most recent ``start date + k * delta`` (for a ``relativedelta``:
+    now); see the module docstring.
     """
 
     def __init__(self, delta: Delta, *, interval: Delta = dt.timedelta()) -> None:
@@ -191,7 +203,9 @@ class DeltaTriggerTimetable(_TriggerTimetable):
         """The delta, as Python prints it."""
         return str(self._delta) if isinstance(self._delta, dt.timedelta) else repr(self._delta)
 
-    def _first_run(self, now: dt.datetime) -> dt.datetime:
+    def _first_run(self, now: dt.datetime, anchor: dt.datetime | None) -> dt.datetime:
+        if isinstance(self._delta, dt.timedelta):
+            return last_point(self._delta, now, anchor)
         return now
 
     def serialize(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from sharedstream import (
     SubscriberOverflow,
     reject_shared_stream_event,
 )
+from sharedstream.engine.names import stream_name
 from tests.engine.conftest import FakeClock
 from tests.engine.harness import (
     FastFeedTrigger,
@@ -208,7 +209,7 @@ async def test_stop_advances_resolved_events_then_closes_once(
     assert feed.events[-1] == "aclose"
     assert feed.closes == 1
     [failed] = [r for r in caplog.records if text_of(r).startswith("producer.aclose() of")]
-    assert fields_of(failed)["stream"] == ("feed", "f")  # best-effort: logged, not raised
+    assert fields_of(failed)["stream"] == stream_name(KEY)  # best-effort: logged, not raised
     assert "OSError: socket already closed" in caplog.text  # with its traceback
 
 

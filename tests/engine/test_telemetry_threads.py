@@ -25,6 +25,7 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 
 from sharedstream import AdvanceOutcome, SharedStreamManager
+from sharedstream.engine.names import stream_name
 from tests.engine.conftest import FakeClock
 from tests.engine.harness import Feed, FeedTrigger, Runner, eventually
 
@@ -32,7 +33,7 @@ EVENTS = 4000
 LANES = 32
 SUBSCRIBERS = 12
 HELD = 3  # subscribers whose events a slow "store" confirms in batches
-STREAM = repr(("feed", "f"))
+STREAM = stream_name(("feed", "f"))  # the OpenTelemetry attribute: the stream's name
 GAUGES = (
     "sharedstream.engine.events.outstanding",
     "sharedstream.engine.events.head_of_line_age",

@@ -18,10 +18,12 @@ import os
 import re
 import shutil
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from sharedstream.runtime.cli_output import TIME_FORMAT, time_text
 from sharedstream.runtime.triggerer import Triggerer
 from sharedstream.testing.memory_broker import MemoryBroker
 from sharedstream.testing.runner import eventually_async
@@ -124,6 +126,15 @@ async def test_the_page_shows_the_live_numbers(
     runs = cells(dom, "dag_runs")
     assert len(runs) == 20  # the newest, as /status lists them
     assert [row[1] for row in runs] == [run["run_id"] for run in live["dag_runs"]]
+    # Times in the one format the CLI prints too, in UTC and saying so, the refresh's included.
+    assert [row[4] for row in runs] == [time_text(run["at"]) for run in live["dag_runs"]]
+    (stored_letter,) = live["dead_letters"]
+    assert letter[1] == time_text(stored_letter["at"])
+    updated = re.search(r'<span id="updated">updated ([^<]*)</span>', dom)
+    assert updated is not None
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", updated[1]), updated[1]
+    assert abs(datetime.strptime(updated[1], TIME_FORMAT).replace(tzinfo=UTC)
+               - datetime.now(UTC)) < timedelta(minutes=2)
 
     shot = Path(os.environ.get("SHAREDSTREAM_STATUS_SCREENSHOT") or tmp_path / "status.png")
     await chromium("--window-size=1280,860", f"--screenshot={shot}", client.base + "/")

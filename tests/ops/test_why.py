@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sharedstream.runtime.cli_output import time_text
 from sharedstream.runtime.triggerer import Triggerer
 from sharedstream.testing.memory_broker import MemoryBroker
 from sharedstream.testing.runner import eventually_async
@@ -108,8 +109,13 @@ async def test_the_status_command_reads_the_endpoint_or_else_the_store(
     assert lines[1] == "ready: yes"
     assert "LIVE WATCHERS" in lines
     json_row = next(line for line in lines if "orders/json" in line and "undecodable" in line)
-    # queued seen skipped emitted rejected failed
-    assert json_row.split()[2:8] == ["0", "2", "0", "1", "1", "0"]
+    # stream (its name: "memory mixed"), watchers, queued seen skipped emitted rejected failed
+    assert json_row.startswith("  " + stream["stream"] + " ")
+    assert json_row.removeprefix("  " + stream["stream"]).split()[1:7] == [
+        "0", "2", "0", "1", "1", "0"]
+    (letter,) = live["dead_letters"]
+    letter_row = next(line for line in lines if letter["source"] in line)
+    assert time_text(letter["at"]) in letter_row  # "2026-11-28 12:42:44 UTC", as the CLI's tables
 
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sharedstream.runtime.cli import main
+from sharedstream.runtime.cli_output import time_text
 from sharedstream.runtime.definitions import load_definitions, timetable_registry
 from sharedstream.runtime.schedule_loop import ScheduleLoop, dag_specs
 from sharedstream.store import SqliteStore, TriggerSpec, WatcherSpec
@@ -165,3 +166,43 @@ def test_runs_list_shows_the_dates_of_time_based_runs(
     assert table.splitlines()[0].split() == [
         "DAG_ID", "RUN_ID", "STATE", "CREATED_AT", "LOGICAL_DATE", "DATA_INTERVAL_START",
         "DATA_INTERVAL_END", "ASSETS", "TARGET", "ATTEMPTS", "LAST_ERROR"]
+
+
+def test_tables_say_their_times_are_utc(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31, item 12: a table's times say their zone, in the one format of ``time_text``."""
+    _, out, _ = cli(capsys, "dags", "next-runs", "hourly", "-n", "1")
+    row = out.splitlines()[2]
+    assert row.startswith("2026-03-02 04:00:00 UTC  2026-03-02 04:00:00 UTC  ")
+    assert row.count(" UTC") == 4  # logical date, interval start and end, run after
+    _, table, _ = cli(capsys, "runs", "list", "--dag", "hourly")
+    created = json.loads(cli(capsys, "runs", "list", "--dag", "hourly", "--json")[1])[0]
+    assert time_text(created["created_at"]) in table.splitlines()[1]
+    assert "2026-03-02 03:00:00 UTC" in table.splitlines()[1]  # the logical date
+    run_id = created["run_id"]
+    _, shown, _ = cli(capsys, "runs", "show", "hourly", run_id)
+    assert "logical_date:   2026-03-02 03:00:00 UTC" in shown.splitlines()
+    assert created["created_at"].endswith("+00:00")  # JSON: ISO 8601 with its offset
+
+
+def test_a_timedelta_schedule_runs_at_its_start_date_plus_whole_deltas(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31, item 12: run ids of a timedelta DAG are start_date + k * delta, not now."""
+    (workdir / "every7m.py").write_text(
+        "from datetime import UTC, datetime, timedelta\n"
+        "from sharedstream.definitions import Dag\n"
+        'Dag("every7m", schedule=timedelta(minutes=7),\n'
+        "    start_date=datetime(2026, 1, 1, 0, 3, 30, tzinfo=UTC))\n")
+    code, out, _ = cli(capsys, "dags", "next-runs", "every7m", "-n", "3", "--json",
+                       "--definitions", "every7m.py")
+    assert code == 0
+    start, step = datetime(2026, 1, 1, 0, 3, 30, tzinfo=UTC), timedelta(minutes=7)
+    runs = json.loads(out)
+    for run in runs:
+        logical = datetime.fromisoformat(run["logical_date"])
+        assert (logical - start) % step == timedelta(0), run
+        assert run["run_id"] == f"scheduled__{logical.isoformat()}"
+    first = datetime.fromisoformat(runs[0]["logical_date"])
+    assert timedelta(0) <= datetime.now(UTC) - first < step  # the latest point, at once
+    assert [datetime.fromisoformat(r["logical_date"]) - first for r in runs] == [
+        timedelta(0), step, 2 * step]

@@ -13,7 +13,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from dateutil.relativedelta import FR, relativedelta
 
-from sharedstream.timetables.base import DataInterval, TimeRestriction
+from sharedstream.timetables.base import DataInterval, TimeRestriction, use_clock
+from sharedstream.timetables.interval import DeltaDataIntervalTimetable
 from sharedstream.timetables.trigger import (
     CronTriggerTimetable,
     DeltaTriggerTimetable,
@@ -185,16 +186,66 @@ def test_manual_runs_cover_the_interval_ending_when_triggered() -> None:
 # -- DeltaTriggerTimetable ------------------------------------------------------------------------
 
 
-def test_delta_trigger_runs_now_then_every_delta() -> None:
+def test_delta_trigger_runs_at_once_then_every_delta() -> None:
     every6h = DeltaTriggerTimetable(timedelta(hours=6))
+    # No start date: the points are whole deltas since the Unix epoch (as Airflow rounds).
     assert run_afters(runs(every6h, 3, now=JAN31_3PM)) == [
-        "2026-01-31T15:00+00:00", "2026-01-31T21:00+00:00", "2026-02-01T03:00+00:00"]
+        "2026-01-31T12:00+00:00", "2026-01-31T18:00+00:00", "2026-02-01T00:00+00:00"]
     assert run_afters(runs(every6h, 2, now=JAN31_3PM, earliest=at(2026, 2, 1))) == [
         "2026-02-01T00:00+00:00", "2026-02-01T06:00+00:00"]
     assert run_afters(runs(every6h, 9, now=LONG_AFTER, earliest=at(2026, 1, 31),
                            latest=at(2026, 1, 31, 18), catchup=True)) == [
         "2026-01-31T00:00+00:00", "2026-01-31T06:00+00:00", "2026-01-31T12:00+00:00",
         "2026-01-31T18:00+00:00"]
+
+
+def _first_two(timetable: DeltaTriggerTimetable | DeltaDataIntervalTimetable, now: datetime,
+               start: datetime | None) -> list[tuple[str, datetime]]:
+    """The first two runs without catch-up at ``now``: (run id, logical date)."""
+    restriction = TimeRestriction(start, None, False)
+    found, last = [], None
+    with use_clock(now):
+        for _ in range(2):
+            info = timetable.next_dagrun_info(last_automated_data_interval=last,
+                                              restriction=restriction)
+            assert info is not None
+            found.append((timetable.generate_run_id(run_type="scheduled", run_after=info.run_after,
+                                                    data_interval=info.data_interval),
+                          info.logical_date))
+            last = info.data_interval
+    return found
+
+
+@pytest.mark.parametrize("timetable", [DeltaTriggerTimetable(timedelta(minutes=7)),
+                                       DeltaDataIntervalTimetable(timedelta(minutes=7))])
+def test_a_timedelta_schedule_runs_at_the_start_date_plus_whole_deltas(
+        timetable: DeltaTriggerTimetable | DeltaDataIntervalTimetable) -> None:
+    # Issue 31, item 12: enabled at 15:04:05.123456, a 7-minute schedule that started at 00:03
+    # runs at 00:03 + k * 7 min (14:59, 15:06), never at "now" with its seconds and microseconds.
+    start = at(2026, 1, 31, 0, 3)
+    now = datetime(2026, 1, 31, 15, 4, 5, 123456, tzinfo=UTC)
+    found = _first_two(timetable, now, start)
+    step = timedelta(minutes=7)
+    for run_id, logical_date in found:
+        assert (logical_date - start) % step == timedelta(0), (run_id, logical_date)
+        assert logical_date.second == logical_date.microsecond == 0
+        assert "." not in run_id  # no microseconds
+    if isinstance(timetable, DeltaTriggerTimetable):
+        assert [run_id for run_id, _ in found] == [
+            "scheduled__2026-01-31T14:59:00+00:00", "scheduled__2026-01-31T15:06:00+00:00"]
+    else:  # the period that ended at 14:59 runs at once; its logical date is its start
+        assert found == [("scheduled__2026-01-31T14:59:00+00:00", at(2026, 1, 31, 14, 52)),
+                         ("scheduled__2026-01-31T15:06:00+00:00", at(2026, 1, 31, 14, 59))]
+
+
+def test_a_timedelta_schedule_without_a_start_date_counts_from_the_epoch() -> None:
+    now = datetime(2026, 1, 31, 15, 4, 5, 123456, tzinfo=UTC)
+    ((run_id, logical_date), _) = _first_two(DeltaTriggerTimetable(timedelta(minutes=7)), now,
+                                             None)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert (logical_date - epoch) % timedelta(minutes=7) == timedelta(0)
+    assert timedelta(0) <= now - logical_date < timedelta(minutes=7)
+    assert "." not in run_id
 
 
 def test_delta_trigger_relativedelta_months_keep_the_day_when_they_can() -> None:

@@ -29,7 +29,8 @@ class Producer(SharedStreamProducer):
 
 def desk() -> tuple[Producer, DeadLetterDesk]:
     producer = Producer()
-    return producer, DeadLetterDesk(producer, stream="kafka orders", setting="dead_letter_topic",
+    producer.stream_name = "kafka orders"  # as the engine sets it before open_stream
+    return producer, DeadLetterDesk(producer, setting="dead_letter_topic",
                                     logger=key_value_logger("test"))
 
 

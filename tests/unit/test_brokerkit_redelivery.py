@@ -79,7 +79,8 @@ class _Ledger:
 def _check(ledger: _Ledger | None, max_redeliveries: int = 1) -> PoisonCheck:
     owner = _Owner()
     owner.failure_ledger = ledger
-    return PoisonCheck(RedeliveryPolicy(max_redeliveries), owner, stream="s",
+    owner.stream_name = "s"
+    return PoisonCheck(RedeliveryPolicy(max_redeliveries), owner,
                        logger=key_value_logger("test.poison"))
 
 

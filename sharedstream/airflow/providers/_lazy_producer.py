@@ -58,6 +58,7 @@ class LazyProducer(SharedStreamProducer, Generic[P], abc.ABC):
             built = self._build()
             built.dead_letter_fallback = self.dead_letter_fallback
             built.failure_ledger = self.failure_ledger
+            built.stream_name = self.stream_name
             self._built = built
         return self._built
 

@@ -187,6 +187,10 @@ class SqsSharedStreamTrigger(BaseEventTrigger):
         raise NotImplementedError(f"{type(self).__qualname__} runs on the shared stream only")
         yield  # type: ignore[unreachable]
 
+    def shared_stream_name(self) -> str:
+        """``sqs orders-queue``: the queue's name (of a URL, its last segment; sharedstream's)."""
+        return f"sqs {_ours.queue_name(self.sqs_queue)}"
+
     def shared_stream_key(self) -> Hashable:
         """``("sqs-shared-stream", sqs_queue, aws_conn_id, region_name)``, as the provider's."""
         return (STREAM_KIND, self.sqs_queue, self.aws_conn_id, self.region_name)

@@ -197,6 +197,10 @@ class KafkaSharedStreamTrigger(BaseEventTrigger):
         raise NotImplementedError(f"{type(self).__qualname__} runs on the shared stream only")
         yield  # type: ignore[unreachable]
 
+    def shared_stream_name(self) -> str:
+        """``kafka orders (connection kafka_default)``: the topics and the connection."""
+        return f"kafka {','.join(self.topics)} (connection {self.kafka_config_id})"
+
     def shared_stream_key(self) -> Hashable:
         """``("kafka-shared-stream", topics, kafka_config_id)``, as the provider's."""
         return (STREAM_KIND, tuple(self.topics), self.kafka_config_id)
