@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
@@ -31,20 +32,6 @@ async def harness(request: pytest.FixtureRequest,
 
 class TestPubSubConformance(ProducerConformance):
     """The shared producer conformance suite: ordering-key lanes and keyless messages."""
-
-    async def test_a_member_away_holds_the_stream(
-        self, harness: PubSubHarness, session: Session,  # type: ignore[override]
-    ) -> None:
-        """As the suite's, for keyless messages only.
-
-        With an ordering key, Pub/Sub itself holds the key's later messages
-        until the nacked one is acked, so nothing is fanned out while the
-        member is away: the test's premise does not arise (the key's order
-        is checked by ``test_ordering_key_lanes_keep_order``).
-        """
-        if harness.keyed:
-            pytest.skip("Pub/Sub holds an ordering key's later messages behind a nacked one")
-        await super().test_a_member_away_holds_the_stream(harness, session)
 
 
 # -- Pub/Sub specifics, on the test server ------------------------------------------------
@@ -217,3 +204,32 @@ async def test_a_message_s_trace_context_is_continued(keyless: PubSubHarness) ->
     assert_continues(process, "gcp_pubsub")
     assert process.attributes is not None
     assert process.attributes["messaging.destination.name"] == stream.name
+
+
+
+async def test_replays_of_a_key_do_not_make_its_healthy_messages_poison(
+        keyed: PubSubHarness) -> None:
+    """Each nack of a key's message replays every later message of the key, and Pub/Sub
+    counts each replay as a delivery (``delivery_attempt``, with a dead-letter policy). Three
+    messages that keep failing one after the other push the healthy ones behind them to 4
+    deliveries and more, past ``max_redeliveries + 1``: none of those was their own failure,
+    and they must not be dead-lettered. (The policy's own limit, 100, is never reached.)"""
+    plain = await keyed.create_stream()
+    topic = keyed.topics[plain.name]
+    policy = await keyed.create_subscription(
+        topic, enable_message_ordering=True, ack_deadline_seconds=10,
+        dead_letter_policy={"dead_letter_topic": plain.dead_letter,
+                            "max_delivery_attempts": 100})
+    keyed.topics[policy] = topic
+    stream = Stream(name=policy, dead_letter=plain.dead_letter, group="")
+    session = Session(keyed, stream)
+    try:
+        script = Script(fail={b"m0": -1, b"m1": -1, b"m2": -1}, delay=0.2)
+        runner = session.run(script, max_redeliveries=1)
+        await keyed.produce(stream, values(6))
+        await eventually_async(lambda: keyed.committed(stream), 6, within=30, what="committed")
+        letters = await keyed.dead_letters(stream)
+        assert Counter(letter.value for letter in letters) == Counter(values(3))
+        assert set(runner.values()) == set(values(6)[3:])
+    finally:
+        await session.close()
