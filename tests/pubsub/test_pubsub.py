@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sharedstream.engine.producer import DeadLetter
 from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_SUBSCRIPTION,
@@ -97,6 +98,36 @@ async def test_messages_up_to_pubsubs_limit_flow_with_the_others(keyless: PubSub
                                what="all acked")
         assert sorted(runner.values()) == sorted(small + big)
         assert await keyless.dead_letters(stream) == []
+    finally:
+        await session.close()
+
+
+async def test_a_dead_letter_copy_pubsub_refuses_goes_to_the_fallback(
+        keyless: PubSubHarness) -> None:
+    """A rejected message with 99 attributes: the copy for the dead-letter topic carries ours
+    too, past Pub/Sub's 100, and is refused. It goes to the engine's dead-letter fallback
+    with its own attributes, and is acked; a rejected message with room left goes to the
+    topic as usual (docs/pubsub.md, "no dead-letter topic, or Pub/Sub refuses the copy")."""
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    kept: list[DeadLetter] = []
+
+    async def keep(letter: DeadLetter) -> None:
+        kept.append(letter)
+
+    session.manager.dead_letter_fallback = keep
+    crowded = {f"a{i:02}": "v" for i in range(99)}
+    try:
+        session.run(Script(reject={b"crowded", b"roomy"}))
+        await keyless.produce(stream, [b"crowded"], attributes=crowded)
+        await keyless.produce(stream, [b"roomy"], attributes={"a": "v"})
+        await eventually_async(lambda: keyless.committed(stream), 2, what="both acked")
+        [letter] = kept
+        assert (letter.payload, letter.source) == (b"crowded", keyless.sent[stream.name][0])
+        assert "the dead_letter_topic refused it" in letter.reason
+        assert "attribute_count is too large" in letter.reason
+        assert {k: v.decode() for k, v in letter.headers} == crowded
+        assert [d.value for d in await keyless.dead_letters(stream)] == [b"roomy"]
     finally:
         await session.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from collections import Counter, defaultdict
@@ -149,6 +150,43 @@ def test_a_publish_request_over_10_mb_is_refused_as_pubsub_refuses_it(
         with pytest.raises(exceptions.InvalidArgument,
                            match="Request payload size exceeds the limit: 10485760 bytes"):
             direct.publish(topic=topic, messages=request_of(6 * 1024 * 1024, 6 * 1024 * 1024))
+
+
+@pytest.mark.parametrize(("message", "refusal"), [
+    ({"data": b"x", "attributes": {f"a{i}": "v" for i in range(101)}},
+     "attribute_count is too large. You passed 101"),
+    ({"data": b"x", "attributes": {"k" * 257: "v"}}, "has a key that is too long. The length "
+     "is 257 characters, but the maximum allowed is 256"),
+    ({"data": b"x", "attributes": {"city": "é" * 513}}, 'The attribute "city" in the request '
+     "has a value that is too long. The length is 1026 characters, but the maximum allowed "
+     "is 1024"),
+    ({"data": b"x", "attributes": {"goog-origin": "x"}},
+     r"attribute key that is not valid \(key=goog-origin\)"),
+    ({"data": b"x", "ordering_key": "k" * 1025}, "ordering key in the request is too long"),
+], ids=["attributes", "key", "value", "goog", "ordering-key"])
+def test_a_message_past_pubsubs_limits_refuses_the_whole_request(
+        *, pubsub_emulator_host: str, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str], message: dict[str, Any], refusal: str) -> None:
+    subscription = new_subscription()
+    with PublisherClient(transport=PublisherGrpcTransport(  # one request, unbatched
+            channel=grpc.insecure_channel(pubsub_emulator_host))) as direct:
+        with pytest.raises(exceptions.InvalidArgument, match=refusal):
+            direct.publish(topic=topic, messages=[PubsubMessage(data=b"fine"),
+                                                  PubsubMessage(**message)])
+        at_the_limits = PubsubMessage(
+            data=b"x", ordering_key="k" * 1024,
+            attributes={"k" * 256: "v" * 1024, "googclient_traceparent": "00-a-b-01",
+                        **{f"a{i}": "v" for i in range(98)}})
+        assert len(direct.publish(topic=topic, messages=[at_the_limits]).message_ids) == 1
+        with pytest.raises(exceptions.InvalidArgument, match=re.escape(
+                "The value for message_count is too large. You passed 1001 in the request, "
+                "but the maximum value is 1000.")):
+            direct.publish(topic=topic, messages=[PubsubMessage(data=b"m")] * 1001)
+        assert len(direct.publish(topic=topic, messages=[PubsubMessage(data=b"m")] * 1000
+                                  ).message_ids) == 1000
+    received = pull(subscriber, subscription, max_messages=1000)
+    received += pull(subscriber, subscription, max_messages=1000, timeout=1.5)
+    assert len(received) == 1001  # nothing of a refused request, all of an accepted one
 
 
 def test_messages_published_before_a_subscription_exists_are_not_delivered_to_it(

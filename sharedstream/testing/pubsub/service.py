@@ -38,6 +38,13 @@ exceeds the limit`` (one message over 10 MB is always in a request over
 messages, but always at least one message. The server itself has no gRPC
 size limit below that (:data:`~.server.SERVER_OPTIONS`).
 
+**Message limits**, as Pub/Sub's (:func:`~.state.check_messages`): a
+``Publish`` of more than 1,000 messages, or with a message of more than 100
+attributes, an attribute key over 256 bytes or starting with ``goog`` (but
+the ``googclient_`` trace-context keys Google's clients write), an attribute
+value over 1,024 bytes or an ordering key over 1,024 bytes, is
+``INVALID_ARGUMENT`` and publishes nothing.
+
 **Test hooks.** :meth:`PubSubService.break_streams` ends the open
 StreamingPull streams with a gRPC status (a transient ``UNAVAILABLE``, say),
 as Pub/Sub closes streams now and then; the state's
@@ -66,6 +73,7 @@ from sharedstream.testing.pubsub.state import (
     PubSubState,
     Refused,
     SubscriptionSettings,
+    check_messages,
     check_name,
     project_of,
 )
@@ -361,8 +369,9 @@ class PubSubService:
         return _EMPTY()
 
     async def _publish(self, request: _Pb, context: object) -> _Pb:
-        if not request.messages:
-            raise Refused("INVALID_ARGUMENT", "a publish request needs at least one message")
+        messages = [(message.data, message.attributes, message.ordering_key)
+                    for message in request.messages]
+        check_messages(messages)
         size = request.ByteSize()
         if size > PAYLOAD_LIMIT:
             raise Refused("INVALID_ARGUMENT", "Request payload size exceeds the limit: "
@@ -371,12 +380,7 @@ class PubSubService:
             raise Refused("INVALID_ARGUMENT", f"The value for request_size is too large. You "
                           f"passed {size} in the request, but the maximum value is "
                           f"{REQUEST_LIMIT}.")
-        for message in request.messages:
-            if not message.data and not message.attributes:
-                raise Refused("INVALID_ARGUMENT", "a message needs data or attributes")
-        ids = self.state.publish(request.topic, [
-            (message.data, message.attributes, message.ordering_key)
-            for message in request.messages])
+        ids = self.state.publish(request.topic, messages)
         return _pb(types.PublishResponse)(message_ids=ids)
 
     # -- Subscriber: administration -----------------------------------------
