@@ -305,10 +305,20 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         something and then broke is reopened with a fresh budget. A fatal
         error (no such subscription, no permission) ends the poll.
         :attr:`connected` is ``False`` from a stream's error until the next
-        one is open.
+        one is open. A stream refused with ``INVALID_ARGUMENT`` before it
+        delivered anything (a malformed subscription name) is a
+        :class:`PubSubConfigError`: no retry can change the request.
         """
+        exceptions = _sdk("google.api_core.exceptions")
         while True:
-            await self._call("StreamingPull", self._stream_once)
+            try:
+                await self._call("StreamingPull", self._stream_once)
+            except PubSubRequestError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, exceptions.InvalidArgument):
+                    raise PubSubConfigError(f"StreamingPull on {self.subscription}: refused as "
+                                            f"invalid ({cause.message})") from cause
+                raise
 
     async def _stream_once(self) -> None:
         s = self.settings

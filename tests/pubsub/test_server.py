@@ -600,6 +600,32 @@ def test_invalid_settings_are_refused(publisher: Any, subscriber: Any, topic: st
         publisher.create_topic(name="not a topic name")
 
 
+@pytest.mark.parametrize("bad_id", ["9lives", "googly", "ab", "s" * 256, "with space",
+                                    "sübscription", "a/b"])
+def test_a_malformed_name_is_invalid_argument_a_missing_one_not_found(
+        publisher: Any, subscriber: Any, topic: str, bad_id: str) -> None:
+    """As Pub/Sub: an id starts with a letter, has 3 to 255 ASCII letters, digits and
+    ``-_.~+%``, and does not start with ``goog``; a well-formed name that names nothing
+    is NOT_FOUND."""
+    malformed = f"projects/{PROJECT}/subscriptions/{bad_id}"
+    for call in (lambda: subscriber.get_subscription(subscription=malformed),
+                 lambda: pull(subscriber, malformed),
+                 lambda: subscriber.acknowledge(subscription=malformed, ack_ids=["1-1"]),
+                 lambda: subscriber.create_subscription(name=malformed, topic=topic),
+                 lambda: publisher.create_topic(name=f"projects/{PROJECT}/topics/{bad_id}"),
+                 lambda: publisher.get_topic(topic=f"projects/{PROJECT}/topics/{bad_id}")):
+        with pytest.raises(exceptions.InvalidArgument, match="Invalid resource name given"):
+            call()
+    with pytest.raises(exceptions.InvalidArgument, match="Invalid resource name given"):
+        list(subscriber.streaming_pull(requests=iter([StreamingPullRequest(
+            subscription=malformed, stream_ack_deadline_seconds=10)])))
+    longest = f"projects/{PROJECT}/subscriptions/s{'~' * 254}"
+    with pytest.raises(exceptions.NotFound):
+        subscriber.get_subscription(subscription=longest)
+    with pytest.raises(exceptions.NotFound):
+        pull(subscriber, longest)
+
+
 # -- volume ------------------------------------------------------------------------------
 
 

@@ -167,7 +167,7 @@ def _settings(request: _Pb) -> SubscriptionSettings:
         dead_letter_topic = request.dead_letter_policy.dead_letter_topic
         if not 5 <= attempts <= 100:
             raise Refused("INVALID_ARGUMENT", f"max_delivery_attempts {attempts} is outside 5..100")
-        check_name(dead_letter_topic, "topics")
+        check_name(dead_letter_topic, "topics", "dead_letter_topic")
     minimum = maximum = 0.0
     if request.HasField("retry_policy"):
         policy = request.retry_policy

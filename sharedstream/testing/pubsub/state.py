@@ -105,7 +105,10 @@ _CLIENT_KEYS = frozenset({"googclient_traceparent", "googclient_tracestate",
 """The ``goog``-prefixed attribute keys Google's client libraries themselves publish (the
 OpenTelemetry context, ``googclient_`` + the propagator's key): Pub/Sub takes these."""
 
-_NAME = re.compile(r"^projects/[^/]+/(?P<kind>topics|subscriptions)/[A-Za-z][-\w.~+%]{2,254}$")
+_NAME = re.compile(
+    r"projects/[^/]+/(?P<kind>topics|subscriptions)/(?!goog)[A-Za-z][-A-Za-z0-9_.~+%]{2,254}")
+"""Pub/Sub's resource names: an id starts with a letter, has 3 to 255 of letters, digits and
+``-_.~+%`` (ASCII), and does not start with ``goog``. The project part is not checked."""
 
 
 class Refused(Exception):
@@ -121,11 +124,17 @@ class Refused(Exception):
         self.status = status
 
 
-def check_name(name: str, kind: str) -> str:
-    """``name`` if it is a valid ``projects/<p>/<kind>/<id>``; else :class:`Refused`."""
-    match = _NAME.match(name)
+def check_name(name: str, kind: str, field: str = "name") -> str:
+    """``name`` if it is a valid ``projects/<p>/<kind>/<id>``; else ``INVALID_ARGUMENT``.
+
+    ``field`` is the request field that named it, for the refusal's text
+    (which is Pub/Sub's).
+    """
+    match = _NAME.fullmatch(name)
     if match is None or match["kind"] != kind:
-        raise Refused("INVALID_ARGUMENT", f"invalid {kind[:-1]} name: {name!r}")
+        raise Refused("INVALID_ARGUMENT", f"Invalid resource name given ({field}={name}). Refer "
+                      "to https://cloud.google.com/pubsub/docs/admin#resource_names for more "
+                      "information.")
     return name
 
 
@@ -371,11 +380,13 @@ class PubSubState:
         self._attached[name] = set()
 
     def topic(self, name: str) -> object:
-        """The spec of topic ``name``; ``NOT_FOUND`` if there is none."""
+        """The spec of topic ``name``; ``NOT_FOUND`` if none, ``INVALID_ARGUMENT`` if malformed."""
         try:
             return self.topics[name]
         except KeyError:
-            raise Refused("NOT_FOUND", f"topic {name} not found") from None
+            check_name(name, "topics")
+            raise Refused("NOT_FOUND", "Resource not found (resource="
+                          f"{name.rsplit('/', 1)[-1]}).") from None
 
     def delete_topic(self, name: str) -> None:
         """Remove a topic; its subscriptions stay, naming :data:`DELETED_TOPIC`."""
@@ -436,10 +447,13 @@ class PubSubState:
         self.on_change(name)
 
     def _get(self, name: str) -> _Subscription:
+        """Subscription ``name``; ``NOT_FOUND`` if none, ``INVALID_ARGUMENT`` if malformed."""
         try:
             return self._subscriptions[name]
         except KeyError:
-            raise Refused("NOT_FOUND", f"subscription {name} not found") from None
+            check_name(name, "subscriptions")
+            raise Refused("NOT_FOUND", "Resource not found (resource="
+                          f"{name.rsplit('/', 1)[-1]}).") from None
 
     # -- publish ------------------------------------------------------------
 
