@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from sharedstream.testing.pubsub.rules import Refused
 from sharedstream.testing.pubsub.state import (
     Consumer,
     PubSubState,
-    Refused,
     SubscriptionCounts,
     SubscriptionSettings,
 )

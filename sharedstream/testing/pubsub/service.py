@@ -4,7 +4,7 @@ Requests and responses are the raw protobuf classes of the client package
 itself (``google.pubsub_v1.types.<Type>.pb()``), so the server speaks exactly
 the client's wire format without compiling any ``.proto``. Each handler
 turns a request into calls on :class:`~.state.PubSubState` and the result
-into a response; a :class:`~.state.Refused` becomes the gRPC status it names.
+into a response; a :class:`~.rules.Refused` becomes the gRPC status it names.
 Methods not in :meth:`PubSubService.handlers` answer ``UNIMPLEMENTED``
 (gRPC's default for a method with no handler).
 
@@ -38,7 +38,7 @@ exceeds the limit`` (one message over 10 MB is always in a request over
 messages, but always at least one message. The server itself has no gRPC
 size limit below that (:data:`~.server.SERVER_OPTIONS`).
 
-**Message limits**, as Pub/Sub's (:func:`~.state.check_messages`): a
+**Message limits**, as Pub/Sub's (:func:`~.rules.check_messages`): a
 ``Publish`` of more than 1,000 messages, or with a message of more than 100
 attributes, an attribute key over 256 bytes or starting with ``goog`` (but
 the ``googclient_`` trace-context keys Google's clients write), an attribute
@@ -66,16 +66,13 @@ import grpc
 import grpc.aio
 from google.pubsub_v1 import types
 
+from sharedstream.testing.pubsub.rules import Refused, check_messages, check_name, project_of
 from sharedstream.testing.pubsub.state import (
     DELETED_TOPIC,
     Consumer,
     Delivery,
     PubSubState,
-    Refused,
     SubscriptionSettings,
-    check_messages,
-    check_name,
-    project_of,
 )
 from sharedstream.testing.pubsub.state_file import StateFile
 
