@@ -38,8 +38,10 @@ no redelivery.
 
 **Poison.** Pub/Sub reports ``delivery_attempt`` on subscriptions with a
 dead-letter policy: a message that arrives with more than
-``max_redeliveries + 1`` attempts (less those that were not its own doing)
-is a suspect, dead-lettered without being fanned out only if the store
+``max_redeliveries + 1`` attempts (less those that were not its own doing:
+bounced behind a failed message of its key, or taken by this process and not
+failed - a replay of its ordering key redelivers it while a copy is held
+here) is a suspect, dead-lettered without being fanned out only if the store
 counted more than ``max_redeliveries`` failures of its own (attempts a
 crash caused are not: :class:`~sharedstream.brokerkit.redelivery.PoisonCheck`),
 or if its attempts are past the ceiling. The producer also counts each
@@ -90,7 +92,7 @@ from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
-from sharedstream.brokerkit.redelivery import PoisonCheck, RedeliveryPolicy
+from sharedstream.brokerkit.redelivery import DeliveryTally, PoisonCheck, RedeliveryPolicy
 from sharedstream.brokerkit.retry import retrying
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
@@ -233,6 +235,11 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         self._workers: PollWorkers[PubSubPayload] = PollWorkers(
             on_broken=(self._acks.interrupt, self._in_flight.interrupt))
         self._floors: LaneFloors[str] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
+        # message id -> deliveries of it this process took (see _take): a replay of an ordering
+        # key redelivers messages still held here, and those deliveries were not failures.
+        # Not forgotten when a copy is settled (that copy's ack id may be stale, another copy
+        # on its way): only the oldest past _MAX_HOLDS go, which makes the rule later, not early.
+        self._taken: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
         self._poison = PoisonCheck(self._redelivery, self, logger=log)
         self._client_id = uuid.uuid4().hex
         self._pulling = False  # a streaming pull is open (connected)
@@ -310,10 +317,20 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         something and then broke is reopened with a fresh budget. A fatal
         error (no such subscription, no permission) ends the poll.
         :attr:`connected` is ``False`` from a stream's error until the next
-        one is open.
+        one is open. A stream refused with ``INVALID_ARGUMENT`` before it
+        delivered anything (a malformed subscription name) is a
+        :class:`PubSubConfigError`: no retry can change the request.
         """
+        exceptions = _sdk("google.api_core.exceptions")
         while True:
-            await self._call("StreamingPull", self._stream_once)
+            try:
+                await self._call("StreamingPull", self._stream_once)
+            except PubSubRequestError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, exceptions.InvalidArgument):
+                    raise PubSubConfigError(f"StreamingPull on {self.subscription}: refused as "
+                                            f"invalid ({cause.message})") from cause
+                raise
 
     async def _stream_once(self) -> None:
         s = self.settings
@@ -390,8 +407,10 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             self._leases.hold(payload.ack_id, expires)
             self._arrived[payload.ack_id] = now
             attempt = message.delivery_attempt
-            if attempt is not None and self._floors.poisoned_on_arrival(message.message_id,
-                                                                        attempt):
+            earlier = self._taken.get(message.message_id)
+            self._taken.add(message.message_id)
+            if attempt is not None and self._floors.poisoned_on_arrival(
+                    message.message_id, attempt, taken=earlier):
                 # Delivered that often without resolving: the store says whether it is poison.
                 suspects[len(arrived)] = (self.raw_event_name(payload), attempt)
             arrived.append(payload)

@@ -135,11 +135,9 @@ class PubSubHarness:
 
     def __init__(self, server: ThreadedPubSubServer, *, keyed: bool) -> None:
         self.server, self.keyed = server, keyed
-        # ordered_delivery is not promised even with a key: the key's order is kept, but a
-        # nacked message comes again *in place* (before the key's later messages, which
-        # Pub/Sub holds back), where the suite's check expects a rewind after them (Kafka).
-        # test_ordering_key_lanes_keep_order checks the order per key itself.
-        self.features = Features(ordered_lanes=keyed, ordered_delivery=False,
+        # With a key, delivery is ordered: the key's messages come in order and a nacked
+        # one comes again with every later one of its key, after them (as Kafka's rewind).
+        self.features = Features(ordered_lanes=keyed, ordered_delivery=keyed,
                                  refuses_lossy_settings=False)
         self.publisher: Any = None
         self.subscriber: Any = None

@@ -349,3 +349,20 @@ def test_a_missing_subscription_is_one_line_and_a_non_zero_exit(tmp_path: Path) 
                                               d.subscription, RETRYING_FOR)
         finally:
             d.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_malformed_subscription_name_is_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
+    """Pub/Sub answers INVALID_ARGUMENT for a name that breaks its rules (here: an id that
+    starts with a digit); retrying cannot help, so the triggerer says it once and exits."""
+    with running(pubsub_process(tmp_path)) as server:
+        d = Deployment(server, tmp_path, dead_letters=False)
+        malformed = f"projects/{PROJECT}/subscriptions/9-{uuid.uuid4().hex[:8]}"
+        d.cli.env["PUBSUB_TEST_SUBSCRIPTION"] = malformed
+        try:
+            d.cli.run("init", "--path", str(d.cli.config))
+            line = assert_one_line_and_non_zero_exit(d.start(0), tmp_path / "triggerer-0.log",
+                                                     malformed, RETRYING_FOR)
+            assert "Invalid resource name" in line, line
+        finally:
+            d.close()

@@ -135,6 +135,41 @@ async def test_a_message_delivered_too_often_is_dead_lettered_on_arrival(
         await session.close()
 
 
+async def test_replays_of_a_key_while_its_copies_are_held_are_not_poison(
+    threaded_pubsub_server: ThreadedPubSubServer,
+) -> None:
+    """A key's leases lapse twice while a slow watcher holds every message of the key.
+
+    Pub/Sub replays the key from the lapsed message each time: every message
+    comes a third time (``delivery_attempt`` 3) while this producer still
+    holds its two earlier copies. With ``max_redeliveries=1`` that count
+    alone is past the limit, but none of those deliveries failed: the
+    producer discounts the copies it took itself, and nothing is
+    dead-lettered (without that, all four were, as poison on arrival).
+    """
+    async with opened(PubSubHarness(threaded_pubsub_server, keyed=True)) as keyed:
+        pubsub_dlq = f"projects/{PROJECT}/topics/pubsub-dlq-{uuid.uuid4().hex[:8]}"
+        await keyed.publisher.create_topic(name=pubsub_dlq)
+        stream = await keyed.create_stream(dead_letter_policy={
+            "dead_letter_topic": pubsub_dlq, "max_delivery_attempts": 10})
+        session = Session(keyed, stream)
+        try:
+            slow = session.run(Script(delay=0.3), max_redeliveries=1)
+            await keyed.produce(stream, values(4))
+            head = keyed.sent[stream.name][0]
+            for _ in range(2):
+                await eventually_async(lambda: leased(keyed, stream), 4, what="the key out")
+                stale = await keyed.server.acall(
+                    lambda service: service.state.lapse(stream.name, [head]))
+                assert len(stale) == 4  # the head's lease, and its followers' revoked
+            await eventually_async(lambda: keyed.committed(stream), 4, within=30,
+                                   what="all acked")
+            assert await keyed.dead_letters(stream) == []
+            assert sorted(set(slow.values())) == values(4)
+        finally:
+            await session.close()
+
+
 async def test_dead_lettered_on_arrival_carries_the_documented_attributes(
     keyless: PubSubHarness,
 ) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
 
+from sharedstream.engine.producer import DeadLetter
 from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_SUBSCRIPTION,
@@ -31,20 +33,6 @@ async def harness(request: pytest.FixtureRequest,
 
 class TestPubSubConformance(ProducerConformance):
     """The shared producer conformance suite: ordering-key lanes and keyless messages."""
-
-    async def test_a_member_away_holds_the_stream(
-        self, harness: PubSubHarness, session: Session,  # type: ignore[override]
-    ) -> None:
-        """As the suite's, for keyless messages only.
-
-        With an ordering key, Pub/Sub itself holds the key's later messages
-        until the nacked one is acked, so nothing is fanned out while the
-        member is away: the test's premise does not arise (the key's order
-        is checked by ``test_ordering_key_lanes_keep_order``).
-        """
-        if harness.keyed:
-            pytest.skip("Pub/Sub holds an ordering key's later messages behind a nacked one")
-        await super().test_a_member_away_holds_the_stream(harness, session)
 
 
 # -- Pub/Sub specifics, on the test server ------------------------------------------------
@@ -110,6 +98,36 @@ async def test_messages_up_to_pubsubs_limit_flow_with_the_others(keyless: PubSub
                                what="all acked")
         assert sorted(runner.values()) == sorted(small + big)
         assert await keyless.dead_letters(stream) == []
+    finally:
+        await session.close()
+
+
+async def test_a_dead_letter_copy_pubsub_refuses_goes_to_the_fallback(
+        keyless: PubSubHarness) -> None:
+    """A rejected message with 99 attributes: the copy for the dead-letter topic carries ours
+    too, past Pub/Sub's 100, and is refused. It goes to the engine's dead-letter fallback
+    with its own attributes, and is acked; a rejected message with room left goes to the
+    topic as usual (docs/pubsub.md, "no dead-letter topic, or Pub/Sub refuses the copy")."""
+    stream = await keyless.create_stream()
+    session = Session(keyless, stream)
+    kept: list[DeadLetter] = []
+
+    async def keep(letter: DeadLetter) -> None:
+        kept.append(letter)
+
+    session.manager.dead_letter_fallback = keep
+    crowded = {f"a{i:02}": "v" for i in range(99)}
+    try:
+        session.run(Script(reject={b"crowded", b"roomy"}))
+        await keyless.produce(stream, [b"crowded"], attributes=crowded)
+        await keyless.produce(stream, [b"roomy"], attributes={"a": "v"})
+        await eventually_async(lambda: keyless.committed(stream), 2, what="both acked")
+        [letter] = kept
+        assert (letter.payload, letter.source) == (b"crowded", keyless.sent[stream.name][0])
+        assert "the dead_letter_topic refused it" in letter.reason
+        assert "attribute_count is too large" in letter.reason
+        assert {k: v.decode() for k, v in letter.headers} == crowded
+        assert [d.value for d in await keyless.dead_letters(stream)] == [b"roomy"]
     finally:
         await session.close()
 
@@ -217,3 +235,32 @@ async def test_a_message_s_trace_context_is_continued(keyless: PubSubHarness) ->
     assert_continues(process, "gcp_pubsub")
     assert process.attributes is not None
     assert process.attributes["messaging.destination.name"] == stream.name
+
+
+
+async def test_replays_of_a_key_do_not_make_its_healthy_messages_poison(
+        keyed: PubSubHarness) -> None:
+    """Each nack of a key's message replays every later message of the key, and Pub/Sub
+    counts each replay as a delivery (``delivery_attempt``, with a dead-letter policy). Three
+    messages that keep failing one after the other push the healthy ones behind them to 4
+    deliveries and more, past ``max_redeliveries + 1``: none of those was their own failure,
+    and they must not be dead-lettered. (The policy's own limit, 100, is never reached.)"""
+    plain = await keyed.create_stream()
+    topic = keyed.topics[plain.name]
+    policy = await keyed.create_subscription(
+        topic, enable_message_ordering=True, ack_deadline_seconds=10,
+        dead_letter_policy={"dead_letter_topic": plain.dead_letter,
+                            "max_delivery_attempts": 100})
+    keyed.topics[policy] = topic
+    stream = Stream(name=policy, dead_letter=plain.dead_letter, group="")
+    session = Session(keyed, stream)
+    try:
+        script = Script(fail={b"m0": -1, b"m1": -1, b"m2": -1}, delay=0.2)
+        runner = session.run(script, max_redeliveries=1)
+        await keyed.produce(stream, values(6))
+        await eventually_async(lambda: keyed.committed(stream), 6, within=30, what="committed")
+        letters = await keyed.dead_letters(stream)
+        assert Counter(letter.value for letter in letters) == Counter(values(3))
+        assert set(runner.values()) == set(values(6)[3:])
+    finally:
+        await session.close()

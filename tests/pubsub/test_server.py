@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from collections import Counter, defaultdict
@@ -151,6 +152,43 @@ def test_a_publish_request_over_10_mb_is_refused_as_pubsub_refuses_it(
             direct.publish(topic=topic, messages=request_of(6 * 1024 * 1024, 6 * 1024 * 1024))
 
 
+@pytest.mark.parametrize(("message", "refusal"), [
+    ({"data": b"x", "attributes": {f"a{i}": "v" for i in range(101)}},
+     "attribute_count is too large. You passed 101"),
+    ({"data": b"x", "attributes": {"k" * 257: "v"}}, "has a key that is too long. The length "
+     "is 257 characters, but the maximum allowed is 256"),
+    ({"data": b"x", "attributes": {"city": "é" * 513}}, 'The attribute "city" in the request '
+     "has a value that is too long. The length is 1026 characters, but the maximum allowed "
+     "is 1024"),
+    ({"data": b"x", "attributes": {"goog-origin": "x"}},
+     r"attribute key that is not valid \(key=goog-origin\)"),
+    ({"data": b"x", "ordering_key": "k" * 1025}, "ordering key in the request is too long"),
+], ids=["attributes", "key", "value", "goog", "ordering-key"])
+def test_a_message_past_pubsubs_limits_refuses_the_whole_request(
+        *, pubsub_emulator_host: str, subscriber: Any, topic: str,
+        new_subscription: Callable[..., str], message: dict[str, Any], refusal: str) -> None:
+    subscription = new_subscription()
+    with PublisherClient(transport=PublisherGrpcTransport(  # one request, unbatched
+            channel=grpc.insecure_channel(pubsub_emulator_host))) as direct:
+        with pytest.raises(exceptions.InvalidArgument, match=refusal):
+            direct.publish(topic=topic, messages=[PubsubMessage(data=b"fine"),
+                                                  PubsubMessage(**message)])
+        at_the_limits = PubsubMessage(
+            data=b"x", ordering_key="k" * 1024,
+            attributes={"k" * 256: "v" * 1024, "googclient_traceparent": "00-a-b-01",
+                        **{f"a{i}": "v" for i in range(98)}})
+        assert len(direct.publish(topic=topic, messages=[at_the_limits]).message_ids) == 1
+        with pytest.raises(exceptions.InvalidArgument, match=re.escape(
+                "The value for message_count is too large. You passed 1001 in the request, "
+                "but the maximum value is 1000.")):
+            direct.publish(topic=topic, messages=[PubsubMessage(data=b"m")] * 1001)
+        assert len(direct.publish(topic=topic, messages=[PubsubMessage(data=b"m")] * 1000
+                                  ).message_ids) == 1000
+    received = pull(subscriber, subscription, max_messages=1000)
+    received += pull(subscriber, subscription, max_messages=1000, timeout=1.5)
+    assert len(received) == 1001  # nothing of a refused request, all of an accepted one
+
+
 def test_messages_published_before_a_subscription_exists_are_not_delivered_to_it(
         publisher: Any, subscriber: Any, topic: str,
         new_subscription: Callable[..., str]) -> None:
@@ -259,22 +297,30 @@ def test_a_message_goes_to_the_dead_letter_topic_after_max_delivery_attempts(
 # -- ordering keys ----------------------------------------------------------------
 
 
-def test_one_message_per_ordering_key_is_outstanding_while_other_keys_proceed(
+def test_several_messages_of_a_key_are_out_at_once_and_a_nack_replays_the_key_from_it(
         publisher: Any, subscriber: Any, topic: str,
         new_subscription: Callable[..., str]) -> None:
+    """As Pub/Sub: a key's messages are delivered together, in order; a nacked one comes
+    again with every later message of its key - leased or acked - under new ack ids."""
     subscription = new_subscription(enable_message_ordering=True)
-    publish(publisher, topic, [b"a0", b"a1", b"a2"], ordering_key="a")
+    publish(publisher, topic, [b"a0", b"a1", b"a2", b"a3"], ordering_key="a")
     publish(publisher, topic, [b"b0", b"b1"], ordering_key="b")
-    publish(publisher, topic, [b"free"])
     first = pull(subscriber, subscription)
-    assert sorted(m.message.data for m in first) == [b"a0", b"b0", b"free"]
     by_data = {m.message.data: m for m in first}
-    subscriber.acknowledge(subscription=subscription, ack_ids=[by_data[b"a0"].ack_id])
-    assert [m.message.data for m in pull(subscriber, subscription)] == [b"a1"]  # b0 still out
-    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[by_data[b"b0"].ack_id],
+    assert sorted(by_data) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1"]
+    for key in ("a", "b"):
+        assert [m.message.data for m in first if m.message.ordering_key == key] == sorted(
+            v for v in by_data if v.startswith(key.encode()))
+    subscriber.acknowledge(subscription=subscription, ack_ids=[by_data[b"a3"].ack_id])
+
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[by_data[b"a1"].ack_id],
                                    ack_deadline_seconds=0)
-    [again] = pull(subscriber, subscription)  # a nacked head comes back before b1
-    assert (again.message.data, again.message.ordering_key) == (b"b0", "b")
+    again = pull(subscriber, subscription)
+    assert [m.message.data for m in again] == [b"a1", b"a2", b"a3"]  # a0 and b are still out
+    assert {m.ack_id for m in again}.isdisjoint(m.ack_id for m in first)
+    subscriber.acknowledge(subscription=subscription, ack_ids=[
+        *(by_data[v].ack_id for v in (b"a0", b"b0", b"b1")), *(m.ack_id for m in again)])
+    assert pull(subscriber, subscription, timeout=1.5) == []
 
 
 def test_ordering_keys_keep_their_order_through_streaming_pull(
@@ -552,6 +598,32 @@ def test_invalid_settings_are_refused(publisher: Any, subscriber: Any, topic: st
         new_subscription(of=f"projects/{PROJECT}/topics/no-such-topic")
     with pytest.raises(exceptions.InvalidArgument):
         publisher.create_topic(name="not a topic name")
+
+
+@pytest.mark.parametrize("bad_id", ["9lives", "googly", "ab", "s" * 256, "with space",
+                                    "sübscription", "a/b"])
+def test_a_malformed_name_is_invalid_argument_a_missing_one_not_found(
+        publisher: Any, subscriber: Any, topic: str, bad_id: str) -> None:
+    """As Pub/Sub: an id starts with a letter, has 3 to 255 ASCII letters, digits and
+    ``-_.~+%``, and does not start with ``goog``; a well-formed name that names nothing
+    is NOT_FOUND."""
+    malformed = f"projects/{PROJECT}/subscriptions/{bad_id}"
+    for call in (lambda: subscriber.get_subscription(subscription=malformed),
+                 lambda: pull(subscriber, malformed),
+                 lambda: subscriber.acknowledge(subscription=malformed, ack_ids=["1-1"]),
+                 lambda: subscriber.create_subscription(name=malformed, topic=topic),
+                 lambda: publisher.create_topic(name=f"projects/{PROJECT}/topics/{bad_id}"),
+                 lambda: publisher.get_topic(topic=f"projects/{PROJECT}/topics/{bad_id}")):
+        with pytest.raises(exceptions.InvalidArgument, match="Invalid resource name given"):
+            call()
+    with pytest.raises(exceptions.InvalidArgument, match="Invalid resource name given"):
+        list(subscriber.streaming_pull(requests=iter([StreamingPullRequest(
+            subscription=malformed, stream_ack_deadline_seconds=10)])))
+    longest = f"projects/{PROJECT}/subscriptions/s{'~' * 254}"
+    with pytest.raises(exceptions.NotFound):
+        subscriber.get_subscription(subscription=longest)
+    with pytest.raises(exceptions.NotFound):
+        pull(subscriber, longest)
 
 
 # -- volume ------------------------------------------------------------------------------

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from sharedstream.testing.pubsub.rules import Refused
 from sharedstream.testing.pubsub.state import (
     Consumer,
     PubSubState,
-    Refused,
     SubscriptionCounts,
     SubscriptionSettings,
 )
@@ -50,25 +50,125 @@ def test_counts_place_each_unacked_message_once_and_change_nothing() -> None:
     clock = Clock()
     state = state_with(clock, ordering=True, minimum_backoff=5.0, maximum_backoff=5.0)
     assert state.counts(SUBSCRIPTION) == SubscriptionCounts(0, 0, 0, 0)
-    publish(state, b"a0", b"a1", b"a2", key="a")  # a0 ready, a1 and a2 behind it
+    publish(state, b"a0", b"a1", b"a2", b"a3", key="a")  # a0 ready, the rest behind it
     publish(state, b"free0", b"free1")
-    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=3, delayed=0, held=2, leased=0)
+    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=3, delayed=0, held=3, leased=0)
 
-    taken = state.take(SUBSCRIPTION, Consumer(), 10, deadline=10)
+    taken = state.take(SUBSCRIPTION, Consumer(max_messages=3), 10, deadline=10)
     assert sorted(d.message.data for d in taken) == [b"a0", b"free0", b"free1"]
-    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=0, delayed=0, held=2, leased=3)
+    # a1 is ready the moment a0 is out; a2 and a3 wait behind it.
+    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=1, delayed=0, held=2, leased=3)
     assert state.counts(SUBSCRIPTION) == state.counts(SUBSCRIPTION)  # reading changes nothing
 
     by_data = {d.message.data: d.ack_id for d in taken}
     state.modify_deadline(SUBSCRIPTION, [by_data[b"free0"]], 0)  # nacked: backs off 5 s
-    state.acknowledge(SUBSCRIPTION, [by_data[b"a0"], by_data[b"free1"]])  # a1 released
+    state.acknowledge(SUBSCRIPTION, [by_data[b"a0"], by_data[b"free1"]])
     counts = state.counts(SUBSCRIPTION)
-    assert counts == SubscriptionCounts(ready=1, delayed=1, held=1, leased=0)
-    assert counts.unacked == 3  # a1, a2, free0
+    assert counts == SubscriptionCounts(ready=1, delayed=1, held=2, leased=0)
+    assert counts.unacked == 4  # a1, a2, a3, free0
 
     clock.now += 5
     state.expire()
-    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=2, delayed=0, held=1, leased=0)
+    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=2, delayed=0, held=2, leased=0)
+
+
+# -- ordering keys: several out at once, a failure replays the key from there ------------
+
+
+def data(deliveries: list[Any]) -> list[bytes]:
+    return [d.message.data for d in deliveries]
+
+
+def test_a_key_s_messages_are_out_together_in_order() -> None:
+    state = state_with(Clock(), ordering=True)
+    publish(state, b"a0", b"a1", b"a2", key="a")
+    publish(state, b"b0", b"b1", key="b")
+    taken = state.take(SUBSCRIPTION, Consumer(), 10, deadline=10)
+    assert [v for v in data(taken) if v.startswith(b"a")] == [b"a0", b"a1", b"a2"]
+    assert [v for v in data(taken) if v.startswith(b"b")] == [b"b0", b"b1"]
+    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=0, delayed=0, held=0, leased=5)
+
+
+def test_a_nack_redelivers_the_message_and_every_later_one_of_its_key() -> None:
+    """The followers' leases are revoked (stale ack ids), an acked follower comes again too,
+    the earlier message keeps its lease, and other keys are not touched."""
+    state = state_with(Clock(), ordering=True)
+    publish(state, b"a0", b"a1", b"a2", b"a3", key="a")
+    publish(state, b"b0", key="b")
+    stream = Consumer()
+    first = {d.message.data: d for d in state.take(SUBSCRIPTION, stream, 10, deadline=10)}
+    assert state.acknowledge(SUBSCRIPTION, [first[b"a3"].ack_id]) == []  # acked out of order
+
+    assert state.modify_deadline(SUBSCRIPTION, [first[b"a1"].ack_id], 0) == []
+    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=1, delayed=0, held=2, leased=2)
+    revoked = [first[b"a2"].ack_id]
+    assert state.acknowledge(SUBSCRIPTION, revoked) == revoked  # stale: ignored
+    assert state.modify_deadline(SUBSCRIPTION, revoked, 30) == revoked
+
+    again = state.take(SUBSCRIPTION, stream, 10, deadline=10)
+    assert data(again) == [b"a1", b"a2", b"a3"]
+    assert [d.attempt for d in again] == [2, 2, 2]
+    assert {d.ack_id for d in again}.isdisjoint(d.ack_id for d in first.values())
+    live = [first[b"a0"].ack_id, first[b"b0"].ack_id, *(d.ack_id for d in again)]
+    assert state.acknowledge(SUBSCRIPTION, live) == []
+    assert state.counts(SUBSCRIPTION).unacked == 0
+    assert state.take(SUBSCRIPTION, stream, 10, deadline=10) == []
+
+
+def test_an_expired_head_replays_the_key_after_its_backoff() -> None:
+    clock = Clock()
+    state = state_with(clock, ordering=True, minimum_backoff=5.0, maximum_backoff=5.0)
+    publish(state, b"a0", b"a1", key="a")
+    state.take(SUBSCRIPTION, Consumer(), 10, deadline=10)
+    clock.now += 10
+    state.expire()
+    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=0, delayed=1, held=1, leased=0)
+    assert state.take(SUBSCRIPTION, Consumer(), 10, deadline=10) == []  # a1 waits for a0
+    clock.now += 5
+    state.expire()
+    assert data(state.take(SUBSCRIPTION, Consumer(), 10, deadline=10)) == [b"a0", b"a1"]
+
+
+def test_on_an_exactly_once_subscription_an_acked_follower_never_comes_again() -> None:
+    state = state_with(Clock(), ordering=True, exactly_once=True)
+    publish(state, b"a0", b"a1", b"a2", key="a")
+    first = {d.message.data: d for d in state.take(SUBSCRIPTION, Consumer(), 10, deadline=10)}
+    state.acknowledge(SUBSCRIPTION, [first[b"a1"].ack_id])
+    state.modify_deadline(SUBSCRIPTION, [first[b"a0"].ack_id], 0)
+    assert data(state.take(SUBSCRIPTION, Consumer(), 10, deadline=10)) == [b"a0", b"a2"]
+
+
+def test_a_dead_lettered_message_lets_its_key_go_on() -> None:
+    state = state_with(Clock(), ordering=True, max_delivery_attempts=5,
+                       dead_letter_topic=DEAD_LETTERS)
+    publish(state, b"a0", b"a1", key="a")
+    stream = Consumer()
+    for _ in range(5):
+        a0, a1 = state.take(SUBSCRIPTION, stream, 10, deadline=10)
+        state.modify_deadline(SUBSCRIPTION, [a0.ack_id], 0)  # a0 fails, a1 is revoked...
+    # ... but not the fifth time: a0 went to the dead-letter topic, a1 keeps its lease.
+    assert (a1.message.data, a1.attempt) == (b"a1", 5)  # each replay was a delivery
+    assert state.counts(SUBSCRIPTION) == SubscriptionCounts(ready=0, delayed=0, held=0, leased=1)
+    assert state.acknowledge(SUBSCRIPTION, [a1.ack_id]) == []
+    assert state.counts(SUBSCRIPTION).unacked == 0
+
+
+def test_a_key_out_on_one_stream_is_not_handed_to_another_until_its_leases_end() -> None:
+    state = state_with(Clock(), ordering=True)
+    one, other = Consumer(max_messages=1), Consumer()
+    publish(state, b"a0", b"a1", key="a")
+    publish(state, b"b0", key="b")
+    [a0] = state.take(SUBSCRIPTION, one, 10, deadline=10)
+    assert data(state.take(SUBSCRIPTION, other, 10, deadline=10)) == [b"b0"]  # not a1
+    assert state.take(SUBSCRIPTION, None, 10, deadline=10) == []  # nor to a unary Pull
+    state.acknowledge(SUBSCRIPTION, [a0.ack_id])
+    assert data(state.take(SUBSCRIPTION, other, 10, deadline=10)) == [b"a1"]
+
+    publish(state, b"c0", b"c1", key="c")
+    [c0] = state.take(SUBSCRIPTION, one, 10, deadline=10)
+    state.close_consumer(SUBSCRIPTION, one)  # a stream that ends frees its keys at once
+    assert data(state.take(SUBSCRIPTION, other, 10, deadline=10)) == [b"c1"]
+    assert c0.message.data == b"c0"
 
 
 def test_counts_of_a_missing_subscription_are_refused() -> None:

@@ -5,6 +5,8 @@ use, and refuses (``UNIMPLEMENTED``) or lacks the rest; docs/testing.md lists
 both. The real, unmodified ``google-cloud-pubsub`` client reaches it through
 ``PUBSUB_EMULATOR_HOST=127.0.0.1:<port>``.
 
+* :mod:`.rules` - what Pub/Sub refuses: malformed names, messages past
+  its limits (pure functions);
 * :mod:`.state` - topics, subscriptions, leases, ordering keys, flow control,
   dead letters and backoff, as a synchronous state machine with injected
   clocks (no gRPC, no Google import);

@@ -4,7 +4,7 @@ Requests and responses are the raw protobuf classes of the client package
 itself (``google.pubsub_v1.types.<Type>.pb()``), so the server speaks exactly
 the client's wire format without compiling any ``.proto``. Each handler
 turns a request into calls on :class:`~.state.PubSubState` and the result
-into a response; a :class:`~.state.Refused` becomes the gRPC status it names.
+into a response; a :class:`~.rules.Refused` becomes the gRPC status it names.
 Methods not in :meth:`PubSubService.handlers` answer ``UNIMPLEMENTED``
 (gRPC's default for a method with no handler).
 
@@ -38,6 +38,13 @@ exceeds the limit`` (one message over 10 MB is always in a request over
 messages, but always at least one message. The server itself has no gRPC
 size limit below that (:data:`~.server.SERVER_OPTIONS`).
 
+**Message limits**, as Pub/Sub's (:func:`~.rules.check_messages`): a
+``Publish`` of more than 1,000 messages, or with a message of more than 100
+attributes, an attribute key over 256 bytes or starting with ``goog`` (but
+the ``googclient_`` trace-context keys Google's clients write), an attribute
+value over 1,024 bytes or an ordering key over 1,024 bytes, is
+``INVALID_ARGUMENT`` and publishes nothing.
+
 **Test hooks.** :meth:`PubSubService.break_streams` ends the open
 StreamingPull streams with a gRPC status (a transient ``UNAVAILABLE``, say),
 as Pub/Sub closes streams now and then; the state's
@@ -59,15 +66,13 @@ import grpc
 import grpc.aio
 from google.pubsub_v1 import types
 
+from sharedstream.testing.pubsub.rules import Refused, check_messages, check_name, project_of
 from sharedstream.testing.pubsub.state import (
     DELETED_TOPIC,
     Consumer,
     Delivery,
     PubSubState,
-    Refused,
     SubscriptionSettings,
-    check_name,
-    project_of,
 )
 from sharedstream.testing.pubsub.state_file import StateFile
 
@@ -159,7 +164,7 @@ def _settings(request: _Pb) -> SubscriptionSettings:
         dead_letter_topic = request.dead_letter_policy.dead_letter_topic
         if not 5 <= attempts <= 100:
             raise Refused("INVALID_ARGUMENT", f"max_delivery_attempts {attempts} is outside 5..100")
-        check_name(dead_letter_topic, "topics")
+        check_name(dead_letter_topic, "topics", "dead_letter_topic")
     minimum = maximum = 0.0
     if request.HasField("retry_policy"):
         policy = request.retry_policy
@@ -361,8 +366,9 @@ class PubSubService:
         return _EMPTY()
 
     async def _publish(self, request: _Pb, context: object) -> _Pb:
-        if not request.messages:
-            raise Refused("INVALID_ARGUMENT", "a publish request needs at least one message")
+        messages = [(message.data, message.attributes, message.ordering_key)
+                    for message in request.messages]
+        check_messages(messages)
         size = request.ByteSize()
         if size > PAYLOAD_LIMIT:
             raise Refused("INVALID_ARGUMENT", "Request payload size exceeds the limit: "
@@ -371,12 +377,7 @@ class PubSubService:
             raise Refused("INVALID_ARGUMENT", f"The value for request_size is too large. You "
                           f"passed {size} in the request, but the maximum value is "
                           f"{REQUEST_LIMIT}.")
-        for message in request.messages:
-            if not message.data and not message.attributes:
-                raise Refused("INVALID_ARGUMENT", "a message needs data or attributes")
-        ids = self.state.publish(request.topic, [
-            (message.data, message.attributes, message.ordering_key)
-            for message in request.messages])
+        ids = self.state.publish(request.topic, messages)
         return _pb(types.PublishResponse)(message_ids=ids)
 
     # -- Subscriber: administration -----------------------------------------

@@ -19,20 +19,34 @@ Invariants:
 
 1. An entry is in exactly one place: *ready* (deliverable now), *delayed*
    (backing off after a nack or an expiry), *leased* (one live lease), or
-   *waiting* behind the head of its ordering key. An entry that is acked or
-   dead-lettered is gone from all of them.
-2. An ack id names one delivery. Once its lease ends (ack, nack, expiry) the
-   id is stale: acks and deadline changes naming it are ignored, and a
-   redelivery carries a new id.
-3. With message ordering on, only the head entry of an ordering key is ever
-   ready, delayed or leased - one outstanding message per key - and the next
-   entry of that key is released when the head is acked or dead-lettered.
-   Entries of other keys, and entries without a key, are not held back.
-4. A consumer's outstanding count and bytes are the sums over its live
+   *held* behind an earlier entry of its ordering key. An entry that is
+   acked or dead-lettered is gone from all of them (but see 3 for an acked
+   entry of an ordering key, which may come again).
+2. An ack id names one delivery. Once its lease ends (ack, nack, expiry, or
+   revoked by 3) the id is stale: acks and deadline changes naming it are
+   ignored, and a redelivery carries a new id.
+3. With message ordering on, an ordering key is a cursor over its entries
+   in publish order (:class:`_Key`): the entries before ``sent`` are out
+   (leased, or acked while an earlier one is not), the entry at ``sent`` is
+   scheduled (ready or delayed), the rest are held. Several entries of a
+   key are out at once, always a prefix, so they are delivered in order.
+   The cursor moves past the first entries once they are acked (or
+   dead-lettered). A nack or an expiry of an out entry rewinds the key to
+   it: the leases of the entries after it are revoked and those entries,
+   acked ones too, are delivered again after it, as Pub/Sub replays a key
+   from its first unacknowledged message. (On an exactly-once
+   subscription an ack is final: an acked entry leaves its key at once and
+   never comes again.) Entries of other keys, and entries without a key,
+   are not held back.
+4. A key with live leases on a stream belongs to that stream: no other
+   stream is handed its entries until those leases end (Pub/Sub sends a
+   key's messages to one subscriber client at a time). A unary Pull takes
+   only keys no stream holds.
+5. A consumer's outstanding count and bytes are the sums over its live
    leases; :meth:`PubSubState.take` never goes past its limits, except to
    hand out one message larger than the byte limit when nothing else is
    outstanding (as Pub/Sub does).
-5. Whatever can make an entry deliverable, or free room in a consumer,
+6. Whatever can make an entry deliverable, or free room in a consumer,
    calls ``on_change`` with the subscription's name before returning.
 
 Reading it: :meth:`PubSubState.counts` is the one public, read-only view
@@ -51,11 +65,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from sharedstream.testing.pubsub.rules import Refused, check_name
 
 __all__ = [
     "DELETED_TOPIC",
@@ -63,7 +78,6 @@ __all__ = [
     "Delivery",
     "Message",
     "PubSubState",
-    "Refused",
     "Snapshot",
     "SubscriptionCounts",
     "SubscriptionSettings",
@@ -72,35 +86,6 @@ __all__ = [
 
 DELETED_TOPIC = "_deleted-topic_"
 """What a subscription names as its topic once the topic is deleted (as Pub/Sub does)."""
-
-_NAME = re.compile(r"^projects/[^/]+/(?P<kind>topics|subscriptions)/[A-Za-z][-\w.~+%]{2,254}$")
-
-
-class Refused(Exception):
-    """The server refuses a request; ``status`` is the gRPC status code's name.
-
-    ``NOT_FOUND``, ``ALREADY_EXISTS``, ``INVALID_ARGUMENT`` or
-    ``UNIMPLEMENTED`` (or any status a test hook ends a stream with); the
-    service aborts the call with it and the message.
-    """
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def check_name(name: str, kind: str) -> str:
-    """``name`` if it is a valid ``projects/<p>/<kind>/<id>``; else :class:`Refused`."""
-    match = _NAME.match(name)
-    if match is None or match["kind"] != kind:
-        raise Refused("INVALID_ARGUMENT", f"invalid {kind[:-1]} name: {name!r}")
-    return name
-
-
-def project_of(name: str) -> str:
-    """``projects/<p>`` of a resource name."""
-    return "/".join(name.split("/", 2)[:2])
-
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -160,6 +145,24 @@ class _Entry:
     message: Message
     seq: int
     attempts: int = 0
+    lease: Delivery | None = None
+    """Its live lease, if it is out and not acked."""
+    acked: bool = False
+    """Acked while an earlier entry of its ordering key is not: it comes again on a rewind."""
+
+
+@dataclass(eq=False, slots=True)
+class _Key:
+    """One ordering key's cursor (invariant 3) and the stream that holds it (invariant 4)."""
+
+    entries: deque[_Entry] = field(default_factory=deque)
+    """From the first entry not yet acked, in publish order."""
+    sent: int = 0
+    """How many entries, from the front, are out; ``entries[sent]`` is scheduled."""
+    owner: Consumer | None = None
+    """The stream its live leases went to (``None``: none, or only unary Pulls)."""
+    leased: int = 0
+    """How many of its entries have a live lease."""
 
 
 @dataclass(eq=False, slots=True)
@@ -190,13 +193,15 @@ class _Subscription:
         self.topic = settings.topic
         self.ready: deque[_Entry] = deque()
         self.delayed: list[tuple[float, int, _Entry]] = []  # heap by available time
-        self.keys: dict[str, deque[_Entry]] = {}  # ordering key -> its entries, head first
+        self.keys: dict[str, _Key] = {}  # ordering key -> its cursor (invariant 3)
         self.leases: dict[str, Delivery] = {}
         self.deadlines: list[tuple[float, str]] = []  # heap; stale items skipped on pop
 
-    def keyed(self, entry: _Entry) -> str:
-        """The ordering key that holds ``entry`` back, or ``""`` when none does."""
-        return entry.message.ordering_key if self.settings.ordering else ""
+    def key_of(self, entry: _Entry) -> _Key | None:
+        """The cursor of ``entry``'s ordering key, or ``None`` when no key orders it."""
+        if not self.settings.ordering or not entry.message.ordering_key:
+            return None
+        return self.keys[entry.message.ordering_key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +217,7 @@ class SubscriptionCounts:
     delayed: int
     """Backing off after a nack or an expiry (retry policy)."""
     held: int
-    """Waiting behind the head of their ordering key."""
+    """Waiting behind an earlier message of their ordering key."""
     leased: int
     """Delivered, with a live lease (not acked, not yet expired)."""
 
@@ -269,11 +274,13 @@ class PubSubState:
         self._attached[name] = set()
 
     def topic(self, name: str) -> object:
-        """The spec of topic ``name``; ``NOT_FOUND`` if there is none."""
+        """The spec of topic ``name``; ``NOT_FOUND`` if none, ``INVALID_ARGUMENT`` if malformed."""
         try:
             return self.topics[name]
         except KeyError:
-            raise Refused("NOT_FOUND", f"topic {name} not found") from None
+            check_name(name, "topics")
+            raise Refused("NOT_FOUND", "Resource not found (resource="
+                          f"{name.rsplit('/', 1)[-1]}).") from None
 
     def delete_topic(self, name: str) -> None:
         """Remove a topic; its subscriptions stay, naming :data:`DELETED_TOPIC`."""
@@ -318,8 +325,9 @@ class PubSubState:
         subscription's ordering-key queues.
         """
         sub = self._get(name)
-        # A key's head is in ready, delayed or leased (invariant 3): the rest are held.
-        held = sum(len(waiting) - 1 for waiting in sub.keys.values())
+        # Past a key's scheduled entry, the rest are held (invariant 3); an acked entry
+        # before it is not counted (it comes again only if the key is rewound).
+        held = sum(max(0, len(key.entries) - key.sent - 1) for key in sub.keys.values())
         return SubscriptionCounts(ready=len(sub.ready), delayed=len(sub.delayed), held=held,
                                   leased=len(sub.leases))
 
@@ -333,10 +341,13 @@ class PubSubState:
         self.on_change(name)
 
     def _get(self, name: str) -> _Subscription:
+        """Subscription ``name``; ``NOT_FOUND`` if none, ``INVALID_ARGUMENT`` if malformed."""
         try:
             return self._subscriptions[name]
         except KeyError:
-            raise Refused("NOT_FOUND", f"subscription {name} not found") from None
+            check_name(name, "subscriptions")
+            raise Refused("NOT_FOUND", "Resource not found (resource="
+                          f"{name.rsplit('/', 1)[-1]}).") from None
 
     # -- publish ------------------------------------------------------------
 
@@ -358,12 +369,11 @@ class PubSubState:
         self._place(sub, _Entry(message, next(self._ids)))
 
     def _place(self, sub: _Subscription, entry: _Entry) -> None:
-        key = sub.keyed(entry)
-        if key:
-            waiting = sub.keys.setdefault(key, deque())
-            waiting.append(entry)
-            if len(waiting) > 1:
-                return  # held behind the key's head (invariant 3)
+        if sub.settings.ordering and entry.message.ordering_key:
+            key = sub.keys.setdefault(entry.message.ordering_key, _Key())
+            key.entries.append(entry)
+            if len(key.entries) - 1 > key.sent:
+                return  # held behind an earlier entry of its key (invariant 3)
         sub.ready.append(entry)
 
     # -- delivery -----------------------------------------------------------
@@ -374,42 +384,65 @@ class PubSubState:
 
         ``consumer`` (a stream) bounds the batch by its room; ``None`` is a
         unary Pull. ``max_bytes`` (0: none) bounds the batch's message
-        sizes, but for its first message. Raises ``NOT_FOUND`` if the
+        sizes, but for its first message. Several entries of one ordering
+        key may be in one batch, in order; a key another stream holds is
+        passed over (invariant 4). Raises ``NOT_FOUND`` if the
         subscription is gone.
         """
         sub = self._get(name)
         now = self.clock()
         taken: list[Delivery] = []
+        passed: list[_Entry] = []  # entries of keys another stream holds
         size = 0
         while sub.ready and len(taken) < max_messages:
             entry = sub.ready[0]
+            key = sub.key_of(entry)
+            if key is not None and key.owner is not None and key.owner is not consumer:
+                passed.append(sub.ready.popleft())
+                continue
             if consumer is not None and not consumer.has_room_for(entry.message.size):
                 break
             size += entry.message.size
             if max_bytes and taken and size > max_bytes:
                 break
             sub.ready.popleft()
-            entry.attempts += 1
-            lease = Delivery(f"{entry.seq}-{entry.attempts}", entry, now + deadline, consumer)
-            sub.leases[lease.ack_id] = lease
-            heapq.heappush(sub.deadlines, (lease.deadline, lease.ack_id))
-            if consumer is not None:
-                consumer.messages += 1
-                consumer.bytes += entry.message.size
-            taken.append(lease)
+            taken.append(self._lease(sub, entry, consumer, now + deadline))
+            if key is not None:
+                key.sent += 1
+                if key.sent < len(key.entries):  # the key's next entry may follow at once
+                    sub.ready.append(key.entries[key.sent])
+        sub.ready.extendleft(reversed(passed))
         return taken
+
+    def _lease(self, sub: _Subscription, entry: _Entry, consumer: Consumer | None,
+               deadline: float) -> Delivery:
+        entry.attempts += 1
+        entry.acked = False
+        lease = Delivery(f"{entry.seq}-{entry.attempts}", entry, deadline, consumer)
+        entry.lease = lease
+        sub.leases[lease.ack_id] = lease
+        heapq.heappush(sub.deadlines, (lease.deadline, lease.ack_id))
+        if consumer is not None:
+            consumer.messages += 1
+            consumer.bytes += entry.message.size
+        key = sub.key_of(entry)
+        if key is not None:
+            key.leased += 1
+            if consumer is not None:
+                key.owner = consumer
+        return lease
 
     def acknowledge(self, name: str, ack_ids: Iterable[str]) -> list[str]:
         """End these leases as done; return the ack ids that named no live lease (ignored)."""
         sub = self._get(name)
         stale: list[str] = []
         for ack_id in ack_ids:
-            lease = sub.leases.pop(ack_id, None)
+            lease = sub.leases.get(ack_id)
             if lease is None:
                 stale.append(ack_id)
                 continue
-            self._release(lease)
-            self._remove(sub, lease.entry)
+            self._end_lease(sub, lease)
+            self._acked(sub, lease.entry)
         self.on_change(name)
         return stale
 
@@ -438,7 +471,7 @@ class PubSubState:
             while sub.deadlines and sub.deadlines[0][0] <= now:
                 _, ack_id = heapq.heappop(sub.deadlines)
                 lease = sub.leases.get(ack_id)
-                if lease is not None and lease.deadline <= now:  # else extended since
+                if lease is not None and lease.deadline <= now:  # else extended or revoked
                     self._fail(sub, lease, now)
             released = False
             while sub.delayed and sub.delayed[0][0] <= now:
@@ -454,16 +487,19 @@ class PubSubState:
         every live lease of the subscription). Each lease ends exactly as an
         expiry does: its ack id goes stale, and the message is redelivered
         (after the retry policy's backoff) or dead-lettered on its last
-        allowed attempt. Returns the ack ids that went stale.
+        allowed attempt; on an ordering key, the key's later entries come
+        again after it (invariant 3). Returns every ack id that went stale,
+        those revoked by a rewind included.
         """
         sub = self._get(name)
         wanted = None if message_ids is None else set(message_ids)
         now = self.clock()
-        ended = [lease for lease in sub.leases.values()
-                 if wanted is None or lease.message.message_id in wanted]
-        for lease in ended:
-            self._fail(sub, lease, now)
-        return [lease.ack_id for lease in ended]
+        live = set(sub.leases)
+        for lease in [lease for lease in sub.leases.values()
+                      if wanted is None or lease.message.message_id in wanted]:
+            if lease.ack_id in sub.leases:  # else revoked by an earlier one's rewind
+                self._fail(sub, lease, now)
+        return [ack_id for ack_id in live if ack_id not in sub.leases]
 
     def next_due(self) -> float | None:
         """The ``clock`` time of the next deadline or end of backoff, if any."""
@@ -472,14 +508,21 @@ class PubSubState:
         return min(due, default=None)
 
     def close_consumer(self, name: str, consumer: Consumer) -> None:
-        """A stream ended: its leases stay until acked or expired, counted against nobody."""
+        """A stream ended: its leases stay until acked or expired, counted against nobody.
+
+        The ordering keys it held are free for other streams at once.
+        """
         sub = self._subscriptions.get(name)
         if sub is None:
             return
         for lease in sub.leases.values():
             if lease.consumer is consumer:
                 lease.consumer = None
+        for key in sub.keys.values():
+            if key.owner is consumer:
+                key.owner = None
         consumer.messages = consumer.bytes = 0
+        self.on_change(name)
 
     # -- ends of a lease ----------------------------------------------------
 
@@ -490,28 +533,69 @@ class PubSubState:
             consumer.bytes -= lease.entry.message.size
             lease.consumer = None
 
-    def _remove(self, sub: _Subscription, entry: _Entry) -> None:
-        """The entry is done (acked or dead-lettered): release the next one of its key."""
-        key = sub.keyed(entry)
-        if not key:
+    def _end_lease(self, sub: _Subscription, lease: Delivery) -> None:
+        """The lease is over (acked, failed, revoked): its ack id is stale from now on."""
+        del sub.leases[lease.ack_id]
+        self._release(lease)
+        entry = lease.entry
+        entry.lease = None
+        key = sub.key_of(entry)
+        if key is not None:
+            key.leased -= 1
+            if not key.leased:
+                key.owner = None
+
+    def _acked(self, sub: _Subscription, entry: _Entry) -> None:
+        """An out entry was acked: gone, unless an earlier entry of its key is not (3)."""
+        key = sub.key_of(entry)
+        if key is None:
             return
-        waiting = sub.keys[key]
-        waiting.popleft()  # the head: only the head is ever leased (invariant 3)
-        if waiting:
-            sub.ready.append(waiting[0])
+        if key.entries[0] is entry or sub.settings.exactly_once:
+            self._drop(sub, key, entry)
         else:
-            del sub.keys[key]
+            entry.acked = True
+
+    def _drop(self, sub: _Subscription, key: _Key, entry: _Entry) -> None:
+        """Take an out entry off its key for good; move the cursor past acked ones."""
+        key.entries.remove(entry)
+        key.sent -= 1
+        while key.entries and key.entries[0].acked:
+            key.entries.popleft()
+            key.sent -= 1
+        if not key.entries:
+            del sub.keys[entry.message.ordering_key]
+
+    def _rewind(self, sub: _Subscription, key: _Key, entry: _Entry) -> None:
+        """``entry`` failed: it is the key's next to send; the entries after it come again."""
+        at = key.entries.index(entry)
+        if key.sent < len(key.entries):
+            self._unschedule(sub, key.entries[key.sent])
+        for later in list(key.entries)[at + 1:key.sent]:
+            if later.lease is not None:
+                self._end_lease(sub, later.lease)  # revoked: its ack id is stale
+            later.acked = False
+        key.sent = at
+
+    def _unschedule(self, sub: _Subscription, entry: _Entry) -> None:
+        try:
+            sub.ready.remove(entry)
+        except ValueError:
+            sub.delayed = [item for item in sub.delayed if item[2] is not entry]
+            heapq.heapify(sub.delayed)
 
     def _fail(self, sub: _Subscription, lease: Delivery, now: float) -> None:
         """A nack or an expiry: forward to the dead-letter topic, or redeliver after backoff."""
-        del sub.leases[lease.ack_id]
-        self._release(lease)
+        self._end_lease(sub, lease)
         entry, settings = lease.entry, sub.settings
+        key = sub.key_of(entry)
         if (settings.max_delivery_attempts and entry.attempts >= settings.max_delivery_attempts
                 and settings.dead_letter_topic in self.topics):
-            self._remove(sub, entry)
+            if key is not None:
+                self._drop(sub, key, entry)
             self._dead_letter(sub, entry)
         else:
+            if key is not None:
+                self._rewind(sub, key, entry)
             backoff = 0.0
             if settings.maximum_backoff:
                 backoff = min(settings.maximum_backoff,
@@ -542,7 +626,9 @@ class PubSubState:
         """Topics, subscriptions and every unsettled entry, with its attempts; no leases.
 
         A leased entry is kept as unsettled: after a restart it is delivered
-        again (as if its lease had expired), under a new ack id.
+        again (as if its lease had expired), under a new ack id. So is an
+        acked entry of an ordering key whose earlier entry is not acked yet
+        (invariant 3: the key replays from its first unacked entry).
         """
         next_id = next(self._ids)
         self._ids = itertools.count(next_id)
@@ -550,7 +636,7 @@ class PubSubState:
         for sub in self._subscriptions.values():
             entries = {id(e): e for e in sub.ready}
             entries.update((id(e), e) for _, _, e in sub.delayed)
-            entries.update((id(e), e) for waiting in sub.keys.values() for e in waiting)
+            entries.update((id(e), e) for key in sub.keys.values() for e in key.entries)
             entries.update((id(lease.entry), lease.entry) for lease in sub.leases.values())
             ordered = sorted(entries.values(), key=lambda e: e.seq)
             subscriptions.append(SubscriptionSnapshot(
@@ -561,9 +647,9 @@ class PubSubState:
     def restore(self, snapshot: Snapshot) -> None:
         """Load ``snapshot`` into this state, which must still be empty.
 
-        Every entry is ready again (or waiting behind its ordering key's
-        head, in the order it was published); ids continue after the
-        snapshot's.
+        Every entry is ready again (or held behind the earlier entries of
+        its ordering key, in the order it was published); ids continue after
+        the snapshot's.
         """
         if self.topics or self._subscriptions:
             raise RuntimeError("restore() needs an empty state")
