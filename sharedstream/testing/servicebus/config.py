@@ -10,6 +10,16 @@ Both become one *entities document* that :func:`apply` creates on a
                                     "filters": [{"subject": "urgent"},
                                                 {"properties": {"priority": "high"}}]}]}]}
 
+The namespace's own settings (:class:`~.model.Namespace`, read by
+:func:`namespace`) are optional top-level fields::
+
+    {"keys": [{"name": "listener", "key": "secret", "rights": ["Listen"]}],
+     "max_message_size": 104857600}
+
+Without ``keys`` the namespace has one key, ``k`` = ``v`` with every right
+(:data:`~.model.DEFAULT_KEY`, what the kit's connection strings carry);
+without ``max_message_size``, Standard's 256 KB.
+
 Settings left out take Service Bus's defaults (:class:`~.model.EntitySettings`);
 a subscription without ``filters`` gets everything (the ``$Default`` rule).
 
@@ -25,10 +35,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sharedstream.testing.servicebus.model import CorrelationFilter, EntitySettings
+from sharedstream.testing.servicebus.model import (
+    STANDARD_MAX_MESSAGE_SIZE,
+    AccessKey,
+    CorrelationFilter,
+    EntitySettings,
+    Namespace,
+    Right,
+)
 from sharedstream.testing.servicebus.state import ServiceBusState
 
-__all__ = ["apply", "document_from_specs", "parse_spec"]
+__all__ = ["apply", "document_from_specs", "namespace", "parse_spec"]
 
 _SETTINGS = {"lock_duration": float, "max_delivery_count": int}
 _FILTER_FIELDS = ("correlation_id", "message_id", "to", "reply_to", "subject", "session_id",
@@ -124,3 +141,24 @@ def apply(state: ServiceBusState, document: Mapping[str, Any]) -> None:
             state.create_subscription(
                 topic["name"], subscription["name"], _settings(subscription),
                 (CorrelationFilter(),) if filters is None else [_filter(f) for f in filters])
+
+
+def _key(entry: Mapping[str, Any]) -> AccessKey:
+    rights = entry.get("rights", [right.value for right in Right])
+    try:
+        return AccessKey(str(entry["name"]), str(entry["key"]),
+                         frozenset(Right(str(right)) for right in rights))
+    except KeyError as exc:
+        raise ValueError(f"a key needs a name and a key, not {dict(entry)!r}") from exc
+    except ValueError as exc:
+        raise ValueError(f"key rights are Listen, Send or Manage, not {list(rights)!r}") from exc
+
+
+def namespace(document: Mapping[str, Any]) -> Namespace:
+    """The namespace settings of ``document`` (its ``keys`` and ``max_message_size``).
+
+    ``ValueError`` names a malformed key or size.
+    """
+    keys = document.get("keys")
+    return Namespace(tuple(map(_key, keys)) if keys else Namespace().keys,
+                     int(document.get("max_message_size", STANDARD_MAX_MESSAGE_SIZE)))
