@@ -9,8 +9,8 @@ exception, at once.
 
 from __future__ import annotations
 
+import datetime
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,8 +28,11 @@ Message = servicebus.ServiceBusMessage
 KEYS = [{"name": "admin", "key": "s3cret"},
         {"name": "listener", "key": "l1sten", "rights": ["Listen"]},
         {"name": "sender", "key": "s3nd", "rights": ["Send"]}]
-ENTITIES = {"keys": KEYS,
-            "queues": [{"name": name} for name in ("auth", "size", "sessions-only")]}
+ENTITIES = {"keys": KEYS, "queues": [
+    {"name": "auth"}, {"name": "size"}, {"name": "annotations"}, {"name": "scheduled"},
+    {"name": "sessions-only", "requires_session": True},
+    {"name": "ttl", "dead_lettering_on_message_expiration": True},
+    {"name": "dedupe", "duplicate_detection_window": 60}]}
 STANDARD_LIMIT = 256 * 1024
 
 
@@ -134,5 +137,73 @@ def test_a_premium_limit_takes_a_larger_message() -> None:
         assert [len(body) for body in receive(string, "big")] == [STANDARD_LIMIT * 4]
 
 
-def test_unique_names_are_unique() -> None:  # keeps uuid imported for later tests
-    assert uuid.uuid4() != uuid.uuid4()
+# -- deviations in implemented features (item 5) -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def admin(endpoint: str) -> str:
+    return with_key(endpoint, "admin", "s3cret")
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_send_raises_at_once_rather_than_hanging(admin: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(exceptions.ServiceBusError, match="requires sessions"):
+        send(admin, "sessions-only", Message("no session id"))
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.timeout(60)
+def test_a_received_message_carries_its_lock_token_as_a_delivery_annotation(admin: str) -> None:
+    send(admin, "annotations", Message("x"))
+    with client(admin) as sb, sb.get_queue_receiver("annotations") as receiver:
+        [message] = receiver.receive_messages(max_wait_time=2)
+        annotations = message.raw_amqp_message.delivery_annotations
+        assert annotations[b"x-opt-lock-token"] == message.lock_token
+        receiver.complete_message(message)
+
+
+@pytest.mark.timeout(60)
+def test_a_non_session_receiver_on_a_session_queue_is_refused_when_it_opens(admin: str) -> None:
+    with client(admin) as sb:
+        receiver = sb.get_queue_receiver("sessions-only")
+        with pytest.raises(exceptions.ServiceBusError, match="requires a session receiver"):
+            receiver.__enter__()
+        receiver.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_scheduled_message_is_delivered_at_its_time_not_before(admin: str) -> None:
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+    send(admin, "scheduled", Message("later", scheduled_enqueue_time_utc=at), Message("now"))
+    with client(admin) as sb, sb.get_queue_receiver("scheduled") as receiver:
+        [now] = receiver.receive_messages(max_message_count=2, max_wait_time=1)
+        assert str(now) == "now"
+        receiver.complete_message(now)
+        [later] = receiver.receive_messages(max_wait_time=10)
+        arrived = datetime.datetime.now(datetime.UTC)
+        assert str(later) == "later"
+        assert at <= arrived < at + datetime.timedelta(seconds=2)
+        assert later.enqueued_time_utc >= at - datetime.timedelta(milliseconds=1)
+        receiver.complete_message(later)
+
+
+@pytest.mark.timeout(60)
+def test_an_expired_message_is_not_delivered_but_dead_lettered_as_the_queue_says(
+        admin: str) -> None:
+    send(admin, "ttl", Message("brief", time_to_live=datetime.timedelta(seconds=1)),
+         Message("lasting", time_to_live=datetime.timedelta(hours=1)))
+    time.sleep(1.2)
+    assert receive(admin, "ttl", 2) == ["lasting"]
+    with client(admin) as sb, sb.get_queue_receiver("ttl", sub_queue="deadletter") as letters:
+        [letter] = letters.receive_messages(max_wait_time=2)
+        assert (str(letter), letter.dead_letter_reason) == ("brief", "TTLExpiredException")
+        letters.complete_message(letter)
+
+
+@pytest.mark.timeout(60)
+def test_a_queue_with_duplicate_detection_drops_a_repeated_message_id(admin: str) -> None:
+    send(admin, "dedupe", Message("first", message_id="order-1"))
+    send(admin, "dedupe", Message("again", message_id="order-1"),
+         Message("other", message_id="order-2"))
+    assert receive(admin, "dedupe", 3) == ["first", "other"]

@@ -4,7 +4,8 @@ Both become one *entities document* that :func:`apply` creates on a
 :class:`~.state.ServiceBusState`::
 
     {"queues": [{"name": "orders", "lock_duration": 5, "max_delivery_count": 3,
-                 "requires_session": false}],
+                 "requires_session": false, "dead_lettering_on_message_expiration": true,
+                 "duplicate_detection_window": 600}],
      "topics": [{"name": "events",
                  "subscriptions": [{"name": "urgent", "lock_duration": 5,
                                     "filters": [{"subject": "urgent"},
@@ -64,6 +65,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, parsed
 
 
+def _flag(value: object) -> bool:
+    return value is True or str(value).lower() in ("1", "true")
+
+
 def _entity(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     entity: dict[str, Any] = {"name": name}
     condition: dict[str, Any] = {}
@@ -71,7 +76,11 @@ def _entity(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
         if key in _SETTINGS:
             entity[key] = _SETTINGS[key](value)
         elif key in ("sessions", "requires_session"):
-            entity["requires_session"] = value is True or str(value).lower() in ("1", "true")
+            entity["requires_session"] = _flag(value)
+        elif key == "dead_lettering_on_message_expiration":
+            entity[key] = _flag(value)
+        elif key == "duplicate_detection_window":
+            entity[key] = float(value)
         elif key in _FILTER_FIELDS:
             condition[key] = value
         elif key.startswith("property."):
@@ -110,10 +119,14 @@ def document_from_specs(queues: Sequence[str] = (), topics: Sequence[str] = (),
 
 def _settings(entity: Mapping[str, Any]) -> EntitySettings:
     defaults = EntitySettings()
+    window = entity.get("duplicate_detection_window")
     return EntitySettings(
         lock_duration=float(entity.get("lock_duration", defaults.lock_duration)),
         max_delivery_count=int(entity.get("max_delivery_count", defaults.max_delivery_count)),
-        requires_session=bool(entity.get("requires_session", False)))
+        requires_session=bool(entity.get("requires_session", False)),
+        dead_lettering_on_message_expiration=bool(
+            entity.get("dead_lettering_on_message_expiration", False)),
+        duplicate_detection_window=None if window is None else float(window))
 
 
 def _filter(condition: Mapping[str, Any]) -> CorrelationFilter:
@@ -137,6 +150,9 @@ def apply(state: ServiceBusState, document: Mapping[str, Any]) -> None:
     for topic in document.get("topics", ()):
         state.create_topic(topic["name"])
         for subscription in topic.get("subscriptions", ()):
+            if "duplicate_detection_window" in subscription:
+                raise ValueError(f"subscription {subscription['name']!r}: duplicate detection "
+                                 "is a queue's setting (the test server has none for topics)")
             filters = subscription.get("filters")
             state.create_subscription(
                 topic["name"], subscription["name"], _settings(subscription),

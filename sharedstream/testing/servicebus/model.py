@@ -92,6 +92,10 @@ class Message:
     ``reply_to``, ``subject``, ``content_type``, ``session_id``, ``reply_to_session_id``
     (only those set)."""
     application_properties: Mapping[str, object] = field(default_factory=dict)
+    time_to_live: float | None = None
+    """Seconds from its enqueue time after which it expires (the header's ``ttl``)."""
+    scheduled_enqueue_time: float | None = None
+    """Epoch seconds before which it is not delivered (``x-opt-scheduled-enqueue-time``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,12 @@ class EntitySettings:
     """Failed deliveries (abandon, lock expiry) after which a message is dead-lettered."""
     requires_session: bool = False
     """Messages must carry a session id and are received through session receivers only."""
+    dead_lettering_on_message_expiration: bool = False
+    """An expired message goes to the dead-letter sub-queue (reason ``TTLExpiredException``)
+    instead of being dropped."""
+    duplicate_detection_window: float | None = None
+    """Seconds a queue remembers message ids: a message whose id it saw within them is
+    accepted and dropped (``None``: no duplicate detection). Queues only."""
 
     def __post_init__(self) -> None:
         if self.lock_duration <= 0:
@@ -142,6 +152,9 @@ class EntitySettings:
         if self.max_delivery_count < 1:
             raise ValueError(f"max_delivery_count must be at least 1, not "
                              f"{self.max_delivery_count}")
+        if self.duplicate_detection_window is not None and self.duplicate_detection_window <= 0:
+            raise ValueError(f"duplicate_detection_window must be positive, not "
+                             f"{self.duplicate_detection_window}")
 
 
 class Outcome(enum.Enum):
