@@ -549,3 +549,15 @@ def test_7_a_queue_drops_a_message_id_it_accepted_within_its_window() -> None:
     assert state.send("q", [with_id("past the window", "1")]) == [3]
     assert state.send("plain", [with_id("a", "1"), with_id("a", "1")]) == [1, 2]
     assert [d.message.encoded for d in state.peek("q", 0, 10)] == [b"a", b"b", b"past the window"]
+
+
+def test_the_command_line_specs_take_the_expiry_and_duplicate_settings() -> None:
+    document = config.document_from_specs(
+        ["once:duplicate_detection_window=600,dead_lettering_on_message_expiration"])
+    state = ServiceBusState()
+    config.apply(state, document)
+    assert state.settings("once") == EntitySettings(dead_lettering_on_message_expiration=True,
+                                                    duplicate_detection_window=600)
+    with pytest.raises(ValueError, match="duplicate detection is a queue's setting"):
+        config.apply(ServiceBusState(), {"topics": [{"name": "t", "subscriptions": [
+            {"name": "s", "duplicate_detection_window": 60}]}]})
