@@ -85,8 +85,25 @@ def sdk_error(what: str, exc: BaseException) -> ServiceBusProducerError:
     if "MessagingEntityNotFoundError" in names:
         return ServiceBusConfigError(f"{what}: not found ({first_line(exc)})")
     if names.intersection(_REFUSED):
-        return ServiceBusConfigError(f"{what}: not authorized ({first_line(exc)})")
+        return ServiceBusConfigError(f"{what}: not authorized ({_refusal(exc)})")
     return ServiceBusRequestError(f"{what} failed: {first_line(exc)}")
+
+
+def _refusal(exc: BaseException) -> str:
+    """Why the service refused a token: the CBS status the SDK keeps on its AMQP error.
+
+    The SDK's own message for a refused ``put-token`` is only "Error
+    condition: amqp:client-error"; the status and its description (an
+    invalid signature, an expired token) are on its inner exception.
+    """
+    cause = getattr(exc, "inner_exception", None)
+    status, description = (getattr(cause, "status_code", None),
+                           getattr(cause, "status_description", None))
+    if status is None or description is None:
+        return first_line(exc)
+    text = description.decode(errors="replace") if isinstance(description, bytes) \
+        else str(description)
+    return f"status {status}: {text.splitlines()[0][:300] if text else 'no description'}"
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -284,3 +284,21 @@ def test_a_missing_queue_is_one_line_naming_it_and_a_non_zero_exit(tmp_path: Pat
         line = assert_one_line_and_non_zero_exit(d.cli.start(0, log_level=None),
                                                  d.cli.log_path(0), d.queue, EXITS_WITHIN)
         assert "not found" in line.lower(), line
+
+
+# -- 4. a key the namespace does not have ------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_token_is_one_line_and_a_non_zero_exit_without_a_restart_loop(
+        tmp_path: Path) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    with running(servicebus_process(tmp_path, queue)) as server:
+        wrong = connection_string("127.0.0.1", server.port).replace(
+            "SharedAccessKey=v;", "SharedAccessKey=not-the-key;")
+        d = Deployment(server, tmp_path, queue, via=wrong)
+        line = assert_one_line_and_non_zero_exit(d.cli.start(0, log_level=None),
+                                                 d.cli.log_path(0), d.queue, EXITS_WITHIN)
+        assert "not authorized (status 401: InvalidSignature" in line, line
+        log = d.cli.log(0)
+        assert "restarting" not in log, log[-2000:]

@@ -76,3 +76,16 @@ def test_the_container_refuses_a_bad_document_before_looking_for_docker() -> Non
     with pytest.raises(ValueError, match="at most 50"), servicebus_emulator_container(
             {"queues": [{"name": f"q{i}"} for i in range(60)]}):
         pass  # pragma: no cover - never entered
+
+
+def test_expiry_dead_lettering_and_duplicate_detection_reach_the_emulator() -> None:
+    config = emulator_config({"keys": [{"name": "ignored", "key": "by the emulator"}],
+                              "queues": [{"name": "once", "duplicate_detection_window": 90,
+                                          "dead_lettering_on_message_expiration": True},
+                                         {"name": "plain"}]})
+    once, plain = config["UserConfig"]["Namespaces"][0]["Queues"]
+    assert once["Properties"]["RequiresDuplicateDetection"] is True
+    assert once["Properties"]["DuplicateDetectionHistoryTimeWindow"] == "PT1M30S"
+    assert once["Properties"]["DeadLetteringOnMessageExpiration"] is True
+    assert "RequiresDuplicateDetection" not in plain["Properties"]
+    assert plain["Properties"]["DeadLetteringOnMessageExpiration"] is False

@@ -28,7 +28,7 @@ from sharedstream.testing.servicebus.model import (
     Outcome,
     Refused,
 )
-from sharedstream.testing.servicebus.state import Receiver, ServiceBusState
+from sharedstream.testing.servicebus.state import TTL_EXPIRED, Receiver, ServiceBusState
 
 
 class Clock:
@@ -480,3 +480,84 @@ def test_the_management_node_answers_renew_lock_per_token_with_one_status() -> N
     empty = renew()
     assert (empty.properties["statusCode"], empty.properties["errorCondition"]) == (
         400, "com.microsoft:argument-error")
+
+
+# -- scheduled messages, time to live, duplicate detection (invariants 6 and 7) ---------------
+
+
+def test_6_a_scheduled_message_waits_for_its_time_then_is_delivered() -> None:
+    clock = Clock()
+    state, woken = make_state(clock)
+    state.create_queue("q")
+    wall = clock.now + 1_000_000
+    later = Message(b"later", scheduled_enqueue_time=wall + 30)
+    assert state.send("q", [later, msg("now")]) == [1, 2]
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    assert receive(state, receiver)[0] == "now"
+    assert state.receive(receiver) is None
+    assert [d.sequence_number for d in state.peek("q", 0, 10)] == [1, 2]
+    assert state.next_due() == pytest.approx(clock.now + 30)
+    clock.now += 29.9
+    state.expire()
+    assert state.receive(receiver) is None
+    clock.now += 0.1
+    woken.clear()
+    state.expire()
+    assert woken == ["q"]
+    delivery = state.receive(receiver)
+    assert delivery is not None
+    assert (delivery.message.encoded, delivery.enqueued_time) == (b"later", wall + 30)
+
+
+@pytest.mark.parametrize("dead_letter", [False, True])
+def test_6_an_expired_message_is_never_delivered_and_dead_lettered_if_asked(
+        dead_letter: bool) -> None:
+    clock = Clock()
+    state, _ = make_state(clock)
+    state.create_queue("q", EntitySettings(dead_lettering_on_message_expiration=dead_letter))
+    state.send("q", [Message(b"short", time_to_live=5), Message(b"long", time_to_live=60)])
+    clock.now += 5
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    assert receive(state, receiver)[0] == "long"
+    letters = state.open_receiver("q/$DeadLetterQueue")
+    assert letters is not None
+    clock.now += 3600  # a dead letter does not expire
+    letter = state.receive(letters)
+    if not dead_letter:
+        assert letter is None
+        return
+    assert letter is not None
+    assert letter.message.encoded == b"short"
+    assert letter.extra_properties["DeadLetterReason"] == TTL_EXPIRED
+
+
+def test_7_a_queue_drops_a_message_id_it_accepted_within_its_window() -> None:
+    clock = Clock()
+    state, _ = make_state(clock)
+    state.create_queue("q", EntitySettings(duplicate_detection_window=60))
+    state.create_queue("plain")
+
+    def with_id(body: str, message_id: str) -> Message:
+        return Message(body.encode(), None, {"message_id": message_id})
+
+    assert state.send("q", [with_id("a", "1"), with_id("again", "1"), with_id("b", "2")]) == [1, 2]
+    clock.now += 59
+    assert state.send("q", [with_id("late", "1")]) == []
+    clock.now += 1
+    assert state.send("q", [with_id("past the window", "1")]) == [3]
+    assert state.send("plain", [with_id("a", "1"), with_id("a", "1")]) == [1, 2]
+    assert [d.message.encoded for d in state.peek("q", 0, 10)] == [b"a", b"b", b"past the window"]
+
+
+def test_the_command_line_specs_take_the_expiry_and_duplicate_settings() -> None:
+    document = config.document_from_specs(
+        ["once:duplicate_detection_window=600,dead_lettering_on_message_expiration"])
+    state = ServiceBusState()
+    config.apply(state, document)
+    assert state.settings("once") == EntitySettings(dead_lettering_on_message_expiration=True,
+                                                    duplicate_detection_window=600)
+    with pytest.raises(ValueError, match="duplicate detection is a queue's setting"):
+        config.apply(ServiceBusState(), {"topics": [{"name": "t", "subscriptions": [
+            {"name": "s", "duplicate_detection_window": 60}]}]})

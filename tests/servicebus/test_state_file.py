@@ -3,7 +3,7 @@
 The first tests use the state and :class:`StateFile` alone (a clock the
 test moves); each names the invariant of
 :mod:`sharedstream.testing.servicebus.state_file` (or :mod:`.state`'s
-invariant 6) it checks. The last one kills a real server process with
+invariant 8) it checks. The last one kills a real server process with
 SIGKILL and restarts it on its file, reached by the real SDK.
 """
 

@@ -44,9 +44,11 @@ def _check_installed() -> None:
                                  "and Python's headers)")
 
 
-def _connection_string(port: int) -> str:
-    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey=v;"
-            "UseDevelopmentEmulator=true;")
+def _connection_string(port: int, entities: Mapping[str, Any] | None) -> str:
+    """The string of the document's first key (``k``/``v`` when it names none)."""
+    keys = (entities or {}).get("keys") or [{"name": "k", "key": "v"}]
+    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName={keys[0]['name']};"
+            f"SharedAccessKey={keys[0]['key']};UseDevelopmentEmulator=true;")
 
 
 def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None,
@@ -59,7 +61,9 @@ def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None
     written to ``workdir/servicebus-entities.json``. ``port``: a free one
     unless given (give the old one to restart a server in place).
     ``state_file``: keep entities and messages there across a kill
-    (``--state-file``; where it exists, ``entities`` is not applied).
+    (``--state-file``; where it exists, ``entities`` is not applied). The
+    connection string signs with the document's first key (``keys``; the
+    server refuses tokens of any other).
     Returns once the port accepts connections (the server creates the
     entities before it binds). Its log is appended to
     ``workdir/servicebus.log``. Raises :class:`BrokerNotInstalled` or
@@ -80,7 +84,7 @@ def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None
         "the Service Bus test server", command, log_path=workdir / "servicebus.log",
         ready=lambda: port_answers(chosen), timeout=timeout,
     )
-    return process, _connection_string(chosen)
+    return process, _connection_string(chosen, entities)
 
 
 def stop_servicebus(process: subprocess.Popen[bytes]) -> None:

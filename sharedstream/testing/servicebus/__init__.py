@@ -5,9 +5,13 @@ tests use, and refuses or lacks the rest; docs/testing.md lists both. The
 real, unmodified ``azure-servicebus`` SDK (sync and ``azure.servicebus.aio``)
 reaches it with the connection string
 ``Endpoint=sb://127.0.0.1:<port>;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true;``
-(plain AMQP, SASL ANONYMOUS, any CBS token accepted).
+(plain AMQP, SASL ANONYMOUS; CBS tokens are checked against the
+namespace's keys, :mod:`.auth`).
 
-* :mod:`.model` - messages, correlation filters, entity settings, outcomes;
+* :mod:`.model` - messages, correlation filters, entity and namespace
+  settings, keys, outcomes;
+* :mod:`.auth` - shared access signatures: token checks and link rights
+  (no AMQP import);
 * :mod:`.state` - queues, topics, subscriptions, locks, sessions and
   dead-letter sub-queues as a synchronous state machine with injected clocks
   (no AMQP import), over the records of :mod:`.store`;
@@ -23,6 +27,6 @@ reaches it with the connection string
 
 Start it from tests with :func:`sharedstream.testing.brokers.servicebus_server`
 or the ``servicebus_connection_string`` fixture. Importing this package,
-:mod:`.model`, :mod:`.store`, :mod:`.state` or :mod:`.config` imports no proton module; the
-others do.
+:mod:`.model`, :mod:`.auth`, :mod:`.store`, :mod:`.state` or :mod:`.config` imports no proton
+module; the others do.
 """

@@ -4,11 +4,22 @@ Both become one *entities document* that :func:`apply` creates on a
 :class:`~.state.ServiceBusState`::
 
     {"queues": [{"name": "orders", "lock_duration": 5, "max_delivery_count": 3,
-                 "requires_session": false}],
+                 "requires_session": false, "dead_lettering_on_message_expiration": true,
+                 "duplicate_detection_window": 600}],
      "topics": [{"name": "events",
                  "subscriptions": [{"name": "urgent", "lock_duration": 5,
                                     "filters": [{"subject": "urgent"},
                                                 {"properties": {"priority": "high"}}]}]}]}
+
+The namespace's own settings (:class:`~.model.Namespace`, read by
+:func:`namespace`) are optional top-level fields::
+
+    {"keys": [{"name": "listener", "key": "secret", "rights": ["Listen"]}],
+     "max_message_size": 104857600}
+
+Without ``keys`` the namespace has one key, ``k`` = ``v`` with every right
+(:data:`~.model.DEFAULT_KEY`, what the kit's connection strings carry);
+without ``max_message_size``, Standard's 256 KB.
 
 Settings left out take Service Bus's defaults (:class:`~.model.EntitySettings`);
 a subscription without ``filters`` gets everything (the ``$Default`` rule).
@@ -25,10 +36,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sharedstream.testing.servicebus.model import CorrelationFilter, EntitySettings
+from sharedstream.testing.servicebus.model import (
+    STANDARD_MAX_MESSAGE_SIZE,
+    AccessKey,
+    CorrelationFilter,
+    EntitySettings,
+    Namespace,
+    Right,
+)
 from sharedstream.testing.servicebus.state import ServiceBusState
 
-__all__ = ["apply", "document_from_specs", "parse_spec"]
+__all__ = ["apply", "document_from_specs", "namespace", "parse_spec"]
 
 _SETTINGS = {"lock_duration": float, "max_delivery_count": int}
 _FILTER_FIELDS = ("correlation_id", "message_id", "to", "reply_to", "subject", "session_id",
@@ -47,6 +65,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, parsed
 
 
+def _flag(value: object) -> bool:
+    return value is True or str(value).lower() in ("1", "true")
+
+
 def _entity(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     entity: dict[str, Any] = {"name": name}
     condition: dict[str, Any] = {}
@@ -54,7 +76,11 @@ def _entity(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
         if key in _SETTINGS:
             entity[key] = _SETTINGS[key](value)
         elif key in ("sessions", "requires_session"):
-            entity["requires_session"] = value is True or str(value).lower() in ("1", "true")
+            entity["requires_session"] = _flag(value)
+        elif key == "dead_lettering_on_message_expiration":
+            entity[key] = _flag(value)
+        elif key == "duplicate_detection_window":
+            entity[key] = float(value)
         elif key in _FILTER_FIELDS:
             condition[key] = value
         elif key.startswith("property."):
@@ -93,10 +119,14 @@ def document_from_specs(queues: Sequence[str] = (), topics: Sequence[str] = (),
 
 def _settings(entity: Mapping[str, Any]) -> EntitySettings:
     defaults = EntitySettings()
+    window = entity.get("duplicate_detection_window")
     return EntitySettings(
         lock_duration=float(entity.get("lock_duration", defaults.lock_duration)),
         max_delivery_count=int(entity.get("max_delivery_count", defaults.max_delivery_count)),
-        requires_session=bool(entity.get("requires_session", False)))
+        requires_session=bool(entity.get("requires_session", False)),
+        dead_lettering_on_message_expiration=bool(
+            entity.get("dead_lettering_on_message_expiration", False)),
+        duplicate_detection_window=None if window is None else float(window))
 
 
 def _filter(condition: Mapping[str, Any]) -> CorrelationFilter:
@@ -120,7 +150,31 @@ def apply(state: ServiceBusState, document: Mapping[str, Any]) -> None:
     for topic in document.get("topics", ()):
         state.create_topic(topic["name"])
         for subscription in topic.get("subscriptions", ()):
+            if "duplicate_detection_window" in subscription:
+                raise ValueError(f"subscription {subscription['name']!r}: duplicate detection "
+                                 "is a queue's setting (the test server has none for topics)")
             filters = subscription.get("filters")
             state.create_subscription(
                 topic["name"], subscription["name"], _settings(subscription),
                 (CorrelationFilter(),) if filters is None else [_filter(f) for f in filters])
+
+
+def _key(entry: Mapping[str, Any]) -> AccessKey:
+    rights = entry.get("rights", [right.value for right in Right])
+    try:
+        return AccessKey(str(entry["name"]), str(entry["key"]),
+                         frozenset(Right(str(right)) for right in rights))
+    except KeyError as exc:
+        raise ValueError(f"a key needs a name and a key, not {dict(entry)!r}") from exc
+    except ValueError as exc:
+        raise ValueError(f"key rights are Listen, Send or Manage, not {list(rights)!r}") from exc
+
+
+def namespace(document: Mapping[str, Any]) -> Namespace:
+    """The namespace settings of ``document`` (its ``keys`` and ``max_message_size``).
+
+    ``ValueError`` names a malformed key or size.
+    """
+    keys = document.get("keys")
+    return Namespace(tuple(map(_key, keys)) if keys else Namespace().keys,
+                     int(document.get("max_message_size", STANDARD_MAX_MESSAGE_SIZE)))

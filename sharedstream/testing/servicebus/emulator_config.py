@@ -63,9 +63,17 @@ def _properties(entity: Mapping[str, Any], where: str, lock_range: tuple[int, in
     if not 1 <= deliveries <= 10:
         raise ValueError(f"{where}: the emulator takes a max delivery count from 1 to 10, "
                          f"not {deliveries}")
-    return {"LockDuration": _duration(int(lock)), "MaxDeliveryCount": deliveries,
-            "RequiresSession": bool(entity.get("requires_session", False)),
-            "DeadLetteringOnMessageExpiration": False, "DefaultMessageTimeToLive": "PT1H"}
+    properties: dict[str, Any] = {
+        "LockDuration": _duration(int(lock)), "MaxDeliveryCount": deliveries,
+        "RequiresSession": bool(entity.get("requires_session", False)),
+        "DeadLetteringOnMessageExpiration": bool(
+            entity.get("dead_lettering_on_message_expiration", False)),
+        "DefaultMessageTimeToLive": "PT1H"}
+    window = entity.get("duplicate_detection_window")
+    if window is not None:
+        properties.update(RequiresDuplicateDetection=True,
+                          DuplicateDetectionHistoryTimeWindow=_duration(int(window)))
+    return properties
 
 
 def _rule(index: int, condition: Mapping[str, Any], where: str) -> dict[str, Any]:

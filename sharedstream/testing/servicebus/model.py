@@ -19,19 +19,26 @@ from typing import Final
 
 __all__ = [
     "ARGUMENT_ERROR",
+    "DEFAULT_KEY",
     "MESSAGE_LOCK_LOST",
+    "MESSAGE_SIZE_EXCEEDED",
     "NEXT_SESSION",
     "NOT_ALLOWED",
     "NOT_FOUND",
     "SESSION_CANNOT_BE_LOCKED",
     "SESSION_LOCK_LOST",
+    "STANDARD_MAX_MESSAGE_SIZE",
+    "UNAUTHORIZED",
+    "AccessKey",
     "CorrelationFilter",
     "Delivery",
     "EntitySettings",
     "Message",
+    "Namespace",
     "NextSession",
     "Outcome",
     "Refused",
+    "Right",
 ]
 
 NOT_FOUND: Final = "amqp:not-found"
@@ -40,6 +47,11 @@ ARGUMENT_ERROR: Final = "com.microsoft:argument-error"
 MESSAGE_LOCK_LOST: Final = "com.microsoft:message-lock-lost"
 SESSION_LOCK_LOST: Final = "com.microsoft:session-lock-lost"
 SESSION_CANNOT_BE_LOCKED: Final = "com.microsoft:session-cannot-be-locked"
+UNAUTHORIZED: Final = "amqp:unauthorized-access"
+MESSAGE_SIZE_EXCEEDED: Final = "amqp:link:message-size-exceeded"
+
+STANDARD_MAX_MESSAGE_SIZE: Final = 256 * 1024
+"""Bytes: the largest message a Standard namespace takes (Premium: up to 100 MB)."""
 
 class Refused(Exception):
     """The broker refuses an operation; ``condition`` is the AMQP error condition to report.
@@ -80,6 +92,10 @@ class Message:
     ``reply_to``, ``subject``, ``content_type``, ``session_id``, ``reply_to_session_id``
     (only those set)."""
     application_properties: Mapping[str, object] = field(default_factory=dict)
+    time_to_live: float | None = None
+    """Seconds from its enqueue time after which it expires (the header's ``ttl``)."""
+    scheduled_enqueue_time: float | None = None
+    """Epoch seconds before which it is not delivered (``x-opt-scheduled-enqueue-time``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +139,12 @@ class EntitySettings:
     """Failed deliveries (abandon, lock expiry) after which a message is dead-lettered."""
     requires_session: bool = False
     """Messages must carry a session id and are received through session receivers only."""
+    dead_lettering_on_message_expiration: bool = False
+    """An expired message goes to the dead-letter sub-queue (reason ``TTLExpiredException``)
+    instead of being dropped."""
+    duplicate_detection_window: float | None = None
+    """Seconds a queue remembers message ids: a message whose id it saw within them is
+    accepted and dropped (``None``: no duplicate detection). Queues only."""
 
     def __post_init__(self) -> None:
         if self.lock_duration <= 0:
@@ -130,6 +152,9 @@ class EntitySettings:
         if self.max_delivery_count < 1:
             raise ValueError(f"max_delivery_count must be at least 1, not "
                              f"{self.max_delivery_count}")
+        if self.duplicate_detection_window is not None and self.duplicate_detection_window <= 0:
+            raise ValueError(f"duplicate_detection_window must be positive, not "
+                             f"{self.duplicate_detection_window}")
 
 
 class Outcome(enum.Enum):
@@ -165,3 +190,45 @@ class Delivery:
     extra_properties: Mapping[str, str] = field(default_factory=dict)
     """Application properties the broker added (``DeadLetterReason``,
     ``DeadLetterErrorDescription``)."""
+
+
+class Right(enum.Enum):
+    """What a key allows."""
+
+    LISTEN = "Listen"
+    SEND = "Send"
+    MANAGE = "Manage"
+
+
+@dataclass(frozen=True, slots=True)
+class AccessKey:
+    """One shared access policy of the namespace."""
+
+    name: str
+    secret: str
+    rights: frozenset[Right] = frozenset(Right)
+
+    def allows(self, right: Right) -> bool:
+        """Whether the key has ``right`` (``Manage`` includes ``Listen`` and ``Send``)."""
+        return right in self.rights or Right.MANAGE in self.rights
+
+
+DEFAULT_KEY: Final = AccessKey("k", "v")
+"""The key of a namespace that names none: what the kit's connection strings carry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """What the whole namespace does: its keys and its message size limit."""
+
+    keys: tuple[AccessKey, ...] = (DEFAULT_KEY,)
+    """The shared access policies a token may be signed with (at least one)."""
+    max_message_size: int = STANDARD_MAX_MESSAGE_SIZE
+    """Bytes of one transfer (a batch counts as a whole), advertised on every link as its
+    ``max-message-size``; a larger transfer is refused."""
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("a namespace needs at least one key")
+        if self.max_message_size < 1:
+            raise ValueError(f"max_message_size must be positive, not {self.max_message_size}")

@@ -34,7 +34,7 @@ from proton import Event, Handler
 from proton.reactor import Container
 
 from sharedstream.testing.servicebus import config
-from sharedstream.testing.servicebus.model import Refused
+from sharedstream.testing.servicebus.model import DEFAULT_KEY, AccessKey, Namespace, Refused
 from sharedstream.testing.servicebus.service import ServiceBusService
 from sharedstream.testing.servicebus.state import ServiceBusState
 from sharedstream.testing.servicebus.state_file import StateFile
@@ -45,10 +45,15 @@ TICK = 0.05
 """Seconds between lock-expiry sweeps: the precision of lock durations."""
 
 
-def connection_string(host: str, port: int) -> str:
-    """What the SDK connects to the server with (plain AMQP, any key accepted)."""
-    return (f"Endpoint=sb://{host}:{port};SharedAccessKeyName=k;SharedAccessKey=v;"
-            "UseDevelopmentEmulator=true;")
+def connection_string(host: str, port: int, key: AccessKey = DEFAULT_KEY) -> str:
+    """What the SDK connects to the server with: plain AMQP, signing with ``key``.
+
+    The server accepts the tokens of its namespace's keys only
+    (:mod:`.auth`); :data:`~.model.DEFAULT_KEY` unless the entities
+    document names others.
+    """
+    return (f"Endpoint=sb://{host}:{port};SharedAccessKeyName={key.name};"
+            f"SharedAccessKey={key.secret};UseDevelopmentEmulator=true;")
 
 
 class ServerControl:
@@ -86,7 +91,8 @@ class _Ticker(Handler):
 
 def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | None = None,
           entities: Mapping[str, Any] | None = None, control: ServerControl | None = None,
-          ready: Callable[[int], None] | None = None, state_file: Path | None = None) -> None:
+          ready: Callable[[int], None] | None = None, state_file: Path | None = None,
+          namespace: Namespace | None = None) -> None:
     """Serve on ``host:port`` (0 = any free port) until ``control`` asks to stop.
 
     ``state``: the broker state to serve (a new one when not given; create
@@ -94,7 +100,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     ``state_file``: if it exists, loaded into ``state`` (which must have no
     entities; ``entities`` is then not applied); written after changes and
     when the server stops (:mod:`.state_file`). ``ready`` is called with the
-    bound port once the server accepts connections. Blocks the calling
+    bound port once the server accepts connections. ``namespace``: its keys
+    and message size limit (from ``entities`` when not given, see
+    :func:`.config.namespace`; else the defaults). Blocks the calling
     thread; every event and every state change runs on it.
     """
     state = state if state is not None else ServiceBusState()
@@ -103,7 +111,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     if entities and not restored:
         config.apply(state, entities)
     control = control or ServerControl()
-    service = ServiceBusService(state, state.clock, kept)
+    if namespace is None:
+        namespace = config.namespace(entities or {})
+    service = ServiceBusService(state, state.clock, kept, namespace)
     container = Container(service)
     container.container_id = "sharedstream-servicebus-test-server"
     acceptor = container.listen(f"{host}:{port}")
@@ -151,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     restoring = args.state_file is not None and args.state_file.exists()
     try:
         documents = [json.loads(args.config.read_text(encoding="utf-8"))] if args.config else []
+        namespace = config.namespace(documents[0] if documents else {})
         documents.append(config.document_from_specs(args.queue, args.topic, args.subscription))
         for document in [] if restoring else documents:
             config.apply(state, document)
@@ -165,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     started = time.monotonic()
     serve(args.host, args.port, state=state, control=control, state_file=args.state_file,
-          ready=lambda port: print(
+          namespace=namespace, ready=lambda port: print(
               f"listening on {args.host}:{port} ({time.monotonic() - started:.2f} s); "
-              f"connection string: {connection_string(args.host, port)}", file=sys.stderr,
-              flush=True))
+              f"connection string: {connection_string(args.host, port, namespace.keys[0])}",
+              file=sys.stderr, flush=True))

@@ -8,15 +8,23 @@ What a client's link means, by its address (``amqps://host/`` prefixes are
 dropped; paths are the state's):
 
 * receiving from ``$cbs`` / sending to ``$cbs``: the CBS request/response
-  pair. Every ``put-token`` is accepted (status 200): the server checks no
-  credentials;
+  pair. A ``put-token`` is answered 200 when :func:`~.auth.verify` accepts
+  its shared access signature against the namespace's keys (the grant is
+  kept for the connection), else 401 with the reason, which the SDK raises
+  as ``ServiceBusAuthenticationError``. Every other link needs a live grant
+  covering its entity (:func:`~.auth.authorize`): ``Listen`` to receive,
+  ``Send`` to send, either for the management node; without it the attach
+  is refused with ``amqp:unauthorized-access``;
 * ``<path>/$management``: the management node of a store (``renew-lock``,
   ``renew-session-lock``, ``peek-message``, ``update-disposition``,
   ``get-session-state``, ``set-session-state``; anything else is answered
   501);
-* sending to ``<queue or topic>``: each transfer (or each message of a
-  batch, :func:`~.wire.unpack`) is enqueued, then the delivery is accepted;
-  a refusal rejects it with the state's condition;
+* sending to ``<queue or topic>``: the link advertises the namespace's
+  ``max-message-size``; each transfer (or each message of a batch,
+  :func:`~.wire.unpack`) is enqueued, then the delivery is accepted; a
+  larger transfer is rejected with ``amqp:link:message-size-exceeded``, a
+  refusal of the state with the state's condition (every rejection's error
+  carries an ``info`` map, as the SDK expects);
 * receiving from ``<store>``: a receiver (:meth:`~.state.ServiceBusState.open_receiver`),
   with the session of the ``com.microsoft:session-filter`` source filter.
   A ``next available session`` attach with no session free is answered
@@ -48,13 +56,16 @@ from proton import Receiver as ProtonReceiver
 from proton import Sender as ProtonSender
 
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.testing.servicebus import wire
+from sharedstream.testing.servicebus import auth, wire
 from sharedstream.testing.servicebus.management import Management
 from sharedstream.testing.servicebus.model import (
+    MESSAGE_SIZE_EXCEEDED,
     NEXT_SESSION,
+    Namespace,
     NextSession,
     Outcome,
     Refused,
+    Right,
 )
 from sharedstream.testing.servicebus.state import Receiver, ServiceBusState
 from sharedstream.testing.servicebus.state_file import StateFile
@@ -104,6 +115,12 @@ class _Connection:
 
     receivers: dict[ProtonSender, Receiver] = field(default_factory=dict)
     replies: dict[str, ProtonSender] = field(default_factory=dict)
+    grants: list[auth.Grant] = field(default_factory=list)
+
+
+def _condition(name: str, description: str) -> Condition:
+    """An error as Service Bus sends it: with an ``info`` map (the SDK reads its third field)."""
+    return Condition(name, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())})
 
 
 class ServiceBusService(Handler):
@@ -112,13 +129,15 @@ class ServiceBusService(Handler):
     ``clock`` must be the state's monotonic clock (attach waits use it).
     ``state_file``: where the state is kept across restarts (``None``: in
     memory only); :meth:`tick` writes what is due, the server writes the
-    rest when it stops.
+    rest when it stops. ``namespace``: the keys tokens are checked against
+    and the message size limit.
     """
 
     def __init__(self, state: ServiceBusState, clock: Callable[[], float],
-                 state_file: StateFile | None = None) -> None:
+                 state_file: StateFile | None = None, namespace: Namespace | None = None) -> None:
         super().__init__()
         self.state, self.clock, self.state_file = state, clock, state_file
+        self.namespace = namespace or Namespace()
         self.management = Management(state)
         self._connections: dict[Any, _Connection] = {}
         self._waiting: list[_Waiting] = []
@@ -188,14 +207,29 @@ class ServiceBusService(Handler):
             self._refuse(link, refused.condition, refused.description)
         self.settle_changes()
 
+    def _grants(self, link: Link) -> list[auth.Grant]:
+        return self._connections.setdefault(link.connection, _Connection()).grants
+
+    def _authorize(self, link: Link, path: str, right: Right) -> None:
+        """``Refused`` unless the link's connection holds a token for ``path`` with ``right``.
+
+        The management node (``right`` is then ``Listen``) takes ``Send`` too.
+        """
+        entity = path.removesuffix(MANAGEMENT)
+        auth.authorize(self._grants(link), entity, right, self.state.wall(),
+                       or_else=Right.SEND if entity != path else None)
+
     def _open_incoming(self, link: ProtonReceiver) -> None:
         address = link.remote_target.address or ""
         if address != CBS:
             path = entity_path(address)
             if path.endswith(MANAGEMENT):
+                self._authorize(link, path, Right.LISTEN)
                 self.state.check_store(path.removesuffix(MANAGEMENT))
             else:
+                self._authorize(link, path, Right.SEND)
                 self.state.check_sendable(path)
+                link.max_message_size = self.namespace.max_message_size
         link.open()
         link.flow(CREDIT)
 
@@ -205,10 +239,12 @@ class ServiceBusService(Handler):
         connection = self._connections.setdefault(link.connection, _Connection())
         if address == CBS or path.endswith(MANAGEMENT):
             if path.endswith(MANAGEMENT):
+                self._authorize(link, path, Right.LISTEN)
                 self.state.check_store(path.removesuffix(MANAGEMENT))
             connection.replies[address] = link
             link.open()
             return
+        self._authorize(link, path, Right.LISTEN)
         session = self._session_filter(link)
         receive_and_delete = link.remote_snd_settle_mode == Link.SND_SETTLED
         receiver = self.state.open_receiver(path, receive_and_delete=receive_and_delete,
@@ -253,7 +289,7 @@ class ServiceBusService(Handler):
             link.source.type = Terminus.UNSPECIFIED
             link.target.type = Terminus.UNSPECIFIED
             link.open()
-        link.condition = Condition(condition, description)
+        link.condition = _condition(condition, description)
         link.close()
 
     def on_link_remote_close(self, event: Event) -> None:  # noqa: D102
@@ -376,21 +412,28 @@ class ServiceBusService(Handler):
             if address == CBS or entity_path(address).endswith(MANAGEMENT):
                 self._request(link, address, encoded)
             else:
-                messages = [wire.message_facts(part) for part in wire.unpack(encoded)]
-                self.state.send(entity_path(address), messages)
-                if self.state_file is not None:  # accepted only once kept (invariant 2)
-                    self.state_file.save(self.state)
+                self._enqueue(entity_path(address), encoded)
         except Refused as refused:
-            delivery.local.condition = Condition(refused.condition, refused.description)
+            delivery.local.condition = _condition(refused.condition, refused.description)
             delivery.update(Delivery.REJECTED)
         except ValueError as exc:
-            delivery.local.condition = Condition("amqp:decode-error", str(exc))
+            delivery.local.condition = _condition("amqp:decode-error", str(exc))
             delivery.update(Delivery.REJECTED)
         else:
             delivery.update(Delivery.ACCEPTED)
         delivery.settle()
         if link.credit < CREDIT // 2:
             link.flow(CREDIT - link.credit)
+
+    def _enqueue(self, path: str, encoded: bytes) -> None:
+        """Send one transfer's messages to ``path``; ``Refused`` if too large or refused."""
+        if len(encoded) > self.namespace.max_message_size:
+            raise Refused(MESSAGE_SIZE_EXCEEDED,
+                          f"The message of {len(encoded)} bytes exceeds the limit of "
+                          f"{self.namespace.max_message_size} bytes.")
+        self.state.send(path, [wire.message_facts(part) for part in wire.unpack(encoded)])
+        if self.state_file is not None:  # accepted only once kept (invariant 2)
+            self.state_file.save(self.state)
 
     def _request(self, link: ProtonReceiver, address: str, encoded: bytes) -> None:
         request = Message()
@@ -400,12 +443,35 @@ class ServiceBusService(Handler):
         if reply_link is None:
             raise Refused("amqp:precondition-failed", f"no response link for {address}")
         if address == CBS:
-            reply = Message(properties={"status-code": 200, "status-description": "OK"})
+            reply = self._put_token(link, request)
         else:
             store = entity_path(address).removesuffix(MANAGEMENT)
             reply = self.management.answer(store, request)
         reply.correlation_id = request.id
         reply_link.send(reply)
+
+    def _put_token(self, link: ProtonReceiver, request: Message) -> Message:
+        """The answer to a CBS request: 200 and a grant kept, or 401 and why."""
+        given: dict[Any, Any] = request.properties or {}
+        properties = {str(name): value for name, value in given.items()}
+        if str(properties.get("operation")) != "put-token":
+            return Message(properties={"status-code": 400, "status-description":
+                                       "the test server's $cbs answers put-token only"})
+        body = request.body
+        token = body.decode() if isinstance(body, bytes) else str(body)
+        try:
+            grant = auth.verify(token, str(properties.get("type", "")),
+                                str(properties.get("name", "")), self.namespace.keys,
+                                self.state.wall())
+        except auth.TokenRefused as refused:
+            _LOG.info("token refused", audience=properties.get("name"),
+                      reason=refused.description)
+            return Message(properties={"status-code": refused.status,
+                                       "status-description": refused.description})
+        grants = self._grants(link)  # a refreshed token replaces the one for its path
+        grants[:] = [kept for kept in grants if kept.path.lower() != grant.path.lower()]
+        grants.append(grant)
+        return Message(properties={"status-code": 200, "status-description": "OK"})
 
     def _disposition(self, link: Link, delivery: Delivery) -> None:
         state, remote = delivery.remote_state, delivery.remote
@@ -430,7 +496,7 @@ class ServiceBusService(Handler):
                               reason=None if reason is None else str(reason),
                               description=None if description is None else str(description))
         except Refused as refused:
-            delivery.local.condition = Condition(refused.condition, refused.description)
+            delivery.local.condition = _condition(refused.condition, refused.description)
             delivery.update(Delivery.REJECTED)
         else:
             if state == Delivery.MODIFIED:

@@ -36,11 +36,24 @@ Invariants:
    release (the SDK handing back a prefetched message) is not counted.
 5. Whatever makes an entry available calls ``on_available`` with its store's
    path before returning, so the service can hand it to a waiting receiver.
-6. A :meth:`~ServiceBusState.snapshot` restored into a new state
+6. A message with a ``scheduled_enqueue_time`` still to come is an entry
+   (sequence number given, peekable, enqueue time the scheduled one) but
+   not available until :meth:`~ServiceBusState.expire` runs at or after
+   that time. A message whose ``time_to_live`` has passed since its
+   enqueue time is never delivered: a receive drops it, or dead-letters it
+   with reason ``TTLExpiredException`` when the store's
+   ``dead_lettering_on_message_expiration`` is set, as Service Bus purges
+   expired messages when a receiver reaches them. A dead-letter queue's
+   messages do not expire.
+7. A queue with a ``duplicate_detection_window`` accepts a message whose
+   ``message_id`` it accepted less than that window ago, and drops it: no
+   sequence number, no entry.
+8. A :meth:`~ServiceBusState.snapshot` restored into a new state
    (:meth:`~ServiceBusState.restore`) has the same entities, sequence
    numbers, entries and session states; what was locked comes back
    available with one more failed delivery (or dead-lettered by invariant
-   4), as Service Bus does once a lock is lost. Receivers are not kept.
+   4), as Service Bus does once a lock is lost. Receivers and the message
+   ids duplicate detection remembers are not kept.
 
 Time is two injected clocks: ``clock`` (monotonic seconds) for lock
 deadlines, ``wall`` (epoch seconds) for the times clients see. Deadlines are
@@ -84,10 +97,11 @@ from sharedstream.testing.servicebus.store import (
     StoreCounts,
 )
 
-__all__ = ["DEAD_LETTER_QUEUE", "MAX_DELIVERY_COUNT_EXCEEDED", "LockCounts", "Receiver",
-           "ServiceBusState", "Snapshot", "StoreCounts"]
+__all__ = ["DEAD_LETTER_QUEUE", "MAX_DELIVERY_COUNT_EXCEEDED", "TTL_EXPIRED", "LockCounts",
+           "Receiver", "ServiceBusState", "Snapshot", "StoreCounts"]
 
 MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
+TTL_EXPIRED = "TTLExpiredException"
 _SUBSCRIPTIONS = "subscriptions"
 
 
@@ -104,6 +118,8 @@ class ServiceBusState:
         self._locks: dict[uuid.UUID, Lock] = {}
         self._deadlines: list[tuple[float, int, uuid.UUID]] = []  # lazy heap of lock deadlines
         self._receivers: dict[Receiver, None] = {}  # open receivers, oldest first
+        self._scheduled: list[tuple[float, int, Store, int]] = []  # (epoch s, tie, store, seq)
+        self._seen_ids: dict[str, dict[str, float]] = {}  # queue -> message id -> first seen
         self._ties = itertools.count()
 
     # -- entities ---------------------------------------------------------------
@@ -201,12 +217,15 @@ class ServiceBusState:
                                            "needs a session id")
         numbers, now, touched = [], self.wall(), set()
         for message in batch:
+            if key not in self._topics and self._duplicate(key, targets[0], message, now):
+                continue
             number = self._sequences[key]
             self._sequences[key] = number + 1
             numbers.append(number)
             for store in targets:
                 if any(rule.matches(message) for rule in store.filters):
-                    self._enqueue(store, Entry(message, number, now))
+                    self._enqueue(store, Entry(message, number, max(
+                        now, message.scheduled_enqueue_time or now)))
                     touched.add(store.path)
         for touched_path in sorted(touched):
             self.on_available(touched_path)
@@ -226,9 +245,39 @@ class ServiceBusState:
             raise Refused(NOT_ALLOWED, f"cannot send to {path}: not a queue or topic")
         return key, [store]
 
+    def _duplicate(self, key: str, store: Store, message: Message, now: float) -> bool:
+        """Whether ``message`` repeats an id the queue accepted within its window (invariant 7)."""
+        window = store.settings.duplicate_detection_window
+        message_id = message.properties.get("message_id")
+        if window is None or message_id is None:
+            return False
+        seen = self._seen_ids.setdefault(key, {})
+        for old, first in list(seen.items()):  # oldest first: stop at the first one still kept
+            if now - first < window:
+                break
+            del seen[old]
+        if str(message_id) in seen:
+            return True
+        seen[str(message_id)] = now
+        return False
+
     def _enqueue(self, store: Store, entry: Entry) -> None:
         store.entries[entry.sequence_number] = entry
-        store.make_available(entry)
+        self._schedule_or_make_available(store, entry)
+
+    def _schedule_or_make_available(self, store: Store, entry: Entry) -> None:
+        """Available now, or at its scheduled enqueue time (invariant 6)."""
+        due = entry.message.scheduled_enqueue_time
+        if due is not None and due > self.wall() and store.dead_letter is not None:
+            heapq.heappush(self._scheduled, (due, next(self._ties), store,
+                                             entry.sequence_number))
+        else:
+            store.make_available(entry)
+
+    def _expired(self, store: Store, entry: Entry) -> bool:
+        ttl = entry.message.time_to_live
+        return (ttl is not None and store.dead_letter is not None
+                and entry.enqueued_time + ttl <= self.wall())
 
     # -- receivers --------------------------------------------------------------
 
@@ -291,6 +340,14 @@ class ServiceBusState:
             return None
         store = receiver.store
         entry = store.head(receiver.session_id)
+        while entry is not None and self._expired(store, entry):  # invariant 6
+            heapq.heappop(store.heaps[store.key(entry)])
+            if store.settings.dead_lettering_on_message_expiration:
+                self._dead_letter(store, entry, TTL_EXPIRED,
+                                  "The message expired and was dead lettered.")
+            else:
+                del store.entries[entry.sequence_number]
+            entry = store.head(receiver.session_id)
         if entry is None:
             return None
         heapq.heappop(store.heaps[store.key(entry)])
@@ -468,6 +525,8 @@ class ServiceBusState:
         due = [r.session_deadline for r in self._receivers if r.session_id is not None]
         if self._deadlines:
             due.append(self._deadlines[0][0])
+        if self._scheduled:
+            due.append(self.clock() + self._scheduled[0][0] - self.wall())
         return min(due, default=None)
 
     def _stale(self, deadline: float, _tie: int, token: uuid.UUID) -> bool:
@@ -480,8 +539,16 @@ class ServiceBusState:
         An expired message lock returns its entry, counted as a failed
         delivery (invariant 4). An expired session lock ends the session as
         :meth:`close_receiver` does; the service detaches those receivers
-        with ``session-lock-lost``.
+        with ``session-lock-lost``. A scheduled message whose time came
+        becomes available (invariant 6).
         """
+        wall = self.wall()
+        while self._scheduled and self._scheduled[0][0] <= wall:
+            _, _, store, number = heapq.heappop(self._scheduled)
+            entry = store.entries.get(number)
+            if entry is not None and entry.lock is None and not entry.deferred:
+                store.make_available(entry)
+                self.on_available(store.path)
         now = self.clock()
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, tie, token = heapq.heappop(self._deadlines)
@@ -499,7 +566,7 @@ class ServiceBusState:
     # -- snapshots (the server's --state-file) ----------------------------------
 
     def snapshot(self) -> Snapshot:
-        """Entities, sequence numbers, entries and session states (invariant 6); no I/O."""
+        """Entities, sequence numbers, entries and session states (invariant 8); no I/O."""
         def saved(entry: Entry) -> SavedEntry:
             return SavedEntry(entry.message, entry.sequence_number, entry.enqueued_time,
                               entry.delivery_count, entry.deferred, entry.lock is not None,
@@ -517,7 +584,7 @@ class ServiceBusState:
                         dict(self._sequences))
 
     def restore(self, snapshot: Snapshot) -> None:
-        """Load ``snapshot`` into this state, which must have no entity yet (invariant 6)."""
+        """Load ``snapshot`` into this state, which must have no entity yet (invariant 8)."""
         if self._stores or self._topics:
             raise RuntimeError("restore() needs a state without entities")
         for queue in snapshot.queues:
@@ -543,5 +610,8 @@ class ServiceBusState:
                       saved.delivery_count, deferred=saved.deferred,
                       extra_properties=dict(saved.extra_properties))
         store.entries[entry.sequence_number] = entry
-        if not entry.deferred:
-            self._return(store, entry, failed=saved.locked)
+        if not entry.deferred and not saved.locked:
+            self._schedule_or_make_available(store, entry)
+            self.on_available(store.path)
+        elif not entry.deferred:
+            self._return(store, entry, failed=True)

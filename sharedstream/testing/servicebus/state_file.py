@@ -7,7 +7,7 @@ numbers, every entry - the message as sent, its sequence number, enqueue
 time, delivery count, deferral and broker properties - with the dead-letter
 sub-queues and session states. Receivers and locks are not kept: what was
 locked comes back available with one more failed delivery, as Service Bus
-redelivers once a lock is lost (:mod:`.state`'s invariant 6).
+redelivers once a lock is lost (:mod:`.state`'s invariant 8).
 
 Invariants:
 

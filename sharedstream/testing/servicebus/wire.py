@@ -105,11 +105,33 @@ def _text(value: object) -> object:
         else value
 
 
+SCHEDULED_ENQUEUE_TIME = symbol("x-opt-scheduled-enqueue-time")
+LOCK_TOKEN = symbol("x-opt-lock-token")
+
+
+def _seconds(value: object) -> float | None:
+    """Seconds of a millisecond count or timestamp (``None`` stays ``None``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value / 1000
+    if hasattr(value, "timestamp"):  # a datetime, should proton give one
+        return float(value.timestamp())
+    return None
+
+
 def message_facts(encoded: bytes) -> Message:
-    """A :class:`~.model.Message` of ``encoded``: its session id and filterable properties."""
+    """A :class:`~.model.Message` of ``encoded``: its session id, filterable properties, times.
+
+    The times are the header's ``ttl`` and the ``x-opt-scheduled-enqueue-time``
+    message annotation, in seconds.
+    """
     properties: dict[str, object] = {}
     application: dict[str, object] = {}
+    ttl = scheduled = None
     for code, value, _ in sections(encoded):
+        if code == HEADER and isinstance(value, list) and len(value) > 2:
+            ttl = _seconds(value[2])
+        elif code == MESSAGE_ANNOTATIONS and isinstance(value, dict):
+            scheduled = _seconds(value.get(SCHEDULED_ENQUEUE_TIME))
         if code == PROPERTIES and isinstance(value, list):
             for index, name in _PROPERTY_FIELDS.items():
                 if index < len(value) and value[index] is not None:
@@ -118,7 +140,8 @@ def message_facts(encoded: bytes) -> Message:
         elif code == APPLICATION_PROPERTIES and isinstance(value, dict):
             application = {str(key): item for key, item in value.items()}
     session = properties.get("session_id")
-    return Message(encoded, None if session is None else str(session), properties, application)
+    return Message(encoded, None if session is None else str(session), properties, application,
+                   ttl, scheduled)
 
 
 def _encode(code: int, value: Any) -> bytes:
@@ -134,7 +157,9 @@ def delivery_bytes(delivery: Delivery) -> bytes:
     ``x-opt-enqueued-time`` and (peek-lock outside sessions)
     ``x-opt-locked-until`` to the message annotations; merges
     ``extra_properties`` into the application properties. The client's
-    delivery annotations are dropped; every other section is kept as sent.
+    delivery annotations are replaced by the broker's: ``x-opt-lock-token``
+    for a peek-lock delivery, as Service Bus sends it. Every other section
+    is kept as sent.
     """
     found = sections(delivery.message.encoded)
     by_code = {code: value for code, value, _ in found}
@@ -154,8 +179,10 @@ def delivery_bytes(delivery: Delivery) -> bytes:
         kept = [(code, raw) for code, raw in kept if code != APPLICATION_PROPERTIES]
         kept.append((APPLICATION_PROPERTIES, _encode(APPLICATION_PROPERTIES, merged)))
         kept.sort(key=lambda item: item[0])  # stable: sections keep the order AMQP requires
-    return b"".join([_encode(HEADER, header), _encode(MESSAGE_ANNOTATIONS, annotations),
-                     *(raw for _, raw in kept)])
+    delivery_annotations = [] if delivery.lock_token is None else [
+        _encode(DELIVERY_ANNOTATIONS, {LOCK_TOKEN: delivery.lock_token})]
+    return b"".join([_encode(HEADER, header), *delivery_annotations,
+                     _encode(MESSAGE_ANNOTATIONS, annotations), *(raw for _, raw in kept)])
 
 
 def lock_tokens(value: object) -> list[uuid.UUID]:
