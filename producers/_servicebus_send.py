@@ -117,17 +117,17 @@ class ServiceBusSender:
                         message.body, application_properties=dict(message.properties) or None,
                         session_id=message.key)
                     for message in batch]
+        hint = "" if any(m.key for m in batch) else " (a queue with sessions needs --session-id)"
         try:
             async with asyncio.timeout(self.send_timeout):
                 await self._sender.send_messages(messages)
         except TimeoutError as exc:
-            hint = ("" if any(m.key for m in batch)
-                    else " (a queue with sessions needs --session-id)")
             raise SendFailed(f"Service Bus did not acknowledge the messages for "
                              f"{self.destination} within {self.send_timeout:g} s{hint}") from exc
         except errors.ServiceBusError as exc:
             raise SendFailed(f"Service Bus did not take the messages for {self.destination}: "
-                             f"{str(exc).splitlines()[0]}") from exc
+                             f"{str(exc).splitlines()[0]}"
+                             f"{hint if 'session' in str(exc).lower() else ''}") from exc
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise asyncio.CancelledError

@@ -264,9 +264,9 @@ async def test_servicebus_properties_and_session(servicebus_connection_string: s
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")  # the SDK's lost sockets: tests/servicebus
-async def test_servicebus_send_that_is_never_settled_ends_in_time(
+async def test_servicebus_send_without_a_session_id_to_a_session_queue_says_so(
         servicebus_connection_string: str) -> None:
-    """No session id for a queue with sessions: the kit's server never settles it; bounded."""
+    """No session id for a queue with sessions: refused (as Azure does), with the hint."""
     pytest.importorskip("azure.servicebus")
     from sharedstream.brokerkit.sending import OutgoingMessage, SendFailed  # noqa: PLC0415
     from sharedstream.producers._servicebus_send import ServiceBusSender  # noqa: PLC0415
