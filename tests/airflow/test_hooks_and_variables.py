@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from sharedstream.airflow.sdk import BaseHook, Variable
 from sharedstream.connections import ConnectionNotFound
 from sharedstream.runtime.variables import VariableNotFound
-from tests.airflow.test_provider_watchers import eventually, port
+from tests.airflow.test_provider_watchers import port
 from tests.cli import ROOT, TriggererCli
 
 
@@ -126,19 +125,13 @@ async def test_a_trigger_reading_a_hook_and_a_variable_runs_in_the_triggerer(
     env.pop("SHAREDSTREAM_VAR_NOT_SET", None)
     cli = TriggererCli(tmp_path, env, definitions)
     cli.run("init", "--path", str(cli.config))
-    process = cli.start(0)
-    try:
-        async def stored() -> bool:
-            listed = await asyncio.to_thread(cli.run, "events", "list", "--json")
-            return bool(json.loads(listed))
 
-        await eventually(stored, "the event", 30, lambda: process.poll() is None)
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(process.wait, 30) == 0, cli.log(0)[-2000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    async def stored() -> bool:
+        listed = await asyncio.to_thread(cli.run, "events", "list", "--json")
+        return bool(json.loads(listed))
+
+    with cli.running(0) as process:
+        await cli.until(0, process, stored, 30)
     (event,) = json.loads(cli.run("events", "list", "--json"))
     assert event["payload"] == {"host": "status.example", "login": "watcher",
                                 "threshold": [1, 2], "missing": "fallback"}

@@ -22,20 +22,16 @@ It checks what a user would notice:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import signal
-import subprocess
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sharedstream.testing.harness import Stream
-from tests.airflow.test_provider_watchers import connections, eventually, port
+from tests.airflow.test_provider_watchers import connections, port
 from tests.cli import ROOT, TriggererCli
 from tests.kafka.conftest import KafkaHarness
 from tests.sqs.conftest import SqsHarness
@@ -115,27 +111,14 @@ async def test_a_dag_file_with_message_queue_triggers_runs_with_its_imports_port
         cli = TriggererCli(tmp_path, env, definitions)
         cli.run("init", "--path", str(cli.config))
         for run in range(2):  # the second run: nothing is stored twice
-            process = cli.start(run)
-            try:
-                alive = process_alive(process)
-                await eventually(lambda: done(kafka, topic, sqs, queue),
-                                 "commits and deletes", 60, alive)
+            with cli.running(run) as process:
+                await cli.until(run, process, lambda: done(kafka, topic, sqs, queue), 60)
                 check_events(cli, topic)  # committed and deleted, so already stored
-                process.send_signal(signal.SIGTERM)
-                assert await asyncio.to_thread(process.wait, 30) == 0, cli.log(run)[-2000:]
-            finally:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
             assert "Traceback" not in cli.log(run)
         check_events(cli, topic)
     finally:
         await kafka.close()
         await sqs.close()
-
-
-def process_alive(process: subprocess.Popen[bytes]) -> Callable[[], bool]:
-    return lambda: process.poll() is None
 
 
 async def done(kafka: KafkaHarness, topic: Stream, sqs: SqsHarness, queue: Stream) -> bool:
