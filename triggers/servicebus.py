@@ -180,6 +180,9 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
     def _connects_inline(self) -> bool:
         return any(getattr(self, name) is not None for name in _CONNECTION)
 
+    def trigger_queue(self) -> None:
+        """None: ``queue`` is the Service Bus queue here, not a trigger queue."""
+
     def consumer_kwargs(self) -> dict[str, Any]:
         """The receiver's constructor kwargs (all but ``payload_format`` and ``match``)."""
         names = (*_CONNECTION, *_ENTITY, *_CONSUMER_SETTINGS)

@@ -171,6 +171,7 @@ class SqsSharedStreamTrigger(BrokerTrigger):
     """
 
     payload_formats: ClassVar[Mapping[str, PayloadFormat]] = PAYLOAD_FORMATS
+    queue: str  # the queue URL or name (not a trigger queue: see trigger_queue)
     match_named_field = "attributes"
 
     def __init__(
@@ -210,6 +211,9 @@ class SqsSharedStreamTrigger(BrokerTrigger):
         # Refuse unusable settings where the trigger is declared (the inline ones only,
         # with a connection: it is read in the triggerer).
         self._settings_from(self.consumer_kwargs())
+
+    def trigger_queue(self) -> None:
+        """None: ``queue`` is the SQS queue URL or name here, not a trigger queue."""
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """The receiver's constructor kwargs (all but ``payload_format`` and ``match``)."""

@@ -41,6 +41,15 @@ class BaseTrigger(abc.ABC):
     needs must therefore come from its constructor keyword arguments.
     """
 
+    queue: str | None = None
+    """The trigger queue (Airflow 3.4's ``BaseTrigger.queue``): which triggerers run it.
+
+    A triggerer runs the triggers of the queues its ``[triggerer] queues``
+    names, or, when that is empty, those whose queue is ``None``. Read (through
+    :meth:`trigger_queue`) where the trigger is declared and stored with it;
+    not part of ``serialize()``.
+    """
+
     def __init__(self, **kwargs: Any) -> None:
         # Set by the runtime before run(); None while the trigger is only declared.
         self.trigger_id: int | None = None
@@ -55,6 +64,15 @@ class BaseTrigger(abc.ABC):
         """
         cls = type(self)
         return key_value_logger(f"{cls.__module__}.{cls.__qualname__}")
+
+    def trigger_queue(self) -> str | None:
+        """The trigger queue the runtime assigns the trigger by: :attr:`queue` by default.
+
+        A trigger whose ``queue`` attribute means something else (the SQS and
+        Service Bus triggers: the broker's queue) overrides it. Called once,
+        where the trigger is declared.
+        """
+        return self.queue
 
     @abc.abstractmethod
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -107,7 +125,14 @@ class BaseEventTrigger(BaseTrigger):
       connection and is told when it may advance the broker (ack mode).
     * :meth:`filter_shared_stream` - turn the shared raw events into this
       trigger's own events. The same filter works in both modes.
+
+    ``queue`` (keyword only, as in Airflow 3.4) sets :attr:`BaseTrigger.queue`.
     """
+
+    def __init__(self, *, queue: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if queue is not None:
+            self.queue = queue
 
     @staticmethod
     def hash(classpath: str, kwargs: dict[str, Any]) -> int:

@@ -144,6 +144,12 @@ class TriggererConfig:
     restart_backoff_max: float = 300.0
     shutdown_timeout: float = 30.0
     gc_gen0_threshold: int = 7000
+    queues: str = ""
+
+    @property
+    def served_queues(self) -> frozenset[str]:
+        """The trigger queues ``queues`` names (empty: this triggerer runs unqueued triggers)."""
+        return frozenset(name for name in self.queues.split(",") if name)
 
     def __post_init__(self) -> None:
         _validate_fields(self, "triggerer")

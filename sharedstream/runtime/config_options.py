@@ -59,7 +59,7 @@ class OptionSpec:
     """How one option is parsed, bounded and described."""
 
     kind: Literal["int", "float", "store_url", "secret", "choice", "bool", "host", "name",
-                  "age"]
+                  "names", "age"]
     help: str
     minimum: float = 0
     maximum: float = math.inf
@@ -104,6 +104,10 @@ SPECS: dict[str, dict[str, OptionSpec]] = {
             "Allocations between two young-generation collections of Python's garbage "
             "collector while the triggerer runs (Python's default is 700; 0: leave it).",
             strict=False,
+        ),
+        "queues": OptionSpec(
+            "names", "Trigger queues this triggerer runs, comma-separated; \"\": the triggers "
+            "with no queue."
         ),
     },
     "store": {
@@ -357,6 +361,13 @@ def _convert_store_url(option: str, raw: object, source: str) -> str:
 
 def _convert_text(section: str, option: str, raw: object, source: str, spec: OptionSpec) -> str:
     """A ``name``, ``choice`` or ``secret`` option: text that must match its rule."""
+    if spec.kind == "names":
+        names = [name.strip() for name in raw.split(",")] if isinstance(raw, str) else None
+        if names is None or (any(names) and not all(
+                name and _NAME.fullmatch(name) for name in names)):
+            raise invalid(section, option, raw, source, "expected comma-separated names "
+                          "(letters, digits, '_', '.', '-'), or \"\" for none")
+        return ",".join(name for name in names if name)
     if spec.kind == "name":
         if not isinstance(raw, str) or not _NAME.fullmatch(raw):
             raise invalid(section, option, raw, source,
@@ -390,6 +401,6 @@ def convert_value(
         return _convert_bool(section, option, raw, source, from_text=from_text)
     if spec.kind == "host":
         return _convert_host(section, option, raw, source)
-    if spec.kind in ("name", "choice", "secret", "age"):
+    if spec.kind in ("name", "names", "choice", "secret", "age"):
         return _convert_text(section, option, raw, source, spec)
     return _convert_number(section, option, raw, source, spec, from_text=from_text)

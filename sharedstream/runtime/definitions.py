@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -276,6 +277,8 @@ class WatchedTrigger:
     pinned: bool = False
     """Identified otherwise than by its serialized form (``BaseTrigger.identity``): the store
     keeps the first registration's ``classpath`` and ``kwargs``."""
+    queue: str | None = None
+    """The trigger queue (``BaseTrigger.queue``): which triggerers run it."""
 
 
 @dataclass(frozen=True)
@@ -409,6 +412,20 @@ def _definition_files(given: Sequence[Path]) -> list[tuple[Path, bool]]:
     return list(files.items())
 
 
+TRIGGER_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+"""What a trigger queue may be called (a name ``[triggerer] queues`` can list)."""
+
+
+def _trigger_queue(trigger: BaseTrigger, where: str) -> str | None:
+    """The trigger's queue (``trigger_queue()``), checked: ``None`` or a queue name."""
+    queue = trigger.trigger_queue()
+    if queue is not None and not (isinstance(queue, str)
+                                  and TRIGGER_QUEUE_NAME.fullmatch(queue)):
+        raise DefinitionsError(f"{where}: trigger queue {queue!r} must be a name (letters, "
+                               "digits, '_', '.', '-') or None")
+    return queue
+
+
 def _register_trigger_classes(triggers: dict[str, WatchedTrigger],
                               classes: dict[str, type[BaseTrigger]]) -> None:
     """Add to ``classes`` the class each watched trigger is rebuilt as, by its class path.
@@ -531,11 +548,17 @@ def _collect_triggers(
                     f"{where}: {type(trigger).__qualname__}.serialize() raised "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
+            queue = _trigger_queue(trigger, where)
             watched = triggers.get(fingerprint)
             if watched is None:
                 watched = triggers[fingerprint] = WatchedTrigger(
                     fingerprint, classpath, dict(kwargs), type(trigger),
-                    pinned=identity != (classpath, kwargs),
+                    pinned=identity != (classpath, kwargs), queue=queue,
                 )
+            elif watched.queue != queue:
+                raise DefinitionsError(
+                    f"{where}: the same trigger is declared in trigger queue {queue!r} here "
+                    f"and in {watched.queue!r} by {'/'.join(watched.watchers[0])}; one trigger "
+                    "runs in one queue")
             watched.watchers.append((asset_name, watcher.name))
     return triggers

@@ -251,7 +251,7 @@ class Triggerer:
         defs = self.definitions
         specs = [
             TriggerSpec(t.fingerprint, t.classpath, self.cipher.encrypt(pack_kwargs(t.kwargs)),
-                        pinned=t.pinned)
+                        pinned=t.pinned, queue=t.queue)
             for t in defs.triggers.values()
         ]
         watchers = [
@@ -264,7 +264,8 @@ class Triggerer:
                          batch_asset_events=self.config.scheduler.batch_asset_events)
         store = self.store
         await self._db(store.sync_definitions, specs, watchers, dags)
-        rows = await self._db(store.active_triggers, sys.maxsize)
+        every = await self._db(store.active_triggers, sys.maxsize)
+        rows = self._served(every)
         shared_ids = self._preflight(rows)
         capacity = self.config.triggerer.capacity
         shared = [row for row in rows if row.id in shared_ids][:capacity]
@@ -277,11 +278,28 @@ class Triggerer:
             running=len(shared) + len(self._standalone), shared=len(shared),
             standalone=len(self._standalone),
         )
+        if len(rows) < len(every):
+            log.info("triggers of other trigger queues are left to their triggerers",
+                     queues=self.config.triggerer.queues or "(none)",
+                     other=len(every) - len(rows))
         log.info("this triggerer's id (see `sharedstream triggerers list`)",
                  triggerer=self.triggerer_id)
         for dag_id, why in ({} if plan is None else plan.waiting).items():
             log.info("this DAG's runs wait in the store", dag=dag_id, why=why)
         return shared
+
+    def _served(self, rows: list[TriggerRow]) -> list[TriggerRow]:
+        """The rows of the trigger queues this triggerer serves (``[triggerer] queues``).
+
+        With no queue configured, the triggers with none; otherwise those
+        whose queue is listed. Only these are built, subscribed and offered
+        to the store's assignment: another queue's standalone triggers are
+        never claimed here.
+        """
+        served = self.config.triggerer.served_queues
+        if not served:
+            return [row for row in rows if row.queue is None]
+        return [row for row in rows if row.queue in served]
 
     def _preflight(self, rows: list[TriggerRow]) -> set[int]:
         """Build every trigger (and each stream's producer) once; refuse to start if one fails.

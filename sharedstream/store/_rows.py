@@ -56,7 +56,7 @@ When = Callable[[Any], datetime]
 
 TRIGGER_COLUMNS = (
     "id, fingerprint, classpath, kwargs_blob, state, error_count, last_error,"
-    " last_traceback, last_error_at, created_at, events_stored"
+    " last_traceback, last_error_at, created_at, events_stored, queue"
 )
 DEAD_LETTER_COLUMNS = (
     "id, created_at, stream, source, reason, triggers, payload, payload_size, headers,"
@@ -96,6 +96,7 @@ def trigger_row(row: Sequence[Any], when: When, watchers: tuple[str, ...] = ()) 
         created_at=when(row[9]),
         events_stored=int(row[10]),
         watchers=watchers,
+        queue=row[11],
     )
 
 

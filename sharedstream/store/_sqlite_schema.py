@@ -218,7 +218,11 @@ _V7 = (
 # new message that reused the name in its idempotency key (a recreated topic's offsets).
 _V8 = ("ALTER TABLE trigger_events ADD COLUMN fingerprint TEXT",)
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+# A trigger's queue (Airflow 3.4's trigger queues; NULL: none): a triggerer runs the
+# triggers of the queues it is configured for ([triggerer] queues), or those with none.
+_V9 = ("ALTER TABLE triggers ADD COLUMN queue TEXT",)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

@@ -188,6 +188,8 @@ class TriggerSpec:
     classpath: str
     kwargs_blob: bytes
     pinned: bool = False
+    queue: str | None = None
+    """The trigger queue (``None``: none); stored on every sync, pinned or not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +314,8 @@ class TriggerRow:
     watchers: tuple[str, ...] = ()
     """``asset/watcher`` names of the watchers using it, sorted; filled by
     :meth:`MetadataStore.list_triggers` only (empty elsewhere)."""
+    queue: str | None = None
+    """The trigger queue its definition names (``None``: none); see ``[triggerer] queues``."""
 
 
 @dataclass(frozen=True, slots=True)

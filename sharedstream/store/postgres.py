@@ -267,17 +267,17 @@ class PostgresStore(SharedSql):
                         "UPDATE triggers SET classpath = CASE WHEN %s THEN classpath ELSE %s END,"
                         " kwargs_blob = CASE WHEN %s THEN kwargs_blob ELSE %s END,"
                         " state = CASE WHEN %s = 'active' AND state = 'finished'"
-                        "  THEN 'finished' ELSE %s END"
+                        "  THEN 'finished' ELSE %s END, queue = %s"
                         " WHERE id = %s",
                         (spec.pinned, spec.classpath, spec.pinned, spec.kwargs_blob, state, state,
-                         known[spec.fingerprint]),
+                         spec.queue, known[spec.fingerprint]),
                     )
                     ids[spec.fingerprint] = known[spec.fingerprint]
                     continue
                 row = conn.execute(
-                    "INSERT INTO triggers (fingerprint, classpath, kwargs_blob, state, created_at)"
-                    " VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                    (spec.fingerprint, spec.classpath, spec.kwargs_blob, state, now),
+                    "INSERT INTO triggers (fingerprint, classpath, kwargs_blob, state, created_at,"
+                    " queue) VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                    (spec.fingerprint, spec.classpath, spec.kwargs_blob, state, now, spec.queue),
                 ).fetchone()
                 assert row is not None  # noqa: S101 - INSERT ... RETURNING returns the row
                 ids[spec.fingerprint] = int(row[0])

@@ -326,17 +326,17 @@ class SqliteStore(SharedSql):
                         "UPDATE triggers SET classpath = CASE WHEN ? THEN classpath ELSE ? END,"
                         " kwargs_blob = CASE WHEN ? THEN kwargs_blob ELSE ? END,"
                         " state = CASE WHEN ? = 'active' AND state = 'finished'"
-                        "  THEN 'finished' ELSE ? END"
+                        "  THEN 'finished' ELSE ? END, queue = ?"
                         " WHERE id = ?",
                         (spec.pinned, spec.classpath, spec.pinned, spec.kwargs_blob, state, state,
-                         known[spec.fingerprint]),
+                         spec.queue, known[spec.fingerprint]),
                     )
                     ids[spec.fingerprint] = known[spec.fingerprint]
                     continue
                 (trigger_id,) = conn.execute(
-                    "INSERT INTO triggers (fingerprint, classpath, kwargs_blob, state, created_at)"
-                    " VALUES (?, ?, ?, ?, ?) RETURNING id",
-                    (spec.fingerprint, spec.classpath, spec.kwargs_blob, state, now),
+                    "INSERT INTO triggers (fingerprint, classpath, kwargs_blob, state, created_at,"
+                    " queue) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                    (spec.fingerprint, spec.classpath, spec.kwargs_blob, state, now, spec.queue),
                 ).fetchone()
                 ids[spec.fingerprint] = int(trigger_id)
             conn.execute(

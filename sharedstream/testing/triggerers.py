@@ -80,14 +80,19 @@ class TriggererCluster:
         """:meth:`cli` with ``--json``, its output parsed."""
         return json.loads(self.cli(*args, "--json"))
 
-    def start(self, index: int, definitions: Path, *,
-              log_level: str = "INFO") -> subprocess.Popen[bytes]:
-        """Start triggerer ``index`` on ``definitions``; returns at once (no readiness wait)."""
+    def start(self, index: int, definitions: Path, *, log_level: str = "INFO",
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start triggerer ``index`` on ``definitions``; returns at once (no readiness wait).
+
+        ``env`` is added to the cluster's environment for this process only
+        (``SHAREDSTREAM__TRIGGERER__QUEUES``, say).
+        """
         with (self.dir / f"triggerer-{index}.log").open("wb") as log:
             proc = subprocess.Popen(  # noqa: S603 - our own CLI
                 [sys.executable, "-m", "sharedstream", "--config", str(self.config),
                  "triggerer", "--definitions", str(definitions), "--log-level", log_level],
-                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=log,
+                cwd=self.dir, env={**self.env, **(env or {})}, stdout=subprocess.DEVNULL,
+                stderr=log,
             )
         self.processes[index] = proc
         return proc

@@ -4,13 +4,14 @@ PostgreSQL end to end (``[store] url = postgresql://...`` through the environmen
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from pathlib import Path
 from unittest.mock import patch
 
 import pytest
 
 from sharedstream.runtime.cli import main
-from sharedstream.store import TriggerSpec, open_store
+from sharedstream.store import open_store
 from sharedstream.store import sqlite as sqlite_store
 from sharedstream.testing.brokers import free_port
 from sharedstream.testing.fixtures import postgres_database, postgres_url
@@ -59,6 +60,22 @@ def test_upgrade_then_check(store_url: str, capsys: pytest.CaptureFixture[str]) 
         0, f"database {_shown(store_url)}: reachable, schema v{LATEST} (up to date)\n")
 
 
+def insert_v1_trigger(store_url: str) -> None:
+    """Trigger ``fp`` as version 1 wrote it (``sync_definitions`` writes later columns)."""
+    values = ("fp", "pkg.Trigger", b"kw", "2026-01-01T00:00:00+00:00")
+    if store_url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(store_url.removeprefix("sqlite:///"))) as lite:
+            lite.execute("INSERT INTO triggers (fingerprint, classpath, kwargs_blob, created_at)"
+                         " VALUES (?, ?, ?, ?)", values)
+            lite.commit()
+        return
+    import psycopg  # noqa: PLC0415 - the postgres extra
+
+    with psycopg.connect(store_url) as pg:
+        pg.execute("INSERT INTO triggers (fingerprint, classpath, kwargs_blob, created_at)"
+                   " VALUES (%s, %s, %s, %s)", values)
+
+
 def test_upgrade_from_version_1_keeps_the_data(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -71,7 +88,7 @@ def test_upgrade_from_version_1_keeps_the_data(
             stack.enter_context(patch.object(postgres, "MIGRATIONS", postgres.MIGRATIONS[:1]))
         with open_store(store_url) as old:
             assert old.migrate() == 1
-            old.sync_definitions([TriggerSpec("fp", "pkg.Trigger", b"kw")], [], [])
+        insert_v1_trigger(store_url)
     code, _, err = cli(capsys, "db", "check")
     assert (code, err.count("\n")) == (2, 1)
     assert "at schema v1" in err

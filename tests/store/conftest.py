@@ -116,6 +116,25 @@ class Backend:
                      f" VALUES ({int(trigger_id)}, '{idem_key}', {blob},"
                      " '2026-01-01T00:00:00+00:00')")
 
+    def insert_old_trigger(self, asset: str | None = None) -> int:
+        """Trigger ``fp`` (``pkg.Trigger``), as versions 1 to 8 wrote it: no queue; its id.
+
+        With ``asset``, that asset too, watching it as ``w``. For a database
+        left at an old version, which this code's ``sync_definitions`` cannot write.
+        """
+        blob = "X'6b77'" if self.name == "sqlite" else "'kw'::bytea"
+        self.execute("INSERT INTO triggers (fingerprint, classpath, kwargs_blob, created_at)"  # noqa: S608 - constants
+                     f" VALUES ('fp', 'pkg.Trigger', {blob}, '2026-01-01T00:00:00+00:00')")
+        ((trigger_id,),) = self.query("SELECT id FROM triggers WHERE fingerprint = 'fp'")
+        if asset is not None:
+            if not asset.isalnum():
+                raise ValueError(f"asset must be letters and digits here, got {asset!r}")
+            self.execute(f"INSERT INTO assets (name, created_at) VALUES ('{asset}',"  # noqa: S608 - checked above
+                         " '2026-01-01T00:00:00+00:00')")
+            self.execute("INSERT INTO watchers (asset_id, name, trigger_id)"  # noqa: S608 - checked above
+                         f" SELECT id, 'w', {int(trigger_id)} FROM assets WHERE name = '{asset}'")
+        return int(trigger_id)
+
     def _raw(self, sql: str, url: str | None, *, fetch: bool) -> list[tuple[Any, ...]]:
         target = url or self.url
         if self.name == "sqlite":

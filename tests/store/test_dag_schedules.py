@@ -41,9 +41,8 @@ def only(store: MetadataStore, dag_id: str = "d") -> Any:
 
 def test_a_v3_database_is_upgraded_and_its_asset_runs_keep_their_meaning(
         backend: Backend) -> None:
-    with backend.at_version(3) as old:
-        ids = old.sync_definitions([TriggerSpec("fp", "pkg.T", b"kw")],
-                                   [WatcherSpec("a", "w", "fp")], [])
+    with backend.at_version(3):
+        ids = {"fp": backend.insert_old_trigger("a")}
         # the v3 code's DAG row, written as it wrote it
         backend.execute("INSERT INTO dags (dag_id, schedule, updated_at) VALUES "
                         "('each', '{\"asset\": \"a\"}', '2026-01-01T00:00:00+00:00')")

@@ -14,7 +14,6 @@ from sharedstream.engine.producer import DeadLetter
 from sharedstream.store import (
     StoreError,
     StoreWriteError,
-    TriggerSpec,
 )
 from sharedstream.store._rows import storable_text
 from sharedstream.store.base import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetterRow, MetadataStore
@@ -136,9 +135,7 @@ def test_a_closed_store_refuses_dead_letters(backend: Backend) -> None:
 
 def test_a_database_at_schema_version_1_is_upgraded(backend: Backend) -> None:
     with backend.at_version(1) as old:
-        [trigger_id] = old.sync_definitions(
-            [TriggerSpec("fp", "pkg.Trigger", b"kw")], [], []
-        ).values()
+        trigger_id = backend.insert_old_trigger()
         backend.insert_old_event(trigger_id, "k")
         with pytest.raises(StoreError):  # no dead_letters table yet
             old.dead_letters(10)

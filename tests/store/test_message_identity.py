@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sharedstream.store import MetadataStore, PendingEvent, TriggerSpec
+from sharedstream.store import MetadataStore, PendingEvent
 from sharedstream.store._sqlite_schema import MIGRATIONS
 from tests.store.conftest import Backend
 from tests.store.test_store import asset, define
@@ -114,10 +114,9 @@ def test_a_key_repeated_within_a_batch_is_a_duplicate_whatever_its_fingerprint(
 
 
 def test_migration_keeps_stored_events_without_fingerprint(backend: Backend) -> None:
-    """The fingerprint's migration is the last one; the version before it stores none."""
-    with backend.at_version(len(MIGRATIONS) - 1) as old:
-        [trigger_id] = old.sync_definitions(
-            [TriggerSpec("fp", "pkg.Trigger", b"kw")], [], []).values()
+    """The fingerprint's migration is version 8; version 7 stores none."""
+    with backend.at_version(7):
+        trigger_id = backend.insert_old_trigger()
         backend.insert_old_event(trigger_id, "k1")
     with backend.open() as new:
         assert new.migrate() == len(MIGRATIONS)

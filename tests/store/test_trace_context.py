@@ -112,7 +112,7 @@ def test_time_based_runs_have_no_trace_parent(store: MetadataStore) -> None:
 def test_a_v4_database_is_upgraded_and_keeps_its_rows(backend: Backend) -> None:
     # the v4 code's writes, as it wrote them (no trace_parent column to write)
     with backend.at_version(4) as old:
-        ids = define(old, {})
+        ids = {"a": backend.insert_old_trigger("a")}
         # the v4 code's DAG row, written as it wrote it (no target column to write)
         backend.execute("INSERT INTO dags (dag_id, schedule, updated_at) VALUES "
                         "('each_a', '{\"asset\": \"a\"}', '2026-01-01T00:00:00+00:00')")

@@ -36,6 +36,7 @@ AIRFLOW_TRIGGERER_DEFAULTS = {
     "restart_backoff_max": 300.0,
     "shutdown_timeout": 30.0,
     "gc_gen0_threshold": 7000,  # ours, not Airflow's: see sharedstream.runtime.collector
+    "queues": "",  # Airflow 3.4's trigger queues; "": the triggers with no queue
 }
 
 

@@ -20,7 +20,9 @@
 * :func:`dag` - the decorator: calling the decorated function builds the
   :class:`DAG` (named after the function unless ``dag_id`` is given) and
   runs the body inside it;
-* :func:`task` - inert (see :mod:`sharedstream.airflow._inert_tasks`).
+* :func:`task` - inert (see :mod:`sharedstream.airflow._inert_tasks`);
+* :class:`BaseHook` and :class:`Variable` - connections and variables
+  (see :mod:`sharedstream.airflow._hooks`).
 
 Differences are listed in ``docs/airflow.md``.
 """
@@ -33,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from sharedstream.airflow._hooks import BaseHook, Variable
 from sharedstream.airflow._inert_tasks import task
 from sharedstream.runtime.definitions import Asset as _Asset
 from sharedstream.runtime.definitions import (
@@ -43,7 +46,8 @@ from sharedstream.runtime.definitions import (
     DefinitionsError,
 )
 
-__all__ = ["DAG", "Asset", "AssetAll", "AssetAny", "AssetWatcher", "dag", "task"]
+__all__ = ["DAG", "Asset", "AssetAll", "AssetAny", "AssetWatcher", "BaseHook", "Variable", "dag",
+           "task"]
 
 IGNORED_DAG_ARGUMENTS = frozenset({
     "description", "default_args", "tags", "max_active_runs", "max_active_tasks",

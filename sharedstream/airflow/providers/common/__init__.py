@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.common`` (see :mod:`sharedstream.airflow`)."""

@@ -1,0 +1,1 @@
+"""Mirror of ``airflow.providers.common.messaging.triggers`` (see :mod:`sharedstream.airflow`)."""
