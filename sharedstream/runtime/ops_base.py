@@ -10,7 +10,7 @@ triggerer: :class:`~sharedstream.runtime.triggerer.Triggerer` is the one
 implementation, checked where it hands itself over.
 
 Contract: every member is read on the triggerer's event loop, and nothing
-here changes the triggerer's state; :meth:`ObservedTriggerer._db` is the
+here changes the triggerer's state; :meth:`ObservedTriggerer.db` is the
 one way to touch the store's connection (it runs on the store's thread).
 """
 
@@ -76,5 +76,5 @@ class ObservedTriggerer(Protocol):
     def runs_queued(self) -> int:
         """DAG runs it queued so far (asset-triggered and scheduled)."""
 
-    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the store's single database thread."""

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 from sharedstream.brokerkit.calls import PROCESS_CALLS
 from sharedstream.dispatch.dispatcher import LATENCY_BUCKETS, Dispatcher
 from sharedstream.runtime.ops_backlog import PENDING
-from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
+from sharedstream.runtime.ops_base import ObservedTriggerer
 from sharedstream.runtime.ops_dispatch import OUTCOMES
 from sharedstream.runtime.ops_view import (
     TriggererView,
@@ -65,7 +65,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 class TriggererCollector(Collector):
     """The metrics of one running triggerer (see the module docstring and docs/operations.md)."""
 
-    def __init__(self, triggerer: Triggerer, view: TriggererView) -> None:
+    def __init__(self, triggerer: ObservedTriggerer, view: TriggererView) -> None:
         self._triggerer = triggerer
         self._view = view
 

@@ -1,6 +1,6 @@
 """What the operations endpoint reports about a running triggerer: readiness and status.
 
-:class:`TriggererView` reads a :class:`~sharedstream.runtime.triggerer.Triggerer`
+:class:`TriggererView` reads a :class:`~sharedstream.runtime.ops_base.ObservedTriggerer`
 for :mod:`sharedstream.runtime.api` (and ``sharedstream status``). It holds
 no state of its own beyond a cache of trigger names, and changes nothing it
 reads.
@@ -40,8 +40,7 @@ from typing import Any
 
 from sharedstream.engine.names import broker_word, stream_name
 from sharedstream.runtime.ops_backlog import PENDING, BacklogPoller, BacklogReading
-from sharedstream.runtime.ops_base import Check
-from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
+from sharedstream.runtime.ops_base import Check, ObservedTriggerer
 from sharedstream.runtime.ops_dispatch import dispatch_check, dispatch_status
 from sharedstream.store import redact_url
 
@@ -91,7 +90,7 @@ class TriggererView:
     be called on the triggerer's event loop.
     """
 
-    def __init__(self, triggerer: Triggerer, *, store_timeout: float = STORE_TIMEOUT,
+    def __init__(self, triggerer: ObservedTriggerer, *, store_timeout: float = STORE_TIMEOUT,
                  backlog: BacklogPoller | None = None) -> None:
         self._triggerer = triggerer
         self.backlog = backlog
@@ -130,7 +129,7 @@ class TriggererView:
             return Check("store", False, "writes to the store are failing (being retried)")
         try:
             async with asyncio.timeout(self._store_timeout):
-                await triggerer._db(triggerer.store.schema_status)  # its database thread
+                await triggerer.db(triggerer.store.schema_status)  # its database thread
         except TimeoutError:
             return Check("store", False, f"no answer within {self._store_timeout:g}s")
         except Exception as exc:  # noqa: BLE001 - whatever the store raised is the answer
@@ -244,7 +243,7 @@ class TriggererView:
         """``fn(*args)`` on the database thread, or ``None`` with the reason in ``errors``."""
         try:
             async with asyncio.timeout(self._store_timeout):
-                return await self._triggerer._db(fn, *args)  # its database thread
+                return await self._triggerer.db(fn, *args)  # its database thread
         except TimeoutError:
             errors[part] = f"the store did not answer within {self._store_timeout:g}s"
         except Exception as exc:  # noqa: BLE001 - a status shows what it could read

@@ -20,14 +20,14 @@ import logging
 from typing import Any
 
 from sharedstream.engine.keyvalue_log import key_value_logger
-from sharedstream.runtime.ops_base import ObservedTriggerer as Triggerer
+from sharedstream.runtime.ops_base import ObservedTriggerer
 
 __all__ = ["lag_note", "report_progress"]
 
 log = key_value_logger("sharedstream.runtime")
 
 
-async def report_progress(triggerer: Triggerer, every: float = 10.0) -> None:
+async def report_progress(triggerer: ObservedTriggerer, every: float = 10.0) -> None:
     """Log a ``progress`` line every ``every`` seconds until cancelled.
 
     At INFO when something changed since the last line (the first line
@@ -55,7 +55,7 @@ _NOT_NEWS = frozenset({"new", "last_commit_ms"})
 """Keys whose value alone does not make a line news (``new`` is 0 when nothing changed)."""
 
 
-def lag_note(triggerer: Triggerer) -> dict[str, Any]:
+def lag_note(triggerer: ObservedTriggerer) -> dict[str, Any]:
     """The progress line's lag keys, those that apply.
 
     ``behind``: trigger id -> raw events queued, for the five most lagging;
@@ -73,7 +73,7 @@ def lag_note(triggerer: Triggerer) -> dict[str, Any]:
     return note
 
 
-def _dispatch_note(triggerer: Triggerer) -> dict[str, Any]:
+def _dispatch_note(triggerer: ObservedTriggerer) -> dict[str, Any]:
     service = triggerer.dispatch
     dispatcher = None if service is None else service.dispatcher
     return {} if dispatcher is None else {"runs_ran": dispatcher.runs_delivered}

@@ -154,7 +154,7 @@ class Triggerer:
         self._store: MetadataStore | None = None
         self._guard = contextlib.ExitStack()  # what the store needs held while we run
         self.gate = PersistGate(
-            write=partial(self._db, self._write),
+            write=partial(self.db, self._write),
             confirm=self.manager.confirm_persisted,
             batch_max=config.store.persist_batch_max,
             linger=config.store.persist_linger_ms / 1000,
@@ -162,11 +162,11 @@ class Triggerer:
             tracer=None if tracer_provider is None else tracer_provider.get_tracer(TRACER_NAME),
         )
         self.manager.dead_letter_fallback = self._keep_dead_letter
-        self.manager.failure_ledger = StoreFailureLedger(lambda: self.store, self._db)
+        self.manager.failure_ledger = StoreFailureLedger(lambda: self.store, self.db)
         self.progress = Progress()
         self.supervisor = Supervisor(
             config=tconf, cipher=self.cipher, registry=self.registry, manager=self.manager,
-            gate=self.gate, progress=self.progress, store=lambda: self.store, db=self._db,
+            gate=self.gate, progress=self.progress, store=lambda: self.store, db=self.db,
         )
         self._idle = False  # stopped because no trigger was left running
         self._schedules: ScheduleLoop | None = None  # set when a DAG is scheduled on time
@@ -205,7 +205,7 @@ class Triggerer:
         Raises if the store cannot write it (the producer's ``advance`` then
         fails, its group restarts and the broker redelivers the raw event).
         """
-        new = await self._db(self.store.add_dead_letter, letter)
+        new = await self.db(self.store.add_dead_letter, letter)
         if new:
             self.progress.fallbacks += 1
             log.warning("kept a dead letter in the store's table; see `sharedstream "
@@ -214,7 +214,7 @@ class Triggerer:
 
     # -- database thread -------------------------------------------------------
 
-    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the single database thread (the store's connection lives there)."""
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
 
@@ -247,7 +247,7 @@ class Triggerer:
     # -- start-up ---------------------------------------------------------------
 
     async def _register(self) -> list[TriggerRow]:
-        version = await self._db(self._open_store)
+        version = await self.db(self._open_store)
         defs = self.definitions
         specs = [
             TriggerSpec(t.fingerprint, t.classpath, self.cipher.encrypt(pack_kwargs(t.kwargs)),
@@ -263,8 +263,8 @@ class Triggerer:
         dags = dag_specs(defs, plan.stored_target if plan is not None else lambda _: None,
                          batch_asset_events=self.config.scheduler.batch_asset_events)
         store = self.store
-        await self._db(store.sync_definitions, specs, watchers, dags)
-        every = await self._db(store.active_triggers, sys.maxsize)
+        await self.db(store.sync_definitions, specs, watchers, dags)
+        every = await self.db(store.active_triggers, sys.maxsize)
         rows = self._served(every)
         shared_ids = self._preflight(rows)
         capacity = self.config.triggerer.capacity
@@ -413,11 +413,11 @@ class Triggerer:
         side = [tasks.create_task(report_progress(self), name="sharedstream-progress")]
         keep = self.config.store.retention_period
         if keep is not None:
-            side.append(tasks.create_task(Retention(lambda: self.store, self._db, keep).run(),
+            side.append(tasks.create_task(Retention(lambda: self.store, self.db, keep).run(),
                                           name="sharedstream-retention"))
         if any(spec.batching for spec in dag_specs(
                 self.definitions, batch_asset_events=self.config.scheduler.batch_asset_events)):
-            self._batches = BatchLoop(lambda: self.store, self._db, self._runs_made)
+            self._batches = BatchLoop(lambda: self.store, self.db, self._runs_made)
             side.append(tasks.create_task(self._batches.run(), name="sharedstream-batches"))
         schedules = self._run_schedules(tasks)
         if schedules is not None:
@@ -432,7 +432,7 @@ class Triggerer:
         if self.dispatch is not None:
             await self.dispatch.close()
         if self._store is not None:
-            await self._db(self._store.close)
+            await self.db(self._store.close)
         self._guard.close()
         self._db_thread.shutdown(wait=True)
         sys.setswitchinterval(switch_interval)
@@ -463,7 +463,7 @@ class Triggerer:
         if not self.definitions.timetables:
             return None
         loop = self._schedules = ScheduleLoop(
-            self.store, self._db, timetable_registry(self.definitions.timetable_classes),
+            self.store, self.db, timetable_registry(self.definitions.timetable_classes),
             max_runs=self.config.scheduler.max_catchup_runs_per_loop,
             max_sleep=self.config.triggerer.job_heartbeat_sec)
         return tasks.create_task(loop.run(), name="sharedstream-schedule-loop")
@@ -538,7 +538,7 @@ class Triggerer:
         thread runs this after any heartbeat still being written.
         """
         try:
-            await self._db(self.store.sign_off, self.triggerer_id)
+            await self.db(self.store.sign_off, self.triggerer_id)
         except Exception:
             # Nothing is lost: its triggers are taken over, and it counts dead, once its
             # heartbeat is stale; retention removes the row.
