@@ -155,7 +155,6 @@ _SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupI
 
 _sized_chunks = sized_chunks  # its name before it moved to the types module
 
-
 _consumed = SourceClaims()
 """Queues consumed in this process, and the settings fingerprint consuming each."""
 
