@@ -52,15 +52,15 @@ The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`): the lazy
 SDK import, the retry policy, the in-flight limit, the dead-letter desk and
 its fallback, the redelivery rule, the lease keeper (visibility renewal),
 the settle sender (deletes), batching and settings claims. What is here is SQS's: the calls,
-receiving, deleting and re-showing; the client is made in
-:mod:`~sharedstream.producers._sqs_client`, visibility changed in
+taking what arrives, deleting and re-showing; the client is made in
+:mod:`~sharedstream.producers._sqs_client`, the receive loop runs in
+:mod:`~sharedstream.producers._sqs_receive`, visibility is changed in
 :mod:`~sharedstream.producers._sqs_visibility`, dead letters sent in
 :mod:`~sharedstream.producers._sqs_deadletters`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 from collections.abc import (
@@ -68,7 +68,6 @@ from collections.abc import (
     Awaitable,
     Callable,
     Hashable,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -97,6 +96,7 @@ from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._sqs_backlog import queue_backlog
 from sharedstream.producers._sqs_client import SDK, sqs_client
 from sharedstream.producers._sqs_deadletters import Disposal, SqsDeadLetters
+from sharedstream.producers._sqs_receive import SqsReceiver
 from sharedstream.producers._sqs_republish import SqsRepublishError, republish_messages
 from sharedstream.producers._sqs_types import (
     BATCH,
@@ -150,8 +150,6 @@ __all__ = [
 log = key_value_logger(__name__)
 
 _MAX_HOLDS = 4096
-_SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
-"""The system attributes read (all of them cost parsing time on every receive)."""
 
 _sized_chunks = sized_chunks  # its name before it moved to the types module
 
@@ -211,7 +209,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # receives a killed triggerer held; the store's count judges those: see _take).
         self._failures: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
         self._receive_ids = itertools.count()
-        self._receiving: bool | None = None  # how the last ReceiveMessage went (connected)
+        self._receiver = SqsReceiver(settings, call=self._call, take=self._take,
+                                     in_flight=self._in_flight, clock=self._leases.now,
+                                     logger=log)
 
     @property
     def discarded(self) -> int:
@@ -269,7 +269,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # A worker's error ends the poll (the group restarts); what was received and not
         # advanced lapses back to visible, so nothing is lost.
         self._workers.start(f"sqs {queue_name(self._url)}", [
-            *((f"receive-{i}", self._receive_loop)
+            *((f"receive-{i}", lambda: self._receiver.run(self._url))
               for i in range(self.settings.receive_concurrency)),
             ("delete", self._deletes.run),
             ("renew", self._leases.run),
@@ -277,48 +277,6 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         async for batch in self._workers.batches():
             for payload in batch:
                 yield payload.message, payload
-
-    async def _receive_loop(self) -> None:
-        """Receive while ``max_in_flight`` leaves room, for as long as the poll runs.
-
-        A receive that got no answer at all (SQS unreachable: botocore's
-        retries spent) is tried again after the retry policy's delays, with
-        :attr:`connected` ``False`` until one succeeds; an answered error, or
-        the last retry's, ends the poll.
-        """
-        s = self.settings
-        in_flight = self._in_flight
-        delays: Iterator[float] | None = None  # the retry policy's, while unreachable
-        while True:
-            await in_flight.room(s.max_messages)
-            in_flight.take(s.max_messages)  # reserve room for a full receive
-            started = self._leases.now()
-            try:
-                response = await self._call(
-                    "ReceiveMessage", QueueUrl=self._url, MaxNumberOfMessages=s.max_messages,
-                    WaitTimeSeconds=s.wait_time_seconds, VisibilityTimeout=s.visibility_timeout,
-                    AttributeNames=_SYSTEM_ATTRIBUTES,
-                    MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
-                    MessageAttributeNames=["All"],
-                )
-            except SqsRequestError as exc:
-                self._receiving = False
-                if exc.code:
-                    raise  # SQS answered: not an outage that waiting mends
-                delays = delays or s.retry_policy().delays()
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                log.warning("receiving failed; retrying", queue=queue_name(self._url),
-                            error=exc, delay_s=round(delay, 2))
-                await asyncio.sleep(delay)
-                continue
-            finally:
-                in_flight.release(s.max_messages)
-            self._receiving, delays = True, None
-            received = response.get("Messages") or []
-            in_flight.take(len(received))
-            await self._take(received, started + s.visibility_timeout)
 
     async def _take(self, received: list[dict[str, Any]], deadline: float) -> None:
         batch_lane = next(self._receive_ids)
@@ -355,7 +313,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         one that failed for good. With several receivers the last to finish
         decides.
         """
-        return self._receiving
+        return self._receiver.receiving
 
     async def broker_backlog(self) -> BrokerBacklog:
         """The queue's message counts (:mod:`sharedstream.producers._sqs_backlog`)."""
