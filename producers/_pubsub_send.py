@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.sending import OutgoingMessage, SendConnectError, SendFailed
 from sharedstream.connections.settings import resolve_inline
-from sharedstream.producers._pubsub_types import resource_path
-from sharedstream.producers.pubsub import PubSubConfigError, pubsub_clients
+from sharedstream.producers._pubsub_client import pubsub_clients
+from sharedstream.producers._pubsub_types import PubSubConfigError, resource_path
 from sharedstream.triggers.pubsub import pubsub_settings_from_connection
 
 __all__ = ["PubSubSender"]

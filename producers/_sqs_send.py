@@ -26,12 +26,13 @@ from typing import Any, ClassVar
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.sending import OutgoingMessage, SendConnectError, SendFailed
 from sharedstream.connections.settings import resolve_inline
-from sharedstream.producers._sqs_types import sdk_error, sized_chunks
-from sharedstream.producers.sqs import (
+from sharedstream.producers._sqs_client import sqs_client
+from sharedstream.producers._sqs_types import (
     SqsConfigError,
     SqsSettings,
     queue_name,
-    sqs_client,
+    sdk_error,
+    sized_chunks,
 )
 from sharedstream.triggers.sqs import DEFAULT_REGION, sqs_settings_from_connection
 

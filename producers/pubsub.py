@@ -60,9 +60,11 @@ effort on Pub/Sub's side and the same keys absorb the rare redelivery.
 reopened. One that ends the same way again and again, soon after it
 opened (a message larger than the channel takes, say), is reopened all
 the same but said: a WARNING with the count, and :attr:`connected` is
-``False`` meanwhile (:mod:`~sharedstream.producers._pubsub_stream_ends`).
-Our channels to an emulator host take messages of any size, as Google's
-transport does (:data:`CHANNEL_OPTIONS`); Pub/Sub's own limit is 10 MB.
+``False`` meanwhile (:mod:`~sharedstream.producers._pubsub_pull`,
+:mod:`~sharedstream.producers._pubsub_stream_ends`). Our channels to an
+emulator host take messages of any size, as Google's transport does
+(:data:`~sharedstream.producers._pubsub_types.CHANNEL_OPTIONS`); Pub/Sub's
+own limit is 10 MB.
 
 Two triggers of one subscription with different consumer settings would
 be two competing streams: a second producer for a subscription already
@@ -93,8 +95,6 @@ from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTL
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
 from sharedstream.brokerkit.redelivery import DeliveryTally, PoisonCheck, RedeliveryPolicy
-from sharedstream.brokerkit.retry import retrying
-from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.errors import BacklogUnavailable
@@ -104,21 +104,20 @@ from sharedstream.engine.producer import (
     BrokerBacklog,
     DeadLetter,
     SharedStreamProducer,
-    Verdict,
 )
 from sharedstream.engine.tracing import carrier_of
+from sharedstream.producers._pubsub_client import SDK, pubsub_clients, unary
+from sharedstream.producers._pubsub_deadletters import Disposal, PubSubDeadLetters
+from sharedstream.producers._pubsub_pull import StreamingPull
 from sharedstream.producers._pubsub_republish import PubSubRepublishError, republish_messages
-from sharedstream.producers._pubsub_stream_ends import StreamEnds
 from sharedstream.producers._pubsub_types import (
     ACK_BATCH,
-    CHANNEL_OPTIONS,
     DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
     DLQ_ATTRIBUTE_DETAIL,
     DLQ_ATTRIBUTE_MESSAGE_ID,
     DLQ_ATTRIBUTE_REASON,
     DLQ_ATTRIBUTE_SUBSCRIPTION,
     DLQ_ATTRIBUTE_TRIGGERS,
-    PUBLISH_BATCH,
     PubSubConfigError,
     PubSubDeadLetterError,
     PubSubMessage,
@@ -127,7 +126,6 @@ from sharedstream.producers._pubsub_types import (
     PubSubRequestError,
     PubSubSettings,
     ack_failures,
-    dead_letter_attributes,
     raw_request,
     sdk_error,
     transient,
@@ -156,37 +154,10 @@ log = key_value_logger(__name__)
 
 _T = TypeVar("_T")
 _MAX_HOLDS = 4096
-_HEARTBEAT = 30.0
-"""Seconds between the empty requests that keep an idle stream open (as the SDK's client)."""
 _CALL_TIMEOUT = 30.0
-
-_sdk = OptionalSdk(broker="Pub/Sub", package="google.pubsub_v1", extra="pubsub",
-                   error=PubSubConfigError)
-
-_Disposal = tuple[PubSubPayload, str, Sequence[Verdict]]
-"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
 
 _consumed = SourceClaims()
 """Subscriptions consumed in this process, and the settings fingerprint consuming each."""
-
-
-def pubsub_clients(host: str | None, kind: str) -> Any:
-    """A new async GAPIC client, ``kind`` ``"publisher"`` or ``"subscriber"``. No I/O yet.
-
-    With an emulator ``host`` (``host:port``) the transport is an insecure
-    channel to it, without gRPC's message size limits (:data:`CHANNEL_OPTIONS`),
-    as the SDK's own clients do; otherwise the default transport with
-    Application Default Credentials. The caller closes it
-    (``client.transport.close()``). Used by the producer, ``sharedstream
-    send`` and ``sharedstream broker start``.
-    """
-    module = _sdk(f"google.pubsub_v1.services.{kind}")
-    client_class = getattr(module, f"{kind.capitalize()}AsyncClient")
-    if not host:
-        return client_class()
-    transport = getattr(module.transports, f"{kind.capitalize()}GrpcAsyncIOTransport")
-    return client_class(transport=transport(
-        channel=_sdk("grpc").aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
 
 
 PUBSUB_BACKLOG_REASON = (
@@ -209,7 +180,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
 
     def __init__(self, settings: PubSubSettings) -> None:
         settings.validate()
-        _sdk("google.pubsub_v1.services.subscriber")  # a missing extra fails here
+        SDK("google.pubsub_v1.services.subscriber")  # a missing extra fails here
         self.settings = settings
         self.subscription = settings.subscription_path
         self.calls = BrokerCalls("pubsub")
@@ -241,11 +212,12 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         # on its way): only the oldest past _MAX_HOLDS go, which makes the rule later, not early.
         self._taken: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
         self._poison = PoisonCheck(self._redelivery, self, logger=log)
-        self._client_id = uuid.uuid4().hex
-        self._pulling = False  # a streaming pull is open (connected)
-        # A failure comes back once its lease lapses (the ack deadline): a stream that lived
-        # longer than that and a minute more did get past it.
-        self._ends = StreamEnds(settings.ack_deadline + 60.0, clock=self._leases.now)
+        self._pull = StreamingPull(settings, client_id=uuid.uuid4().hex, call=self._call,
+                                   sdk=SDK, take=self._take, room=self._in_flight.room,
+                                   clock=self._leases.now, logger=log)
+        self._dead_letters = PubSubDeadLetters(
+            call=self._call, sdk=SDK, letters=self._letters, ack=self._ack_disposed,
+            nack=self._nack, timeout=_CALL_TIMEOUT, logger=log)
 
     @property
     def discarded(self) -> int:
@@ -269,23 +241,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         return subscriber, pubsub_clients(host, "publisher") if publisher else None
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """One unary call (counted), transient errors retried, the rest wrapped."""
-        exceptions = _sdk("google.api_core.exceptions")
-
-        async def attempt() -> _T:
-            self.calls.count(operation)
-            return await call()
-
-        try:
-            return await retrying(operation, attempt, policy=self.settings.retry_policy(),
-                                  catch=exceptions.GoogleAPICallError, transient=transient,
-                                  wrap=PubSubRequestError)
-        except PubSubRequestError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, exceptions.GoogleAPICallError) and not transient(cause):
-                raise sdk_error(f"{operation} on {self.subscription}", cause,
-                                exceptions) from cause
-            raise
+        """One unary call (counted), transient errors retried, the rest wrapped: :func:`unary`."""
+        return await unary(operation, call, calls=self.calls,
+                           policy=self.settings.retry_policy(), subscription=self.subscription)
 
     def _claim(self) -> None:
         if not _consumed.claim(self.settings.identity(), self.settings.fingerprint()):
@@ -305,91 +263,11 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         # A worker's error ends the poll (the group restarts); what was received and not
         # advanced is redelivered once its deadline passes: nothing is lost.
         self._workers.start(f"pubsub {self.subscription}", [
-            ("pull", self._pull_loop), ("ack", self._acks.run), ("lease", self._leases.run)])
+            ("pull", lambda: self._pull.run(self._subscriber)), ("ack", self._acks.run),
+            ("lease", self._leases.run)])
         async for batch in self._workers.batches():
             for payload in batch:
                 yield payload.message, payload
-
-    async def _pull_loop(self) -> None:
-        """Keep one streaming pull open; reopen it when Pub/Sub ends it (it does, now and then).
-
-        Opening is retried per the retry policy; a stream that delivered
-        something and then broke is reopened with a fresh budget. A fatal
-        error (no such subscription, no permission) ends the poll.
-        :attr:`connected` is ``False`` from a stream's error until the next
-        one is open. A stream refused with ``INVALID_ARGUMENT`` before it
-        delivered anything (a malformed subscription name) is a
-        :class:`PubSubConfigError`: no retry can change the request.
-        """
-        exceptions = _sdk("google.api_core.exceptions")
-        while True:
-            try:
-                await self._call("StreamingPull", self._stream_once)
-            except PubSubRequestError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, exceptions.InvalidArgument):
-                    raise PubSubConfigError(f"StreamingPull on {self.subscription}: refused as "
-                                            f"invalid ({cause.message})") from cause
-                raise
-
-    async def _stream_once(self) -> None:
-        s = self.settings
-        types = _sdk("google.pubsub_v1.types")
-        exceptions = _sdk("google.api_core.exceptions")
-        first = types.StreamingPullRequest(
-            subscription=self.subscription, stream_ack_deadline_seconds=s.ack_deadline,
-            max_outstanding_messages=s.max_in_flight,
-            max_outstanding_bytes=s.max_in_flight_bytes, client_id=self._client_id)
-
-        async def requests() -> AsyncIterator[Any]:
-            yield first
-            while True:  # acks and deadlines go as unary calls; this only keeps it open
-                await asyncio.sleep(_HEARTBEAT)
-                yield types.StreamingPullRequest()
-
-        try:
-            # Returns once the call's headers are on the wire: a connection is up.
-            stream = await self._subscriber.streaming_pull(requests=requests(), retry=None)
-        except exceptions.GoogleAPICallError:
-            self._pulling = False
-            raise  # not open: the retry says it (a warning per attempt), within its budget
-        self._pulling = True
-        self._ends.opened()
-        delivered = False
-        try:
-            async for response in stream:
-                delivered = True
-                await self._take(type(response).pb(response))
-                await self._in_flight.room()
-        except exceptions.GoogleAPICallError as exc:
-            self._pulling = False
-            self._stream_ended(exc, reopening=delivered)
-            if not delivered:
-                raise
-        finally:
-            stream.cancel()
-
-    def _stream_ended(self, exc: Exception, *, reopening: bool) -> None:
-        """Say that an open streaming pull ended with ``exc``; loudly when it keeps doing so.
-
-        Pub/Sub ends streams now and then: an INFO line when the stream is
-        reopened at once (``reopening``: it delivered something first);
-        otherwise the error goes to the retry, which says it. The same
-        error three times in a row, each stream ending before it lived
-        ``ack_deadline`` + 60 s, then the 6th, 12th, 24th... time, is a
-        WARNING with the count (:class:`StreamEnds`), and :attr:`connected`
-        is ``False`` meanwhile: a stream that cannot get past something (a
-        message larger than the channel takes, say) is reopened all the
-        same - it may pass - but never silently.
-        """
-        said = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
-        if self._ends.ended(said):
-            log.warning("streaming pull keeps ending with the same error; opening another",
-                        subscription=self.subscription, error=said,
-                        times_in_a_row=self._ends.in_a_row)
-        elif reopening:
-            log.info("streaming pull ended; opening another", subscription=self.subscription,
-                     error=said)
 
     async def _take(self, response: Any) -> None:
         """Hold the leases of a response's messages and hand them to the poll."""
@@ -414,19 +292,12 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
                 # Delivered that often without resolving: the store says whether it is poison.
                 suspects[len(arrived)] = (self.raw_event_name(payload), attempt)
             arrived.append(payload)
-        confirmed = await self._poison.confirmed(suspects)
-        taken: list[PubSubPayload] = []
-        poison: list[_Disposal] = []
-        for index, payload in enumerate(arrived):
-            if index in confirmed:  # failed too often itself: never fan it out again
-                poison.append((payload, REASON_MAX_REDELIVERIES, ()))
-            else:
-                taken.append(payload)
+        taken, poison = await self._poison.split(arrived, suspects)
         self._in_flight.take(len(taken))
         if taken:
             self._workers.put(taken)
-        if poison:
-            await self._dispose(poison)
+        if poison:  # failed too often itself: never fan it out again
+            await self._dispose([(payload, REASON_MAX_REDELIVERIES, ()) for payload in poison])
 
     # -- the engine's calls --------------------------------------------------------------
 
@@ -448,7 +319,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         triggerer's ``/readyz`` says so. Unary calls (acks, deadlines) do
         not change it: they are retried, or lapse, on their own.
         """
-        return self._pulling and not self._ends.failing()
+        return self._pull.open and not self._pull.ends.failing()
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``("key", ordering_key)``, or ``("message", message_id)`` without a key."""
@@ -489,7 +360,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
             await self._acks.put(acks)
 
     def _sort(self, batch: Sequence[AdvanceItem]) -> tuple[
-        list[PubSubPayload], list[PubSubPayload], list[_Disposal]
+        list[PubSubPayload], list[PubSubPayload], list[Disposal]
     ]:
         """Split a batch into acks, nacks and dead letters; stop every lease first.
 
@@ -500,7 +371,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         """
         acks: list[PubSubPayload] = []
         nacks: list[PubSubPayload] = []
-        dispose: list[_Disposal] = []
+        dispose: list[Disposal] = []
         place = self._floors.place
         for payload, outcome in batch:
             self._settle_lease(payload.ack_id)
@@ -560,8 +431,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         A deadline that was not changed lapses on its own: the message is
         redelivered, which costs a duplicate at most.
         """
-        exceptions = _sdk("google.api_core.exceptions")
-        request = raw_request(_sdk("google.pubsub_v1.types").ModifyAckDeadlineRequest,
+        exceptions = SDK("google.api_core.exceptions")
+        request = raw_request(SDK("google.pubsub_v1.types").ModifyAckDeadlineRequest,
                               subscription=self.subscription, ack_ids=ack_ids,
                               ack_deadline_seconds=seconds)
         try:
@@ -586,8 +457,8 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         transiently (the sender retries the batch), :class:`PubSubConfigError`
         when it cannot succeed (the poll ends).
         """
-        exceptions = _sdk("google.api_core.exceptions")
-        request = raw_request(_sdk("google.pubsub_v1.types").AcknowledgeRequest,
+        exceptions = SDK("google.api_core.exceptions")
+        request = raw_request(SDK("google.pubsub_v1.types").AcknowledgeRequest,
                               subscription=self.subscription, ack_ids=[p.ack_id for p in chunk])
         self.calls.count("Acknowledge")
         try:
@@ -617,71 +488,16 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
 
     # -- dead letters --------------------------------------------------------------------
 
-    async def _dispose(self, items: list[_Disposal]) -> None:
-        """Dead-letter ``items``, acking each once its copy is kept somewhere.
+    async def _dispose(self, items: list[Disposal]) -> None:
+        """Dead-letter ``items``, acking each once its copy is kept (:class:`PubSubDeadLetters`).
 
-        A copy is published to ``dead_letter_topic``; when there is none, or
-        Pub/Sub refuses the copy for good (too big, say), it goes to the
-        engine's ``dead_letter_fallback``; with neither, the message is
-        discarded with a warning. A copy that could not be kept leaves the
-        message nacked: it comes again.
+        To ``dead_letter_topic``, else (none, or Pub/Sub refuses the copy
+        for good) to the engine's ``dead_letter_fallback``, else discarded
+        with a warning. A copy that could not be kept leaves the message
+        nacked: it comes again.
         """
-        topic = self.settings.dead_letter_path
-        if topic is None:
-            await self._dispose_elsewhere(items, self._letters.unconfigured())
-            return
-        for start in range(0, len(items), PUBLISH_BATCH):
-            await self._publish_dead_letters(topic, items[start:start + PUBLISH_BATCH])
-
-    async def _publish_dead_letters(self, topic: str, chunk: list[_Disposal]) -> None:
-        types = _sdk("google.pubsub_v1.types")
-        messages = [types.PubsubMessage(data=payload.message.data,
-                                        attributes=dead_letter_attributes(payload, reason, said))
-                    for payload, reason, said in chunk]
-        try:
-            await self._call("Publish", lambda: self._publisher.publish(
-                topic=topic, messages=messages, retry=None, timeout=_CALL_TIMEOUT))
-        except PubSubConfigError:
-            raise  # no such topic, no permission: the poll ends with that line
-        except PubSubRequestError as exc:
-            cause = exc.__cause__
-            if cause is None or (isinstance(cause, Exception) and transient(cause)):
-                log.error("dead-lettering failed; nacked, they come again",  # noqa: TRY400 - the cause is error=
-                          message_ids=[p.message_id for p, _, _ in chunk], destination=topic,
-                          error=exc)
-                await self._nack([p for p, _, _ in chunk])
-            elif len(chunk) > 1:  # refused: perhaps one message's fault; find it
-                for item in chunk:
-                    await self._publish_dead_letters(topic, [item])
-            else:
-                await self._dispose_elsewhere(chunk, f"the dead_letter_topic refused it: {exc}")
-            return
-        for payload, reason, verdicts in chunk:
-            self._letters.sent(payload.message_id, topic, reason, verdicts)
-        await self._ack_disposed([payload for payload, _, _ in chunk])
-
-    async def _dispose_elsewhere(self, items: list[_Disposal], why: str) -> None:
-        """Keep ``items`` through the fallback (or discard them), then ack them."""
-        kept, left = [], []
-        for payload, reason, verdicts in items:
-            message = payload.message
-            try:
-                await self._letters.keep(
-                    source=message.message_id, reason=reason, cause=why, verdicts=verdicts,
-                    payload=message.data,
-                    headers=tuple((k, v.encode("utf-8", "surrogatepass"))
-                                  for k, v in message.attributes.items()),
-                    history=f"delivery attempt {message.delivery_attempt or 'unknown'}",
-                )
-            except Exception as exc:  # noqa: BLE001 - not kept: the message is nacked, comes again
-                log.error("keeping a message in the dead-letter fallback failed; nacked, "  # noqa: TRY400 - the cause is error=
-                          "it comes again", message_id=message.message_id, error=exc)
-                left.append(payload)
-                continue
-            kept.append(payload)
-        if left:
-            await self._nack(left)
-        await self._ack_disposed(kept)
+        await self._dead_letters.dispose(items, topic=self.settings.dead_letter_path,
+                                         publisher=self._publisher)
 
     async def _ack_disposed(self, payloads: list[PubSubPayload]) -> None:
         for payload in payloads:
@@ -704,7 +520,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         :class:`PubSubConfigError` for a missing subscription or topic. See
         :mod:`sharedstream.producers._pubsub_republish`.
         """
-        await republish_messages(letters, settings=self.settings, calls=self.calls, sdk=_sdk,
+        await republish_messages(letters, settings=self.settings, calls=self.calls, sdk=SDK,
                                  clients=lambda: self._clients(publisher=True))
 
     # -- closing -------------------------------------------------------------------------

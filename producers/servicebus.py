@@ -27,7 +27,8 @@ advanced outcome to a settlement:
 While a message waits for its subscribers and for its events to be stored,
 and then for its completion to be sent, its lock is renewed up to
 ``max_lock_renewal`` seconds after it arrived: many locks to one
-management request (:mod:`~sharedstream.producers._servicebus_locks`),
+management request (:mod:`~sharedstream.producers._servicebus_message_locks`,
+:mod:`~sharedstream.producers._servicebus_locks`),
 once half of the lock has passed or, on a slow network, once only a few
 observed round trips of that request are left, whichever comes first.
 Renewals do not wait for a receive or a completion to give the link up.
@@ -56,18 +57,19 @@ producer for an entity already consumed in this process with other
 settings is refused (:class:`ServiceBusConfigError`).
 
 The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`); what is
-here is Service Bus's: the client, receivers and sessions, settlements and
-lock renewal.
+here is Service Bus's: the client, taking what arrives and sorting what was
+advanced. The receive loops and sessions are in
+:mod:`~sharedstream.producers._servicebus_receive`, the settlements in
+:mod:`~sharedstream.producers._servicebus_settle`, the locks held and
+renewed in :mod:`~sharedstream.producers._servicebus_message_locks`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sharedstream.brokerkit.calls import BrokerCalls
@@ -79,7 +81,6 @@ from sharedstream.brokerkit.deadletters import (
 from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.floors import AGAIN, BOUNCE, POISON, REJECTED, SETTLE, LaneFloors
 from sharedstream.brokerkit.inflight import InFlightLimit
-from sharedstream.brokerkit.lease import LeaseKeeper
 from sharedstream.brokerkit.message_identity import message_fingerprint
 from sharedstream.brokerkit.redelivery import DeliveryTally, PoisonCheck, RedeliveryPolicy
 from sharedstream.brokerkit.sdk import OptionalSdk
@@ -91,11 +92,12 @@ from sharedstream.engine.producer import (
     BrokerBacklog,
     DeadLetter,
     SharedStreamProducer,
-    Verdict,
 )
 from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._servicebus_backlog import entity_backlog
-from sharedstream.producers._servicebus_locks import RENEW_BATCH, BatchedLockRenewal
+from sharedstream.producers._servicebus_locks import BatchedLockRenewal
+from sharedstream.producers._servicebus_message_locks import MessageLocks
+from sharedstream.producers._servicebus_receive import Receivers
 from sharedstream.producers._servicebus_received import (
     UndecodableBodyError,
     guard_sdk_decoder,
@@ -105,12 +107,7 @@ from sharedstream.producers._servicebus_republish import (
     ServiceBusRepublishError,
     republish_messages,
 )
-from sharedstream.producers._servicebus_settle import (
-    LinkTurns,
-    report_failures,
-    said,
-    settle_each,
-)
+from sharedstream.producers._servicebus_settle import Disposal, LinkTurns, Settlements
 from sharedstream.producers._servicebus_types import (
     ServiceBusConfigError,
     ServiceBusMessage,
@@ -118,12 +115,10 @@ from sharedstream.producers._servicebus_types import (
     ServiceBusProducerError,
     ServiceBusRequestError,
     ServiceBusSettings,
-    dead_letter_details,
     namespace_of,
     open_client,
     receiver_options,
     sdk_error,
-    transient,
 )
 
 __all__ = [
@@ -148,27 +143,9 @@ if _sdk_logger.level == logging.NOTSET:
     _sdk_logger.setLevel(logging.WARNING)
 
 _T = TypeVar("_T")
-_COMPLETE_LOST = ("completing messages did not take; Service Bus delivers them again and their "
-                  "events are skipped as duplicates")
 _MAX_HOLDS = 4096
-_GLANCE = 0.05
-"""Seconds a receive waits while settlements may be queued behind it (see _receive_loop)."""
 _COMPLETE_TURN = 500
 """Completions sent in one turn of a receiver's link at most."""
-_RENEW_CONCURRENCY = 4
-"""Renew-lock requests in flight at once (each up to ``RENEW_BATCH`` locks of one receiver)."""
-_MARGIN_ROUND_TRIPS = 4
-"""A lock is renewed once no more than this many observed renewal round trips are left of it
-(or half of it, whichever is sooner): a request that takes long is started early enough."""
-_HOLLOW_LIMIT = 3
-"""Receives in a row that return nothing in under half their wait before the poll ends.
-
-The SDK's receiver returns at once, empty, forever once its link has shut
-down (7.15 shuts it down on a message it cannot decode, see
-:func:`guard_sdk_decoder`), without ever yielding to the event loop: a
-loop receiving again and again would hold the event loop, signals
-included. A healthy empty receive waits its whole wait.
-"""
 CLOSE_TIMEOUT = 5.0
 """Seconds one SDK close (a receiver, the client) may take before it is given up.
 
@@ -183,10 +160,6 @@ comes again when its lock lapses.
 
 _sdk = OptionalSdk(broker="Service Bus", package="azure.servicebus", extra="servicebus",
                    error=ServiceBusConfigError)
-
-_Disposal = tuple[ServiceBusPayload, str, Sequence[Verdict], str]
-"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), who said what, and
-what the producer found itself (an undecodable body; else empty)."""
 
 _consumed = SourceClaims()
 """Entities consumed in this process, and the settings fingerprint consuming each."""
@@ -216,36 +189,36 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._exit = contextlib.AsyncExitStack()
         self._claimed = False
         self._closed = False
-        # A round every second at most: a shorter lock seen on messages (see _shorter_lock)
-        # takes effect within a second, not after a quarter of the configured one.
-        self._leases: LeaseKeeper[str] = LeaseKeeper(
-            self._renew, lease=settings.lock_duration, batch_size=RENEW_BATCH,
-            concurrency=_RENEW_CONCURRENCY, margin_round_trips=_MARGIN_ROUND_TRIPS,
-            tick=min(1.0, settings.lock_duration / 4), on_lost=self._forget)
-        self._renewal: BatchedLockRenewal | None = None  # made with the client (needs the SDK)
-        self._held: dict[str, ServiceBusPayload] = {}  # lock token -> payload, while renewed
-        self._arrived: dict[str, float] = {}  # lock token -> when it arrived (max renewal)
+        self._locks = MessageLocks(settings, entity=self.entity, logger=log)
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
         # sequence number -> deliveries of it this process took (see _take); forgotten once the
         # message is completed or dead-lettered, the oldest past _MAX_HOLDS.
         self._taken: DeliveryTally[int] = DeliveryTally(_MAX_HOLDS)
+        self._floors: LaneFloors[int] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
+        self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
+        self._turns = LinkTurns()  # one receive or one run of settlements per link at a time
+        self._settlements = Settlements(
+            entity=self.entity, calls=self.calls, turns=self._turns,
+            concurrency=settings.settle_concurrency, settled=self._locks.settled,
+            done=self._done, taken=self._taken, floors=self._floors, letters=self._letters,
+            logger=log)
         # Completions go one at a time in turns of the link (see LinkTurns): one sender takes
         # every queued completion, up to _COMPLETE_TURN, per turn.
         self._completes: SettleSender[ServiceBusPayload] = SettleSender(
-            self._send_completes, batch_size=_COMPLETE_TURN, senders=1,
+            self._settlements.complete, batch_size=_COMPLETE_TURN, senders=1,
             policy=settings.retry_policy(), retry_on=ServiceBusRequestError,
-            on_given_up=self._complete_lost)
+            on_given_up=self._settlements.complete_lost)
         # The receive loops (one, or one per session), the completers and the renewals.
         # A worker gone for good must not leave advance or a receive loop waiting on it.
         self._workers: PollWorkers[ServiceBusPayload] = PollWorkers(
             on_broken=(self._completes.interrupt, self._in_flight.interrupt))
-        self._floors: LaneFloors[int] = LaneFloors(self._redelivery, capacity=_MAX_HOLDS)
         self._poison = PoisonCheck(self._redelivery, self, logger=log)
-        self._open: dict[int, int] = {}  # id(session receiver) -> messages outstanding
-        self._turns = LinkTurns()  # one receive or one run of settlements per link at a time
-        self._lock_warned = False
-        self._linked = False  # a receiver is open and its last receive succeeded (connected)
+        self._receivers = Receivers(
+            settings, entity=self.entity, sdk=_sdk, call=self._call, receiver=self._receiver,
+            close=self._close, take=self._take, in_flight=self._in_flight, turns=self._turns,
+            outstanding=self._open, lock=lambda: self._locks.keeper.lease, logger=log,
+            unsettled=lambda: bool(self._locks.held) or not self._completes.idle)
 
     @property
     def discarded(self) -> int:
@@ -263,9 +236,9 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         guard_sdk_decoder(_sdk("azure.servicebus._pyamqp.aio._receiver_async"))
         self._client, self._identity = open_client(
             self.settings, _sdk("azure.servicebus.aio"), _sdk("azure.core.credentials"))
-        self._renewal = BatchedLockRenewal(
+        self._locks.connect(BatchedLockRenewal(
             calls=self.calls, lock_lost=_sdk("azure.servicebus.exceptions").MessageLockLostError,
-            timeout=lambda: self._leases.lease, log=log, entity=self.entity)
+            timeout=lambda: self._locks.keeper.lease, log=log, entity=self.entity))
 
     def _receiver(self, *, session: bool) -> Any:
         """A peek-lock receiver of the entity (of the next free session when ``session``)."""
@@ -300,62 +273,14 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         """Open the receiver(s) and yield ``(ServiceBusMessage, ServiceBusPayload)`` pairs."""
         self._claim()
         self._connect()
-        s = self.settings
-        if s.sessions:
-            receivers = [(f"session-{n}", self._session_loop) for n in range(s.max_sessions)]
-        else:
-            receiver = self._receiver(session=False)
-            await self._call("OpenReceiver", receiver.__aenter__)
-            self._exit.push_async_callback(self._close, "receiver", receiver.close)
-            self._linked = True
-            receivers = [("receive", lambda: self._receive_loop(receiver, None))]
+        receivers = await self._receivers.open(self._exit)
         # A worker's error ends the poll (the group restarts); what was received and not
         # advanced is delivered again once its lock lapses: nothing is lost.
         self._workers.start(f"servicebus {self.entity}", [
-            *receivers, ("complete", self._completes.run), ("renew", self._leases.run)])
+            *receivers, ("complete", self._completes.run), ("renew", self._locks.keeper.run)])
         async for batch in self._workers.batches():
             for payload in batch:
                 yield payload.message, payload
-
-    async def _receive_loop(self, receiver: Any, session: str | None) -> None:
-        """Receive while ``max_in_flight`` leaves room; with a session, until it is idle.
-
-        Returns (a session only) once a receive found nothing and nothing
-        received from the session is outstanding.
-        """
-        s, in_flight = self.settings, self._in_flight
-        clock, hollow = asyncio.get_running_loop().time, 0
-        while True:
-            await in_flight.room(s.max_messages)
-            in_flight.take(s.max_messages)  # reserve room for a full receive
-            # Completions wait for the link while a receive holds it: with anything received
-            # and unsettled, only a glance; else max_wait_time, at most a quarter of a lock.
-            busy = (self._open.get(id(receiver)) if session is not None
-                    else self._held or not self._completes.idle)
-            wait = _GLANCE if busy else min(s.max_wait_time, self._leases.lease / 4)
-            started = clock()
-            try:
-                async with self._turns.lock(receiver):
-                    received = await self._call("Receive", functools.partial(
-                        receiver.receive_messages, max_message_count=s.max_messages,
-                        max_wait_time=wait))
-            except ServiceBusProducerError:
-                self._linked = False  # the SDK's retries are spent: the poll ends
-                raise
-            finally:
-                in_flight.release(s.max_messages)
-            hollow = 0 if received or clock() - started >= wait / 2 else hollow + 1
-            if hollow >= _HOLLOW_LIMIT:
-                self._linked = False
-                raise ServiceBusRequestError(
-                    f"Receive on {self.entity} returned nothing at once {hollow} times in a row: "
-                    "the SDK's receive link has shut down; the poll restarts")
-            self._linked = True
-            in_flight.take(len(received))
-            if received:
-                await self._take(receiver, session, received)
-            elif session is not None and not self._open.get(id(receiver)):
-                return
 
     async def _take(self, receiver: Any, session: str | None, received: list[Any]) -> None:
         """Hold the locks of what a receive got and hand it to the poll.
@@ -374,10 +299,10 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         so deliveries a crash caused never dead-letter it.
         """
         body_types = _sdk("azure.servicebus.amqp").AmqpMessageBodyType
-        now = self._leases.now()
+        now = self._locks.keeper.now()
         arrived: list[ServiceBusPayload] = []
         suspects: dict[int, tuple[str | None, int]] = {}
-        poison: list[_Disposal] = []
+        poison: list[Disposal] = []
         for raw in received:
             undecodable = ""
             try:
@@ -403,93 +328,17 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 suspects[len(arrived)] = (self.raw_event_name(payload),
                                           message.delivery_count + 1)
             arrived.append(payload)
-        confirmed = await self._poison.confirmed(suspects)
-        taken: list[ServiceBusPayload] = []
-        for index, payload in enumerate(arrived):
-            if index in confirmed:  # failed too often itself: never fan it out again
-                poison.append((payload, REASON_MAX_REDELIVERIES, (), ""))
-                continue
-            if session is None:
-                self._hold(payload, now)
-            taken.append(payload)
+        taken, confirmed = await self._poison.split(arrived, suspects)
+        # failed too often itself: never fan it out again
+        poison.extend((payload, REASON_MAX_REDELIVERIES, (), "") for payload in confirmed)
+        if session is None:
+            for payload in taken:
+                self._locks.hold(payload, now)
         if taken:
             self._workers.put(taken)
         if poison:
             self._in_flight.release(len(poison))
-            await self._dispose(poison)
-
-    def _hold(self, payload: ServiceBusPayload, now: float) -> None:
-        """Renew ``payload``'s lock from now on, planned on the lock it came with."""
-        token, until = payload.key, payload.received.locked_until_utc
-        left = self.settings.lock_duration
-        if until is not None:
-            seen = (until - datetime.now(UTC)).total_seconds()
-            if seen < self._leases.lease - 1:  # the entity's lock is shorter than configured
-                self._shorter_lock(seen)
-            left = min(left, max(seen, 0.0))
-        self._leases.hold(token, now + left)
-        self._held[token] = payload
-        self._arrived[token] = now
-
-    def _shorter_lock(self, seen: float) -> None:
-        """Plan renewals on a lock shorter than ``lock_duration``: the one the messages show."""
-        lease = max(1.0, seen)
-        if self._leases.shorten(lease) and not self._lock_warned:
-            self._lock_warned = True
-            log.warning("message locks are shorter than lock_duration; renewing on theirs",
-                        entity=self.entity, lock_s=round(lease),
-                        lock_duration_s=self.settings.lock_duration)
-
-    # -- sessions ------------------------------------------------------------------------
-
-    async def _session_loop(self) -> None:
-        """Take the next free session, receive it until idle, let it go; forever."""
-        servicebus_exceptions = _sdk("azure.servicebus.exceptions")
-        while True:
-            receiver = self._receiver(session=True)
-            try:
-                await self._call("AcceptSession", receiver.__aenter__)
-            except ServiceBusProducerError as exc:
-                await self._close("session receiver", receiver.close)
-                if isinstance(exc.__cause__, servicebus_exceptions.OperationTimeoutError):
-                    self._linked = True  # Service Bus answered: no session has messages now
-                    continue  # ask again
-                self._linked = False
-                raise
-            self._linked = True
-            session = str(receiver.session.session_id)
-            self._open[id(receiver)] = 0
-            try:
-                async with asyncio.TaskGroup() as tasks:
-                    renewer = tasks.create_task(self._keep_session(receiver),
-                                                name=f"servicebus {self.entity} session {session}")
-                    await self._receive_loop(receiver, session)
-                    renewer.cancel()
-            except BaseExceptionGroup as group:
-                lost = servicebus_exceptions.SessionLockLostError
-                other = [e for e in group.exceptions if not isinstance(e.__cause__, lost)]
-                if other:
-                    raise other[0]  # noqa: B904 - its own cause is the SDK's error
-                log.warning("lost a session lock; what was received from it and not settled "
-                            "comes again", entity=self.entity, session=session)
-            finally:
-                self._open.pop(id(receiver), None)
-                self._turns.drop(receiver)
-                await self._close("session receiver", receiver.close)
-
-    async def _keep_session(self, receiver: Any) -> None:
-        """Renew the session's lock once half of what is left of it has passed, while open.
-
-        Planned on the lock the session shows (``locked_until_utc``), never
-        on more than ``lock_duration``.
-        """
-        while True:
-            left = float(self._leases.lease)
-            until = receiver.session.locked_until_utc
-            if until is not None:
-                left = min(left, (until - datetime.now(UTC)).total_seconds())
-            await asyncio.sleep(max(0.2, left / 2))
-            await self._call("RenewSessionLock", receiver.session.renew_lock)
+            await self._settlements.dead_letter(poison)
 
     # -- the engine's calls --------------------------------------------------------------
 
@@ -508,7 +357,7 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         it stays ``False`` for this producer. The SDK's own retries and
         reconnects happen inside one receive call and are not seen here.
         """
-        return self._linked
+        return self._receivers.linked
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``("session", session id)``, or ``("message", sequence number)`` without sessions."""
@@ -551,14 +400,14 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self._in_flight.release(len(batch))
         completes, abandons, dispose = self._sort(batch)
         if abandons:
-            await self._abandon(abandons)
+            await self._settlements.abandon(abandons)
         if dispose:
-            await self._dispose(dispose)
+            await self._settlements.dead_letter(dispose)
         if completes:
             await self._completes.put(completes)
 
     def _sort(self, batch: Sequence[AdvanceItem]) -> tuple[
-        list[ServiceBusPayload], list[ServiceBusPayload], list[_Disposal]
+        list[ServiceBusPayload], list[ServiceBusPayload], list[Disposal]
     ]:
         """Split a batch into completions, abandons and dead letters; stop their renewals.
 
@@ -571,14 +420,14 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         """
         completes: list[ServiceBusPayload] = []
         abandons: list[ServiceBusPayload] = []
-        dispose: list[_Disposal] = []
+        dispose: list[Disposal] = []
         place = self._floors.place
         for payload, outcome in batch:
             lane = payload.lane
             where = place(lane, payload.message.sequence_number, outcome,
                           ordered=lane[0] == "session")
             if where != SETTLE:
-                self._settled(payload)
+                self._locks.settled(payload)
             if where == SETTLE:
                 completes.append(payload)
             elif where in (AGAIN, BOUNCE):
@@ -591,13 +440,6 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 self._done([payload])
         return completes, abandons, dispose
 
-    def _settled(self, payload: ServiceBusPayload) -> None:
-        """Stop renewing ``payload`` (it is being settled). Idempotent."""
-        token = payload.key
-        self._leases.settle(token)
-        self._held.pop(token, None)
-        self._arrived.pop(token, None)
-
     def _done(self, payloads: Sequence[ServiceBusPayload]) -> None:
         """``payloads`` were settled (or given up): count them off their sessions.
 
@@ -608,120 +450,6 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
                 key = id(payload.receiver)
                 if key in self._open:
                     self._open[key] -= 1
-
-    def _forget(self, tokens: list[str]) -> None:
-        for token in tokens:
-            self._held.pop(token, None)
-            self._arrived.pop(token, None)
-
-    # -- settlements ---------------------------------------------------------------------
-
-    async def _settle_each(self, operation: str, payloads: Sequence[ServiceBusPayload],
-                           settle: Callable[[ServiceBusPayload], Awaitable[None]], *,
-                           in_turn: bool = False) -> list[tuple[ServiceBusPayload, BaseException]]:
-        """Every settlement of this producer: :func:`settle_each` on its links; what raised."""
-        return await settle_each(operation, payloads, settle, calls=self.calls,
-                                 turns=self._turns, concurrency=self.settings.settle_concurrency,
-                                 in_turn=in_turn)
-
-    async def _send_completes(self, chunk: Sequence[ServiceBusPayload]) -> list[
-            tuple[ServiceBusPayload, str]]:
-        """Complete a chunk; returns what failed transiently (the sender retries it).
-
-        Each lock is renewed until its own completion leaves (a chunk of
-        hundreds takes as many round trips, one after the other).
-        """
-        async def complete(payload: ServiceBusPayload) -> None:
-            self._settled(payload)
-            await payload.receiver.complete_message(payload.received)
-
-        failed = await self._settle_each("Complete", chunk, complete, in_turn=True)
-        retry = [(p, said(exc)) for p, exc in failed if transient(exc)]
-        again = {id(p) for p, _ in retry}
-        refused = {id(p) for p, _ in failed}
-        self._report(logging.WARNING, _COMPLETE_LOST, [
-            (p, said(exc)) for p, exc in failed if id(p) not in again])
-        for payload in chunk:
-            if id(payload) not in refused:  # gone for good: its deliveries need no tally
-                self._taken.forget(payload.message.sequence_number)
-        self._done([p for p in chunk if id(p) not in again])
-        return retry
-
-    def _complete_lost(self, payload: ServiceBusPayload, detail: str) -> None:
-        """The settle sender gave a completion up after its retries."""
-        self._report(logging.WARNING, _COMPLETE_LOST, [(payload, detail)])
-        self._done([payload])
-
-    def _report(self, level: int, event: str,
-                failed: Sequence[tuple[ServiceBusPayload, str]]) -> None:
-        report_failures(log, level, event, self.entity, failed)
-
-    async def _abandon(self, payloads: list[ServiceBusPayload]) -> None:
-        log.info("abandoning messages", entity=self.entity, count=len(payloads),
-                 sequence_numbers=[p.message.sequence_number for p in payloads])
-        failed = await self._settle_each(
-            "Abandon", payloads, lambda p: p.receiver.abandon_message(p.received))
-        self._report(logging.WARNING,
-                     "abandoning messages did not take; their locks lapse and they come again",
-                     [(p, said(exc)) for p, exc in failed])
-        self._done(payloads)
-
-    async def _dispose(self, items: list[_Disposal]) -> None:
-        """Dead-letter ``items`` into the entity's dead-letter sub-queue.
-
-        A dead-lettering that fails leaves the message locked until its lock
-        lapses: it comes again, and is dead-lettered then.
-        """
-        details = {id(payload): dead_letter_details(reason, verdicts, detail)
-                   for payload, reason, verdicts, detail in items}
-
-        async def dead_letter(payload: ServiceBusPayload) -> None:
-            reason, description = details[id(payload)]
-            await payload.receiver.dead_letter_message(
-                payload.received, reason=reason, error_description=description)
-
-        for payload, *_ in items:
-            self._settled(payload)
-        failed = await self._settle_each("DeadLetter", [p for p, *_ in items], dead_letter)
-        refused = {id(p) for p, _ in failed}
-        self._report(logging.ERROR, "dead-lettering messages did not take; their locks lapse, "
-                     "they come again and are dead-lettered then",
-                     [(p, said(exc)) for p, exc in failed])
-        for payload, reason, verdicts, _ in items:
-            number = payload.message.sequence_number
-            if id(payload) in refused:
-                continue
-            self._floors.forget(number)
-            self._taken.forget(number)
-            self._letters.sent(f"{number}", f"{self.entity}/$DeadLetterQueue", reason, verdicts)
-        self._done([payload for payload, *_ in items])
-
-    async def _renew(self, tokens: Sequence[str]) -> list[str]:
-        """The lease keeper's renewal: each lock up to ``max_lock_renewal`` after arrival.
-
-        Batched (:class:`BatchedLockRenewal`), outside the link's turns: a
-        renewal never waits for a receive or a run of completions. A lock
-        Service Bus says is lost is no longer renewed (its message comes
-        again); one whose request was not answered is tried next round.
-        """
-        now, limit = self._leases.now(), self.settings.max_lock_renewal
-        due = [t for t in tokens if t in self._held and now - self._arrived.get(t, now) < limit]
-        if len(due) < len(tokens):
-            log.warning("locks reached max_lock_renewal or were settled; Service Bus delivers "
-                        "them again", entity=self.entity, count=len(tokens) - len(due),
-                        limit_s=limit)
-        if not due or self._renewal is None:
-            return []
-        renewal = await self._renewal.renew([self._held[t] for t in due],
-                                            wanted=lambda p: p.key in self._held)
-        for payload, _ in renewal.lost:
-            self._leases.settle(payload.key)
-            self._forget([payload.key])
-        self._report(logging.WARNING, "message locks were lost before they were renewed; "
-                     "Service Bus delivers those messages again", renewal.lost)
-        self._report(logging.INFO, "renewing message locks did not take; tried again next "
-                     "round until the lock expires", renewal.failed)
-        return [p.key for p in renewal.renewed]
 
     # -- re-driving ----------------------------------------------------------------------
 

@@ -51,13 +51,16 @@ is refused (:class:`SqsConfigError`).
 The plumbing is the broker kit's (:mod:`sharedstream.brokerkit`): the lazy
 SDK import, the retry policy, the in-flight limit, the dead-letter desk and
 its fallback, the redelivery rule, the lease keeper (visibility renewal),
-the settle sender (deletes), batching and settings claims. What is here is SQS's: the client and its
-calls, receiving, deleting, re-showing, and the dead-letter queue.
+the settle sender (deletes), batching and settings claims. What is here is SQS's: the calls,
+taking what arrives, deleting and re-showing; the client is made in
+:mod:`~sharedstream.producers._sqs_client`, the receive loop runs in
+:mod:`~sharedstream.producers._sqs_receive`, visibility is changed in
+:mod:`~sharedstream.producers._sqs_visibility`, dead letters sent in
+:mod:`~sharedstream.producers._sqs_deadletters`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 from collections.abc import (
@@ -65,14 +68,11 @@ from collections.abc import (
     Awaitable,
     Callable,
     Hashable,
-    Iterator,
     Mapping,
     Sequence,
 )
 from typing import Any
 
-from sharedstream import __version__
-from sharedstream.brokerkit.batches import in_batches
 from sharedstream.brokerkit.calls import BrokerCalls
 from sharedstream.brokerkit.deadletters import (
     REASON_MAX_REDELIVERIES,
@@ -83,7 +83,6 @@ from sharedstream.brokerkit.fingerprints import SourceClaims
 from sharedstream.brokerkit.inflight import InFlightLimit
 from sharedstream.brokerkit.lease import LeaseKeeper
 from sharedstream.brokerkit.redelivery import DeliveryTally, PoisonCheck, RedeliveryPolicy
-from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.brokerkit.settle import SettleSender
 from sharedstream.brokerkit.workers import PollWorkers
 from sharedstream.engine.keyvalue_log import key_value_logger
@@ -92,10 +91,12 @@ from sharedstream.engine.producer import (
     BrokerBacklog,
     DeadLetter,
     SharedStreamProducer,
-    Verdict,
 )
 from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._sqs_backlog import queue_backlog
+from sharedstream.producers._sqs_client import SDK, sqs_client
+from sharedstream.producers._sqs_deadletters import Disposal, SqsDeadLetters
+from sharedstream.producers._sqs_receive import SqsReceiver
 from sharedstream.producers._sqs_republish import SqsRepublishError, republish_messages
 from sharedstream.producers._sqs_types import (
     BATCH,
@@ -114,11 +115,15 @@ from sharedstream.producers._sqs_types import (
     SqsProducerError,
     SqsRequestError,
     SqsSettings,
-    attribute_bytes,
-    dead_letter_entry,
     queue_name,
     sdk_error,
     sized_chunks,
+)
+from sharedstream.producers._sqs_visibility import (
+    CONCURRENT_BATCHES,
+    Lease,
+    SqsVisibility,
+    leases_of,
 )
 
 __all__ = [
@@ -145,54 +150,8 @@ __all__ = [
 log = key_value_logger(__name__)
 
 _MAX_HOLDS = 4096
-_SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
-"""The system attributes read (all of them cost parsing time on every receive)."""
-_CONCURRENT_BATCHES = 8
-
-_sdk = OptionalSdk(broker="SQS", package="aiobotocore", extra="sqs", error=SqsConfigError)
 
 _sized_chunks = sized_chunks  # its name before it moved to the types module
-
-_Lease = tuple[str, str]
-"""A receipt handle and the message id it belongs to."""
-
-
-def sqs_client(settings: SqsSettings) -> contextlib.AbstractAsyncContextManager[Any]:
-    """An aiobotocore SQS client of ``settings``: an async context manager, no I/O until entered.
-
-    The producer's, its re-drives' and ``sharedstream send``'s: botocore's
-    standard retries (``settings.retries``), a 5 s connect timeout, a read
-    timeout above the long poll, a connection pool for the concurrent calls.
-    """
-    s = settings
-    session = _sdk("aiobotocore.session").get_session()
-    config = _sdk("aiobotocore.config").AioConfig(**{
-        "connect_timeout": 5,
-        "read_timeout": s.wait_time_seconds + 10,
-        "retries": {"mode": "standard", "max_attempts": s.retries + 1},
-        "max_pool_connections": s.receive_concurrency + s.delete_concurrency + 4,
-        # Two per-request costs the SDK pays in Python on every call, about a
-        # fifth of its CPU per call together: checking the request against
-        # the model (ours are built here from validated settings) and
-        # rebuilding the User-Agent header twice (a fixed one instead).
-        "parameter_validation": False,
-        "user_agent": f"sharedstream/{__version__} aiobotocore/{_sdk().__version__}",
-        **dict(s.client_config),
-    })
-    extra: dict[str, Any] = {} if s.verify is None else {"verify": s.verify}
-    client: contextlib.AbstractAsyncContextManager[Any] = session.create_client(
-        "sqs", region_name=s.region_name, endpoint_url=s.endpoint_url, config=config,
-        **dict(s.credentials), **extra,
-    )
-    return client
-
-
-def _handles(payloads: Sequence[SqsPayload]) -> list[_Lease]:
-    return [(p.receipt_handle, p.message_id) for p in payloads]
-
-
-_Disposal = tuple[SqsPayload, str, Sequence[Verdict]]
-"""A message to dead-letter, why (``rejected``, ``max_redeliveries``), and who said what."""
 
 _consumed = SourceClaims()
 """Queues consumed in this process, and the settings fingerprint consuming each."""
@@ -212,11 +171,10 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     def __init__(self, settings: SqsSettings) -> None:
         settings.validate()
-        _sdk("aiobotocore.session")  # a missing extra is a clear error here, not at connect
+        SDK("aiobotocore.session")  # a missing extra is a clear error here, not at connect
         self.settings = settings
         self.calls = BrokerCalls("sqs")
         self._letters = DeadLetterDesk(self, setting="dead_letter_queue", logger=log)
-        self._refusals: dict[str, str] = {}  # message id -> why the DLQ refused it
         self._client: Any = None
         self._exit = contextlib.AsyncExitStack()
         self._url = ""
@@ -224,14 +182,16 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         self._fifo = False
         self._claimed = False
         self._closed = False
-        self._visibility = asyncio.Lock()  # renewals and re-shows never race each other
-        self._leases: LeaseKeeper[_Lease] = LeaseKeeper(
+        self._visibility = SqsVisibility(call=self._call, logger=log)
+        self._leases: LeaseKeeper[Lease] = LeaseKeeper(
             self._renew, lease=settings.visibility_timeout, batch_size=BATCH,
-            concurrency=_CONCURRENT_BATCHES, guard=self._visibility)
+            concurrency=CONCURRENT_BATCHES, guard=self._visibility.lock)
         # Received (or being received) and not yet advanced.
         self._in_flight = InFlightLimit(settings.max_in_flight)
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
         self._poison = PoisonCheck(self._redelivery, self, logger=log)
+        self._dead_letters = SqsDeadLetters(call=self._call, letters=self._letters,
+                                            delete=self._queue_deletes, logger=log)
         # Bounded (two rounds of the senders): a message waiting here is no longer renewed,
         # so when deletes back up, advance waits (and receiving pauses behind it).
         self._deletes: SettleSender[SqsPayload] = SettleSender(
@@ -249,7 +209,9 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # receives a killed triggerer held; the store's count judges those: see _take).
         self._failures: DeliveryTally[str] = DeliveryTally(_MAX_HOLDS)
         self._receive_ids = itertools.count()
-        self._receiving: bool | None = None  # how the last ReceiveMessage went (connected)
+        self._receiver = SqsReceiver(settings, call=self._call, take=self._take,
+                                     in_flight=self._in_flight, clock=self._leases.now,
+                                     logger=log)
 
     @property
     def discarded(self) -> int:
@@ -263,7 +225,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         method: Callable[..., Awaitable[dict[str, Any]]] = getattr(
             self._client, OPERATIONS[operation])
         self.calls.count(operation)
-        exceptions = _sdk("botocore.exceptions")
+        exceptions = SDK("botocore.exceptions")
         try:
             return await method(**kwargs)
         except (exceptions.ClientError, exceptions.BotoCoreError) as exc:
@@ -307,7 +269,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         # A worker's error ends the poll (the group restarts); what was received and not
         # advanced lapses back to visible, so nothing is lost.
         self._workers.start(f"sqs {queue_name(self._url)}", [
-            *((f"receive-{i}", self._receive_loop)
+            *((f"receive-{i}", lambda: self._receiver.run(self._url))
               for i in range(self.settings.receive_concurrency)),
             ("delete", self._deletes.run),
             ("renew", self._leases.run),
@@ -315,48 +277,6 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         async for batch in self._workers.batches():
             for payload in batch:
                 yield payload.message, payload
-
-    async def _receive_loop(self) -> None:
-        """Receive while ``max_in_flight`` leaves room, for as long as the poll runs.
-
-        A receive that got no answer at all (SQS unreachable: botocore's
-        retries spent) is tried again after the retry policy's delays, with
-        :attr:`connected` ``False`` until one succeeds; an answered error, or
-        the last retry's, ends the poll.
-        """
-        s = self.settings
-        in_flight = self._in_flight
-        delays: Iterator[float] | None = None  # the retry policy's, while unreachable
-        while True:
-            await in_flight.room(s.max_messages)
-            in_flight.take(s.max_messages)  # reserve room for a full receive
-            started = self._leases.now()
-            try:
-                response = await self._call(
-                    "ReceiveMessage", QueueUrl=self._url, MaxNumberOfMessages=s.max_messages,
-                    WaitTimeSeconds=s.wait_time_seconds, VisibilityTimeout=s.visibility_timeout,
-                    AttributeNames=_SYSTEM_ATTRIBUTES,
-                    MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
-                    MessageAttributeNames=["All"],
-                )
-            except SqsRequestError as exc:
-                self._receiving = False
-                if exc.code:
-                    raise  # SQS answered: not an outage that waiting mends
-                delays = delays or s.retry_policy().delays()
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                log.warning("receiving failed; retrying", queue=queue_name(self._url),
-                            error=exc, delay_s=round(delay, 2))
-                await asyncio.sleep(delay)
-                continue
-            finally:
-                in_flight.release(s.max_messages)
-            self._receiving, delays = True, None
-            received = response.get("Messages") or []
-            in_flight.take(len(received))
-            await self._take(received, started + s.visibility_timeout)
 
     async def _take(self, received: list[dict[str, Any]], deadline: float) -> None:
         batch_lane = next(self._receive_ids)
@@ -371,20 +291,14 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 # Delivered that often without resolving: the store says whether it is poison.
                 suspects[len(arrived)] = (message.message_id, message.receive_count)
             arrived.append(payload)
-        confirmed = await self._poison.confirmed(suspects)
-        poison: list[_Disposal] = []
-        taken: list[SqsPayload] = []
-        for index, payload in enumerate(arrived):
-            if index in confirmed:  # failed too often itself: never fan it out again
-                self._in_flight.release()
-                poison.append((payload, REASON_MAX_REDELIVERIES, ()))
-                continue
+        taken, poison = await self._poison.split(arrived, suspects)
+        for payload in taken:
             self._leases.hold((payload.receipt_handle, payload.message_id), deadline)
-            taken.append(payload)
         if taken:
             self._workers.put(taken)
-        if poison:
-            await self._dispose(poison)
+        if poison:  # failed too often itself: never fan it out again
+            self._in_flight.release(len(poison))
+            await self._dispose([(payload, REASON_MAX_REDELIVERIES, ()) for payload in poison])
 
     # -- the engine's calls --------------------------------------------------------------
 
@@ -399,7 +313,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         one that failed for good. With several receivers the last to finish
         decides.
         """
-        return self._receiving
+        return self._receiver.receiving
 
     async def broker_backlog(self) -> BrokerBacklog:
         """The queue's message counts (:mod:`sharedstream.producers._sqs_backlog`)."""
@@ -442,7 +356,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
                 self._bounced.add(payload.message_id)
             log.debug("showing messages again behind a held message",
                       message_ids=[p.message_id for p in bounced])
-            await self._set_visibility(_handles(bounced), 0)
+            await self._set_visibility(leases_of(bounced), 0)
         if failed:
             await self._show_failed(failed)
         if dispose:
@@ -451,7 +365,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             await self._queue_deletes(deletes)
 
     def _sort(self, batch: Sequence[AdvanceItem]) -> tuple[
-        list[SqsPayload], list[SqsPayload], list[SqsPayload], list[_Disposal]
+        list[SqsPayload], list[SqsPayload], list[SqsPayload], list[Disposal]
     ]:
         """Split a batch into deletes, failures, bounces and dead letters.
 
@@ -467,7 +381,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         deletes: list[SqsPayload] = []
         failed: list[SqsPayload] = []
         bounced: list[SqsPayload] = []
-        dispose: list[_Disposal] = []
+        dispose: list[Disposal] = []
         for payload, outcome in batch:
             leases.settle((payload.receipt_handle, payload.message_id))  # renewal stops here
             message_id, lane = payload.message_id, payload.lane
@@ -511,46 +425,17 @@ class SqsSharedStreamProducer(SharedStreamProducer):
             log.info("re-showing failed messages", queue=queue_name(self._url),
                      count=len(payloads), delay_s=delay,
                      message_ids=[p.message_id for p in payloads])
-            await self._set_visibility(_handles(payloads), delay)
+            await self._set_visibility(leases_of(payloads), delay)
 
     # -- visibility ----------------------------------------------------------------------
 
-    async def _set_visibility(self, handles: Sequence[_Lease], seconds: int) -> list[_Lease]:
-        """Set the visibility of ``(receipt handle, message id)`` pairs, in batches of 10.
+    async def _set_visibility(self, leases: Sequence[Lease], seconds: int) -> list[Lease]:
+        """Set the visibility of ``leases``; those that took (:meth:`SqsVisibility.show`)."""
+        return await self._visibility.show(self._url, leases, seconds)
 
-        Up to :data:`_CONCURRENT_BATCHES` calls are in flight at once, under
-        the visibility lock (never racing a renewal round). Returns the pairs
-        that succeeded. Failures are logged: the message's current visibility
-        then lapses on its own.
-        """
-        async with self._visibility:
-            done = await in_batches(handles, lambda chunk: self._change_visibility(chunk, seconds),
-                                    size=BATCH, concurrency=_CONCURRENT_BATCHES)
-        return [lease for chunk in done for lease in chunk]
-
-    async def _renew(self, chunk: Sequence[_Lease]) -> list[_Lease]:
+    async def _renew(self, chunk: Sequence[Lease]) -> list[Lease]:
         """The lease keeper's renewal (it holds the visibility lock): one batch of 10 at most."""
-        return await self._change_visibility(chunk, self.settings.visibility_timeout)
-
-    async def _change_visibility(self, chunk: Sequence[_Lease], seconds: int) -> list[_Lease]:
-        """One ``ChangeMessageVisibilityBatch``; returns the pairs SQS changed."""
-        entries = [{"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
-                   for i, (handle, _) in enumerate(chunk)]
-        try:
-            response = await self._call("ChangeMessageVisibilityBatch",
-                                        QueueUrl=self._url, Entries=entries)
-        except SqsRequestError as exc:
-            log.warning("changing visibility failed; it lapses on its own",
-                        message_ids=[message_id for _, message_id in chunk], error=exc)
-            return []
-        refused = {f["Id"]: f.get("Code") for f in response.get("Failed") or []}
-        done = []
-        for i, lease in enumerate(chunk):
-            if str(i) in refused:
-                log.info("visibility not changed", message_id=lease[1], error=refused[str(i)])
-            else:
-                done.append(lease)
-        return done
+        return await self._visibility.change(self._url, chunk, self.settings.visibility_timeout)
 
     # -- deletes -------------------------------------------------------------------------
 
@@ -579,84 +464,15 @@ class SqsSharedStreamProducer(SharedStreamProducer):
 
     # -- dead letters --------------------------------------------------------------------
 
-    async def _dispose(self, items: list[_Disposal]) -> None:
-        """Dead-letter ``items``, deleting each once its copy is stored somewhere.
+    async def _dispose(self, items: list[Disposal]) -> None:
+        """Dead-letter ``items``, deleting each once its copy is kept (:class:`SqsDeadLetters`).
 
-        A copy goes to ``dead_letter_queue``, in batches that keep within
-        SendMessageBatch's limits; when there is none, or SQS refuses the
-        copy for good (a sender fault: too big, say), to the engine's
-        ``dead_letter_fallback``; with neither, the message is discarded with
-        a warning. A transient failure leaves the message where it is: it
+        To ``dead_letter_queue``, else (none, or SQS refuses the copy for
+        good) to the engine's ``dead_letter_fallback``, else discarded with a
+        warning. A transient failure leaves the message where it is: it
         comes again.
         """
-        if self._dlq_url is None:
-            await self._dispose_elsewhere(items, self._letters.unconfigured())
-            return
-        fifo, queue = self._dlq_url.endswith(".fifo"), queue_name(self._url)
-        pairs = [(item, dead_letter_entry(str(i), *item, queue=queue, fifo=fifo))
-                 for i, item in enumerate(items)]
-        for chunk in sized_chunks(pairs):
-            await self._send_dead_letters(chunk)
-
-    async def _send_dead_letters(self, chunk: list[tuple[_Disposal, dict[str, Any]]]) -> None:
-        """One SendMessageBatch; a batch SQS refuses as a whole is tried again entry by entry."""
-        try:
-            response = await self._call("SendMessageBatch", QueueUrl=self._dlq_url,
-                                        Entries=[entry for _, entry in chunk])
-        except SqsRequestError as exc:
-            if exc.sender_fault and len(chunk) > 1:  # maybe one entry's fault: find it
-                for pair in chunk:
-                    await self._send_dead_letters([pair])
-            elif exc.sender_fault:
-                item = chunk[0][0]
-                self._refusals[item[0].message_id] = exc.code or "refused"
-                await self._dispose_elsewhere([item], "the dead_letter_queue refused it")
-            else:
-                log.error("dead-lettering failed; the messages stay and come again",  # noqa: TRY400 - the cause is error=
-                          queue=queue_name(self._url),
-                          message_ids=[item[0].message_id for item, _ in chunk], error=exc)
-            return
-        failed = {f["Id"]: f for f in response.get("Failed") or []}
-        stored, refused = [], []
-        for item, entry in chunk:
-            payload, reason, verdicts = item
-            failure = failed.get(entry["Id"])
-            if failure is None:
-                self._letters.sent(payload.message_id, queue_name(self._dlq_url or ""), reason,
-                                   verdicts)
-                stored.append(payload)
-            elif failure.get("SenderFault"):
-                refused.append(item)
-                self._refusals[payload.message_id] = str(failure.get("Code"))
-            else:
-                log.error("dead-lettering failed; the message stays and comes again",
-                          message_id=payload.message_id, error=failure.get("Code"))
-        await self._queue_deletes(stored)
-        if refused:
-            await self._dispose_elsewhere(refused, "the dead_letter_queue refused it")
-
-    async def _dispose_elsewhere(self, items: list[_Disposal], why: str) -> None:
-        """Keep ``items`` through the fallback (or discard them), then delete them."""
-        kept = []
-        for payload, reason, verdicts in items:
-            message = payload.message
-            refusal = self._refusals.pop(payload.message_id, None)
-            try:
-                await self._letters.keep(
-                    source=payload.message_id, reason=reason,
-                    cause=f"{why} ({refusal})" if refusal else why, verdicts=verdicts,
-                    payload=message.body.encode("utf-8", "surrogatepass"),
-                    headers=tuple((name, attribute_bytes(value)) for name, value in
-                                  message.raw_attributes.items()),
-                    history=f"received {message.receive_count} times",
-                )
-            except Exception as exc:  # noqa: BLE001 - not kept: the message stays and comes again
-                log.error("keeping a message in the dead-letter fallback failed; it stays and "  # noqa: TRY400 - the cause is error=
-                          "comes again", queue=queue_name(self._url),
-                          message_id=payload.message_id, error=exc)
-                continue
-            kept.append(payload)
-        await self._queue_deletes(kept)
+        await self._dead_letters.dispose(items, source=self._url, destination=self._dlq_url)
 
     # -- re-driving ----------------------------------------------------------------------
 
@@ -677,7 +493,7 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         :mod:`sharedstream.producers._sqs_republish`.
         """
         await republish_messages(letters, settings=self.settings, new_client=self._new_client,
-                                 calls=self.calls, sdk=_sdk)
+                                 calls=self.calls, sdk=SDK)
 
     # -- closing -------------------------------------------------------------------------
 

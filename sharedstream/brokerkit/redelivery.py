@@ -30,7 +30,7 @@ from a broker's receive count). Pure and synchronous.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -44,6 +44,7 @@ CEILING_FACTOR = 10
 the failure ledger says (:attr:`RedeliveryPolicy.ceiling`)."""
 
 K = TypeVar("K", bound=Hashable)
+P = TypeVar("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,28 @@ class PoisonCheck:
                           "redelivered them)", stream=self.owner.stream_name, messages=cleared,
                           max_redeliveries=policy.max_redeliveries)
         return poison
+
+    async def split(self, arrived: Sequence[P], suspects: Mapping[int, tuple[str | None, int]],
+                    ) -> tuple[list[P], list[P]]:
+        """Split what one receive brought into ``(fan_out, poison)``, both in arrival order.
+
+        Called by a producer as messages arrive, before any is handed to
+        the poll. ``arrived`` is everything received; ``suspects`` maps a
+        position in ``arrived`` to that message's raw event name and
+        delivery count, as :meth:`confirmed` takes them. Every item of
+        ``arrived`` lands in exactly one list: ``poison`` holds those
+        :meth:`confirmed` finds poison (never to be fanned out again),
+        ``fan_out`` the rest. A key that is no position of ``arrived`` is
+        ignored. Nothing else is done to the items: holding leases, counting
+        them in flight and dead-lettering the poison stay the caller's. Like
+        :meth:`confirmed`, it raises nothing but a cancellation.
+        """
+        confirmed = await self.confirmed(suspects)
+        fan_out: list[P] = []
+        poison: list[P] = []
+        for index, item in enumerate(arrived):
+            (poison if index in confirmed else fan_out).append(item)
+        return fan_out, poison
 
 
 class DeliveryTally(Generic[K]):

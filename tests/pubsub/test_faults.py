@@ -18,7 +18,7 @@ from unittest import mock
 
 import pytest
 
-from sharedstream.producers import pubsub as pubsub_producer
+from sharedstream.producers import _pubsub_client
 from sharedstream.producers.pubsub import (
     DLQ_ATTRIBUTE_DELIVERY_ATTEMPT,
     DLQ_ATTRIBUTE_MESSAGE_ID,
@@ -260,7 +260,7 @@ async def test_a_stream_that_keeps_ending_the_same_way_is_a_warning_and_not_read
     stream = await keyless.create_stream()
     session = Session(keyless, stream)
     try:
-        with mock.patch.object(pubsub_producer, "CHANNEL_OPTIONS", narrow):
+        with mock.patch.object(_pubsub_client, "CHANNEL_OPTIONS", narrow):
             for n in range(3):
                 await keyless.produce(stream, [b"big%d" % n + b"x" * (2 * 1024 * 1024)])
             session.run(max_in_flight=1)
@@ -279,7 +279,7 @@ async def test_a_stream_that_keeps_ending_the_same_way_is_a_warning_and_not_read
             producer = producer_of(stream)
             await eventually(lambda: producer.calls["StreamingPull"] == 4,
                              what="a fourth stream")
-            assert producer._pulling, "the fourth stream is open"
+            assert producer._pull.open, "the fourth stream is open"
             assert producer.connected is False
     finally:
         await session.close()

@@ -115,3 +115,13 @@ def test_a_ledger_that_cannot_answer_fans_the_suspects_out_again(
     assert asyncio.run(check.confirmed({0: ("a", 3), 1: ("b", 100)})) == {1}  # 1: the ceiling
     assert "cannot read raw events' failures from the store" in caplog.text
     assert "the store is away" in caplog.text
+
+
+def test_split_keeps_arrival_order_and_puts_each_message_in_one_list() -> None:
+    check = _check(_Ledger({"own": 2, "crashed": 0}))  # max_redeliveries 1
+    arrived = ["m0", "m1", "m2", "m3", "m4"]
+    suspects = {1: ("own", 3), 3: ("crashed", 5), 4: (None, 3)}
+    fan_out, poison = asyncio.run(check.split(arrived, suspects))
+    assert (fan_out, poison) == (["m0", "m2", "m3"], ["m1", "m4"])
+    assert asyncio.run(check.split(arrived, {})) == (arrived, [])
+    assert asyncio.run(check.split([], {})) == ([], [])

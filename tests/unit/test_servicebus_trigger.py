@@ -162,7 +162,7 @@ async def test_failed_completions_are_one_line_and_counted_off_their_session_onc
         "orders", sequence_number=n, body=b""), SimpleNamespace(lock_token=f"t{n}"), receiver)
         for n in range(1, 51)]
     with caplog.at_level("WARNING", logger="sharedstream.producers.servicebus"):
-        retry = await producer._send_completes(chunk)
+        retry = await producer._settlements.complete(chunk)
     assert retry == []
     [line] = caplog.records
     assert text_of(line).startswith("completing messages did not take; ")
