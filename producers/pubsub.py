@@ -80,6 +80,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sharedstream.brokerkit.calls import BrokerCalls
@@ -170,23 +171,39 @@ _consumed = SourceClaims()
 """Subscriptions consumed in this process, and the settings fingerprint consuming each."""
 
 
-def pubsub_clients(host: str | None, kind: str) -> Any:
+def pubsub_clients(host: str | None, kind: str, *, ca_file: str | None = None) -> Any:
     """A new async GAPIC client, ``kind`` ``"publisher"`` or ``"subscriber"``. No I/O yet.
 
-    With an emulator ``host`` (``host:port``) the transport is an insecure
-    channel to it, without gRPC's message size limits (:data:`CHANNEL_OPTIONS`),
-    as the SDK's own clients do; otherwise the default transport with
-    Application Default Credentials. The caller closes it
-    (``client.transport.close()``). Used by the producer, ``sharedstream
-    send`` and ``sharedstream broker start``.
+    With an emulator ``host`` (``host:port``) the transport is a channel to
+    it without credentials and without gRPC's message size limits
+    (:data:`CHANNEL_OPTIONS`), as the SDK's own clients do: plain text, or
+    TLS verified against the PEM ``ca_file`` when given; otherwise the
+    default transport with Application Default Credentials. Raises
+    :class:`PubSubConfigError` for a ``ca_file`` without a host or that
+    cannot be read. The caller closes it (``client.transport.close()``).
+    Used by the producer, ``sharedstream send`` and ``sharedstream broker start``.
     """
     module = _sdk(f"google.pubsub_v1.services.{kind}")
     client_class = getattr(module, f"{kind.capitalize()}AsyncClient")
     if not host:
+        if ca_file is not None:
+            raise PubSubConfigError("tls_ca_file needs an emulator host (emulator_host or "
+                                    "PUBSUB_EMULATOR_HOST); Google's endpoint uses the system's "
+                                    "certificate authorities")
         return client_class()
     transport = getattr(module.transports, f"{kind.capitalize()}GrpcAsyncIOTransport")
-    return client_class(transport=transport(
-        channel=_sdk("grpc").aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
+    grpc = _sdk("grpc")
+    if ca_file is None:
+        channel = grpc.aio.insecure_channel(host, options=CHANNEL_OPTIONS)
+    else:
+        try:
+            trusted = Path(ca_file).read_bytes()
+        except OSError as exc:
+            raise PubSubConfigError(
+                f"tls_ca_file {ca_file!r} cannot be read: {exc.strerror or exc}") from exc
+        channel = grpc.aio.secure_channel(host, grpc.ssl_channel_credentials(trusted),
+                                          options=CHANNEL_OPTIONS)
+    return client_class(transport=transport(channel=channel))
 
 
 PUBSUB_BACKLOG_REASON = (
@@ -265,8 +282,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         See :func:`pubsub_clients`. The caller closes them (``client.transport.close()``).
         """
         host = self.settings.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST")
-        subscriber = pubsub_clients(host, "subscriber")
-        return subscriber, pubsub_clients(host, "publisher") if publisher else None
+        ca_file = self.settings.tls_ca_file
+        subscriber = pubsub_clients(host, "subscriber", ca_file=ca_file)
+        return subscriber, pubsub_clients(host, "publisher", ca_file=ca_file) if publisher else None
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """One unary call (counted), transient errors retried, the rest wrapped."""
