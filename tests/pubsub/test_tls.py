@@ -28,6 +28,7 @@ from sharedstream.testing.brokers.pubsub import start_pubsub, stop_pubsub, tls_c
 from sharedstream.testing.runner import eventually
 from sharedstream.testing.tls import make_certificates
 from sharedstream.triggers.pubsub import PubSubSharedStreamTrigger
+from tests.cli import run_sharedstream
 from tests.pubsub.test_connected import polling
 
 types: Any = pytest.importorskip("google.pubsub_v1.types")
@@ -115,3 +116,45 @@ def test_an_unreadable_ca_file_is_one_line(tmp_path: Path) -> None:
 def test_a_ca_file_needs_an_emulator_host(tmp_path: Path) -> None:
     with pytest.raises(PubSubConfigError, match="tls_ca_file needs an emulator host"):
         pubsub_clients(None, "subscriber", ca_file=str(tmp_path / "ca.pem"))
+
+
+# -- the real CLI: ``sharedstream send`` over TLS -----------------------------------------
+
+
+async def test_cli_send_over_tls(tls_server: tuple[str, Path], tmp_path: Path) -> None:
+    host, ca_file = tls_server
+    subscription = await subscription_with(host, ca_file, b"first")
+    topic = subscription.replace("/subscriptions/s-", "/topics/t-")
+    result = run_sharedstream("send", "--broker", "pubsub", "--emulator-host", host,
+                              "--tls-ca-file", str(ca_file), "--topic", topic,
+                              "--value", "second", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    producer = PubSubSharedStreamProducer(PubSubSettings(
+        project=PROJECT, subscription=subscription, emulator_host=host,
+        tls_ca_file=str(ca_file)))
+    async with polling(producer) as (_task, received):
+        got = {await asyncio.wait_for(received.get(), 10) for _ in range(2)}
+    assert got == {b"first", b"second"}
+
+
+@pytest.mark.parametrize(("trust", "said"), [
+    ("another CA", "the TLS handshake with Pub/Sub at {host} failed: certificate verify failed "
+                   "against tls_ca_file {ca}"),
+    ("none", "cannot reach Pub/Sub at {host}"),  # plain text: the server just hangs up
+])
+def test_cli_send_to_an_untrusted_server_is_one_line(
+        tls_server: tuple[str, Path], tmp_path: Path, trust: str, said: str) -> None:
+    """Another CA, or none (plain text to a TLS server): exit 1 and one line saying why."""
+    host, _ca_file = tls_server
+    impostor_ca = make_certificates(tmp_path / "other").ca_file
+    given = ["--tls-ca-file", str(impostor_ca)] if trust == "another CA" else []
+    result = run_sharedstream("send", "--broker", "pubsub", "--emulator-host", host, *given,
+                              "--topic", f"projects/{PROJECT}/topics/any", "--value", "x",
+                              cwd=tmp_path)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    # gRPC's C core may log the failed handshake on stderr itself (its own ``I...`` lines);
+    # ours is one line, the last.
+    ours = [line for line in result.stderr.splitlines() if line.startswith("sharedstream:")]
+    assert len(ours) == 1, result.stderr
+    assert result.stderr.strip().endswith(ours[0])
+    assert said.format(host=host, ca=impostor_ca) in ours[0]
