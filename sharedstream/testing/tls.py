@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["LOOPBACK_NAMES", "ServerCertificates", "make_certificates"]
+__all__ = ["LOOPBACK_NAMES", "ServerCertificates", "kit_tls_dir", "make_certificates"]
 
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
 """The names the server certificate is valid for, unless others are asked for."""
@@ -55,6 +55,16 @@ class ServerCertificates:
     def exist(self) -> bool:
         """Whether all three files are there."""
         return all(path.is_file() for path in (self.ca_file, self.cert_file, self.key_file))
+
+
+def kit_tls_dir(workdir: Path) -> Path:
+    """Where a kit server started with ``tls`` in ``workdir`` keeps its certificates.
+
+    ``ServerCertificates.in_directory(kit_tls_dir(workdir)).ca_file`` is the
+    CA a client trusts (:func:`sharedstream.testing.brokers.pubsub.start_pubsub`,
+    :func:`sharedstream.testing.brokers.servicebus.start_servicebus`).
+    """
+    return workdir / "tls"
 
 
 def make_certificates(directory: Path,

@@ -29,7 +29,7 @@ from sharedstream.testing.brokers.process import (
     start_process,
     stop_process,
 )
-from sharedstream.testing.tls import ServerCertificates
+from sharedstream.testing.tls import ServerCertificates, kit_tls_dir
 
 __all__ = ["pubsub_server", "start_pubsub", "stop_pubsub", "tls_ca_file"]
 
@@ -52,7 +52,7 @@ def start_pubsub(workdir: Path, *, port: int | None = None, state_file: Path | N
     ``port``: a free one unless given (give the old one to restart a server
     in place). ``state_file``: keep topics, subscriptions and unacked
     messages there across a kill (``--state-file``). ``tls``: serve TLS
-    only, with a certificate made in ``workdir/tls`` (``--tls-dir``); a
+    only, with a certificate made in ``kit_tls_dir(workdir)`` (``--tls-dir``); a
     client trusts ``tls_ca_file(workdir)``. Returns once the port
     accepts connections (the server binds it only after its services are
     registered). Its log is appended to ``workdir/pubsub.log``. Raises
@@ -63,7 +63,7 @@ def start_pubsub(workdir: Path, *, port: int | None = None, state_file: Path | N
     chosen = free_port() if port is None else port
     extra = [] if state_file is None else ["--state-file", str(state_file)]
     if tls:
-        extra += ["--tls-dir", str(workdir / "tls")]
+        extra += ["--tls-dir", str(kit_tls_dir(workdir))]
     process = start_process(
         "the Pub/Sub test server",
         [sys.executable, "-m", "sharedstream.testing.pubsub", "--port", str(chosen), *extra],
@@ -74,7 +74,7 @@ def start_pubsub(workdir: Path, *, port: int | None = None, state_file: Path | N
 
 def tls_ca_file(workdir: Path) -> Path:
     """The CA file a client trusts to reach a server started with ``tls`` in ``workdir``."""
-    return ServerCertificates.in_directory(workdir / "tls").ca_file
+    return ServerCertificates.in_directory(kit_tls_dir(workdir)).ca_file
 
 
 def stop_pubsub(process: subprocess.Popen[bytes]) -> None:
