@@ -77,8 +77,10 @@ async def first_of(producer: ServiceBusSharedStreamProducer) -> Any:
 async def test_the_trigger_receives_over_tls(tls_server: tuple[str, dict[str, str]]) -> None:
     connection_string, options = tls_server
     await send(connection_string, options, b"over amqps")
-    trigger = ServiceBusSharedStreamTrigger(connection_string=connection_string, queue=QUEUE,
-                                            max_wait_time=0.5, **options)
+    trigger = ServiceBusSharedStreamTrigger(
+        connection_string=connection_string, queue=QUEUE, max_wait_time=0.5,
+        connection_verify=options["connection_verify"],
+        custom_endpoint_address=options["custom_endpoint_address"])
     producer = ServiceBusSharedStreamTrigger.create_shared_stream_producer(
         trigger.consumer_kwargs())
     assert isinstance(producer, ServiceBusSharedStreamProducer)
