@@ -9,6 +9,7 @@ the ``pubsub`` extra, the producer's constructor says how to install it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sharedstream.brokerkit.calls import BrokerCalls
@@ -31,23 +32,39 @@ SDK = OptionalSdk(broker="Pub/Sub", package="google.pubsub_v1", extra="pubsub",
 """google-cloud-pubsub, imported on first use; a missing extra is a :class:`PubSubConfigError`."""
 
 
-def pubsub_clients(host: str | None, kind: str) -> Any:
+def pubsub_clients(host: str | None, kind: str, *, ca_file: str | None = None) -> Any:
     """A new async GAPIC client, ``kind`` ``"publisher"`` or ``"subscriber"``. No I/O yet.
 
-    With an emulator ``host`` (``host:port``) the transport is an insecure
-    channel to it, without gRPC's message size limits (:data:`CHANNEL_OPTIONS`),
-    as the SDK's own clients do; otherwise the default transport with
-    Application Default Credentials. The caller closes it
-    (``client.transport.close()``). Used by the producer, ``sharedstream
-    send`` and ``sharedstream broker start``.
+    With an emulator ``host`` (``host:port``) the transport is a channel to
+    it without credentials and without gRPC's message size limits
+    (:data:`CHANNEL_OPTIONS`), as the SDK's own clients do: plain text, or
+    TLS verified against the PEM ``ca_file`` when given; otherwise the
+    default transport with Application Default Credentials. Raises
+    :class:`PubSubConfigError` for a ``ca_file`` without a host or that
+    cannot be read. The caller closes it (``client.transport.close()``).
+    Used by the producer, ``sharedstream send`` and ``sharedstream broker start``.
     """
     module = SDK(f"google.pubsub_v1.services.{kind}")
     client_class = getattr(module, f"{kind.capitalize()}AsyncClient")
     if not host:
+        if ca_file is not None:
+            raise PubSubConfigError("tls_ca_file needs an emulator host (emulator_host or "
+                                    "PUBSUB_EMULATOR_HOST); Google's endpoint uses the system's "
+                                    "certificate authorities")
         return client_class()
     transport = getattr(module.transports, f"{kind.capitalize()}GrpcAsyncIOTransport")
-    return client_class(transport=transport(
-        channel=SDK("grpc").aio.insecure_channel(host, options=CHANNEL_OPTIONS)))
+    grpc = SDK("grpc")
+    if ca_file is None:
+        channel = grpc.aio.insecure_channel(host, options=CHANNEL_OPTIONS)
+    else:
+        try:
+            trusted = Path(ca_file).read_bytes()
+        except OSError as exc:
+            raise PubSubConfigError(
+                f"tls_ca_file {ca_file!r} cannot be read: {exc.strerror or exc}") from exc
+        channel = grpc.aio.secure_channel(host, grpc.ssl_channel_credentials(trusted),
+                                          options=CHANNEL_OPTIONS)
+    return client_class(transport=transport(channel=channel))
 
 
 async def unary(operation: str, call: Callable[[], Awaitable[_T]], *, calls: BrokerCalls,

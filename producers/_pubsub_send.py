@@ -1,7 +1,7 @@
 """Sending to a Google Pub/Sub topic (``sharedstream send --broker pubsub``, the demo).
 
-Where to connect is the Pub/Sub trigger's: ``project`` and ``emulator_host``
-given, or from a ``google_cloud_platform`` connection (``conn_id``, read by
+Where to connect is the Pub/Sub trigger's: ``project``, ``emulator_host``
+and ``tls_ca_file`` given, or from a ``google_cloud_platform`` connection (``conn_id``, read by
 :func:`~sharedstream.triggers.pubsub.pubsub_settings_from_connection`), the
 emulator host else from ``PUBSUB_EMULATOR_HOST``, else Google's endpoint
 with Application Default Credentials; the client is the producer's
@@ -38,15 +38,21 @@ class PubSubSender:
 
     broker: ClassVar[str] = "pubsub"
     options: ClassVar[frozenset[str]] = frozenset(
-        {"topic", "project", "ordering_key", "emulator_host", "conn_id"})
+        {"topic", "project", "ordering_key", "emulator_host", "tls_ca_file", "conn_id"})
     key_option: ClassVar[str | None] = "ordering_key"
     batch_size: ClassVar[int] = 500
 
-    def __init__(self, *, project: str, topic: str, emulator_host: str | None) -> None:
-        """Send to ``topic`` of ``project`` (or a full topic path); no I/O yet."""
+    def __init__(self, *, project: str, topic: str, emulator_host: str | None,
+                 tls_ca_file: str | None = None) -> None:
+        """Send to ``topic`` of ``project`` (or a full topic path); no I/O yet.
+
+        ``tls_ca_file``: reach the emulator host over TLS, trusting these
+        authorities (see :func:`~sharedstream.producers.pubsub.pubsub_clients`).
+        """
         _sdk()
         self.path = resource_path(project, "topics", topic)
         self.host = emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST") or None
+        self.tls_ca_file = tls_ca_file
         self.client: Any = None
         """The publisher client once :meth:`open` made it (the demo creates topics with it)."""
 
@@ -57,13 +63,15 @@ class PubSubSender:
             raise PubSubConfigError("sending to Pub/Sub needs --topic")
         inline = {"project": options.get("project"),
                   "emulator_host": options.get("emulator_host"),
+                  "tls_ca_file": options.get("tls_ca_file"),
                   "conn_id": options.get("conn_id")}
         found = resolve_inline(inline, pubsub_settings_from_connection)
         if not found.get("project") and not options["topic"].startswith("projects/"):
             raise PubSubConfigError("sending to Pub/Sub needs --project (or a connection "
                                     "giving one, or a full projects/P/topics/T path)")
         return cls(project=found.get("project") or "", topic=options["topic"],
-                   emulator_host=found.get("emulator_host"))
+                   emulator_host=found.get("emulator_host"),
+                   tls_ca_file=found.get("tls_ca_file"))
 
     @property
     def destination(self) -> str:
@@ -77,6 +85,10 @@ class PubSubSender:
         exceptions = _sdk("google.api_core.exceptions")
         if isinstance(exc, exceptions.NotFound):
             return PubSubConfigError(f"no topic {self.path} on Pub/Sub at {self._address()}")
+        if isinstance(exc, exceptions.ServiceUnavailable) and "handshake" in str(exc).lower():
+            return SendConnectError(  # gRPC's text is pages of OpenSSL detail
+                f"the TLS handshake with Pub/Sub at {self._address()} failed: certificate "
+                f"verify failed against tls_ca_file {self.tls_ca_file}")
         if isinstance(exc, exceptions.ServiceUnavailable | exceptions.DeadlineExceeded):
             return SendConnectError(f"cannot reach Pub/Sub at {self._address()} "
                                     f"({type(exc).__name__})")
@@ -85,7 +97,7 @@ class PubSubSender:
     async def open(self) -> None:
         """Make the publisher client and check that the topic exists."""
         exceptions = _sdk("google.api_core.exceptions")
-        self.client = pubsub_clients(self.host, "publisher")
+        self.client = pubsub_clients(self.host, "publisher", ca_file=self.tls_ca_file)
         try:
             await self.client.get_topic(topic=self.path, retry=None, timeout=_TIMEOUT)
         except exceptions.GoogleAPICallError as exc:

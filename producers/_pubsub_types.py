@@ -183,6 +183,11 @@ class PubSubSettings:
     emulator_host: str | None = None
     """``host:port`` of an emulator or test server (plain text, no credentials);
     ``None``: ``PUBSUB_EMULATOR_HOST`` when set, else Google's endpoint."""
+    tls_ca_file: str | None = None
+    """A PEM file of the certificate authorities to trust: the emulator host
+    (``emulator_host`` or ``PUBSUB_EMULATOR_HOST``) is then reached over TLS,
+    its certificate verified against this file, still without credentials.
+    ``None``: plain text to an emulator host. Not for Google's endpoint."""
 
     @property
     def subscription_path(self) -> str:
@@ -202,7 +207,8 @@ class PubSubSettings:
             self, error=PubSubConfigError, where=f"subscription {self.subscription!r}",
             ints=("max_redeliveries", "max_in_flight", "max_in_flight_bytes", "ack_deadline",
                   "max_lease_duration", "ack_concurrency", "retries"),
-            texts=("project", "subscription", "dead_letter_topic", "emulator_host"),
+            texts=("project", "subscription", "dead_letter_topic", "emulator_host",
+                   "tls_ca_file"),
             numbers=("retry_backoff",),
             rules=lambda: [
                 (bool(self.project), "project is required"),

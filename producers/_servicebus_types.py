@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from sharedstream.brokerkit.codecs import DecodeCache
@@ -165,6 +166,13 @@ class ServiceBusSettings:
     of the link, lock renewals many to a request: see the producer)."""
     retries: int = 3
     retry_backoff: float = 0.2
+    connection_verify: str | None = None
+    """A PEM file of the certificate authorities to trust for the namespace's TLS (the SDK's
+    ``connection_verify``); ``None``: the SDK's own bundle (certifi's). A connection string
+    with ``UseDevelopmentEmulator=true`` is plain AMQP: nothing to verify."""
+    custom_endpoint_address: str | None = None
+    """``sb://host:port`` to connect to (AMQP over TLS) instead of the namespace's host on
+    5671, e.g. a gateway or a test server; the namespace still names what tokens are for."""
 
     @property
     def entity_path(self) -> str:
@@ -188,7 +196,8 @@ class ServiceBusSettings:
             ints=("max_sessions", "max_messages", "max_in_flight", "lock_duration",
                   "max_lock_renewal",
                   "max_redeliveries", "settle_concurrency", "retries"),
-            texts=("connection_string", "namespace", "queue", "topic", "subscription"),
+            texts=("connection_string", "namespace", "queue", "topic", "subscription",
+                   "connection_verify", "custom_endpoint_address"),
             numbers=("max_wait_time", "retry_backoff"),
             rules=lambda: [
                 ((self.connection_string is None) != (self.namespace is None),
@@ -306,7 +315,8 @@ def open_client(settings: ServiceBusSettings, aio: Any, core_credentials: Any) -
     azure-identity is not installed.
     """
     s = settings
-    retry = {"retry_total": s.retries, "retry_backoff_factor": s.retry_backoff}
+    retry = {"retry_total": s.retries, "retry_backoff_factor": s.retry_backoff,
+             **_tls_options(s)}
     if s.connection_string is None:
         credential, identity = namespace_credential(s, core_credentials)
         client = aio.ServiceBusClient(fully_qualified_namespace=s.namespace_host,
@@ -318,6 +328,28 @@ def open_client(settings: ServiceBusSettings, aio: Any, core_credentials: Any) -
         raise ServiceBusConfigError(
             f"connection_string for {s.entity_path!r} is not usable: "
             f"{first_line(exc, 200)}") from None
+
+
+def _tls_options(settings: ServiceBusSettings) -> dict[str, Any]:
+    """The client's keyword arguments for ``connection_verify`` and ``custom_endpoint_address``.
+
+    A custom endpoint keeps AMQP over TLS (the SDK would switch to WebSockets,
+    which the producer does not use). Raises :class:`ServiceBusConfigError`
+    when ``connection_verify`` is not a readable file.
+    """
+    options: dict[str, Any] = {}
+    if settings.connection_verify is not None:
+        try:
+            Path(settings.connection_verify).read_bytes()
+        except OSError as exc:
+            raise ServiceBusConfigError(
+                f"connection_verify {settings.connection_verify!r} cannot be read: "
+                f"{exc.strerror or exc}") from exc
+        options["connection_verify"] = settings.connection_verify
+    if settings.custom_endpoint_address is not None:
+        options["custom_endpoint_address"] = settings.custom_endpoint_address
+        options["transport_type"] = importlib.import_module("azure.servicebus").TransportType.Amqp
+    return options
 
 
 def receiver_options(settings: ServiceBusSettings, servicebus: Any, *,

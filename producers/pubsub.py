@@ -237,8 +237,9 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         See :func:`pubsub_clients`. The caller closes them (``client.transport.close()``).
         """
         host = self.settings.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST")
-        subscriber = pubsub_clients(host, "subscriber")
-        return subscriber, pubsub_clients(host, "publisher") if publisher else None
+        ca_file = self.settings.tls_ca_file
+        subscriber = pubsub_clients(host, "subscriber", ca_file=ca_file)
+        return subscriber, pubsub_clients(host, "publisher", ca_file=ca_file) if publisher else None
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """One unary call (counted), transient errors retried, the rest wrapped: :func:`unary`."""

@@ -57,7 +57,7 @@ def pubsub_settings_from_connection(conn: Connection) -> dict[str, Any]:
     """The Pub/Sub trigger settings an Airflow ``google_cloud_platform`` connection gives.
 
     Extra ``project`` (or Airflow's older ``extra__google_cloud_platform__project``)
-    and ``emulator_host`` (a sharedstream addition). ``num_retries`` is
+    ``emulator_host`` and ``tls_ca_file`` (sharedstream additions). ``num_retries`` is
     ignored (the trigger has its own retries), an empty ``scope`` too, and
     any other extra with one warning.
     Key files, key dicts and impersonation are refused: the trigger
@@ -75,12 +75,15 @@ def pubsub_settings_from_connection(conn: Connection) -> dict[str, Any]:
                          "default scopes of Application Default Credentials", key="scope")
     found = {"project": read.text("project", _GCP + "project"),
              "emulator_host": read.text("emulator_host")}
-    read.finish(("project", "emulator_host", "num_retries", "scope"), refuse=lambda _: False)
+    if (ca_file := read.text("tls_ca_file")) is not None:
+        found["tls_ca_file"] = ca_file
+    read.finish(("project", "emulator_host", "tls_ca_file", "num_retries", "scope"),
+                refuse=lambda _: False)
     return found
 
 _CONSUMER_SETTINGS = ("dead_letter_topic", "max_redeliveries", "max_in_flight",
                       "max_in_flight_bytes", "ack_deadline", "max_lease_duration",
-                      "emulator_host")
+                      "emulator_host", "tls_ca_file")
 
 PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
     "bytes": AS_HELD, "utf-8": UTF8, "json": JSON, "msgpack": MSGPACK}
@@ -111,6 +114,9 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
     :param emulator_host: ``host:port`` of an emulator (else
         ``PUBSUB_EMULATOR_HOST``, else Google with Application Default
         Credentials).
+    :param tls_ca_file: a PEM file of certificate authorities: the emulator
+        host is then reached over TLS and its certificate verified against
+        it (a test server or emulator behind TLS with a private CA).
     :param payload_format: ``bytes`` (as is), ``utf-8``, ``json`` or ``msgpack``.
     :param match: ``{"attributes": {name: value}, "json": {"a.b": value}}``;
         every given condition must hold.
@@ -136,6 +142,7 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
         ack_deadline: int = 60,
         max_lease_duration: int = 3600,
         emulator_host: str | None = None,
+        tls_ca_file: str | None = None,
         payload_format: str = "bytes",
         match: dict[str, Any] | None = None,
         conn_id: str | None = None,
@@ -151,6 +158,7 @@ class PubSubSharedStreamTrigger(BrokerTrigger):
         self.ack_deadline = ack_deadline
         self.max_lease_duration = max_lease_duration
         self.emulator_host = emulator_host
+        self.tls_ca_file = tls_ca_file
         # Refuse unusable settings where the trigger is declared; a project left to the
         # connection is checked when the stream is built.
         declared = self.consumer_kwargs()

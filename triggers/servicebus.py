@@ -53,7 +53,7 @@ _CONNECTION = ("connection_string", "namespace", "credential")
 _ENTITY = ("queue", "topic", "subscription")
 _CONSUMER_SETTINGS = ("sessions", "max_sessions", "max_messages", "max_wait_time",
                       "max_in_flight", "lock_duration", "max_lock_renewal", "max_redeliveries",
-                      "settle_concurrency")
+                      "settle_concurrency", "connection_verify", "custom_endpoint_address")
 
 PAYLOAD_FORMATS: Mapping[str, PayloadFormat] = {
     "bytes": AS_HELD, "utf-8": UTF8, "json": JSON, "msgpack": MSGPACK}
@@ -117,6 +117,10 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         before it is dead-lettered.
     :param settle_concurrency: abandons and dead-letterings in flight at
         once (completions go one at a time, in turns with receiving).
+    :param connection_verify: a PEM file of the certificate authorities to
+        trust for the namespace's TLS (a private CA; default: the SDK's own).
+    :param custom_endpoint_address: ``sb://host:port`` to connect to over
+        AMQP/TLS instead of the namespace's host (a gateway, a test server).
     :param payload_format: ``bytes`` (as is), ``utf-8``, ``json`` or ``msgpack``.
     :param match: ``{"properties": {name: value}, "json": {"a.b": value}}``
         (application properties; every given condition must hold).
@@ -152,6 +156,8 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         max_lock_renewal: int = 3600,
         max_redeliveries: int = 5,
         settle_concurrency: int = 32,
+        connection_verify: str | None = None,
+        custom_endpoint_address: str | None = None,
         payload_format: str = "bytes",
         match: dict[str, Any] | None = None,
         conn_id: str | None = None,
@@ -170,6 +176,8 @@ class ServiceBusSharedStreamTrigger(BrokerTrigger):
         self.max_lock_renewal = max_lock_renewal
         self.max_redeliveries = max_redeliveries
         self.settle_concurrency = settle_concurrency
+        self.connection_verify = connection_verify
+        self.custom_endpoint_address = custom_endpoint_address
         # Refuse unusable settings where the trigger is declared; where to connect, when
         # left to the connection, is checked when the receiver is built.
         declared = self.consumer_kwargs()

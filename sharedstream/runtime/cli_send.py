@@ -70,6 +70,7 @@ _FLAGS = {
     "bootstrap_servers": "--bootstrap-servers", "endpoint_url": "--endpoint-url",
     "region": "--region", "project": "--project", "emulator_host": "--emulator-host",
     "connection_string": "--connection-string", "conn_id": "--conn-id",
+    "tls_ca_file": "--tls-ca-file",
 }
 """The broker-specific options: ``argparse`` dest -> flag (a broker takes some of them)."""
 _PROGRESS_EVERY = 1.0
@@ -139,6 +140,9 @@ def add_send_command(commands: Any, log_level: Callable[[str], str]) -> None:
     conn.add_argument("--emulator-host", metavar="HOST:PORT",
                       help="a Pub/Sub emulator or test server (default: $PUBSUB_EMULATOR_HOST, "
                       "else Google's endpoint)")
+    conn.add_argument("--tls-ca-file", metavar="PEM",
+                      help="reach the Pub/Sub emulator host over TLS, trusting the certificate "
+                      "authorities in this file")
     conn.add_argument("--connection-string", metavar="TEXT",
                       help="the Service Bus namespace's connection string")
     send.add_argument("--log-level", type=log_level, default=None, metavar="LEVEL",

@@ -268,6 +268,9 @@ def test_gcp_connection_gives_the_project_and_refuses_key_files(
     settings = trigger.settings()
     assert (settings.subscription_path, settings.emulator_host) == (
         "projects/p2/subscriptions/s", "localhost:8085")
+    conn = Connection("g", "google_cloud_platform", extra={
+        "project": "p1", "emulator_host": "localhost:8443", "tls_ca_file": "/etc/test-ca.pem"})
+    assert pubsub_settings_from_connection(conn)["tls_ca_file"] == "/etc/test-ca.pem"
 
 
 def test_service_bus_connection_string_in_schema_or_namespace_in_extra(

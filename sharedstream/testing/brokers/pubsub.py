@@ -29,8 +29,9 @@ from sharedstream.testing.brokers.process import (
     start_process,
     stop_process,
 )
+from sharedstream.testing.tls import ServerCertificates, kit_tls_dir
 
-__all__ = ["pubsub_server", "start_pubsub", "stop_pubsub"]
+__all__ = ["pubsub_server", "start_pubsub", "stop_pubsub", "tls_ca_file"]
 
 
 def _check_installed() -> None:
@@ -45,12 +46,14 @@ def _check_installed() -> None:
 
 
 def start_pubsub(workdir: Path, *, port: int | None = None, state_file: Path | None = None,
-                 timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+                 tls: bool = False, timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
     """Start the test server on a loopback port; return it and its ``host:port``.
 
     ``port``: a free one unless given (give the old one to restart a server
     in place). ``state_file``: keep topics, subscriptions and unacked
-    messages there across a kill (``--state-file``). Returns once the port
+    messages there across a kill (``--state-file``). ``tls``: serve TLS
+    only, with a certificate made in ``kit_tls_dir(workdir)`` (``--tls-dir``); a
+    client trusts ``tls_ca_file(workdir)``. Returns once the port
     accepts connections (the server binds it only after its services are
     registered). Its log is appended to ``workdir/pubsub.log``. Raises
     :class:`BrokerNotInstalled` or :class:`~.process.BrokerDidNotStart` (the
@@ -59,12 +62,19 @@ def start_pubsub(workdir: Path, *, port: int | None = None, state_file: Path | N
     _check_installed()
     chosen = free_port() if port is None else port
     extra = [] if state_file is None else ["--state-file", str(state_file)]
+    if tls:
+        extra += ["--tls-dir", str(kit_tls_dir(workdir))]
     process = start_process(
         "the Pub/Sub test server",
         [sys.executable, "-m", "sharedstream.testing.pubsub", "--port", str(chosen), *extra],
         log_path=workdir / "pubsub.log", ready=lambda: port_answers(chosen), timeout=timeout,
     )
     return process, f"127.0.0.1:{chosen}"
+
+
+def tls_ca_file(workdir: Path) -> Path:
+    """The CA file a client trusts to reach a server started with ``tls`` in ``workdir``."""
+    return ServerCertificates.in_directory(kit_tls_dir(workdir)).ca_file
 
 
 def stop_pubsub(process: subprocess.Popen[bytes]) -> None:

@@ -33,8 +33,9 @@ from sharedstream.testing.brokers.process import (
     start_process,
     stop_process,
 )
+from sharedstream.testing.tls import ServerCertificates, kit_tls_dir
 
-__all__ = ["servicebus_server", "start_servicebus", "stop_servicebus"]
+__all__ = ["servicebus_server", "start_servicebus", "stop_servicebus", "tls_client_options"]
 
 
 def _check_installed() -> None:
@@ -44,15 +45,28 @@ def _check_installed() -> None:
                                  "and Python's headers)")
 
 
-def _connection_string(port: int, entities: Mapping[str, Any] | None) -> str:
+def _connection_string(port: int, entities: Mapping[str, Any] | None, *, tls: bool) -> str:
     """The string of the document's first key (``k``/``v`` when it names none)."""
     keys = (entities or {}).get("keys") or [{"name": "k", "key": "v"}]
-    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName={keys[0]['name']};"
-            f"SharedAccessKey={keys[0]['key']};UseDevelopmentEmulator=true;")
+    signing = f"SharedAccessKeyName={keys[0]['name']};SharedAccessKey={keys[0]['key']};"
+    if tls:  # no emulator flag: the SDK speaks TLS, as to Azure (and drops the port)
+        return f"Endpoint=sb://127.0.0.1/;{signing}"
+    return f"Endpoint=sb://127.0.0.1:{port};{signing}UseDevelopmentEmulator=true;"
+
+
+def tls_client_options(workdir: Path, port: int) -> dict[str, str]:
+    """The producer's (and the SDK client's) options to reach a ``tls`` server on ``port``.
+
+    ``connection_verify``: the server's CA; ``custom_endpoint_address``:
+    its port (the SDK otherwise dials 5671).
+    """
+    ca_file = ServerCertificates.in_directory(kit_tls_dir(workdir)).ca_file
+    return {"connection_verify": str(ca_file), "custom_endpoint_address": f"sb://127.0.0.1:{port}"}
 
 
 def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None,
                      port: int | None = None, state_file: Path | None = None,
+                     tls: bool = False,
                      timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
     """Start the test server on a loopback port; return it and its connection string.
 
@@ -63,7 +77,10 @@ def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None
     ``state_file``: keep entities and messages there across a kill
     (``--state-file``; where it exists, ``entities`` is not applied). The
     connection string signs with the document's first key (``keys``; the
-    server refuses tokens of any other).
+    server refuses tokens of any other). ``tls``: serve ``amqps`` only, with
+    a certificate made in ``kit_tls_dir(workdir)`` (``--tls-dir``); the
+    connection string is then a TLS one, to be used with the client options
+    of :func:`tls_client_options`.
     Returns once the port accepts connections (the server creates the
     entities before it binds). Its log is appended to
     ``workdir/servicebus.log``. Raises :class:`BrokerNotInstalled` or
@@ -80,11 +97,13 @@ def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None
         command += ["--config", str(document)]
     if state_file is not None:
         command += ["--state-file", str(state_file)]
+    if tls:
+        command += ["--tls-dir", str(kit_tls_dir(workdir))]
     process = start_process(
         "the Service Bus test server", command, log_path=workdir / "servicebus.log",
         ready=lambda: port_answers(chosen), timeout=timeout,
     )
-    return process, _connection_string(chosen, entities)
+    return process, _connection_string(chosen, entities, tls=tls)
 
 
 def stop_servicebus(process: subprocess.Popen[bytes]) -> None:

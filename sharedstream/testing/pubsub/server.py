@@ -16,9 +16,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
 import grpc.aio
 
 from sharedstream.testing.pubsub.service import PAYLOAD_LIMIT, PubSubService
+from sharedstream.testing.tls import make_certificates
 
 __all__ = ["SERVER_OPTIONS", "main", "serve"]
 
@@ -33,19 +35,27 @@ messages of any size."""
 
 async def serve(host: str = "127.0.0.1", port: int = 0, *,
                 ready: Callable[[int], None] | None = None,
-                state_file: Path | None = None) -> None:
+                state_file: Path | None = None, tls_dir: Path | None = None) -> None:
     """Serve on ``host:port`` (0 = any free port) until cancelled.
 
     ``ready`` is called with the bound port once the server accepts calls.
     ``state_file``: loaded on start if it exists and written after every
     change, so that a restarted server has what the last one had
     (:mod:`.state_file`); ``None``: in memory only.
+    ``tls_dir``: serve TLS (only) with the certificate in that directory,
+    made there at start when missing (:func:`~sharedstream.testing.tls.make_certificates`;
+    a client trusts ``ca.pem``); ``None``: plain text.
     On cancellation the server stops at once (no grace: in-flight streams
     end) and the cancellation propagates.
     """
     service = PubSubService(state_file=state_file)
     server = grpc.aio.server(handlers=service.handlers(), options=SERVER_OPTIONS)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls_dir is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        files = make_certificates(tls_dir)
+        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials(
+            [(files.key_file.read_bytes(), files.cert_file.read_bytes())]))
     await server.start()
     try:
         async with asyncio.TaskGroup() as tasks:
@@ -66,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--state-file", type=Path, default=None,
                         help="keep topics, subscriptions and unsettled messages in this file "
                              "across restarts (loaded on start, written after every change)")
+    parser.add_argument("--tls-dir", type=Path, default=None,
+                        help="serve TLS with the certificate in this directory, made there at "
+                             "start when missing (clients trust its ca.pem)")
     args = parser.parse_args(argv)
 
     async def run() -> None:
@@ -76,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         async with asyncio.TaskGroup() as tasks:
             server = tasks.create_task(serve(args.host, args.port, ready=lambda port: print(
                 f"listening on {args.host}:{port}", file=sys.stderr, flush=True),
-                state_file=args.state_file), name="pubsub-serve")
+                state_file=args.state_file, tls_dir=args.tls_dir), name="pubsub-serve")
             await stop.wait()
             server.cancel()  # a clean exit: the server stops, the group ends
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from proton import Event, Handler
+from proton import Event, Handler, SSLDomain
 from proton.reactor import Container
 
 from sharedstream.testing.servicebus import config
@@ -38,8 +38,9 @@ from sharedstream.testing.servicebus.model import DEFAULT_KEY, AccessKey, Namesp
 from sharedstream.testing.servicebus.service import ServiceBusService
 from sharedstream.testing.servicebus.state import ServiceBusState
 from sharedstream.testing.servicebus.state_file import StateFile
+from sharedstream.testing.tls import make_certificates
 
-__all__ = ["ServerControl", "connection_string", "main", "serve"]
+__all__ = ["ServerControl", "connection_string", "main", "serve", "tls_connection_string"]
 
 TICK = 0.05
 """Seconds between lock-expiry sweeps: the precision of lock durations."""
@@ -54,6 +55,18 @@ def connection_string(host: str, port: int, key: AccessKey = DEFAULT_KEY) -> str
     """
     return (f"Endpoint=sb://{host}:{port};SharedAccessKeyName={key.name};"
             f"SharedAccessKey={key.secret};UseDevelopmentEmulator=true;")
+
+
+def tls_connection_string(host: str, key: AccessKey = DEFAULT_KEY) -> str:
+    """What the SDK connects to a TLS server with (``amqps``), signing with ``key``.
+
+    Without ``UseDevelopmentEmulator`` the SDK speaks TLS, as to Azure, and
+    drops any port from the endpoint (Azure's is always 5671): give it the
+    server's port with the client option ``custom_endpoint_address``
+    (``sb://host:port``) and its CA with ``connection_verify``.
+    """
+    return (f"Endpoint=sb://{host}/;SharedAccessKeyName={key.name};"
+            f"SharedAccessKey={key.secret};")
 
 
 class ServerControl:
@@ -92,7 +105,7 @@ class _Ticker(Handler):
 def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | None = None,
           entities: Mapping[str, Any] | None = None, control: ServerControl | None = None,
           ready: Callable[[int], None] | None = None, state_file: Path | None = None,
-          namespace: Namespace | None = None) -> None:
+          namespace: Namespace | None = None, tls_dir: Path | None = None) -> None:
     """Serve on ``host:port`` (0 = any free port) until ``control`` asks to stop.
 
     ``state``: the broker state to serve (a new one when not given; create
@@ -102,7 +115,10 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     when the server stops (:mod:`.state_file`). ``ready`` is called with the
     bound port once the server accepts connections. ``namespace``: its keys
     and message size limit (from ``entities`` when not given, see
-    :func:`.config.namespace`; else the defaults). Blocks the calling
+    :func:`.config.namespace`; else the defaults). ``tls_dir``: serve
+    ``amqps`` (TLS only) with the certificate in that directory, made there
+    at start when missing (:func:`~sharedstream.testing.tls.make_certificates`;
+    a client trusts ``ca.pem``); ``None``: plain AMQP. Blocks the calling
     thread; every event and every state change runs on it.
     """
     state = state if state is not None else ServiceBusState()
@@ -116,7 +132,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     service = ServiceBusService(state, state.clock, kept, namespace)
     container = Container(service)
     container.container_id = "sharedstream-servicebus-test-server"
-    acceptor = container.listen(f"{host}:{port}")
+    acceptor = container.listen(f"{host}:{port}", ssl_domain=_server_domain(tls_dir))
     listening = acceptor._selectable._delegate  # the bound port, when 0 asked for any
     if not isinstance(listening, socket.socket):
         raise TypeError(f"proton listens on {listening!r}, not a socket")
@@ -131,6 +147,17 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
         listening.close()  # proton leaves it open: a server run in a thread must not leak it
         if kept is not None:
             kept.save(state)
+
+
+def _server_domain(tls_dir: Path | None) -> SSLDomain | None:
+    """Proton's TLS settings for a server with the certificate in ``tls_dir`` (``None``: none)."""
+    if tls_dir is None:
+        return None
+    files = make_certificates(tls_dir)
+    domain = SSLDomain(SSLDomain.MODE_SERVER)
+    domain.set_credentials(str(files.cert_file), str(files.key_file), None)
+    domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)  # clients show no certificate
+    return domain
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -156,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="keep entities and messages in this file across restarts (loaded "
                              "on start if it exists - the entity options then do nothing - and "
                              "written after changes)")
+    parser.add_argument("--tls-dir", type=Path, default=None,
+                        help="serve amqps (TLS only) with the certificate in this directory, "
+                             "made there at start when missing (clients trust its ca.pem)")
     args = parser.parse_args(argv)
     state = ServiceBusState()
     restoring = args.state_file is not None and args.state_file.exists()
@@ -176,7 +206,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     started = time.monotonic()
     serve(args.host, args.port, state=state, control=control, state_file=args.state_file,
-          namespace=namespace, ready=lambda port: print(
+          namespace=namespace, tls_dir=args.tls_dir, ready=lambda port: print(
               f"listening on {args.host}:{port} ({time.monotonic() - started:.2f} s); "
-              f"connection string: {connection_string(args.host, port, namespace.keys[0])}",
+              f"connection string: {_connection_string(args, port, namespace.keys[0])}",
               file=sys.stderr, flush=True))
+
+
+def _connection_string(args: argparse.Namespace, port: int, key: AccessKey) -> str:
+    if args.tls_dir is None:
+        return connection_string(args.host, port, key)
+    return (f"{tls_connection_string(args.host, key)} (with custom_endpoint_address "
+            f"sb://{args.host}:{port} and connection_verify {args.tls_dir / 'ca.pem'})")
