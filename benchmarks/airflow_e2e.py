@@ -197,14 +197,40 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` and its descendants, live or reaped (user + system)."""
-    total = 0
-    for pid in process_tree(root):
-        fields = _stat(pid)
-        if fields is not None:  # utime, stime, and the reaped children's cutime, cstime
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
-    return total / os.sysconf("SC_CLK_TCK")
+@dataclass
+class CpuMeter:
+    """CPU seconds a process tree used since the meter started, sampled process by process.
+
+    Each :meth:`sample` reads every live process's own user + system time;
+    the total is each one's growth since its first sample (all of it for a
+    process born since the start). A reaped child's time is not read from its
+    parent (``cutime``): Airflow's processes reap children that way or not
+    at all, and a child auto-reaped or reparented would drop out of the sum.
+    A process that ends loses what it used since its last sample (sample
+    often: :func:`watch` does every poll).
+    """
+
+    root: int
+    first: dict[int, int] = field(default_factory=dict)
+    last: dict[int, int] = field(default_factory=dict)
+    started: bool = False
+
+    def sample(self, root: int | None = None) -> None:
+        """Read the tree under ``root`` (the meter's, or a restarted process's, from now on)."""
+        if root is not None:
+            self.root = root
+        for pid in process_tree(self.root):
+            fields = _stat(pid)
+            if fields is None:
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime, stime
+            self.first.setdefault(pid, ticks if not self.started else 0)
+            self.last[pid] = ticks
+        self.started = True
+
+    def seconds(self) -> float:
+        ticks = sum(self.last[pid] - self.first[pid] for pid in self.last)
+        return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def tree_memory(root: int) -> tuple[float, float]:
@@ -381,7 +407,8 @@ async def watch(side: Watch, tally: Tally, *, expected: int, started: float, lim
     pid = side.pid()
     if pid is None:
         raise RuntimeError(f"{label}: the triggerer is not running")
-    cpu_at_start = tree_cpu(pid)
+    cpu = CpuMeter(pid)
+    cpu.sample()
     peak_rss = peak_pss = 0.0
     first: float | None = None
     at_first = 0
@@ -395,9 +422,8 @@ async def watch(side: Watch, tally: Tally, *, expected: int, started: float, lim
         if current is None:
             raise RuntimeError(f"{label}: the triggerer exited after {now:.1f} s "
                                f"({tally.distinct}/{expected} stored)")
-        if current != pid:  # started again by the kit: keep counting the new one too
-            cpu_at_start -= tree_cpu(current)
-            pid = current
+        pid = current  # the kit may have started it again: count the new one too
+        cpu.sample(pid)
         done = tally.distinct >= expected
         if done or now > limit or now - last_memory >= MEMORY_EVERY:
             last_memory = now
@@ -405,7 +431,7 @@ async def watch(side: Watch, tally: Tally, *, expected: int, started: float, lim
             peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
         if done or now > limit:
             return Watched(done, now, first, 1 - at_first / expected,
-                           tree_cpu(pid) - cpu_at_start, peak_rss, peak_pss)
+                           cpu.seconds(), peak_rss, peak_pss)
         if now - last_report >= 5.0:
             last_report = now
             say(f"  [{label} {now:6.1f}s] {tally.distinct:>7}/{expected} distinct, "
