@@ -35,8 +35,9 @@ stored (Airflow: ``asset_event`` rows; sharedstream: ``trigger_events``,
 one asset event each), distinct (watcher, record) pairs, duplicates (stored
 minus distinct), seconds until all ``expected_events(N, K)`` distinct pairs
 are stored, the first event's time, and the triggerer's CPU seconds (its
-process and every descendant, ``/proc``) and peak RSS and PSS (summed over
-the same processes, sampled every half second) over that time. A run that
+process and every descendant, each one's own user + system time read from
+``/proc`` at every count: :class:`CpuMeter`) and peak RSS and PSS (summed
+over the same processes, sampled every half second) over that time. A run that
 does not finish within ``--timeout`` is reported with what it stored.
 
 Rounds (``--rounds``, default 3) run every (mode, K, side) once each; the

@@ -1,17 +1,20 @@
-"""The Airflow benchmark's pure parts (``benchmarks/airflow_e2e.py``), no broker, no Airflow.
+"""The Airflow benchmark's own parts (``benchmarks/airflow_e2e.py``), no broker, no Airflow.
 
 Its two sides must run the same watcher code: the files it writes for
 sharedstream are the Airflow ones under the import rule, and they load here
 as K distinct triggers of the watcher class. Its verdict must hold the
 target to the letter: a ratio of at least 100 in the rounds' median, and no
-duplicate on our side.
+duplicate on our side. Its CPU meter must count a child process that is
+born and ends during a run (Airflow's triggerer once read negative).
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -93,3 +96,23 @@ def test_an_unfinished_run_has_no_rate_and_is_the_slowest_median(bench: ModuleTy
 
     assert math.isnan(unfinished.per_s)
     assert bench.medians(runs)[0].seconds == 100.0
+
+
+def test_the_cpu_meter_counts_a_child_that_is_born_and_ends_during_the_run(
+        bench: ModuleType) -> None:
+    burn = ("import time\nstart = time.process_time()\n"
+            "while time.process_time() - start < 0.4:\n    pass\n")
+    parent = ("import subprocess, sys, time\n"
+              f"subprocess.run([sys.executable, '-c', {burn!r}])\ntime.sleep(1.5)\n")
+    process = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        meter = bench.CpuMeter(process.pid)
+        meter.sample()
+        while process.poll() is None:
+            meter.sample()
+            time.sleep(0.02)
+    finally:
+        process.kill()
+        process.wait()
+
+    assert 0.3 <= meter.seconds() <= 3.0  # the child's 0.4 s (less its last 20 ms), and starts
