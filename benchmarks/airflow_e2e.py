@@ -488,8 +488,10 @@ async def run_airflow(case: Case) -> Run:
                    "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(code)}
     expected = expected_events(case.messages, case.k)
     tally = Tally()
+    # No liveness restarts: a triggerer busy with the load misses its heartbeat for 30 s
+    # and more, and the kit would start it again mid-run (one that exits still is).
     server = AirflowServer(dags, components=("dag-processor", "triggerer"), extra=[PROVIDER],
-                           environment=environment)
+                           environment=environment, hang_timeout=case.timeout + 60)
     say(f"{label}: starting Airflow {server.version}")
     await asyncio.to_thread(server.start)
     try:
