@@ -430,7 +430,7 @@ class AirflowServer:
             raise ConnectionError(f"{method} {path}: {exc!r}") from exc
 
     def pid(self, component: str) -> int | None:
-        """The process id of a running component (``"triggerer"``, ``"api-server"``, ...), or ``None``.
+        """The process id of a running component (``"triggerer"``, ...), or ``None``.
 
         The leader of the component's process group (its children, such as
         the triggerer's trigger runner, are in that group). A component
