@@ -163,6 +163,21 @@ def test_the_connection_uri_names_the_api_and_its_admin(airflow_server: AirflowS
 
 @pytest.mark.airflow
 @pytest.mark.timeout(300)
+def test_pid_names_each_running_component_and_none_for_one_not_started(
+        airflow_server: AirflowServer) -> None:
+    pids = {component: airflow_server.pid(component)
+            for component in ("api-server", "scheduler", "dag-processor")}
+
+    assert len(set(pids.values())) == 3
+    for pid in pids.values():
+        assert pid is not None
+        assert os.getsid(pid) == pid  # the leader of the component's own session
+
+    assert airflow_server.pid("triggerer") is None
+
+
+@pytest.mark.airflow
+@pytest.mark.timeout(300)
 def test_the_api_answers_again_after_a_restart(airflow_server: AirflowServer,
                                                conf_writer: Path) -> None:
     token = airflow_server.token()

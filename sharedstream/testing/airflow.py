@@ -429,6 +429,17 @@ class AirflowServer:
         except http.client.HTTPException as exc:  # a torn answer (a restart): as a dropped line
             raise ConnectionError(f"{method} {path}: {exc!r}") from exc
 
+    def pid(self, component: str) -> int | None:
+        """The process id of a running component (``"triggerer"``, ...), or ``None``.
+
+        The leader of the component's process group (its children, such as
+        the triggerer's trigger runner, are in that group). A component
+        started again after it exited or hung has a new id: ask again.
+        """
+        with self._lifecycle:
+            process = self._processes.get(component)
+            return process.pid if process is not None and process.poll() is None else None
+
     def connection_uri(self) -> str:
         """The API as an ``AIRFLOW_CONN_*``-style URI: ``http://admin:<password>@127.0.0.1:<port>``."""
         return self.url.replace("://", f"://{self.username}:{quote(self.password, safe='')}@", 1)

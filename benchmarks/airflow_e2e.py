@@ -1,0 +1,760 @@
+"""The headline: sharedstream's triggerer against Apache Airflow's own, on one Kafka workload.
+
+Both sides run the same watcher code: the Kafka provider's
+``KafkaSharedStreamTrigger`` (``apache-airflow-providers-apache-kafka``
+2.1.0, the first release with it), subclassed as ``BucketWatcher`` - watcher
+j keeps the records of bucket ``j % 10`` and fires ``{"id", "watcher"}`` for
+each - in a module beside a DAG file that declares K assets, each watched by
+one ``BucketWatcher`` on the same topic, and one DAG scheduled on any of
+them. For Airflow the files import from ``airflow.``; for sharedstream the
+same text imports from ``sharedstream.airflow.`` (the import rule of
+docs/airflow.md), nothing else changed. Both read the Kafka connection
+``kafka_bench`` from ``AIRFLOW_CONN_KAFKA_BENCH`` (``enable.auto.commit``
+false, ``session.timeout.ms`` 2000 for Tansu).
+
+* ``airflow`` - a real Airflow 3.3.2 from the package index (the testing
+  kit's :class:`~sharedstream.testing.airflow.AirflowServer`, its own
+  virtualenv with the provider, SQLite metadata DB in WAL mode): the API
+  server, ``dag-processor`` and ``triggerer``, ``[logging] logging_level``
+  WARNING; no scheduler (the triggerer itself writes the asset events).
+  A fresh Airflow per run.
+* ``sharedstream`` - ``python -m sharedstream triggerer`` (the real CLI) on a
+  fresh SQLite store (``sharedstream init``), ``--log-level WARNING``.
+
+One Tansu broker (in memory) serves every run; each run has its own topic
+of P partitions (default 4), its own consumer group, N JSON records
+(``_e2e.message_body``). Modes: ``live`` - the watchers are running (their
+triggers assigned) before the records are produced, and the clock starts
+with the production; ``backlog`` - the records are produced first, and the
+clock starts when the DAG file is handed over (Airflow: written into the
+running DAG processor's folder; sharedstream: the triggerer process
+started), so parse, start and group join are inside the time.
+
+Both sides are counted from their databases, never from the broker: events
+stored (Airflow: ``asset_event`` rows; sharedstream: ``trigger_events``,
+one asset event each), distinct (watcher, record) pairs, duplicates (stored
+minus distinct), seconds until all ``expected_events(N, K)`` distinct pairs
+are stored, the first event's time, and the triggerer's CPU seconds (its
+process and every descendant, each one's own user + system time read from
+``/proc`` at every count: :class:`CpuMeter`) and peak RSS and PSS (summed
+over the same processes, sampled every half second) over that time. A run that
+does not finish within ``--timeout`` is reported with what it stored.
+
+Rounds (``--rounds``, default 3) run every (mode, K, side) once each; the
+reported run per (side, mode, K) is its median by msgs/s, and the ratio
+``sharedstream / airflow`` per (mode, K) is the median of the rounds' own
+ratios. Target (issue 32): >= 100x at K = 10 and K = 100 with zero
+duplicates on our side; a verdict is printed and written, never asserted.
+Exit status 1 when our side stored a wrong count or any run did not finish.
+
+Writes ``benchmarks/results/airflow_e2e.{json,csv,png}`` (``--name`` to
+change the stem; ``--smoke`` writes ``airflow_e2e-smoke.*``).
+
+Usage: ``python benchmarks/airflow_e2e.py [--messages 20000] [--ks 10]
+[--partitions 4] [--modes live,backlog] [--rounds 3] [--sides airflow,sharedstream]
+[--timeout 900] [--smoke] [--output-dir D] [--name STEM]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _e2e import BUCKETS, expected_events, say
+from _triggerer_config import BENCH_ENVIRONMENT
+from kafka_e2e import RESULTS, create_topic, produce
+
+from sharedstream.runtime.serde import unpack_event_payload
+from sharedstream.testing.airflow import DEFAULT_AIRFLOW_VERSION, AirflowServer
+from sharedstream.testing.brokers import tansu_broker
+from sharedstream.testing.triggerers import TriggererCluster
+
+PROVIDER = "apache-airflow-providers-apache-kafka==2.1.0"
+"""The Kafka provider with ``KafkaSharedStreamTrigger`` (2.1.0 is the first with it)."""
+
+SIDES = ("airflow", "sharedstream")
+MODES = ("live", "backlog")
+TARGET = 100.0
+"""Issue 32: sharedstream's msgs/s at least this many times Airflow's, same workload."""
+POLL = 0.2  # seconds between database counts
+MEMORY_EVERY = 0.5  # seconds between memory samples
+SETTLE = 2.0  # seconds after the watchers are running before a live run produces
+
+# The watcher and the DAG file, written once per side: ``{prefix}`` is "airflow." or
+# "sharedstream.airflow." - the import rule is the only difference.
+WATCHERS = '''\
+"""Watcher j: the Kafka provider's shared-stream trigger, firing for bucket j % 10 only."""
+import json
+
+from {prefix}providers.apache.kafka.triggers.shared_stream import KafkaSharedStreamTrigger
+from {prefix}triggers.base import TriggerEvent
+
+
+class BucketWatcher(KafkaSharedStreamTrigger):
+    def __init__(self, *, bucket, watcher, **kwargs):
+        self.bucket, self.watcher = bucket, watcher  # the watcher label keeps all K distinct
+        super().__init__(**kwargs)
+
+    def serialize(self):
+        _, kwargs = super().serialize()  # the provider's names its own class: name ours
+        return "bench_watchers.BucketWatcher", {{**kwargs, "bucket": self.bucket,
+                                                 "watcher": self.watcher}}
+
+    async def filter_shared_stream(self, shared_stream):
+        async for value in shared_stream:
+            record = json.loads(value)
+            if record["bucket"] == self.bucket:
+                yield TriggerEvent({{"id": record["id"], "watcher": self.watcher}})
+'''
+
+DAG_FILE = '''\
+from {prefix}providers.standard.operators.empty import EmptyOperator
+from {prefix}sdk import DAG, Asset, AssetAny, AssetWatcher
+
+from bench_watchers import BucketWatcher
+
+ASSETS = [
+    Asset(f"bench_bucket_{{j}}", watchers=[AssetWatcher(
+        name=f"watcher_{{j}}",
+        trigger=BucketWatcher(topics=[{topic!r}], kafka_config_id="kafka_bench",
+                              bucket=j % {buckets}, watcher=j))])
+    for j in range({k})
+]
+
+with DAG(dag_id="bench_watched", schedule=AssetAny(*ASSETS)):
+    EmptyOperator(task_id="noop")
+'''
+
+PREFIX = {"airflow": "airflow.", "sharedstream": "sharedstream.airflow."}
+
+
+def write_watchers(folder: Path, side: str) -> None:
+    """The watcher module ``bench_watchers`` for ``side``, in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench_watchers.py").write_text(WATCHERS.format(prefix=PREFIX[side]))
+
+
+def write_dag(folder: Path, side: str, topic: str, k: int) -> Path:
+    """The DAG file with K watched assets for ``side``, in ``folder``; returns its path."""
+    dag = folder / "bench_watched.py"
+    text = DAG_FILE.format(prefix=PREFIX[side], topic=topic, buckets=BUCKETS, k=k)
+    # Written beside, then renamed: a DAG processor never parses half a file.
+    partial = folder / ".bench_watched.py.part"
+    partial.write_text(text)
+    partial.rename(dag)
+    return dag
+
+
+def kafka_connection(bootstrap: str, group: str) -> str:
+    """``AIRFLOW_CONN_KAFKA_BENCH`` (JSON form), read by both sides."""
+    return json.dumps({"conn_type": "kafka", "extra": {
+        "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": "false",
+        "auto.offset.reset": "earliest", "session.timeout.ms": 2000,
+        "heartbeat.interval.ms": 400}})
+
+
+# -- the processes: CPU and memory from /proc ------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant of it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds a process tree used since the meter started, sampled process by process.
+
+    Each :meth:`sample` reads every live process's own user + system time;
+    the total is each one's growth since its first sample (all of it for a
+    process born since the start). A reaped child's time is not read from its
+    parent (``cutime``): Airflow's processes reap children that way or not
+    at all, and a child auto-reaped or reparented would drop out of the sum.
+    A process that ends loses what it used since its last sample (sample
+    often: :func:`watch` does every poll).
+    """
+
+    root: int
+    first: dict[int, int] = field(default_factory=dict)
+    last: dict[int, int] = field(default_factory=dict)
+    started: bool = False
+
+    def sample(self, root: int | None = None) -> None:
+        """Read the tree under ``root`` (the meter's, or a restarted process's, from now on)."""
+        if root is not None:
+            self.root = root
+        for pid in process_tree(self.root):
+            fields = _stat(pid)
+            if fields is None:
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime, stime
+            self.first.setdefault(pid, ticks if not self.started else 0)
+            self.last[pid] = ticks
+        self.started = True
+
+    def seconds(self) -> float:
+        ticks = sum(self.last[pid] - self.first[pid] for pid in self.last)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_memory(root: int) -> tuple[float, float]:
+    """(RSS, PSS) in MB summed over ``root`` and its descendants (``smaps_rollup``)."""
+    rss = pss = 0
+    for pid in process_tree(root):
+        try:
+            lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Pss"):
+                kb = int(rest.split()[0])
+                rss, pss = (rss + kb, pss) if name == "Rss" else (rss, pss + kb)
+    return rss / 1024, pss / 1024
+
+
+# -- counting from the databases -----------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """Events read so far from one side's database, incrementally by row id."""
+
+    read_through: int = 0
+    stored: int = 0
+    pairs: Counter[tuple[int, int]] = field(default_factory=Counter)
+
+    @property
+    def distinct(self) -> int:
+        return len(self.pairs)
+
+    def add(self, payload: Any) -> None:
+        self.stored += 1
+        if isinstance(payload, dict) and "watcher" in payload and "id" in payload:
+            self.pairs[int(payload["watcher"]), int(payload["id"])] += 1
+
+
+def airflow_payload(extra: Any) -> Any:
+    """The trigger event's payload in an ``asset_event.extra`` (``{"payload": ...}``)."""
+    value = json.loads(extra) if isinstance(extra, str | bytes) else extra
+    if isinstance(value, dict) and isinstance(value.get("payload"), dict):
+        return value["payload"]
+    return value
+
+
+def our_payload(raw: Any) -> Any:
+    """A stored trigger event's payload (packed by the store's serde)."""
+    return unpack_event_payload(bytes(raw)) if raw is not None else None
+
+
+def read_new(db_path: Path, tally: Tally, query: str, decode: Callable[[Any], Any]) -> None:
+    """Add to ``tally`` the rows of ``query`` (``id, payload`` after ``?``) not read yet."""
+    if not db_path.exists():
+        return
+    with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as db:
+        for row_id, payload in db.execute(query, (tally.read_through,)):
+            tally.read_through = int(row_id)
+            tally.add(decode(payload))
+
+
+AIRFLOW_EVENTS = "SELECT id, extra FROM asset_event WHERE id > ? ORDER BY id"
+OUR_EVENTS = "SELECT id, payload FROM trigger_events WHERE id > ? ORDER BY id"
+
+
+def running_triggers(db_path: Path, query: str) -> int:
+    with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as db:
+        (count,) = db.execute(query).fetchone()
+    return int(count)
+
+
+# -- one run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One side, one mode, one K, one round: N records until every expected event is stored."""
+
+    side: str
+    mode: str
+    k: int
+    round: int
+    messages: int
+    expected: int
+    finished: bool
+    seconds: float
+    first_event_s: float | None
+    left_at_first: float
+    stored: int
+    distinct: int
+    cpu_s: float
+    peak_rss_mb: float
+    peak_pss_mb: float
+    restarts: int = 0
+    """Airflow components the testing kit started again during the run."""
+
+    @classmethod
+    def of(cls, side: str, case: Case, seen: Watched, tally: Tally, restarts: int = 0) -> Run:
+        return cls(side, case.mode, case.k, case.round, case.messages,
+                   expected_events(case.messages, case.k), seen.finished, seen.seconds,
+                   seen.first_event_s, seen.left_at_first, tally.stored, tally.distinct,
+                   seen.cpu_s, seen.peak_rss_mb, seen.peak_pss_mb, restarts)
+
+    @property
+    def duplicates(self) -> int:
+        return self.stored - self.distinct
+
+    @property
+    def per_s(self) -> float:
+        """Records per second to all stored (NaN when unfinished: see ``distinct``)."""
+        return self.messages / self.seconds if self.finished and self.seconds else math.nan
+
+    @property
+    def steady_per_s(self) -> float:
+        """Records per second after the first stored event (those left then, over the rest)."""
+        if not self.finished or self.first_event_s is None:
+            return math.nan
+        span = self.seconds - self.first_event_s
+        return self.messages * self.left_at_first / span if span > 0 else math.nan
+
+    @property
+    def cpu_ms_per_message(self) -> float:
+        return 1000 * self.cpu_s / self.messages
+
+    def row(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(duplicates=self.duplicates, msgs_per_s=_round(self.per_s),
+                   steady_per_s=_round(self.steady_per_s),
+                   cpu_ms_per_message=round(self.cpu_ms_per_message, 4),
+                   seconds=round(self.seconds, 3),
+                   first_event_s=None if self.first_event_s is None
+                   else round(self.first_event_s, 3), cpu_s=round(self.cpu_s, 2),
+                   peak_rss_mb=round(self.peak_rss_mb, 1), peak_pss_mb=round(self.peak_pss_mb, 1))
+        return out
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 1)
+
+
+@dataclass
+class Watch:
+    """What :func:`watch` needs of one side: where to count, whom to meter."""
+
+    db_path: Path
+    query: str
+    decode: Callable[[Any], Any]
+    pid: Callable[[], int | None]
+    """The triggerer's pid now (``None``: not running)."""
+
+
+@dataclass
+class Watched:
+    """What :func:`watch` saw of one run."""
+
+    finished: bool
+    seconds: float
+    first_event_s: float | None
+    left_at_first: float
+    """The share of the expected events not yet stored when the first was seen."""
+    cpu_s: float
+    peak_rss_mb: float
+    peak_pss_mb: float
+
+
+async def watch(side: Watch, tally: Tally, *, expected: int, started: float, limit: float,
+                label: str) -> Watched:
+    """Count until ``expected`` distinct pairs are stored or ``limit`` s pass.
+
+    CPU is the triggerer's from the call to the end; memory peaks are sampled
+    at the call, every :data:`MEMORY_EVERY` s and at the end.
+    """
+    pid = side.pid()
+    if pid is None:
+        raise RuntimeError(f"{label}: the triggerer is not running")
+    cpu = CpuMeter(pid)
+    cpu.sample()
+    peak_rss = peak_pss = 0.0
+    first: float | None = None
+    at_first = 0
+    last_memory, last_report = -math.inf, 0.0
+    while True:
+        read_new(side.db_path, tally, side.query, side.decode)
+        now = time.perf_counter() - started
+        if first is None and tally.stored:
+            first, at_first = now, tally.distinct
+        current = side.pid()
+        if current is None:
+            raise RuntimeError(f"{label}: the triggerer exited after {now:.1f} s "
+                               f"({tally.distinct}/{expected} stored)")
+        pid = current  # the kit may have started it again: count the new one too
+        cpu.sample(pid)
+        done = tally.distinct >= expected
+        if done or now > limit or now - last_memory >= MEMORY_EVERY:
+            last_memory = now
+            rss, pss = tree_memory(pid)
+            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+        if done or now > limit:
+            return Watched(done, now, first, 1 - at_first / expected,
+                           cpu.seconds(), peak_rss, peak_pss)
+        if now - last_report >= 5.0:
+            last_report = now
+            say(f"  [{label} {now:6.1f}s] {tally.distinct:>7}/{expected} distinct, "
+                f"{tally.stored - tally.distinct} duplicates")
+        await asyncio.sleep(POLL)
+
+
+async def wait_running(count: Callable[[], int], k: int, *, label: str, limit: float) -> None:
+    """Until ``count()`` (triggers running) reaches ``k``, then :data:`SETTLE` s more."""
+    deadline = time.monotonic() + limit
+    while count() < k:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{label}: {count()}/{k} triggers running after {limit:.0f} s")
+        await asyncio.sleep(POLL)
+    await asyncio.sleep(SETTLE)
+
+
+@dataclass
+class Case:
+    """What every run of a case shares."""
+
+    bootstrap: str
+    messages: int
+    partitions: int
+    mode: str
+    k: int
+    round: int
+    workdir: Path
+    timeout: float
+
+    @property
+    def topic(self) -> str:
+        return f"bench.airflow.{self.round}.{self.mode}.{self.k}"
+
+    def label(self, side: str) -> str:
+        return f"{side} {self.mode} K={self.k} #{self.round}"
+
+
+async def run_airflow(case: Case) -> Run:
+    """A fresh Airflow (API server, DAG processor, triggerer) until every event is stored."""
+    topic = f"{case.topic}.airflow"
+    label = case.label("airflow")
+    await create_topic(case.bootstrap, topic, case.partitions)
+    if case.mode == "backlog":
+        await produce(case.bootstrap, topic, case.messages, case.partitions)
+    dags = case.workdir / f"{topic}-dags"
+    dags.mkdir()
+    # Airflow 3's triggerer does not import from the DAG folder: the watcher module is
+    # put on its path (as a deployment installs trigger code), and written before it starts.
+    code = case.workdir / f"{topic}-code"
+    write_watchers(code, "airflow")
+    environment = {"AIRFLOW_CONN_KAFKA_BENCH": kafka_connection(case.bootstrap, f"{topic}.g"),
+                   "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(code)}
+    expected = expected_events(case.messages, case.k)
+    tally = Tally()
+    # No liveness restarts: a triggerer busy with the load misses its heartbeat for 30 s
+    # and more, and the kit would start it again mid-run (one that exits still is).
+    server = AirflowServer(dags, components=("dag-processor", "triggerer"), extra=[PROVIDER],
+                           environment=environment, hang_timeout=case.timeout + 60)
+    say(f"{label}: starting Airflow {server.version}")
+    await asyncio.to_thread(server.start)
+    try:
+        db_path = server.home / "airflow.db"
+        side = Watch(db_path, AIRFLOW_EVENTS, airflow_payload, lambda: server.pid("triggerer"))
+        started = time.perf_counter()
+        write_dag(dags, "airflow", topic, case.k)
+        if case.mode == "live":
+            await wait_running(lambda: running_triggers(
+                db_path, 'SELECT count(*) FROM "trigger" WHERE triggerer_id IS NOT NULL'),
+                case.k, label=label, limit=120)
+            started = time.perf_counter()
+            producing = asyncio.create_task(
+                produce(case.bootstrap, topic, case.messages, case.partitions))
+        seen = await watch(side, tally, expected=expected, started=started, limit=case.timeout,
+                           label=label)
+        if case.mode == "live":
+            await producing
+    finally:
+        await asyncio.to_thread(server.stop)
+    # Stopped: nothing more is written. (Its home, the DB with it, is gone: count before.)
+    return Run.of("airflow", case, seen, tally, restarts=sum(server.restarts.values()))
+
+
+async def run_ours(case: Case) -> Run:
+    """``python -m sharedstream triggerer`` on a fresh SQLite store until every event is stored."""
+    topic = f"{case.topic}.ours"
+    label = case.label("sharedstream")
+    await create_topic(case.bootstrap, topic, case.partitions)
+    if case.mode == "backlog":
+        await produce(case.bootstrap, topic, case.messages, case.partitions)
+    folder = case.workdir / f"{topic}-ours"
+    folder.mkdir()
+    env = {**BENCH_ENVIRONMENT,
+           "AIRFLOW_CONN_KAFKA_BENCH": kafka_connection(case.bootstrap, f"{topic}.g")}
+    cluster = TriggererCluster(folder, "sqlite:///sharedstream.db", env)
+    db_path = folder / "sharedstream.db"
+    expected = expected_events(case.messages, case.k)
+    tally = Tally()
+    try:
+        write_watchers(folder, "sharedstream")
+        definitions = write_dag(folder, "sharedstream", topic, case.k)
+        started = time.perf_counter()
+        process = cluster.start(0, definitions, log_level="WARNING")
+        side = Watch(db_path, OUR_EVENTS, our_payload,
+                     lambda: process.pid if process.poll() is None else None)
+        if case.mode == "live":
+            await wait_running(lambda: _our_running(cluster), case.k, label=label, limit=60)
+            started = time.perf_counter()
+            producing = asyncio.create_task(
+                produce(case.bootstrap, topic, case.messages, case.partitions))
+        try:
+            seen = await watch(side, tally, expected=expected, started=started,
+                               limit=case.timeout, label=label)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{cluster.log(0)[-2000:]}") from exc
+        if case.mode == "live":
+            await producing
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 60)
+        read_new(db_path, tally, OUR_EVENTS, our_payload)  # whatever landed after
+    finally:
+        cluster.close()
+    return Run.of("sharedstream", case, seen, tally)
+
+
+def _our_running(cluster: TriggererCluster) -> int:
+    """Triggers the live triggerer reports running (``sharedstream triggerers list``)."""
+    try:
+        listed = cluster.json("triggerers", "list")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0
+    return max((len(row["triggers"]) for row in listed if row["alive"]), default=0)
+
+
+RUNNERS = {"airflow": run_airflow, "sharedstream": run_ours}
+
+
+# -- rounds, medians, ratios, files -------------------------------------------------------------
+
+
+def medians(runs: list[Run]) -> list[Run]:
+    """Per (side, mode, K), the run with the median msgs/s (unfinished ones count as slowest)."""
+    grouped: dict[tuple[str, str, int], list[Run]] = {}
+    for run in runs:
+        grouped.setdefault((run.side, run.mode, run.k), []).append(run)
+    return [sorted(group, key=lambda r: -math.inf if math.isnan(r.per_s) else r.per_s)[
+        (len(group) - 1) // 2] for group in grouped.values()]
+
+
+def ratios(runs: list[Run]) -> dict[str, dict[str, Any]]:
+    """Per (mode, K): each round's ours / Airflow msgs/s and Airflow / ours CPU per message."""
+    by = {(r.side, r.mode, r.k, r.round): r for r in runs}
+    out: dict[str, dict[str, Any]] = {}
+    for mode, k in sorted({(r.mode, r.k) for r in runs}):
+        speed, cpu = [], []
+        for round_ in sorted({r.round for r in runs}):
+            ours = by.get(("sharedstream", mode, k, round_))
+            theirs = by.get(("airflow", mode, k, round_))
+            if ours is None or theirs is None:
+                continue
+            speed.append(round(ours.per_s / theirs.per_s, 1))
+            if ours.cpu_s > 0:
+                cpu.append(round(theirs.cpu_ms_per_message / ours.cpu_ms_per_message, 1))
+        if not speed:
+            continue
+        finite = [v for v in speed if not math.isnan(v)]
+        median = statistics.median(finite) if len(finite) == len(speed) else math.nan
+        clean = all(r.duplicates == 0 and r.finished for r in runs
+                    if (r.side, r.mode, r.k) == ("sharedstream", mode, k))
+        out[f"{mode} K={k}"] = {
+            "msgs_per_s_ours_over_airflow": {"rounds": speed, "median": _round(median)},
+            "cpu_per_message_airflow_over_ours": {
+                "rounds": cpu, "median": round(statistics.median(cpu), 1) if cpu else None},
+            "target": f">= {TARGET:g}x msgs/s, 0 duplicates on our side",
+            "verdict": "MET" if median >= TARGET and clean else "NOT MET"}
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """msgs/s and triggerer CPU per message, per (mode, K), both sides, log scales."""
+    import matplotlib  # noqa: PLC0415 - only needed for the plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    cases = sorted({(r["mode"], r["k"]) for r in rows})
+    by = {(r["side"], r["mode"], r["k"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    panels = (("msgs_per_s", "records/s to all stored (median run)", "{:,.0f}"),
+              ("cpu_ms_per_message", "triggerer CPU ms per record", "{:.3g}"))
+    for ax, (key, ylabel, fmt) in zip(axes, panels, strict=True):
+        for offset, side, colour in ((-0.2, "airflow", "C1"), (0.2, "sharedstream", "C0")):
+            values = [(by.get((side, *case)) or {}).get(key) or 0 for case in cases]
+            bars = ax.bar([x + offset for x in range(len(cases))], values, 0.4, color=colour,
+                          label=side)
+            ax.bar_label(bars, labels=[fmt.format(v) if v else "-" for v in values],
+                         fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(cases)), [f"{mode}\nK={k}" for mode, k in cases])
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any]) -> None:
+    rows = [r.row() for r in medians(runs)]
+    stem = args.name or ("airflow_e2e-smoke" if args.smoke else "airflow_e2e")
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{stem}.json").write_text(json.dumps({
+        "python": sys.version.split()[0], "machine": platform.platform(),
+        "cpus": os.cpu_count(), "load_average": load, "airflow": DEFAULT_AIRFLOW_VERSION,
+        "provider": PROVIDER, "broker": "tansu (memory)", "store": "sqlite",
+        "messages": args.messages, "ks": args.ks, "partitions": args.partitions,
+        "modes": args.modes, "rounds": args.rounds, "rows": rows,
+        "ratios": ratios(runs), "runs": [r.row() for r in runs]}, indent=2) + "\n")
+    with (args.output_dir / f"{stem}.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, args.output_dir / f"{stem}.png",
+         f"Airflow {DEFAULT_AIRFLOW_VERSION}'s triggerer vs sharedstream's: {args.messages:,} "
+         f"records, {args.partitions} partitions (Tansu), SQLite")
+
+
+def print_table(runs: list[Run]) -> None:
+    print("| side | mode | K | msgs/s | steady msgs/s | s to all stored | stored | distinct "
+          "| duplicates | CPU ms/record | peak RSS MB | peak PSS MB |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in sorted(medians(runs), key=lambda r: (r.mode, r.k, r.side)):
+        print(f"| {r.side} | {r.mode} | {r.k} | {r.per_s:,.1f} | {r.steady_per_s:,.1f} | "
+              f"{r.seconds:.2f}{'' if r.finished else ' (unfinished)'} | {r.stored:,} | "
+              f"{r.distinct:,} / {r.expected:,} | {r.duplicates:,} | "
+              f"{r.cpu_ms_per_message:.3f} | {r.peak_rss_mb:,.0f} | {r.peak_pss_mb:,.0f} |")
+    for name, ratio in ratios(runs).items():
+        speed = ratio["msgs_per_s_ours_over_airflow"]
+        cpu = ratio["cpu_per_message_airflow_over_ours"]
+        print(f"{name}: sharedstream / Airflow msgs/s {speed['median']}x (rounds "
+              f"{speed['rounds']}), Airflow / sharedstream CPU per record {cpu['median']}x "
+              f"-> {ratio['verdict']} (target {ratio['target']})")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    def listed(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+        def parse(text: str) -> list[str]:
+            values = text.split(",")
+            wrong = [v for v in values if v not in allowed]
+            if wrong:
+                raise argparse.ArgumentTypeError(f"unknown {wrong}; choose from {allowed}")
+            return values
+        return parse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--messages", type=int, default=20_000, help="records per run (20,000)")
+    parser.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[10],
+                        help="watcher counts, comma-separated (default 10)")
+    parser.add_argument("--partitions", type=int, default=4, help="of the topic (default 4)")
+    parser.add_argument("--modes", type=listed(MODES), default=list(MODES),
+                        help="live,backlog (default both)")
+    parser.add_argument("--sides", type=listed(SIDES), default=list(SIDES),
+                        help="airflow,sharedstream (default both)")
+    parser.add_argument("--rounds", type=int, default=3, help="every case once per round (3)")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds a run may take before it is reported unfinished (900)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="500 records, K = 10, one round, both modes: a check that it runs")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--name", help="file stem in the output folder (default airflow_e2e)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.messages, args.ks, args.rounds, args.timeout = 500, [10], 1, 180.0
+    if args.messages < 1 or args.rounds < 1 or args.partitions < 1 or min(args.ks) < 1:
+        parser.error("--messages, --rounds, --partitions and --ks must be positive")
+    return args
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="bench-airflow-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path) -> list[Run]:
+    runs = []
+    for round_ in range(args.rounds):
+        for mode in args.modes:
+            for k in args.ks:
+                case = Case(bootstrap, args.messages, args.partitions, mode, k, round_,
+                            workdir, args.timeout)
+                # Alternate which side goes first, round by round.
+                sides = args.sides if round_ % 2 == 0 else list(reversed(args.sides))
+                for side in sides:
+                    run = await RUNNERS[side](case)
+                    say(f"{case.label(side)}: {run.per_s:,.1f} msgs/s "
+                        f"({'finished' if run.finished else 'UNFINISHED'} in "
+                        f"{run.seconds:.1f} s), {run.stored}/{run.expected} stored, "
+                        f"{run.duplicates} duplicates, {run.cpu_ms_per_message:.3f} CPU ms/record, "
+                        f"peak PSS {run.peak_pss_mb:.0f} MB")
+                    runs.append(run)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load: dict[str, Any] = {"start": list(os.getloadavg())}
+    with _workdir() as workdir, tansu_broker(workdir) as bootstrap:
+        runs = asyncio.run(run_all(args, bootstrap, workdir))
+    load["end"] = list(os.getloadavg())
+    write_results(args, runs, load)
+    print_table(runs)
+    wrong = [f"{r.side} {r.mode} K={r.k} #{r.round}" for r in runs
+             if not r.finished or (r.side == "sharedstream" and (
+                 r.duplicates or r.stored != r.expected))]
+    if wrong:
+        say(f"error: unfinished runs, or wrong counts on our side, in {', '.join(wrong)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
