@@ -253,7 +253,8 @@ async def test_a_stream_that_keeps_ending_the_same_way_is_a_warning_and_not_read
     stream with ``RESOURCE_EXHAUSTED``. The third end in a row is a WARNING
     naming the error and the count, and the producer is not ``connected``
     (the triggerer's readiness check fails) though its poll goes on, with a
-    fourth stream open.
+    fourth stream open. (The call is counted before the stream is open, so
+    that is waited for, not asserted at once.)
     """
     caplog.set_level(logging.INFO, logger=PRODUCER_LOG)
     narrow = (("grpc.max_receive_message_length", 1024 * 1024),)
@@ -277,9 +278,9 @@ async def test_a_stream_that_keeps_ending_the_same_way_is_a_warning_and_not_read
             assert str(fields["error"]).startswith("ResourceExhausted: ")
             assert "larger than max" in str(fields["error"])
             producer = producer_of(stream)
-            await eventually(lambda: producer.calls["StreamingPull"] == 4,
+            await eventually(lambda: producer.calls["StreamingPull"] >= 4,
                              what="a fourth stream")
-            assert producer._pull.open, "the fourth stream is open"
+            await eventually(lambda: producer._pull.open, what="a stream open")
             assert producer.connected is False
     finally:
         await session.close()
