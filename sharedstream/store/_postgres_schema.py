@@ -218,7 +218,35 @@ _V8 = ("ALTER TABLE trigger_events ADD COLUMN fingerprint TEXT",)
 # triggers of the queues it is configured for ([triggerer] queues), or those with none.
 _V9 = ("ALTER TABLE triggers ADD COLUMN queue TEXT",)
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+# Replays (sharedstream.store.replays): one watcher's catch-up on its stream, asked for
+# by a person and run by a triggerer that claims it; the row is its durable progress.
+# At most one active replay per trigger (the partial unique index).
+_V10 = (
+    """CREATE TABLE replays (
+        id BIGSERIAL PRIMARY KEY,
+        trigger_id BIGINT NOT NULL REFERENCES triggers (id),
+        watcher TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'cancelling', 'done',
+                                             'cancelled', 'failed')),
+        request TEXT NOT NULL,
+        plan TEXT,
+        positions TEXT NOT NULL,
+        total BIGINT,
+        done BIGINT NOT NULL DEFAULT 0,
+        matched BIGINT NOT NULL DEFAULT 0,
+        stored BIGINT NOT NULL DEFAULT 0,
+        rejected BIGINT NOT NULL DEFAULT 0,
+        triggerer_id TEXT,
+        error TEXT,
+        created_at TIMESTAMPTZ NOT NULL,
+        updated_at TIMESTAMPTZ NOT NULL,
+        finished_at TIMESTAMPTZ
+    )""",
+    "CREATE UNIQUE INDEX replays_one_active ON replays (trigger_id)"
+    " WHERE state IN ('pending', 'running', 'cancelling')",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 """Migration ``n`` (1-based) is ``MIGRATIONS[n - 1]``: statements run in one transaction.
 
 Append only; never edit a released migration.

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, NamedTuple, Self
 from sharedstream.store._batches import release_batches
 from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
 from sharedstream.store._outbox_sql import OutboxSql
+from sharedstream.store._replays_sql import ReplaySql
 from sharedstream.store._rows import (
     COUNTS_SQL,
     DEAD_LETTER_COLUMNS,
@@ -132,10 +133,11 @@ def check_definitions(
     return CheckedDefinitions(specs, referenced, schedules, asset_names)
 
 
-class SharedSql(OutboxSql):
+class SharedSql(OutboxSql, ReplaySql):
     """The SQL both stores share; a subclass gives ``_dialect``, ``_read`` and ``_write``.
 
-    The dispatch methods come from :class:`~sharedstream.store._outbox_sql.OutboxSql`.
+    The dispatch methods come from :class:`~sharedstream.store._outbox_sql.OutboxSql`,
+    the replay methods from :class:`~sharedstream.store._replays_sql.ReplaySql`.
     """
 
     _dialect: ClassVar[Dialect]

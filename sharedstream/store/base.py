@@ -74,6 +74,7 @@ from urllib.parse import urlsplit
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.store.outbox import OutboxStore
+from sharedstream.store.replays import ReplayStore
 
 __all__ = [
     "DEAD_LETTER_PAYLOAD_LIMIT",
@@ -535,7 +536,7 @@ class Schedule:
         return any(child.satisfied(pending) for child in self.children)
 
 
-class MetadataStore(OutboxStore, Protocol):
+class MetadataStore(OutboxStore, ReplayStore, Protocol):
     """What the runtime and the CLI need from a metadata database.
 
     An instance is used from one thread at a time. Every mutation is a single
