@@ -31,6 +31,7 @@ __all__ = [
     "KafkaPayload",
     "KafkaProducerError",
     "KafkaSettings",
+    "message_of",
     "security_fingerprint",
     "sending_config",
 ]
@@ -110,6 +111,13 @@ class KafkaMessage(DecodeCache):
     def __repr__(self) -> str:
         return (f"KafkaMessage({self.topic!r}, {self.partition}, {self.offset}, key={self.key!r}, "
                 f"value={self.value!r})")
+
+
+def message_of(record: Any) -> KafkaMessage:
+    """The :class:`KafkaMessage` of an aiokafka ``ConsumerRecord`` (live and replayed alike)."""
+    headers = record.headers
+    return KafkaMessage(record.topic, record.partition, record.offset, record.key, record.value,
+                        tuple(headers) if headers else (), record.timestamp)
 
 
 class KafkaPayload(NamedTuple):

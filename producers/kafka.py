@@ -74,6 +74,7 @@ from sharedstream.engine.producer import (
 )
 from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._kafka_backlog import group_lag
+from sharedstream.producers._kafka_replay import KafkaReplaySource
 from sharedstream.producers._kafka_republish import KafkaRepublishError, republish_records
 from sharedstream.producers._kafka_types import (
     KafkaCommitError,
@@ -85,6 +86,7 @@ from sharedstream.producers._kafka_types import (
     KafkaPayload,
     KafkaProducerError,
     KafkaSettings,
+    message_of,
     security_fingerprint,
     sending_config,
 )
@@ -190,6 +192,11 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             config["client_id"] = s.client_id
         return config
 
+    def replay_source(self) -> KafkaReplaySource:
+        """A reader of this stream's partitions outside its group (:mod:`._kafka_replay`)."""
+        return KafkaReplaySource(self.consumer_config(), tuple(self.settings.topics),
+                                 self.settings.max_records, _sdk)
+
     def dead_letter_config(self) -> dict[str, Any]:
         """The keyword arguments of the dead-letter ``AIOKafkaProducer``."""
         return sending_config(self.settings, "dlq")
@@ -267,11 +274,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                     # seek or a rebalance run.
                     if rewinds.get(tp_key, 0) != tag or lanes.get(tp_key) is not lane:
                         break  # sought back or reassigned: the rest comes again
-                    headers = record.headers
-                    message = KafkaMessage(
-                        record.topic, record.partition, record.offset, record.key, record.value,
-                        tuple(headers) if headers else (), record.timestamp,
-                    )
+                    message = message_of(record)
                     payload = KafkaPayload(
                         record.topic, record.partition, record.offset, epoch,
                         message,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from sharedstream.engine.errors import BacklogUnavailable
+from sharedstream.engine.replay import ReplaySource
 
 __all__ = [
     "MAX_ADVANCE_ITEMS",
@@ -434,6 +435,17 @@ class SharedStreamProducer(abc.ABC):
         so a producer that says nothing shows ``n/a``.
         """
         raise BacklogUnavailable(f"{type(self).__name__} cannot tell its broker's backlog")
+
+    def replay_source(self) -> ReplaySource | None:
+        """A bounded reader of this stream for one watcher's replay, or ``None`` (the default).
+
+        Called by the runtime outside any poll, on a producer built by
+        ``create_shared_stream_producer`` whose :meth:`open_stream` was not
+        called and will not be. The source opens clients of its own; see
+        :mod:`sharedstream.engine.replay` for its contracts. ``None``: this
+        broker cannot replay (the runtime refuses the replay with one line).
+        """
+        return None
 
     async def republish(self, letters: Sequence[DeadLetter]) -> None:
         """Publish kept dead letters again to the stream this producer consumes, as new messages.

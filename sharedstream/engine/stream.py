@@ -22,9 +22,10 @@ works from anywhere in the filter's task and nowhere else.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol
 
 from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import StreamStopped
@@ -32,13 +33,47 @@ from sharedstream.engine.fanout import FanOut, Subscriber
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.resolution import ResolutionBook
 
-__all__ = ["ack_stream", "fast_stream", "reject_shared_stream_event"]
+__all__ = ["ack_stream", "fast_stream", "reject_shared_stream_event", "rejections_to"]
 
 log = key_value_logger("sharedstream.stream")
 
-_window_owner: ContextVar[tuple[ResolutionBook, AckSubscriber] | None] = ContextVar(
+
+
+class _Rejects(Protocol):
+    """Who takes a filter's rejection: the stream's resolution book, or a replay's handler."""
+
+    def reject(self, sub: Any, reason: str | None) -> bool: ...
+
+
+_window_owner: ContextVar[tuple[_Rejects, Any] | None] = ContextVar(
     "sharedstream_window_owner", default=None
 )
+
+
+class _Handler:
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: Callable[[str | None], bool]) -> None:
+        self.handler = handler
+
+    def reject(self, sub: Any, reason: str | None) -> bool:
+        return self.handler(reason)
+
+
+@contextmanager
+def rejections_to(handler: Callable[[str | None], bool]) -> Iterator[None]:
+    """In this block (this task's context) :func:`reject_shared_stream_event` calls ``handler``.
+
+    For a filter run outside any stream (a replay feeds one trigger's filter
+    itself): ``handler(reason)`` takes the rejection of the raw event the
+    caller is feeding and returns ``True`` (``False``: the same warning as
+    outside a binding window).
+    """
+    token = _window_owner.set((_Handler(handler), None))
+    try:
+        yield
+    finally:
+        _window_owner.reset(token)
 
 
 def reject_shared_stream_event(reason: str | None = None) -> None:

@@ -49,8 +49,16 @@ from sharedstream.runtime.registry import TriggerRegistry
 from sharedstream.runtime.serde import SerializationError, pack_event_payload, unpack_kwargs
 from sharedstream.store import MetadataStore, PendingEvent, TriggerRow
 
-__all__ = ["CLEANUP_TIMEOUT", "STABLE_AFTER", "Attempt", "Progress", "Supervisor",
-           "TriggerEnded", "Unrunnable"]
+__all__ = [
+    "CLEANUP_TIMEOUT",
+    "STABLE_AFTER",
+    "Attempt",
+    "Progress",
+    "Supervisor",
+    "TriggerEnded",
+    "Unrunnable",
+    "pending_event",
+]
 
 log = key_value_logger("sharedstream.runtime")
 
@@ -380,7 +388,7 @@ class Supervisor:
         async for event in trigger.filter_shared_stream(stream):
             seq = member.bind()
             try:
-                pending = self._pending_event(trigger_id, event, member.raw_event_identity(),
+                pending = pending_event(trigger_id, event, member.raw_event_identity(),
                                               native, member.traceparent() if traced else None)
             except SerializationError as exc:
                 self._refuse_event(member, exc)  # rejecting drops the seq just bound
@@ -405,27 +413,26 @@ class Supervisor:
 
     async def _store_event(self, trigger_id: int, event: TriggerEvent) -> None:
         """Queue an event of a standalone trigger (not gated, no idempotency key)."""
-        await self._gate.put(self._pending_event(trigger_id, event, None), None)
+        await self._gate.put(pending_event(trigger_id, event, None), None)
 
-    @staticmethod
-    def _pending_event(
-        trigger_id: int, event: TriggerEvent, identity: tuple[str, str | None] | None,
-        native: Callable[[TriggerEvent], bool] | None = None, traceparent: str | None = None,
-    ) -> PendingEvent:
-        """What the gate stores for ``event``: its packed payload, idempotency key and fingerprint.
 
-        ``identity`` is the member's ``raw_event_identity()`` (``None``: not
-        idempotent); ``native`` is the trigger's ``payload_is_native``, asked
-        once the event is known to be a :class:`TriggerEvent`; ``traceparent``
-        the trace context of the filter span it came from (tracing on).
-        """
-        if not isinstance(event, TriggerEvent):
-            raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
-                            "not a TriggerEvent")
-        vouched = native is not None and native(event)
-        payload = pack_event_payload(event.payload, native=vouched)
-        if identity is None:
-            return PendingEvent(trigger_id, None, payload, traceparent)
-        name, fingerprint = identity
-        return PendingEvent(trigger_id, f"{trigger_id}/{name}", payload, traceparent, fingerprint)
+def pending_event(
+    trigger_id: int, event: TriggerEvent, identity: tuple[str, str | None] | None,
+    native: Callable[[TriggerEvent], bool] | None = None, traceparent: str | None = None,
+) -> PendingEvent:
+    """What the gate stores for ``event``: its packed payload, idempotency key and fingerprint.
 
+    ``identity`` is the member's ``raw_event_identity()`` (``None``: not
+    idempotent); ``native`` is the trigger's ``payload_is_native``, asked
+    once the event is known to be a :class:`TriggerEvent`; ``traceparent``
+    the trace context of the filter span it came from (tracing on).
+    """
+    if not isinstance(event, TriggerEvent):
+        raise TypeError(f"trigger {trigger_id} yielded {type(event).__qualname__}, "
+                        "not a TriggerEvent")
+    vouched = native is not None and native(event)
+    payload = pack_event_payload(event.payload, native=vouched)
+    if identity is None:
+        return PendingEvent(trigger_id, None, payload, traceparent)
+    name, fingerprint = identity
+    return PendingEvent(trigger_id, f"{trigger_id}/{name}", payload, traceparent, fingerprint)

@@ -83,6 +83,7 @@ from sharedstream.runtime.ops import open_endpoint
 from sharedstream.runtime.persist import PersistGate
 from sharedstream.runtime.progress_log import report_progress
 from sharedstream.runtime.registry import TriggerRegistry
+from sharedstream.runtime.replay_loop import ReplayLoop
 from sharedstream.runtime.retention import Retention
 from sharedstream.runtime.schedule_loop import ScheduleLoop, dag_specs
 from sharedstream.runtime.serde import (
@@ -186,6 +187,8 @@ class Triggerer:
         self._claim_now = asyncio.Event()  # a standalone trigger ended: claim again at once
         self._round_done = asyncio.Event()  # a claim round ended (the idle watch looks)
         self._shared_ids: list[int] = []
+        self.replays: ReplayLoop | None = None
+        """Runs the replays of this triggerer's watchers (set when it runs a shared stream)."""
         self.api = open_endpoint(self)
         """The operations endpoint (``[api] enabled``), served while :meth:`run` runs."""
 
@@ -419,6 +422,14 @@ class Triggerer:
                 self.definitions, batch_asset_events=self.config.scheduler.batch_asset_events)):
             self._batches = BatchLoop(lambda: self.store, self.db, self._runs_made)
             side.append(tasks.create_task(self._batches.run(), name="sharedstream-batches"))
+        if self._shared_ids:
+            one = serves_one_triggerer(self.config.store.url)
+            self.replays = ReplayLoop(
+                store=lambda: self.store, db=self.db, write=self._write,
+                rehydrate=self.supervisor.rehydrate, triggerer_id=self.triggerer_id,
+                trigger_ids=lambda: self._shared_ids,
+                threshold=0.0 if one else self.config.triggerer.triggerer_health_check_threshold)
+            side.append(tasks.create_task(self.replays.run(), name="sharedstream-replays"))
         schedules = self._run_schedules(tasks)
         if schedules is not None:
             side.append(schedules)
