@@ -85,7 +85,8 @@ class KafkaReplaySource:
             partitions = await self._partitions(consumer)
             lanes = {lane_of(tp.topic, tp.partition): tp for tp in partitions}
             if request.offsets is not None:
-                unknown = sorted(set(request.offsets) - set(lanes))
+                request = self._named(request)
+                unknown = sorted(set(request.offsets or ()) - set(lanes))
                 if unknown:
                     raise ReplayError(f"no such partition: {', '.join(unknown)} (the stream reads"
                                       f" {', '.join(lanes)})")
@@ -108,6 +109,17 @@ class KafkaReplaySource:
             start = end if start is None else min(max(start, firsts[tp]), end)
             plan[lane] = (start, end)
         return plan
+
+    def _named(self, request: ReplayRequest) -> ReplayRequest:
+        """``request`` with each bare partition (``"0"``) named ``topic/0`` (one topic only)."""
+        offsets = dict(request.offsets or {})
+        bare = [lane for lane in offsets if "/" not in lane]
+        if bare and len(self._topics) != 1:
+            raise ReplayError(f"the stream reads topics {', '.join(self._topics)}: name the "
+                              f"topic of each partition (topic/0:120)")
+        named = {(f"{self._topics[0]}/{lane}" if "/" not in lane else lane): offset
+                 for lane, offset in offsets.items()}
+        return ReplayRequest(offsets=named, until=request.until)
 
     async def _starts(self, consumer: Any, partitions: list[Any],
                       request: ReplayRequest) -> dict[Any, int | None]:

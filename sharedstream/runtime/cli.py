@@ -47,6 +47,7 @@ from sharedstream.runtime.cli_output import (
 )
 from sharedstream.runtime.cli_runs import add_redrive_command, add_run_commands
 from sharedstream.runtime.cli_send import add_send_command
+from sharedstream.runtime.cli_watchers import add_watcher_commands
 from sharedstream.runtime.config import Config, load_config, write_default_config
 from sharedstream.runtime.config_connections import install_connections
 from sharedstream.runtime.crypto import generate_key
@@ -99,6 +100,8 @@ examples:
   sharedstream runs list --dag ship --limit 20    the newest queued DAG runs of one DAG
   sharedstream triggerers list                    the triggerer processes: alive? running what?
   sharedstream deadletters list --json            raw events kept in the store's DLQ table
+  sharedstream watchers replay orders/late --from 24h
+                                                  feed one watcher the day it missed
   sharedstream db check                           is the database reachable and up to date?
   sharedstream demo                               everything against a local broker
   sharedstream broker start kafka                 a local broker; prints its connection
@@ -270,6 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_status_command(commands)
     add_send_command(commands, _log_level)
     add_broker_command(commands)
+    add_watcher_commands(commands, anywhere)
     return parser
 
 
