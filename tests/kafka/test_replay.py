@@ -57,10 +57,11 @@ async def committed(harness: KafkaHarness, stream: Stream) -> int:
     return sum([await harness.committed(stream, p) for p in (0, 1)])
 
 
-def cli_for(workdir: Path, harness: KafkaHarness, stream: Stream, *, late: bool) -> TriggererCli:
+def cli_for(workdir: Path, harness: KafkaHarness, stream: Stream, *, late: bool,
+            delay: float = 0.0) -> TriggererCli:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "REPLAY_BOOTSTRAP": harness.bootstrap,
            "REPLAY_TOPIC": stream.name, "REPLAY_GROUP": stream.group,
-           "REPLAY_LATE": "1" if late else "0",
+           "REPLAY_LATE": "1" if late else "0", "REPLAY_DELAY": str(delay),
            "SHAREDSTREAM__DISPATCH__ENABLED": "false"}
     return TriggererCli(workdir, env, DEFINITIONS)
 
@@ -127,3 +128,99 @@ async def test_a_watcher_added_late_catches_up_and_nothing_else_changes(
     listing = late.run("watchers", "replays", "--json")
     assert [(r["id"], r["state"], r["new_events"]) for r in json.loads(listing)] == [
         (2, "done", 0), (1, "done", 15)]
+
+
+def replay_row(database: Path, replay_id: int) -> tuple[str, int, int | None, int]:
+    """``(state, done, total, stored)`` of a replay, read from the SQLite file."""
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as db:
+        (row,) = db.execute("SELECT state, done, total, stored FROM replays WHERE id = ?",
+                            (replay_id,)).fetchall()
+    return row
+
+
+async def read_early_records(harness: KafkaHarness, tmp_path: Path, count: int
+                             ) -> tuple[Stream, Path]:
+    """A 2-partition topic whose ``count`` records the early definitions stored; the database."""
+    name = f"replay-{uuid.uuid4().hex[:10]}"
+    stream = Stream(name=name, dead_letter=None, group=f"g-{name}")
+    await harness.create_topics(stream.name, partitions=2)
+    early = cli_for(tmp_path, harness, stream, late=False)
+    early.run("init", "--path", str(early.config))
+    database = tmp_path / "sharedstream.db"
+    await send(harness, stream.name, range(count))
+    with early.running(0) as process:
+        async def read() -> bool:
+            return (await committed(harness, stream) == count
+                    and events_by_asset(database).get("orders") == count)
+        await early.until(0, process, read)
+    return stream, database
+
+
+@pytest.mark.timeout(240)
+async def test_a_replay_killed_midway_resumes_where_it_was_and_stores_each_event_once(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    records = 200  # 100 match the late watcher, 50 ms each: about 5 s of replay
+    stream, database = await read_early_records(harness, tmp_path, records)
+    late = cli_for(tmp_path, harness, stream, late=True, delay=0.05)
+    first = late.start(1, log_level="INFO")
+    try:
+        await asyncio.to_thread(late.wait_for_log, 1, "definitions registered")
+        asked = late.run("watchers", "replay", "late/all", "--from", "0:0,1:0", "--detach")
+        assert asked.startswith("replay 1 of late/all asked for (offsets {'"), asked
+
+        async def midway() -> bool:
+            state, done, total, stored = replay_row(database, 1)
+            return state == "running" and total == records and 20 <= stored < 90
+        await late.until(1, first, midway)
+    finally:
+        first.kill()
+        first.wait()
+    state, done, _, stored = replay_row(database, 1)
+    assert state == "running" and stored < records // 2, "killed mid-replay"
+    with late.running(2, log_level="INFO") as second:
+        async def finished() -> bool:
+            return replay_row(database, 1)[0] == "done"
+        await late.until(2, second, finished, within=60)
+        assert "replay resumed" in late.log(2)
+    _, done, total, stored = replay_row(database, 1)
+    assert (done, total) == (records, records)
+    assert events_by_asset(database) == {"orders": records, "late": records // 2}
+    assert runs_by_dag(database) == {"on_orders": records, "on_late": records // 2}
+    assert await committed(harness, stream) == records
+
+
+@pytest.mark.timeout(240)
+async def test_a_cancelled_replay_stops_and_a_second_replay_of_a_watcher_is_refused(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    records = 200
+    stream, database = await read_early_records(harness, tmp_path, records)
+    late = cli_for(tmp_path, harness, stream, late=True, delay=0.05)
+    with late.running(1, log_level="INFO") as process:
+        await asyncio.to_thread(late.wait_for_log, 1, "definitions registered")
+        late.run("watchers", "replay", "late/all", "--from", "1d", "--detach")
+        follower = await asyncio.to_thread(
+            subprocess.Popen,
+            [sys.executable, "-m", "sharedstream", "--config", str(late.config), "watchers",
+             "replay", "late/all", "--from", "1d"], cwd=late.dir, env=late.env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, refused = await asyncio.to_thread(follower.communicate, timeout=60)
+        assert follower.returncode == 2
+        assert refused == ("sharedstream: error: watcher 'late/all' already has replay 1 "
+                           "(pending); wait for it or cancel it: sharedstream watchers "
+                           "cancel-replay 1\n") or "(running)" in refused, refused
+
+        async def running() -> bool:
+            return replay_row(database, 1)[3] >= 10
+        await late.until(1, process, running)
+        said = late.run("watchers", "cancel-replay", "1")
+        assert said.startswith("replay 1 of late/all: asked its triggerer to stop it"), said
+
+        async def cancelled() -> bool:
+            return replay_row(database, 1)[0] == "cancelled"
+        await late.until(1, process, cancelled, within=30)
+        state, done, total, stored = replay_row(database, 1)
+        assert total == records and done < records and stored < records // 2
+        assert events_by_asset(database)["late"] == stored
+        assert "replay cancelled" in late.log(1)
