@@ -6,8 +6,9 @@ loop, as one owned task (``sharedstream-api``) that the triggerer starts
 after registering its definitions and cancels last at shutdown, so the
 probes answer while it drains.
 
-Routes (``GET`` and ``HEAD``; any other method is 405, any other path 404,
-a malformed request 400; request bodies are never read):
+Routes (``GET`` and ``HEAD`` unless said; any other method is 405, any
+other path 404, a malformed request 400; a body is read only by the two
+``POST`` routes, at most 1 KiB):
 
 - ``/healthz``: ``200 ok`` - the process is up and its event loop runs the
   handler. Nothing else is checked (a liveness probe must not restart a
@@ -18,6 +19,13 @@ a malformed request 400; request bodies are never read):
 - ``/metrics``: the Prometheus text format
   (:mod:`sharedstream.runtime.ops_metrics`).
 - ``/status``: the overview as JSON (what ``sharedstream status`` prints).
+- ``/replays``: the latest replays as JSON (:func:`~sharedstream.runtime.replays.replay_record`).
+- ``POST /replays`` with ``{"watcher": ..., "from": ..., "to": ...}`` (``to``
+  optional; the forms of ``sharedstream watchers replay``): asks for a
+  replay, ``201`` with it; ``POST /replays/ID/cancel``: cancels one. Both
+  ``403`` unless ``[api] replays = true`` (the endpoint has no
+  authentication, and a replay queues DAG runs); a bad request is ``400``
+  with one line, a second replay of a watcher or an ended one ``409``.
 - ``/`` (with ``/status.js`` and ``/status.css``): the status page
   (:mod:`sharedstream.runtime.status_page`), which refreshes itself from
   ``/status``.
@@ -49,10 +57,13 @@ from prometheus_client.registry import Collector
 from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.runtime import status_page
+from sharedstream.runtime.cli_output import plain
 from sharedstream.runtime.ops_backlog import BacklogPoller
 from sharedstream.runtime.ops_base import ObservedTriggerer
 from sharedstream.runtime.ops_metrics import TriggererCollector
 from sharedstream.runtime.ops_view import TriggererView, stream_label
+from sharedstream.runtime.replays import ReplayRequestError, ask_replay, replay_record
+from sharedstream.store import StoreError
 
 __all__ = ["OpsEndpoint"]
 
@@ -102,6 +113,9 @@ class OpsEndpoint:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", _metrics_handler(registry))
         app.router.add_get("/status", self._status)
+        app.router.add_get("/replays", self._replays)
+        app.router.add_post("/replays", self._ask_replay)
+        app.router.add_post("/replays/{replay_id:[0-9]+}/cancel", self._cancel_replay)
         app.router.add_get("/", _static(status_page.PAGE, "text/html"))
         app.router.add_get("/status.js", _static(status_page.SCRIPT, "text/javascript"))
         app.router.add_get("/status.css", _static(status_page.STYLE, "text/css"))
@@ -158,6 +172,61 @@ class OpsEndpoint:
                            for c in await self.view.readiness()}
         return web.Response(text=json.dumps(status, default=str), headers=_NO_STORE,
                             content_type="application/json")
+
+
+    async def _replays(self, _request: web.Request) -> web.StreamResponse:
+        t = self._triggerer
+        rows = await t.db(t.store.list_replays, 50)
+        return _json([replay_record(row) for row in rows])
+
+    async def _ask_replay(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refuse_action()
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+        except ValueError:
+            return _text(400, "the body is not JSON: {\"watcher\": ..., \"from\": ...}")
+        if not isinstance(body, dict) or not all(
+                isinstance(body.get(k), str) for k in ("watcher", "from")) or not isinstance(
+                body.get("to", ""), str) or set(body) - {"watcher", "from", "to"}:
+            return _text(400, "expected {\"watcher\": \"asset/watcher\", \"from\": \"24h\"} "
+                              "and optionally \"to\" (all strings)")
+        t = self._triggerer
+        try:
+            row = await t.db(ask_replay, t.store, body["watcher"], body["from"], body.get("to"))
+        except ReplayRequestError as exc:
+            return _text(400, str(exc))
+        except StoreError as exc:
+            return _text(409, str(exc))
+        if t.replays is not None:
+            t.replays.wake()
+        return _json(replay_record(row), status=201)
+
+    async def _cancel_replay(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refuse_action()
+        if refused is not None:
+            return refused
+        t = self._triggerer
+        try:
+            row = await t.db(t.store.cancel_replay, int(request.match_info["replay_id"]))
+        except StoreError as exc:
+            return _text(404 if "no replay" in str(exc) else 409, str(exc))
+        return _json(replay_record(row))
+
+    def _refuse_action(self) -> web.StreamResponse | None:
+        if self._triggerer.config.api.replays:
+            return None
+        return _text(403, "replays through the endpoint are off: set [api] replays = true")
+
+
+def _json(value: object, status: int = 200) -> web.StreamResponse:
+    return web.Response(text=json.dumps(value, default=plain), status=status,
+                        headers=_NO_STORE, content_type="application/json")
+
+
+def _text(status: int, line: str) -> web.StreamResponse:
+    return web.Response(text=line + "\n", status=status, headers=_NO_STORE)
 
 
 def _static(text: str, content_type: str) -> Handler:

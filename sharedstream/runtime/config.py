@@ -269,7 +269,8 @@ class ApiConfig:
     Off unless ``enabled``; ``host`` defaults to loopback, so turning it on
     exposes nothing beyond the machine until ``host`` says so; ``port`` 0
     takes any free port; ``backlog_interval`` is how often the brokers are asked
-    for each stream's backlog (:mod:`sharedstream.runtime.ops_backlog`).
+    for each stream's backlog (:mod:`sharedstream.runtime.ops_backlog`);
+    ``replays`` lets ``POST /replays`` ask for and cancel replays.
     Validated on construction.
     """
 
@@ -277,6 +278,7 @@ class ApiConfig:
     host: str = "127.0.0.1"
     port: int = 8794
     backlog_interval: float = 30.0
+    replays: bool = False
 
     def __post_init__(self) -> None:
         _validate_fields(self, "api")

@@ -212,6 +212,12 @@ SPECS: dict[str, dict[str, OptionSpec]] = {
             "Seconds between questions to the brokers about each stream's own backlog "
             "(Kafka group lag, queue depths), shown in /metrics and /status.",
         ),
+        "replays": OptionSpec(
+            "bool",
+            "Accept POST /replays and POST /replays/ID/cancel (ask for or cancel a watcher's "
+            "replay). Off by default: the endpoint has no authentication, and a replay queues "
+            "DAG runs.",
+        ),
     },
     "traces": {
         "enabled": OptionSpec(

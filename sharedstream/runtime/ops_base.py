@@ -24,6 +24,7 @@ from sharedstream.engine.manager import SharedStreamManager
 from sharedstream.runtime.config import Config
 from sharedstream.runtime.dispatch_setup import DispatchService
 from sharedstream.runtime.persist import PersistGate
+from sharedstream.runtime.replay_loop import ReplayLoop
 from sharedstream.runtime.supervisor import Progress
 from sharedstream.store import MetadataStore
 
@@ -75,6 +76,10 @@ class ObservedTriggerer(Protocol):
     @property
     def runs_queued(self) -> int:
         """DAG runs it queued so far (asset-triggered and scheduled)."""
+
+    @property
+    def replays(self) -> ReplayLoop | None:
+        """Its replay loop (the replay it runs now; wake it), ``None`` without shared streams."""
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the store's single database thread."""

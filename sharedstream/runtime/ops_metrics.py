@@ -82,6 +82,26 @@ class TriggererCollector(Collector):
         service = self._triggerer.dispatch
         if service is not None and service.dispatcher is not None:
             yield from dispatch_metrics(service.dispatcher)
+        yield from self._replay()
+
+    def _replay(self) -> Iterator[Metric]:
+        """The replay this triggerer runs now: messages done and planned, events stored."""
+        loop = self._triggerer.replays
+        current = None if loop is None else loop.current
+        messages = GaugeMetricFamily(_P + "replay_messages",
+                                     "Messages of the replay this triggerer runs: done, total",
+                                     labels=["replay", "watcher", "kind"])
+        events = GaugeMetricFamily(_P + "replay_events_stored",
+                                   "New trigger events the running replay stored",
+                                   labels=["replay", "watcher"])
+        if current is not None:
+            labels = [str(current.row.id), current.row.watcher]
+            messages.add_metric([*labels, "done"], current.progress.done)
+            if current.row.total is not None:
+                messages.add_metric([*labels, "total"], current.row.total)
+            events.add_metric(labels, current.progress.stored)
+        yield messages
+        yield events
 
     def _totals(self) -> Iterator[Metric]:
         t = self._triggerer

@@ -42,7 +42,9 @@ from sharedstream.engine.names import broker_word, stream_name
 from sharedstream.runtime.ops_backlog import PENDING, BacklogPoller, BacklogReading
 from sharedstream.runtime.ops_base import Check, ObservedTriggerer
 from sharedstream.runtime.ops_dispatch import dispatch_check, dispatch_status
+from sharedstream.runtime.replays import replay_record
 from sharedstream.store import redact_url
+from sharedstream.store.replays import ReplayRow
 
 __all__ = [
     "RECENT",
@@ -208,6 +210,7 @@ class TriggererView:
             self._names[row.id] = row.watchers
         letters = await self._read(errors, "dead_letters", triggerer.store.dead_letters, RECENT)
         runs = await self._read(errors, "dag_runs", triggerer.store.list_runs)
+        replays = await self._read(errors, "replays", triggerer.store.list_replays, RECENT)
         gate, totals, progress = triggerer.gate, triggerer.manager.totals, triggerer.progress
         return {
             "triggerer": {
@@ -230,8 +233,23 @@ class TriggererView:
             "dead_letters": [letter_record(row) for row in letters or []][:RECENT],
             "dag_runs": [run_record(row) for row in runs or []][:RECENT],
             "dispatch": self._dispatch_status(),
+            "replays": [self._replay(row) for row in replays or []],
             "errors": errors,
         }
+
+    def _replay(self, row: ReplayRow) -> dict[str, Any]:
+        """A replay's record, with its rate when this triggerer runs it now."""
+        record = replay_record(row)
+        loop = self._triggerer.replays
+        current = None if loop is None else loop.current
+        if current is not None and current.row.id == row.id:
+            progress = current.progress
+            record.update(done=progress.done, new_events=progress.stored,
+                          already_stored=progress.matched - progress.stored,
+                          rejected=progress.rejected, rate=round(current.rate(), 1))
+            if row.total:
+                record["percent"] = round(100 * progress.done / row.total, 1)
+        return record
 
     def _dispatch_status(self) -> list[dict[str, Any]]:
         dispatcher = self._dispatcher()

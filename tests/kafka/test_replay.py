@@ -133,9 +133,9 @@ async def test_a_watcher_added_late_catches_up_and_nothing_else_changes(
 def replay_row(database: Path, replay_id: int) -> tuple[str, int, int | None, int]:
     """``(state, done, total, stored)`` of a replay, read from the SQLite file."""
     with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as db:
-        (row,) = db.execute("SELECT state, done, total, stored FROM replays WHERE id = ?",
-                            (replay_id,)).fetchall()
-    return row
+        ((state, done, total, stored),) = db.execute(
+            "SELECT state, done, total, stored FROM replays WHERE id = ?", (replay_id,)).fetchall()
+    return str(state), int(done), None if total is None else int(total), int(stored)
 
 
 async def read_early_records(harness: KafkaHarness, tmp_path: Path, count: int

@@ -72,7 +72,8 @@ def test_the_written_configuration_has_the_section_and_loads_back(tmp_path: Path
     path = tmp_path / "sharedstream.toml"
     write_default_config(path, kwargs_key=generate_key(), store_url="sqlite:///ss.db")
     assert tomllib.loads(path.read_text())["api"] == {"enabled": False, "host": "127.0.0.1",
-                                                       "port": 8794, "backlog_interval": 30.0}
+                                                       "port": 8794, "backlog_interval": 30.0,
+                                                       "replays": False}
     config = load_config(path, environ={"SHAREDSTREAM__API__ENABLED": "on"})
     assert tomllib.loads(config.to_toml())["api"]["enabled"] is True
 
