@@ -38,7 +38,8 @@ def test_one_active_replay_per_trigger_and_its_lifecycle(backend: Backend) -> No
         assert claimed is not None
         assert (claimed.id, claimed.state, claimed.triggerer_id) == (first, "running", "t1")
         assert claimed.request == {"from": "2026-11-27T00:00:00+00:00"}
-        assert claimed.plan is None and claimed.total is None
+        assert claimed.plan is None
+        assert claimed.total is None
         assert store.claim_replay("t1", [trigger], 30) is None, "one claim at a time"
 
         assert store.plan_replay(first, "t1", {"orders/0": (3, 10), "orders/1": (5, 5)})
@@ -56,7 +57,8 @@ def test_one_active_replay_per_trigger_and_its_lifecycle(backend: Backend) -> No
         assert ended is not None
         assert (ended.state, ended.done, ended.matched, ended.stored) == ("done", 5, 4, 3)
         assert ended.positions == {"orders/0": 8, "orders/1": 5}
-        assert ended.finished_at is not None and not ended.active
+        assert ended.finished_at is not None
+        assert not ended.active
         assert store.record_replay(first, "t1", progress) is None, "an ended replay stays ended"
 
         second = store.create_replay(trigger, "orders/w", {})  # the first one ended: allowed
