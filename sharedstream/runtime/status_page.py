@@ -72,6 +72,12 @@ prefilter: never given to its filter">skipped</th><th class="n">emitted</th>
 <th class="n">dispatched</th><th class="n">succeeded</th><th class="n">failed</th>
 <th class="n">retried</th><th class="n">undeliverable</th><th>last error</th>
 </tr></thead><tbody></tbody></table>
+<h2>Replays</h2>
+<table id="replays"><thead><tr><th>id</th><th>watcher</th><th>state</th>
+<th class="n">done</th><th class="n">of</th><th class="n">%</th>
+<th class="n" title="new trigger events it stored">new events</th>
+<th class="n" title="events the watcher had stored already">already stored</th>
+<th class="n">per s</th><th>error</th></tr></thead><tbody></tbody></table>
 <h2>Recent DAG runs</h2>
 <table id="dag_runs"><thead><tr><th>DAG</th><th>run id</th><th>state</th><th>type</th>
 <th>at</th><th>target</th><th class="n">attempts</th><th>assets</th><th>last error</th>
@@ -260,6 +266,11 @@ function render(status) {
     ["undeliverable", (t) => "n" + (t.undeliverable > 0 ? " bad" : "")],
     ["last_error", (t) => t.failing ? "bad" : ""],
   ], "this triggerer dispatches no run");
+  fill("replays", status.replays || [], [["id", "n"], ["watcher"],
+    ["state", (r) => r.state === "failed" ? "bad" : ""], ["done", "n"], ["total", "n"],
+    ["percent", "n"], ["new_events", "n"], ["already_stored", "n"],
+    [(r) => r.rate === undefined ? "-" : r.rate, "n"], ["error"]],
+    "no replay (sharedstream watchers replay)");
   fill("dag_runs", status.dag_runs, [["dag"], ["run_id"],
     ["state", (r) => r.state === "failed" || r.state === "undeliverable" ? "bad" : ""],
     ["type"], [(r) => when(r.at)], ["target"], ["attempts", "n"], ["assets"], ["last_error"]],
