@@ -223,8 +223,10 @@ class ReplayLoop:
                   "rejected": progress.rejected}
         if state == "failed":
             log.error("replay failed", **fields, error=error, positions=progress.positions)
+        elif state == "cancelled":
+            log.info("replay cancelled", **fields)
         else:
-            log.info(f"replay {state}", **fields)
+            log.info("replay done", **fields)
 
     async def _build(self, row: ReplayRow) -> tuple[BaseEventTrigger, SharedStreamProducer]:
         trigger_row = await self._db(self._store().get_trigger, row.trigger_id)
