@@ -227,3 +227,39 @@ async def test_a_cancelled_replay_stops_and_a_second_replay_of_a_watcher_is_refu
         assert stored < records // 2
         assert events_by_asset(database)["late"] == stored
         assert "replay cancelled" in late.log(1)
+
+
+@pytest.mark.timeout(240)
+async def test_a_replay_beside_live_traffic_skips_nothing_and_stores_nothing_twice(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    records, live = 200, 60  # the replay takes ~3 s (100 events, 30 ms each); live sends meanwhile
+    stream, database = await read_early_records(harness, tmp_path, records)
+    late = cli_for(tmp_path, harness, stream, late=True, delay=0.03)
+    with late.running(1, log_level="INFO") as process:
+        await asyncio.to_thread(late.wait_for_log, 1, "definitions registered")
+        follower = asyncio.create_task(asyncio.to_thread(replay, late, "late/all", "--from", "1d"))
+
+        async def planned() -> bool:
+            with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as db:
+                row = db.execute("SELECT total FROM replays WHERE id = 1").fetchone()
+            return row is not None and row[0] is not None
+        await late.until(1, process, planned)
+        for i in range(records, records + live, 10):  # while the replay runs
+            await send(harness, stream.name, range(i, i + 10))
+            await asyncio.sleep(0.1)
+        assert replay_row(database, 1)[0] == "running", "live traffic came during the replay"
+        result = await follower
+        assert result.returncode == 0, (result.stdout, result.stderr, late.log(1))
+        assert replay_row(database, 1)[2] == records, "planned up to the commits of then"
+
+        async def all_in() -> bool:
+            return (await committed(harness, stream) == records + live
+                    and events_by_asset(database) == {"orders": records + live,
+                                                      "late": (records + live) // 2})
+        await late.until(1, process, all_in)
+        await asyncio.sleep(1.0)  # anything stored twice would show up meanwhile
+    assert events_by_asset(database) == {"orders": records + live, "late": (records + live) // 2}
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+        keys = [key for (key,) in db.execute("SELECT idem_key FROM trigger_events")]
+    assert len(keys) == len(set(keys)) == records + live + (records + live) // 2
