@@ -125,6 +125,9 @@ async def test_a_watcher_added_late_catches_up_and_nothing_else_changes(
             "20 already stored"), again.stdout
         assert events_by_asset(database)["late"] == (EARLY + LIVE) // 2
         assert "replay done" in late.log(1)
+    watchers = json.loads(late.run("watchers", "list", "--json"))
+    assert [(w["watcher"], w["events"], w["replay"]) for w in watchers] == [
+        ("orders/all", EARLY + LIVE, None), ("late/all", (EARLY + LIVE) // 2, None)]
     listing = late.run("watchers", "replays", "--json")
     assert [(r["id"], r["state"], r["new_events"]) for r in json.loads(listing)] == [
         (2, "done", 0), (1, "done", 15)]
