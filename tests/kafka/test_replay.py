@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,33 @@ async def test_a_replay_beside_live_traffic_skips_nothing_and_stores_nothing_twi
     with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
         keys = [key for (key,) in db.execute("SELECT idem_key FROM trigger_events")]
     assert len(keys) == len(set(keys)) == records + live + (records + live) // 2
+
+
+@pytest.mark.timeout(240)
+async def test_to_bounds_a_replay_by_the_records_time(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    name = f"replay-{uuid.uuid4().hex[:10]}"
+    stream = Stream(name=name, dead_letter=None, group=f"g-{name}")
+    await harness.create_topics(stream.name, partitions=2)
+    early = cli_for(tmp_path, harness, stream, late=False)
+    early.run("init", "--path", str(early.config))
+    database = tmp_path / "sharedstream.db"
+    await send(harness, stream.name, range(10))
+    await asyncio.sleep(1.2)
+    cut = datetime.now(UTC)
+    await asyncio.sleep(1.2)
+    await send(harness, stream.name, range(10, 20))
+    with early.running(0) as process:
+        async def read() -> bool:
+            return events_by_asset(database).get("orders") == 20
+        await early.until(0, process, read)
+    late = cli_for(tmp_path, harness, stream, late=True)
+    with late.running(1, log_level="INFO"):
+        await asyncio.to_thread(late.wait_for_log, 1, "definitions registered")
+        result = await asyncio.to_thread(replay, late, "late/all", "--from", "1d",
+                                         "--to", cut.isoformat())
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert result.stdout.strip().splitlines()[-1] == (
+        "replay 1 (late/all): done, 10 of 10 messages (100%), 5 new events"), result.stdout
+    assert events_by_asset(database) == {"orders": 20, "late": 5}
