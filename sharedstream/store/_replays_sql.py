@@ -102,6 +102,10 @@ class ReplaySql:
         if not trigger_ids:
             return None
         d = self._dialect
+        # Asked every few seconds by every triggerer: a read first, so an idle store sees no
+        # write transaction (SQLite's write lock is the persistence gate's too).
+        if not self._read(d.sql(f"SELECT 1 FROM replays WHERE {_ACTIVE} LIMIT 1")):  # noqa: S608
+            return None
         with self._write("claim_replay") as conn:
             now = self._clock(conn)
             row = conn.execute(d.sql(
