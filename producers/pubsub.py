@@ -105,6 +105,7 @@ from sharedstream.engine.producer import (
     DeadLetter,
     SharedStreamProducer,
 )
+from sharedstream.engine.replay import ReplayError
 from sharedstream.engine.tracing import carrier_of
 from sharedstream.producers._pubsub_client import SDK, pubsub_clients, unary
 from sharedstream.producers._pubsub_deadletters import Disposal, PubSubDeadLetters
@@ -507,6 +508,13 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
         await self._acks.put(payloads)
 
     # -- re-driving ----------------------------------------------------------------------
+
+    def replay_source(self) -> None:
+        """Refused: a seek moves the whole subscription, not one watcher's view of it."""
+        raise ReplayError(
+            "Pub/Sub cannot replay one watcher: a seek rewinds the whole subscription (every "
+            "watcher of it, and the live stream). Give the watcher a subscription of its own "
+            "and seek that one")
 
     async def republish(self, letters: Sequence[DeadLetter]) -> None:
         """Publish kept dead letters again to the subscription's topic, as new messages.

@@ -443,7 +443,9 @@ class SharedStreamProducer(abc.ABC):
         ``create_shared_stream_producer`` whose :meth:`open_stream` was not
         called and will not be. The source opens clients of its own; see
         :mod:`sharedstream.engine.replay` for its contracts. ``None``: this
-        broker cannot replay (the runtime refuses the replay with one line).
+        broker cannot replay (the runtime refuses the replay with one line);
+        a producer with a better reason to give raises
+        :class:`~sharedstream.engine.replay.ReplayError` saying it instead.
         """
         return None
 
