@@ -449,6 +449,29 @@ class SharedStreamProducer(abc.ABC):
         """
         return None
 
+    def dead_letter_event(self, letter: DeadLetter) -> tuple[Any, Any] | None:
+        """The ``(raw_event, broker_payload)`` live for a kept dead letter, or ``None``.
+
+        Called by the runtime for a replay of a watcher's dead letters
+        (``sharedstream watchers replay WATCHER --dead-letters``), on a
+        producer built by ``create_shared_stream_producer`` whose
+        :meth:`open_stream` was not called and will not be; no I/O, must not
+        raise. ``letter`` is one this producer's stream kept (its whole
+        payload). The raw event is what a filter received live (same type,
+        body, headers or attributes as kept); what the letter does not keep
+        the broker module says. :meth:`raw_event_name` of the payload must
+        give the name the live message had, so an event the watcher stored
+        already is not stored again, and :meth:`raw_event_fingerprint` the
+        live fingerprint or ``None`` (then the store matches by name alone),
+        never another one. The payload is never advanced.
+
+        ``None`` (the default): this broker cannot rebuild a dead letter (the
+        replay fails with one line saying so; also for a letter it cannot
+        rebuild, such as one of another stream).
+        """
+        del letter
+        return None
+
     async def republish(self, letters: Sequence[DeadLetter]) -> None:
         """Publish kept dead letters again to the stream this producer consumes, as new messages.
 

@@ -48,27 +48,40 @@ class ReplayRequest:
 
     ``since``: from the first message at or after this time, in every lane;
     ``offsets``: from these positions (lane → position; lanes not named
-    replay nothing); exactly one of the two. ``until``: stop before the
-    first message after this time (``None``: up to the live consumer's
-    committed position).
+    replay nothing); ``dead_letters``: the dead letters the watcher caused,
+    as the store keeps them (neither ``since`` nor ``offsets`` then);
+    exactly one of the three. ``until``: stop before the first message
+    after this time (``None``: up to the live consumer's committed
+    position; not with ``dead_letters``).
     """
 
     since: datetime | None = None
     offsets: Mapping[str, int] | None = None
     until: datetime | None = None
+    dead_letters: bool = False
 
     def __post_init__(self) -> None:
-        if (self.since is None) == (self.offsets is None):
-            raise ReplayError("a replay starts from a time or from offsets (exactly one)")
+        starts = (self.since is not None) + (self.offsets is not None) + self.dead_letters
+        if starts != 1:
+            raise ReplayError("a replay starts from a time, from offsets, or replays the dead "
+                              "letters (exactly one)")
+        if self.dead_letters and self.until is not None:
+            raise ReplayError("a replay of dead letters takes no end time")
 
 
 class ReplayItem(NamedTuple):
-    """One message read again: its lane, the position after it, and what the live stream gives."""
+    """One message read again: its lane, the position after it, and what the live stream gives.
+
+    ``skipped``: positions of the lane passed over just before this item
+    that hold nothing for this replay (another watcher's dead letters); they
+    count as done, so a finished replay's count reaches its plan's total.
+    """
 
     lane: str
     next_position: int
     raw_event: Any
     broker_payload: Any
+    skipped: int = 0
 
 
 class ReplaySource(Protocol):

@@ -21,7 +21,8 @@ other path 404, a malformed request 400; a body is read only by the two
 - ``/status``: the overview as JSON (what ``sharedstream status`` prints).
 - ``/replays``: the latest replays as JSON (:func:`~sharedstream.runtime.replays.replay_record`).
 - ``POST /replays`` with ``{"watcher": ..., "from": ..., "to": ...}`` (``to``
-  optional; the forms of ``sharedstream watchers replay``): asks for a
+  optional; the forms of ``sharedstream watchers replay``), or
+  ``{"watcher": ..., "dead_letters": true}``: asks for a
   replay, ``201`` with it; ``POST /replays/ID/cancel``: cancels one. Both
   ``403`` unless ``[api] replays = true`` (the endpoint has no
   authentication, and a replay queues DAG runs); a bad request is ``400``
@@ -47,8 +48,10 @@ says in one line that the extra is missing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -187,14 +190,15 @@ class OpsEndpoint:
             body = await request.json()
         except ValueError:
             return _text(400, "the body is not JSON: {\"watcher\": ..., \"from\": ...}")
-        if not isinstance(body, dict) or not all(
-                isinstance(body.get(k), str) for k in ("watcher", "from")) or not isinstance(
-                body.get("to", ""), str) or set(body) - {"watcher", "from", "to"}:
+        if not _replay_body(body):
             return _text(400, "expected {\"watcher\": \"asset/watcher\", \"from\": \"24h\"} "
-                              "and optionally \"to\" (all strings)")
+                              "and optionally \"to\" (all strings), or {\"watcher\": "
+                              "\"asset/watcher\", \"dead_letters\": true}")
         t = self._triggerer
         try:
-            row = await t.db(ask_replay, t.store, body["watcher"], body["from"], body.get("to"))
+            row = await t.db(functools.partial(
+                ask_replay, t.store, body["watcher"], body.get("from"), body.get("to"),
+                dead_letters=body.get("dead_letters", False)))
         except ReplayRequestError as exc:
             return _text(400, str(exc))
         except StoreError as exc:
@@ -223,6 +227,16 @@ class OpsEndpoint:
 def _json(value: object, status: int = 200) -> web.StreamResponse:
     return web.Response(text=json.dumps(value, default=plain), status=status,
                         headers=_NO_STORE, content_type="application/json")
+
+
+def _replay_body(body: Any) -> bool:
+    """Whether ``body`` asks for a replay in one of the two shapes ``POST /replays`` takes."""
+    if not isinstance(body, dict) or not isinstance(body.get("watcher"), str):
+        return False
+    if body.get("dead_letters") is True:
+        return set(body) == {"watcher", "dead_letters"}
+    return (isinstance(body.get("from"), str) and isinstance(body.get("to", ""), str)
+            and not set(body) - {"watcher", "from", "to"})
 
 
 def _text(status: int, line: str) -> web.StreamResponse:

@@ -1,9 +1,10 @@
 """``sharedstream watchers ...``: the watchers, and replaying a stream for one of them.
 
 ``watchers list`` shows every watcher with its trigger and its active
-replay; ``watchers replay WATCHER --from TIME|OFFSETS [--to TIME]`` asks
-for a replay (a row in the store that a triggerer serving the watcher
-claims and runs, see :mod:`sharedstream.runtime.replay_loop`) and follows
+replay; ``watchers replay WATCHER --from TIME|OFFSETS [--to TIME]`` (or
+``--dead-letters``: the dead letters the watcher caused) asks for a
+replay (a row in the store that a triggerer serving the watcher claims
+and runs, see :mod:`sharedstream.runtime.replay_loop`) and follows
 its progress until it ends (``--detach``: print its id and return at once;
 Ctrl-C stops following, not the replay); ``watchers replays`` lists
 replays; ``watchers cancel-replay ID`` cancels one. Mistakes are one line
@@ -47,13 +48,19 @@ def add_watcher_commands(commands: Any, anywhere: argparse.ArgumentParser) -> No
         description="Read a bounded part of WATCHER's stream again and feed it to that "
                     "watcher alone (Kafka), up to where the live consumer's commits are: "
                     "its other watchers, the live consumer and its commits are untouched, "
-                    "and what the watcher stored already is not stored again.")
+                    "and what the watcher stored already is not stored again. With "
+                    "--dead-letters, the dead letters the watcher caused (kept in the store) "
+                    "are fed to it alone instead.")
     replay.add_argument("watcher", metavar="WATCHER",
                         help="asset/watcher, or the watcher's name if no other asset uses it")
-    replay.add_argument("--from", dest="start", required=True, metavar="TIME|OFFSETS",
-                        help="a time (2026-11-27T08:00, UTC unless it says; or an age: 24h, "
-                             "90m, 2d) or offsets (0:120,1:300; topic/0:120 with several "
-                             "topics)")
+    start = replay.add_mutually_exclusive_group(required=True)
+    start.add_argument("--from", dest="start", metavar="TIME|OFFSETS",
+                       help="a time (2026-11-27T08:00, UTC unless it says; or an age: 24h, "
+                            "90m, 2d) or offsets (0:120,1:300; topic/0:120 with several "
+                            "topics)")
+    start.add_argument("--dead-letters", action="store_true",
+                       help="replay the dead letters the watcher caused, as the store keeps "
+                            "them (SQS, Service Bus)")
     replay.add_argument("--to", dest="until", metavar="TIME",
                         help="stop before the first message after this time (default: where "
                              "the live consumer is)")
@@ -108,7 +115,8 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 def _replay(args: argparse.Namespace, config: Config) -> int:
     with open_migrated_store(config) as store:
-        row = ask_replay(store, args.watcher, args.start, args.until)
+        row = ask_replay(store, args.watcher, args.start, args.until,
+                         dead_letters=args.dead_letters)
         request = ", ".join(f"{key} {value}" for key, value in sorted(row.request.items()))
         print(f"replay {row.id} of {row.watcher} asked for ({request}); a triggerer that runs "
               "the watcher takes it within a few seconds")

@@ -8,7 +8,10 @@ shared-stream trigger it serves that nobody live runs
 1. The trigger is built from its stored row, as the supervisor builds it,
    and its stream's producer is built (not started) for its
    :meth:`~sharedstream.engine.producer.SharedStreamProducer.replay_source`;
-   a broker that cannot replay fails the replay with one line.
+   a broker that cannot replay fails the replay with one line. A replay of
+   the watcher's dead letters reads the store's instead
+   (:mod:`sharedstream.runtime.replay_deadletters`), rebuilt by the
+   producer's ``dead_letter_event``.
 2. Unplanned: the source plans it (each lane's ``[start, end)``, ending
    where the live consumer's commits were) and the plan is stored.
 3. The lanes are read from the stored positions and fed to *this* trigger's
@@ -53,6 +56,10 @@ from sharedstream.engine.replay import (
 )
 from sharedstream.engine.stream import rejections_to
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
+from sharedstream.runtime.replay_deadletters import (
+    DeadLetterReplaySource,
+    can_rebuild_dead_letters,
+)
 from sharedstream.runtime.serde import SerializationError
 from sharedstream.runtime.supervisor import pending_event
 from sharedstream.store import MetadataStore, PendingEvent, StoreError, TriggerRow, WriteResult
@@ -74,7 +81,8 @@ def request_of(stored: dict[str, Any]) -> ReplayRequest:
     offsets = stored.get("offsets")
     return ReplayRequest(since=when("from"), until=when("to"),
                          offsets=None if offsets is None else {k: int(v)
-                                                               for k, v in offsets.items()})
+                                                               for k, v in offsets.items()},
+                         dead_letters=bool(stored.get("dead_letters")))
 
 
 class _Stop(Exception):
@@ -173,15 +181,17 @@ class ReplayLoop:
         """Build the trigger, its producer and source (into ``sources``); plan if unplanned."""
         row = run.row
         trigger, producer = await self._build(row)
-        source = producer.replay_source()
+        request = request_of(dict(row.request))
+        source = (self._dead_letter_source(row, trigger, producer) if request.dead_letters
+                  else producer.replay_source())
         if source is None:
             raise ReplayError(
                 f"{trigger.shared_stream_name()}: this broker cannot replay a watcher (Kafka "
-                "can; for SQS and Service Bus, redrive the dead letters: `sharedstream "
-                "deadletters redrive`)")
+                "can; for SQS and Service Bus, replay the dead letters the watcher caused: "
+                "--dead-letters)")
         sources.append(source)
         if row.plan is None:
-            plan = await source.plan(request_of(dict(row.request)))
+            plan = await source.plan(request)
             if not await self._db(self._store().plan_replay, row.id, self._triggerer_id, plan):
                 raise _Stop("lost")
             run.progress.positions = {lane: start for lane, (start, _) in plan.items()}
@@ -193,6 +203,16 @@ class ReplayLoop:
         if row.state == "cancelling":
             raise _Stop("cancelled")
         return _Feeder(self, row, row.plan, trigger, producer, run.progress)
+
+    def _dead_letter_source(self, row: ReplayRow, trigger: BaseEventTrigger,
+                            producer: SharedStreamProducer) -> ReplaySource:
+        """The store's letters of ``row``'s trigger, rebuilt by ``producer`` (or one line)."""
+        if not can_rebuild_dead_letters(producer):
+            raise ReplayError(f"{trigger.shared_stream_name()}: this broker cannot rebuild a dead "
+                              "letter as a message (SQS and Service Bus can; Kafka replays "
+                              "--from a time or offsets)")
+        return DeadLetterReplaySource(trigger_id=row.trigger_id, store=self._store, db=self._db,
+                                      producer=producer)
 
     async def flush(self, row: ReplayRow, batch: list[PendingEvent],
                     progress: ReplayProgress) -> None:
@@ -294,7 +314,7 @@ class _Feeder:
             self.item, self.index, self.rejected = item, 0, False
             yield item.raw_event
             progress.positions[item.lane] = item.next_position
-            progress.done += 1
+            progress.done += 1 + item.skipped
             if (len(self.pending) >= self.loop.batch
                     or time.monotonic() - self.last_flush >= self.loop.flush_every):
                 await self._flush()

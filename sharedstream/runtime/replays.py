@@ -12,7 +12,10 @@ name alone when no other asset has a watcher of that name) and starts
   partitions not named replay nothing.
 
 ``--to`` (optional) is a time in the same forms: the replay stops before the
-first message after it. What the request becomes is the store's row
+first message after it. Instead of ``--from``, ``--dead-letters`` replays
+the dead letters the watcher caused, as the store keeps them (SQS, Service
+Bus; see :mod:`sharedstream.runtime.replay_deadletters`). What the request
+becomes is the store's row
 (:mod:`sharedstream.store.replays`); a triggerer serving the watcher runs it
 (:mod:`sharedstream.runtime.replay_loop`).
 """
@@ -91,10 +94,24 @@ def resolve_watcher(store: MetadataStore, name: str) -> tuple[int, str]:
     raise ReplayRequestError(f"no watcher {name!r}{hint}")
 
 
-def ask_replay(store: MetadataStore, watcher: str, start: str, until: str | None = None,
-               *, now: datetime | None = None) -> ReplayRow:
-    """Check the request and write it as a ``pending`` replay; the row."""
+def ask_replay(store: MetadataStore, watcher: str, start: str | None,
+               until: str | None = None, *, dead_letters: bool = False,
+               now: datetime | None = None) -> ReplayRow:
+    """Check the request and write it as a ``pending`` replay; the row.
+
+    Exactly one of ``start`` (``--from``) and ``dead_letters``; ``until``
+    only with ``start``.
+    """
     trigger_id, full = resolve_watcher(store, watcher)
+    if dead_letters:
+        if start is not None or until is not None:
+            raise ReplayRequestError("--dead-letters replays the watcher's dead letters: it "
+                                     "takes no --from or --to")
+        request: dict[str, Any] = {"dead_letters": True}
+        return _written(store, trigger_id, full, request)
+    if start is None:
+        raise ReplayRequestError("say where the replay starts: --from TIME|OFFSETS, or "
+                                 "--dead-letters")
     request = parse_start(start, now=now)
     if until is not None:
         end = parse_time(until, now=now, what="--to")
@@ -102,7 +119,12 @@ def ask_replay(store: MetadataStore, watcher: str, start: str, until: str | None
         if begin is not None and end <= datetime.fromisoformat(begin):
             raise ReplayRequestError(f"--to ({end.isoformat()}) is not after --from ({begin})")
         request["to"] = end.isoformat()
-    replay_id = store.create_replay(trigger_id, full, request)
+    return _written(store, trigger_id, full, request)
+
+
+def _written(store: MetadataStore, trigger_id: int, watcher: str,
+             request: dict[str, Any]) -> ReplayRow:
+    replay_id = store.create_replay(trigger_id, watcher, request)
     row = store.get_replay(replay_id)
     assert row is not None  # noqa: S101 - just written
     return row

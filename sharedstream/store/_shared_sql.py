@@ -78,6 +78,15 @@ def _where(conditions: Sequence[tuple[str, Any]]) -> tuple[str, list[Any]]:
     return " WHERE " + " AND ".join(sql for sql, _ in kept), [value for _, value in kept]
 
 
+def _caused_by(trigger_id: int) -> str:
+    """The ``LIKE`` pattern of a ``triggers`` list naming ``trigger_id``.
+
+    The column is a JSON list of ids as text (``["3", "12"]``); an id is
+    digits, so the quoted id matches that element and no other.
+    """
+    return f'%"{int(trigger_id)}"%'
+
+
 def _names(dialect: Dialect, value: Any) -> tuple[str, ...]:
     return tuple(sorted({str(name) for name in dialect.items(value)}))
 
@@ -297,6 +306,22 @@ class SharedSql(OutboxSql, ReplaySql):
         sql = f"SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters{where} ORDER BY id DESC LIMIT ?"  # noqa: S608
         return [dead_letter_row(row, self._dialect.read_time)
                 for row in self._rows(sql, [*params, limit])]
+
+    def dead_letters_of(self, trigger_id: int, limit: int, *, after: int = 0,
+                        before: int | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` letters ``trigger_id`` caused, by id, ids in ``(after, before)``."""
+        check_limit(limit)
+        where, params = _where([("triggers LIKE ?", _caused_by(trigger_id)), ("id > ?", after),
+                                ("id < ?", before)])
+        sql = f"SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters{where} ORDER BY id LIMIT ?"  # noqa: S608
+        return [dead_letter_row(row, self._dialect.read_time)
+                for row in self._rows(sql, [*params, limit])]
+
+    def dead_letter_span(self, trigger_id: int) -> tuple[int, int] | None:
+        """The first and last ids of the dead letters ``trigger_id`` caused; ``None``: none."""
+        [(first, last)] = self._rows("SELECT min(id), max(id) FROM dead_letters"
+                                     " WHERE triggers LIKE ?", (_caused_by(trigger_id),))
+        return None if first is None else (int(first), int(last))
 
     def list_events(
         self, *, asset: str | None = None, trigger_id: int | None = None, limit: int = 100

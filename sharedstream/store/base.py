@@ -758,6 +758,21 @@ class MetadataStore(OutboxStore, ReplayStore, Protocol):
         """At most ``limit`` kept dead letters, newest first, of one stream and/or ``ids``."""
         ...
 
+    def dead_letters_of(self, trigger_id: int, limit: int, *, after: int = 0,
+                        before: int | None = None) -> list[DeadLetterRow]:
+        """At most ``limit`` dead letters ``trigger_id`` caused, oldest (lowest id) first.
+
+        Caused: the trigger's id is among the letter's ``triggers`` (it
+        rejected the message or kept failing on it). Only ids greater than
+        ``after`` and, when given, less than ``before``. A read: pages
+        through the letters with ``after`` set to the last id seen.
+        """
+        ...
+
+    def dead_letter_span(self, trigger_id: int) -> tuple[int, int] | None:
+        """The lowest and highest ids of the dead letters ``trigger_id`` caused; ``None``: none."""
+        ...
+
     def add_raw_failures(self, names: Sequence[str]) -> None:
         """Count one more failure against each raw event in ``names``; one transaction.
 
