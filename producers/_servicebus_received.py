@@ -62,6 +62,7 @@ __all__ = [
     "UndecodableBodyError",
     "body_bytes",
     "guard_sdk_decoder",
+    "property_value",
     "read_message",
 ]
 
@@ -129,7 +130,7 @@ def read_message(entity: str, received: Any, body_types: Any) -> ServiceBusMessa
         sequence_number=int(received.sequence_number or 0),
         body=body,
         message_id=_text(received.message_id),
-        properties={_key(name): _property(value)
+        properties={_key(name): property_value(value)
                     for name, value in (received.application_properties or {}).items()},
         delivery_count=int(received.delivery_count or 0),
         session_id=_text(received.session_id),
@@ -231,7 +232,7 @@ def _key(name: Any) -> str:
     return name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else str(name)
 
 
-def _property(value: Any) -> Property:
+def property_value(value: Any) -> Property:
     """A property value filters and payloads can hold: text, bytes, a number, a bool."""
     if value is None or isinstance(value, str | int | float | bool):
         return value

@@ -30,6 +30,15 @@ does, on a client of its own (closed before it returns):
   for a message refuses the call with nothing sent; a send that fails after
   the SDK's retries raises, the batches before it sent.
 
+:func:`dead_letter_message` rebuilds the message a kept letter was, for a
+replay of a watcher's dead letters (``dead_letter_event``): its sequence
+number from ``source`` (so its raw event name is the live one), the body,
+and the application properties as received text (or bytes when not
+UTF-8). What a letter does not keep is absent: the enqueued time (so the
+rebuilt message has no fingerprint and the store matches its events by name
+alone), message id, session, delivery count, and the properties' types (a
+number comes back as its text).
+
 Nothing here imports azure-servicebus: the producer hands its client factory
 and SDK loader in.
 """
@@ -46,15 +55,17 @@ from sharedstream.brokerkit.errors import BrokerRequestError
 from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
+from sharedstream.producers._servicebus_received import property_value
 from sharedstream.producers._servicebus_types import (
+    ServiceBusMessage,
     ServiceBusProducerError,
     ServiceBusRequestError,
     ServiceBusSettings,
     sdk_error,
 )
 
-__all__ = ["REDRIVE_SESSION", "ServiceBusRepublishError", "redrive_message_fields",
-           "republish_messages"]
+__all__ = ["REDRIVE_SESSION", "ServiceBusRepublishError", "dead_letter_message",
+           "redrive_message_fields", "republish_messages"]
 
 log = key_value_logger("sharedstream.producers.servicebus")
 
@@ -65,6 +76,22 @@ REDRIVE_SESSION = "sharedstream-redrive"
 
 Close = Callable[[str, Callable[[], Awaitable[None]]], Awaitable[None]]
 """The producer's bounded close of one SDK handle: ``(what, close)``."""
+
+
+def dead_letter_message(entity: str, letter: DeadLetter) -> ServiceBusMessage | None:
+    """The :class:`ServiceBusMessage` ``letter`` was (see the module docstring), or ``None``.
+
+    ``letter.source`` is the message's sequence number (``"17"``, what the
+    producer's dead-letter path names a message by) or
+    ``"<entity>/<sequence number>"``; anything else, or another entity's
+    name, is ``None``: not a message of ``entity``.
+    """
+    where, _, number = letter.source.rpartition("/")
+    if (where and where != entity) or not number.isdigit():
+        return None
+    return ServiceBusMessage(
+        entity, sequence_number=int(number), body=letter.payload,
+        properties={name: property_value(value) for name, value in letter.headers})
 
 
 class ServiceBusRepublishError(ServiceBusProducerError, BrokerRequestError):

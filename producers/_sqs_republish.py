@@ -25,6 +25,12 @@ SQS client of its own (the producer's settings, closed before it returns):
   naming the letters not sent. The batches before it are sent; the one that
   failed may be partly sent.
 
+:func:`dead_letter_message` rebuilds the message a kept letter was, for a
+replay of a watcher's dead letters (``dead_letter_event``): the same message
+id, body and attribute values (typed as they come back when re-driven,
+above); what the letter does not keep (system attributes: receive count,
+sent time, group id) is absent.
+
 Nothing here imports aiobotocore: the producer hands its client factory and
 SDK loader in.
 """
@@ -44,6 +50,7 @@ from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.producers._sqs_types import (
     OPERATIONS,
+    SqsMessage,
     SqsProducerError,
     SqsSettings,
     queue_name,
@@ -51,7 +58,8 @@ from sharedstream.producers._sqs_types import (
     sized_chunks,
 )
 
-__all__ = ["REDRIVE_GROUP", "SqsRepublishError", "redrive_entry", "republish_messages"]
+__all__ = ["REDRIVE_GROUP", "SqsRepublishError", "dead_letter_message", "redrive_entry",
+           "republish_messages"]
 
 log = key_value_logger("sharedstream.producers.sqs")
 
@@ -78,6 +86,23 @@ def _attribute(value: bytes) -> dict[str, Any]:
         return {"DataType": "String", "StringValue": value.decode("utf-8")}
     except UnicodeDecodeError:
         return {"DataType": "Binary", "BinaryValue": value}
+
+
+def dead_letter_message(queue: str, letter: DeadLetter) -> SqsMessage | None:
+    """The :class:`SqsMessage` ``letter`` was, as a filter received it; ``None``: not text.
+
+    ``letter.source`` is the message id (what the producer's dead-letter
+    path keeps), ``queue`` the queue as the settings name it. ``Binary``
+    attributes that are UTF-8 come back as ``String`` ones (the letter
+    keeps bytes, not types).
+    """
+    try:
+        body = letter.payload.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+    return SqsMessage(queue, {"MessageId": letter.source, "Body": body,
+                              "MessageAttributes": {name: _attribute(value)
+                                                    for name, value in letter.headers}})
 
 
 def redrive_entry(entry_id: str, letter: DeadLetter, *, fifo: bool) -> dict[str, Any]:

@@ -105,6 +105,7 @@ from sharedstream.producers._servicebus_received import (
 )
 from sharedstream.producers._servicebus_republish import (
     ServiceBusRepublishError,
+    dead_letter_message,
     republish_messages,
 )
 from sharedstream.producers._servicebus_settle import Disposal, LinkTurns, Settlements
@@ -374,8 +375,13 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         The same for every redelivery (Service Bus keeps both with the
         message); a new message that got a stored one's sequence number
         differs unless it was enqueued at the same instant with the same body.
+        ``None`` for a message without its enqueued time (one rebuilt from a
+        dead letter, see :meth:`dead_letter_event`): the store matches it by
+        name alone rather than by a fingerprint that is not the message's.
         """
         message = broker_payload.message
+        if message.enqueued_time is None:
+            return None
         return message_fingerprint(message.enqueued_time, message.body)
 
     def trace_carrier(self, raw_event: Any, broker_payload: Any) -> Mapping[str, str] | None:
@@ -472,6 +478,23 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
             letters, settings=self.settings, close=self._close, calls=self.calls, sdk=_sdk,
             connect=lambda: open_client(self.settings, _sdk("azure.servicebus.aio"),
                                         _sdk("azure.core.credentials")))
+
+    def dead_letter_event(self, letter: DeadLetter) -> tuple[Any, Any] | None:
+        """The ``(ServiceBusMessage, ServiceBusPayload)`` a kept letter was, or ``None``.
+
+        For a replay of a watcher's dead letters: the sequence number from
+        ``letter.source`` (so :meth:`raw_event_name` is the live one), body
+        and application properties as kept; no enqueued time, so
+        :meth:`raw_event_fingerprint` is ``None`` (see
+        :func:`~sharedstream.producers._servicebus_republish.dead_letter_message`).
+        ``None`` when ``source`` names no message of this entity. The
+        payload has no SDK message or receiver and is never settled.
+        """
+        message = dead_letter_message(self.entity, letter)
+        if message is None:
+            return None
+        lane = ("message", message.sequence_number)
+        return message, ServiceBusPayload(lane, message, None, None)
 
     # -- closing -------------------------------------------------------------------------
 

@@ -97,7 +97,11 @@ from sharedstream.producers._sqs_backlog import queue_backlog
 from sharedstream.producers._sqs_client import SDK, sqs_client
 from sharedstream.producers._sqs_deadletters import Disposal, SqsDeadLetters
 from sharedstream.producers._sqs_receive import SqsReceiver
-from sharedstream.producers._sqs_republish import SqsRepublishError, republish_messages
+from sharedstream.producers._sqs_republish import (
+    SqsRepublishError,
+    dead_letter_message,
+    republish_messages,
+)
 from sharedstream.producers._sqs_types import (
     BATCH,
     DLQ_ATTRIBUTE_DETAIL,
@@ -494,6 +498,19 @@ class SqsSharedStreamProducer(SharedStreamProducer):
         """
         await republish_messages(letters, settings=self.settings, new_client=self._new_client,
                                  calls=self.calls, sdk=SDK)
+
+    def dead_letter_event(self, letter: DeadLetter) -> tuple[Any, Any] | None:
+        """The ``(SqsMessage, SqsPayload)`` a kept letter was; ``None``: its body is not text.
+
+        For a replay of a watcher's dead letters: the message id (so
+        :meth:`raw_event_name` is the live one), body and attributes as kept
+        (see :func:`~sharedstream.producers._sqs_republish.dead_letter_message`);
+        the payload has no receipt handle and is never advanced.
+        """
+        message = dead_letter_message(self.settings.queue, letter)
+        if message is None:
+            return None
+        return message, SqsPayload(message.message_id, "", "dead-letters", message)
 
     # -- closing -------------------------------------------------------------------------
 
