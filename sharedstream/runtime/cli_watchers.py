@@ -117,7 +117,8 @@ def _replay(args: argparse.Namespace, config: Config) -> int:
     with open_migrated_store(config) as store:
         row = ask_replay(store, args.watcher, args.start, args.until,
                          dead_letters=args.dead_letters)
-        request = ", ".join(f"{key} {value}" for key, value in sorted(row.request.items()))
+        request = ("its dead letters" if row.request.get("dead_letters") else
+                   ", ".join(f"{key} {value}" for key, value in sorted(row.request.items())))
         print(f"replay {row.id} of {row.watcher} asked for ({request}); a triggerer that runs "
               "the watcher takes it within a few seconds")
         if not _anyone_alive(store, config):

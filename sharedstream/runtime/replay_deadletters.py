@@ -32,6 +32,7 @@ Memory: one page of letters.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -90,9 +91,9 @@ class DeadLetterReplaySource:
         start, end = plan.get(LANE, (0, 0))
         position = reported = max(positions.get(LANE, start), start)
         while position < end:
-            rows: list[DeadLetterRow] = await self._db(
+            rows: list[DeadLetterRow] = await self._db(functools.partial(
                 self._store().dead_letters_of, self._trigger_id, self._page,
-                after=position - 1, before=end)
+                after=position - 1, before=end))
             if not rows:
                 return
             for row in rows:

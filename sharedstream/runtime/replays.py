@@ -102,16 +102,15 @@ def ask_replay(store: MetadataStore, watcher: str, start: str | None,
     Exactly one of ``start`` (``--from``) and ``dead_letters``; ``until``
     only with ``start``.
     """
-    trigger_id, full = resolve_watcher(store, watcher)
-    if dead_letters:
-        if start is not None or until is not None:
-            raise ReplayRequestError("--dead-letters replays the watcher's dead letters: it "
-                                     "takes no --from or --to")
-        request: dict[str, Any] = {"dead_letters": True}
-        return _written(store, trigger_id, full, request)
-    if start is None:
+    if dead_letters and (start is not None or until is not None):
+        raise ReplayRequestError("--dead-letters replays the watcher's dead letters: it takes "
+                                 "no --from or --to")
+    if not dead_letters and start is None:
         raise ReplayRequestError("say where the replay starts: --from TIME|OFFSETS, or "
                                  "--dead-letters")
+    trigger_id, full = resolve_watcher(store, watcher)
+    if start is None:
+        return _written(store, trigger_id, full, {"dead_letters": True})
     request = parse_start(start, now=now)
     if until is not None:
         end = parse_time(until, now=now, what="--to")
