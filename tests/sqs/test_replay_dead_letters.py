@@ -20,9 +20,6 @@ import asyncio
 import json
 import os
 import re
-import sqlite3
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,9 +28,9 @@ import pytest
 
 from sharedstream.engine.producer import DeadLetter
 from sharedstream.producers._sqs_types import SqsMessage, attribute_bytes
-from sharedstream.runtime.serde import unpack_event_payload
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
 from tests.cli import ROOT, TriggererCli
+from tests.dead_letter_replay_kit import counts, events, replay, trigger_of
 from tests.sqs.conftest import CREDENTIALS, REGION
 
 aiobotocore_session: Any = pytest.importorskip("aiobotocore.session")
@@ -58,45 +55,6 @@ async def send(client: Any, url: str) -> dict[int, str]:
         assert not response.get("Failed"), response
         sent.update({int(ok["Id"]): ok["MessageId"] for ok in response["Successful"]})
     return sent
-
-
-def events(database: Path) -> dict[str, dict[str, Any]]:
-    """Stored events by asset, then idempotency key: their payloads."""
-    found: dict[str, dict[str, Any]] = {}
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as db:
-        for asset, key, payload in db.execute(
-                "SELECT a.name, t.idem_key, t.payload FROM trigger_events t"
-                " JOIN asset_events e ON e.trigger_event_id = t.id"
-                " JOIN assets a ON a.id = e.asset_id"):
-            found.setdefault(asset, {})[key] = unpack_event_payload(payload)
-    return found
-
-
-def counts(database: Path) -> tuple[dict[str, int], dict[str, int], int]:
-    """Events per asset, DAG runs per DAG, dead letters kept."""
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as db:
-        per_asset = dict(db.execute(
-            "SELECT a.name, count(*) FROM asset_events e JOIN assets a ON a.id = e.asset_id"
-            " GROUP BY a.name").fetchall())
-        runs = dict(db.execute("SELECT dag_id, count(*) FROM dag_runs GROUP BY dag_id"))
-        letters = db.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
-    return per_asset, runs, int(letters)
-
-
-def trigger_of(database: Path, asset: str) -> int:
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as db:
-        (trigger_id,) = db.execute(
-            "SELECT w.trigger_id FROM watchers w JOIN assets a ON a.id = w.asset_id"
-            " WHERE a.name = ?", (asset,)).fetchone()
-    return int(trigger_id)
-
-
-def replay(cli: TriggererCli, *args: str) -> subprocess.CompletedProcess[str]:
-    """``sharedstream watchers replay ...``, followed to its end."""
-    return subprocess.run(
-        [sys.executable, "-m", "sharedstream", "--config", str(cli.config), "watchers",
-         "replay", *args], cwd=cli.dir, env=cli.env, capture_output=True, text=True,
-        timeout=90, check=False)
 
 
 @pytest.mark.timeout(240)

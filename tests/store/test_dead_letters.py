@@ -202,3 +202,26 @@ def test_redrives_are_recorded_and_letters_found_by_id(store: MetadataStore) -> 
     assert (rows[first].redrives, rows[third].redrives) == (2, 1)
     assert rows[first].redriven_at is not None
     assert [r.redrives for r in store.dead_letters(10, stream="kafka orders", ids=[third])] == [1]
+
+
+def test_the_letters_a_trigger_caused_are_read_by_id_in_pages(store: MetadataStore) -> None:
+    typed: MetadataStore = store
+    kept = [letter("m1", triggers=("3",)), letter("m2", triggers=("13",)),
+            letter("m3", triggers=("7", "3")), letter("m4", triggers=("30", "31")),
+            letter("m5", triggers=("3",))]
+    assert all(typed.add_dead_letter(one) for one in kept)
+
+    assert typed.dead_letter_span(3) == (1, 5)
+    assert typed.dead_letter_span(13) == (2, 2)
+    assert typed.dead_letter_span(1) is None  # "13" and "31" do not name trigger 1
+    assert [row.source for row in typed.dead_letters_of(3, 10)] == ["m1", "m3", "m5"]
+    first = typed.dead_letters_of(3, 2)
+    assert [(row.id, row.source, row.triggers) for row in first] == [
+        (1, "m1", ("3",)), (3, "m3", ("7", "3"))]
+    assert [row.source for row in typed.dead_letters_of(3, 2, after=first[-1].id)] == ["m5"]
+    assert [row.source for row in typed.dead_letters_of(3, 10, after=1, before=5)] == ["m3"]
+    assert typed.dead_letters_of(3, 10, after=5) == []
+    assert typed.dead_letters_of(0, 10) == []
+    assert typed.dead_letters_of(3, 0) == []
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        typed.dead_letters_of(3, -1)
