@@ -64,8 +64,8 @@ async def test_a_replay_asked_for_over_http_runs_and_a_broker_without_replay_say
         (row,) = json.loads((await client.get("/replays")).text)
         assert row["error"].startswith("ReplayError: memory "), row["error"]
         assert row["error"].endswith(
-            "this broker cannot replay a watcher (Kafka can; for SQS and Service Bus, redrive "
-            "the dead letters: `sharedstream deadletters redrive`)"), row["error"]
+            "this broker cannot replay a watcher (Kafka can; for SQS and Service Bus, replay "
+            "the dead letters the watcher caused: --dead-letters)"), row["error"]
         status = json.loads((await client.get("/status")).text)
         assert [r["id"] for r in status["replays"]] == [1]
         again = await client.request("POST", "/replays/1/cancel")
@@ -73,6 +73,24 @@ async def test_a_replay_asked_for_over_http_runs_and_a_broker_without_replay_say
         assert (await client.request("POST", "/replays/7/cancel")).status == 404
         metrics = (await client.get("/metrics")).text
         assert "# TYPE sharedstream_replay_messages gauge" in metrics
+
+        mixed = await client.request("POST", "/replays", json={
+            "watcher": "fast", "dead_letters": True, "from": "1h"})
+        assert mixed.status == 400, mixed.text
+        letters = await client.request("POST", "/replays",
+                                       json={"watcher": "fast", "dead_letters": True})
+        assert letters.status == 201, letters.text
+        assert json.loads(letters.text)["request"] == {"dead_letters": True}
+
+        async def second_ended() -> bool:
+            rows = json.loads((await client.get("/replays")).text)
+            return bool(rows[0]["state"] == "failed")
+        await eventually_async(second_ended, True, within=10, what="the second replay ended")
+        latest = json.loads((await client.get("/replays")).text)[0]
+        assert latest["error"].startswith("ReplayError: memory "), latest["error"]
+        assert latest["error"].endswith(
+            "this broker cannot rebuild a dead letter as a message (SQS and Service Bus can; "
+            "Kafka replays --from a time or offsets)"), latest["error"]
     finally:
         triggerer.request_stop()
         assert await asyncio.wait_for(task, 30) == 0

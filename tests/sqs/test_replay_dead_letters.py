@@ -113,6 +113,14 @@ async def test_a_fixed_watcher_gets_its_dead_letters_and_the_other_nothing(
             assert counts(database)[:2] == (per_asset, runs)
             assert "replay done" in fixed.log(1)
 
+            # orders/all still rejects its letter: counted, nothing stored or kept again
+            still = await asyncio.to_thread(replay, fixed, "orders/all", "--dead-letters")
+            assert still.returncode == 0, (still.stdout, still.stderr)
+            assert still.stdout.strip().splitlines()[-1] == (
+                "replay 3 (orders/all): done, 1 of 1 messages (100%), 0 new events, "
+                "1 rejected"), still.stdout
+            assert counts(database) == (per_asset, runs, live[2])
+
 
 def test_the_request_takes_from_or_dead_letters_not_both(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
