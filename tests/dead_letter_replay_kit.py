@@ -7,16 +7,54 @@ with ``sharedstream watchers replay audit/all --dead-letters``.
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from sharedstream import TriggerEvent, reject_shared_stream_event
+from sharedstream.definitions import Asset, AssetWatcher, Dag
 from sharedstream.runtime.serde import unpack_event_payload
 from tests.cli import TriggererCli
 
-__all__ = ["counts", "events", "replay", "trigger_of"]
+__all__ = ["PickyFilter", "counts", "events", "replay", "trigger_of", "watched"]
+
+
+def watched(orders_trigger: Any, audit_trigger: Any) -> tuple[Asset, Dag, Asset, Dag]:
+    """``orders`` and ``audit``, each watched (``all``) by its trigger, and a DAG on each."""
+    orders = Asset("orders", watchers=[AssetWatcher("all", trigger=orders_trigger)])
+    audit = Asset("audit", watchers=[AssetWatcher("all", trigger=audit_trigger)])
+    return orders, Dag("on_orders", schedule=orders), audit, Dag("on_audit", schedule=audit)
+
+
+class PickyFilter:
+    """A watcher's filter (mixed into a broker's trigger) that rejects the ids a variable lists.
+
+    Fires one event per JSON message ``{"id": n}``: the id and what
+    :meth:`described` says of the message; rejects the messages whose ``id``
+    the environment variable :attr:`REJECT` lists (comma-separated; empty:
+    none), read when the filter starts.
+    """
+
+    REJECT: ClassVar[str] = ""
+
+    def described(self, message: Any) -> dict[str, Any]:
+        """What the event holds of ``message`` besides its id (the broker's test says)."""
+        raise NotImplementedError
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]
+                                   ) -> AsyncIterator[TriggerEvent]:
+        refused = {int(i) for i in os.environ.get(self.REJECT, "").split(",") if i}
+        async for message in shared_stream:
+            value = json.loads(message.body)
+            if value["id"] in refused:
+                reject_shared_stream_event(f"{self.REJECT} lists id {value['id']}")
+                continue
+            yield TriggerEvent({"id": value["id"], **self.described(message)})
 
 
 def _read(database: Path) -> sqlite3.Connection:

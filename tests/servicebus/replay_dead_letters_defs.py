@@ -14,14 +14,11 @@ Configured by environment: ``DLR_CONNECTION_STRING``, ``DLR_QUEUE``,
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any
 
-from sharedstream import TriggerEvent, reject_shared_stream_event
-from sharedstream.definitions import Asset, AssetWatcher, Dag
 from sharedstream.triggers.servicebus import ServiceBusSharedStreamTrigger
+from tests.dead_letter_replay_kit import PickyFilter, watched
 
 COMMON: dict[str, Any] = {
     "connection_string": os.environ["DLR_CONNECTION_STRING"],
@@ -31,21 +28,12 @@ COMMON: dict[str, Any] = {
 }
 
 
-class Picky(ServiceBusSharedStreamTrigger):
-    """Fires for every message but those whose ``id`` the variable :attr:`REJECT` lists."""
+class Picky(PickyFilter, ServiceBusSharedStreamTrigger):
+    """The stock trigger with the filter of :class:`tests.dead_letter_replay_kit.PickyFilter`."""
 
-    REJECT: ClassVar[str] = ""
-
-    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]
-                                   ) -> AsyncIterator[TriggerEvent]:
-        refused = {int(i) for i in os.environ.get(self.REJECT, "").split(",") if i}
-        async for message in shared_stream:
-            value = json.loads(message.body)
-            if value["id"] in refused:
-                reject_shared_stream_event(f"{self.REJECT} lists id {value['id']}")
-                continue
-            yield TriggerEvent({"id": value["id"], "city": message.properties.get("city"),
-                                "sequence_number": message.sequence_number})
+    def described(self, message: Any) -> dict[str, Any]:
+        return {"city": message.properties.get("city"),
+                "sequence_number": message.sequence_number}
 
 
 class OrdersWatcher(Picky):
@@ -56,7 +44,4 @@ class AuditWatcher(Picky):
     REJECT = "AUDIT_REJECT"
 
 
-orders = Asset("orders", watchers=[AssetWatcher("all", trigger=OrdersWatcher(**COMMON))])
-on_orders = Dag("on_orders", schedule=orders)
-audit = Asset("audit", watchers=[AssetWatcher("all", trigger=AuditWatcher(**COMMON))])
-on_audit = Dag("on_audit", schedule=audit)
+orders, on_orders, audit, on_audit = watched(OrdersWatcher(**COMMON), AuditWatcher(**COMMON))

@@ -15,14 +15,11 @@ queue URL), ``ORDERS_REJECT``, ``AUDIT_REJECT``.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any
 
-from sharedstream import TriggerEvent, reject_shared_stream_event
-from sharedstream.definitions import Asset, AssetWatcher, Dag
 from sharedstream.triggers.sqs import SqsSharedStreamTrigger
+from tests.dead_letter_replay_kit import PickyFilter, watched
 
 COMMON: dict[str, Any] = {
     "queue": os.environ["DLR_QUEUE"],
@@ -35,21 +32,11 @@ COMMON: dict[str, Any] = {
 }
 
 
-class Picky(SqsSharedStreamTrigger):
-    """Fires for every message but those whose ``id`` the variable :attr:`REJECT` lists."""
+class Picky(PickyFilter, SqsSharedStreamTrigger):
+    """The stock trigger with the filter of :class:`tests.dead_letter_replay_kit.PickyFilter`."""
 
-    REJECT: ClassVar[str] = ""
-
-    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]
-                                   ) -> AsyncIterator[TriggerEvent]:
-        refused = {int(i) for i in os.environ.get(self.REJECT, "").split(",") if i}
-        async for message in shared_stream:
-            value = json.loads(message.body)
-            if value["id"] in refused:
-                reject_shared_stream_event(f"{self.REJECT} lists id {value['id']}")
-                continue
-            yield TriggerEvent({"id": value["id"], "city": message.attributes.get("city"),
-                                "message_id": message.message_id})
+    def described(self, message: Any) -> dict[str, Any]:
+        return {"city": message.attributes.get("city"), "message_id": message.message_id}
 
 
 class OrdersWatcher(Picky):
@@ -60,7 +47,4 @@ class AuditWatcher(Picky):
     REJECT = "AUDIT_REJECT"
 
 
-orders = Asset("orders", watchers=[AssetWatcher("all", trigger=OrdersWatcher(**COMMON))])
-on_orders = Dag("on_orders", schedule=orders)
-audit = Asset("audit", watchers=[AssetWatcher("all", trigger=AuditWatcher(**COMMON))])
-on_audit = Dag("on_audit", schedule=audit)
+orders, on_orders, audit, on_audit = watched(OrdersWatcher(**COMMON), AuditWatcher(**COMMON))
