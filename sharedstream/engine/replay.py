@@ -5,7 +5,10 @@ A producer that can replay returns a :class:`ReplaySource` from
 The runtime (:mod:`sharedstream.runtime.replay_loop`) asks it for a *plan*
 - each lane's ``[start, end)`` positions - once, stores the plan, then
 reads the lanes from the positions it reached with :meth:`ReplaySource.read`
-and feeds one trigger's filter alone.
+and feeds one trigger's filter alone. A replay of a watcher's dead letters
+(:attr:`ReplayRequest.dead_letters`) reads the store's instead, with a
+source of the runtime's; the producer only rebuilds each letter
+(:meth:`~sharedstream.engine.producer.SharedStreamProducer.dead_letter_event`).
 
 Contracts of a source:
 
