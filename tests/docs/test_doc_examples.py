@@ -11,6 +11,7 @@ instead; a block fenced in any other python-like way (``py``, ``python3``,
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -108,9 +109,12 @@ def test_example_runs(page: str, line: int, body: str) -> None:
     # Pad with blank lines so tracebacks point at the line in the markdown page.
     code = compile("\n" * (line - 1) + body, str(DOCS / page), "exec")
     namespace: dict[str, Any] = {"__name__": f"docs_example_{Path(page).stem.replace('-', '_')}"}
+    here = os.getcwd()
     started = time.monotonic()
     exec(code, namespace)  # noqa: S102 - the documentation's own examples, by design
     elapsed = time.monotonic() - started
+    # A chdir into a directory the example then removes breaks every later test.
+    assert os.getcwd() == here, f"{page}:{line} changed the working directory"
     limit = PAGE_SECONDS.get(page, MAX_SECONDS)
     assert elapsed < limit, f"{page}:{line} took {elapsed:.2f}s; keep examples fast"
 
