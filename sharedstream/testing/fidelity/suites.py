@@ -117,7 +117,8 @@ class Suite:
             outcomes.unlink(missing_ok=True)
             pytest = [sys.executable, "-m", "pytest", "-c", str(workdir / "pytest.ini"),
                       "--rootdir", str(source), f"--import-mode={self.import_mode}",
-                      "-p", "no:cacheprovider", "-q", "-rN", *plugins, *(str(source / name) for name in self.test_files)]
+                      "-p", "no:cacheprovider", "-q", "-rN", *plugins,
+                      *(str(source / name) for name in self.test_files)]
             shards.append(Shard(
                 self.name, index, self._wrap(pytest, count),
                 {**env, "SHAREDSTREAM_FIDELITY_OUTCOMES": str(outcomes),
