@@ -21,7 +21,18 @@ def test_a_clean_run_counts_every_test_once() -> None:
     verdict = judge({"t.py::a": "passed", "t.py::b": "skipped", "t.py::deferral": "failed"},
                     LISTED)
     assert verdict.ok
-    assert verdict.counts() == {"passed": 1, "failed": 0, "expected_fail": 1, "skipped": 1}
+    assert verdict.counts() == {"passed": 1, "failed": 0, "expected_fail": 1, "unstable": 0,
+                                "skipped": 1}
+
+
+@pytest.mark.parametrize("outcome", ["passed", "failed"])
+def test_an_unstable_test_is_counted_whatever_it_does(outcome: str) -> None:
+    expectations = Expectations({}, unstable={"t.py::timed": "waits on the wall clock"})
+    verdict = judge({"t.py::a": "passed", "t.py::timed": outcome}, expectations)
+    assert verdict.ok
+    assert (verdict.passed, verdict.unstable, verdict.failed) == (1, 1, 0)
+    assert judge({"t.py::a": "passed"}, expectations).problems == (
+        "t.py::timed is on the unstable list but did not run",)
 
 
 def test_a_listed_test_that_passes_fails_the_run_naming_the_feature() -> None:
@@ -69,7 +80,7 @@ def test_the_list_is_read_per_suite(tmp_path: Path) -> None:
 def test_an_entry_without_its_feature_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "expected.toml"
     path.write_text('[sb.expected_failures]\n"t.py::x" = ""\n', encoding="utf-8")
-    with pytest.raises(ExpectationsError, match="the feature it needs"):
+    with pytest.raises(ExpectationsError, match="the feature it needs or why"):
         load_expectations(path, "sb")
 
 
@@ -80,4 +91,6 @@ def test_the_checked_in_list_names_a_feature_for_every_entry() -> None:
     for suite in SUITES:
         expectations = load_expectations(EXPECTATIONS, suite)
         assert all(reason for reason in expectations.expected_failures.values())
+        assert all(reason for reason in expectations.unstable.values())
+        assert not set(expectations.unstable) & set(expectations.expected_failures)
         assert all(item.reason for item in expectations.excluded)

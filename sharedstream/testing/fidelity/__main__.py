@@ -99,6 +99,7 @@ def _report(names: Sequence[str], outcomes: dict[str, dict[str, str]],
         counts = verdict.counts()
         print(f"{name} ({sdist.name} {sdist.version}): {counts['passed']} passed, "
               f"{counts['failed']} failed, {counts['expected_fail']} expected-fail, "
+              f"{counts['unstable']} unstable, "
               f"{counts['skipped']} skipped; excluded by pattern: "
               f"{len(expectations[name].excluded)} rules")
         for problem in verdict.problems:

@@ -181,7 +181,7 @@ class ServiceBusSuite(Suite):
         return ["-p", "sharedstream.testing.fidelity.standins.devtools"]
 
     def max_shards(self) -> int:
-        return 8 if _private_loopback_possible() else 1
+        return 24 if _private_loopback_possible() else 1
 
     def _wrap(self, command: list[str], count: int) -> list[str]:
         if not _private_loopback_possible():

@@ -13,9 +13,12 @@ Invariants:
    list never grows silently.
 3. A test on the list that did not run at all is a problem: a renamed or
    removed test does not leave a stale entry behind.
-4. Every test that ran is counted exactly once: ``passed``, ``failed``
-   (unexpected), ``expected_fail`` or ``skipped``; ``ok`` is true when and
-   only when there is no problem and something passed.
+4. A test on the unstable list (it passes or fails from run to run, for a
+   reason named there) is counted as ``unstable`` whatever its outcome, and
+   is never a problem: it is neither proof nor disproof.
+5. Every test that ran is counted exactly once: ``passed``, ``failed``
+   (unexpected), ``expected_fail``, ``unstable`` or ``skipped``; ``ok`` is
+   true when and only when there is no problem and something passed.
 """
 
 from __future__ import annotations
@@ -58,11 +61,13 @@ class Expectations:
     """One suite's checked-in expectations.
 
     ``expected_failures`` maps a node id to the unimplemented feature it
-    needs; ``excluded`` names tests the suite does not run, with why.
+    needs; ``unstable`` a node id to why its outcome varies from run to run;
+    ``excluded`` names tests the suite does not run, with why.
     """
 
     expected_failures: Mapping[str, str]
     excluded: tuple[Exclusion, ...] = ()
+    unstable: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +77,7 @@ class Verdict:
     passed: int
     failed: int
     expected_fail: int
+    unstable: int
     skipped: int
     problems: tuple[str, ...]
 
@@ -83,7 +89,8 @@ class Verdict:
     def counts(self) -> dict[str, int]:
         """The counts by name, for the JSON summary."""
         return {"passed": self.passed, "failed": self.failed,
-                "expected_fail": self.expected_fail, "skipped": self.skipped}
+                "expected_fail": self.expected_fail, "unstable": self.unstable,
+                "skipped": self.skipped}
 
 
 def judge(outcomes: Mapping[str, str], expectations: Expectations) -> Verdict:
@@ -92,12 +99,14 @@ def judge(outcomes: Mapping[str, str], expectations: Expectations) -> Verdict:
     Raises ``ValueError`` for an outcome that is not one of :data:`OUTCOMES`.
     """
     expected = expectations.expected_failures
-    counts = dict.fromkeys(("passed", "failed", "expected_fail", "skipped"), 0)
+    counts = dict.fromkeys(("passed", "failed", "expected_fail", "unstable", "skipped"), 0)
     problems: list[str] = []
     for test, outcome in sorted(outcomes.items()):
         if outcome not in OUTCOMES:
             raise ValueError(f"{test}: unknown outcome {outcome!r}")
-        if outcome in _FAILED and test in expected:
+        if test in expectations.unstable:
+            counts["unstable"] += 1
+        elif outcome in _FAILED and test in expected:
             counts["expected_fail"] += 1
         elif outcome in _FAILED:
             counts["failed"] += 1
@@ -110,6 +119,8 @@ def judge(outcomes: Mapping[str, str], expectations: Expectations) -> Verdict:
             counts[outcome] += 1
     problems += [f"{test} is on the expected-failure list ({expected[test]!r}) but did not run"
                  for test in sorted(set(expected) - set(outcomes))]
+    problems += [f"{test} is on the unstable list but did not run"
+                 for test in sorted(set(expectations.unstable) - set(outcomes))]
     return Verdict(problems=tuple(problems), **counts)
 
 
@@ -117,8 +128,9 @@ def load_expectations(path: Path, suite: str) -> Expectations:
     """The ``[suite]`` table of the TOML file at ``path``.
 
     Its shape: ``[suite.expected_failures]`` maps node ids to the feature
-    they need; ``[[suite.excluded]]`` entries have a ``pattern`` and a
-    ``reason``. :class:`ExpectationsError` names what is wrong.
+    they need, ``[suite.unstable]`` node ids to why their outcome varies;
+    ``[[suite.excluded]]`` entries have a ``pattern`` and a ``reason``.
+    :class:`ExpectationsError` names what is wrong.
     """
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -127,11 +139,12 @@ def load_expectations(path: Path, suite: str) -> Expectations:
     table: Any = document.get(suite)
     if not isinstance(table, dict):
         raise ExpectationsError(f"{path}: no [{suite}] table")
-    failures = table.get("expected_failures", {})
-    if not isinstance(failures, dict) or not all(
-            isinstance(feature, str) and feature for feature in failures.values()):
-        raise ExpectationsError(f"{path}: [{suite}.expected_failures] maps each test to the "
-                                "feature it needs (a non-empty string)")
+    failures, unstable = table.get("expected_failures", {}), table.get("unstable", {})
+    for name, entries in (("expected_failures", failures), ("unstable", unstable)):
+        if not isinstance(entries, dict) or not all(
+                isinstance(reason, str) and reason for reason in entries.values()):
+            raise ExpectationsError(f"{path}: [{suite}.{name}] maps each test to the "
+                                    "feature it needs or why (a non-empty string)")
     excluded = []
     for entry in table.get("excluded", []):
         if not (isinstance(entry, dict) and isinstance(entry.get("pattern"), str)
@@ -139,4 +152,4 @@ def load_expectations(path: Path, suite: str) -> Expectations:
             raise ExpectationsError(f"{path}: each [[{suite}.excluded]] needs a pattern and a "
                                     f"reason, not {entry!r}")
         excluded.append(Exclusion(entry["pattern"], entry["reason"]))
-    return Expectations(dict(failures), tuple(excluded))
+    return Expectations(dict(failures), tuple(excluded), dict(unstable))
