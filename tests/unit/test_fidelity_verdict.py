@@ -1,0 +1,96 @@
+"""The fidelity suite's verdict: an SDK run's outcomes against the expected-failure list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sharedstream.testing.fidelity.verdict import (
+    Exclusion,
+    Expectations,
+    ExpectationsError,
+    judge,
+    load_expectations,
+)
+
+LISTED = Expectations({"t.py::deferral": "receiving deferred messages"})
+
+
+def test_a_clean_run_counts_every_test_once() -> None:
+    verdict = judge({"t.py::a": "passed", "t.py::b": "skipped", "t.py::deferral": "failed"},
+                    LISTED)
+    assert verdict.ok
+    assert verdict.counts() == {"passed": 1, "failed": 0, "expected_fail": 1, "unstable": 0,
+                                "skipped": 1}
+
+
+@pytest.mark.parametrize("outcome", ["passed", "failed"])
+def test_an_unstable_test_is_counted_whatever_it_does(outcome: str) -> None:
+    expectations = Expectations({}, unstable={"t.py::timed": "waits on the wall clock"})
+    verdict = judge({"t.py::a": "passed", "t.py::timed": outcome}, expectations)
+    assert verdict.ok
+    assert (verdict.passed, verdict.unstable, verdict.failed) == (1, 1, 0)
+    assert judge({"t.py::a": "passed"}, expectations).problems == (
+        "t.py::timed is on the unstable list but did not run",)
+
+
+def test_a_listed_test_that_passes_fails_the_run_naming_the_feature() -> None:
+    verdict = judge({"t.py::a": "passed", "t.py::deferral": "passed"}, LISTED)
+    assert not verdict.ok
+    assert verdict.problems == (
+        "t.py::deferral passed but is listed as needing 'receiving deferred messages': "
+        "take it off the expected-failure list",)
+
+
+@pytest.mark.parametrize("outcome", ["failed", "error"])
+def test_an_unlisted_failure_fails_the_run(outcome: str) -> None:
+    verdict = judge({"t.py::a": outcome, "t.py::deferral": "error"}, LISTED)
+    assert verdict.problems == (f"t.py::a {outcome} and is not on the expected-failure list",)
+    assert (verdict.failed, verdict.expected_fail) == (1, 1)
+
+
+def test_a_listed_test_that_did_not_run_fails_the_run() -> None:
+    verdict = judge({"t.py::a": "passed"}, LISTED)
+    assert verdict.problems == ("t.py::deferral is on the expected-failure list "
+                                "('receiving deferred messages') but did not run",)
+
+
+def test_a_run_where_nothing_passed_is_not_ok() -> None:
+    assert not judge({"t.py::a": "skipped"}, Expectations({})).ok
+    assert not judge({}, Expectations({})).ok
+
+
+def test_an_unknown_outcome_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown outcome 'xpassed'"):
+        judge({"t.py::a": "xpassed"}, Expectations({}))
+
+
+def test_the_list_is_read_per_suite(tmp_path: Path) -> None:
+    path = tmp_path / "expected.toml"
+    path.write_text('[sb.expected_failures]\n"t.py::x" = "list sessions"\n'
+                    '[[sb.excluded]]\npattern = "*-ws]"\nreason = "WebSockets"\n',
+                    encoding="utf-8")
+    assert load_expectations(path, "sb") == Expectations(
+        {"t.py::x": "list sessions"}, (Exclusion("*-ws]", "WebSockets"),))
+    with pytest.raises(ExpectationsError, match=r"no \[pubsub\] table"):
+        load_expectations(path, "pubsub")
+
+
+def test_an_entry_without_its_feature_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "expected.toml"
+    path.write_text('[sb.expected_failures]\n"t.py::x" = ""\n', encoding="utf-8")
+    with pytest.raises(ExpectationsError, match="the feature it needs or why"):
+        load_expectations(path, "sb")
+
+
+def test_the_checked_in_list_names_a_feature_for_every_entry() -> None:
+    from sharedstream.testing.fidelity.__main__ import EXPECTATIONS  # noqa: PLC0415
+    from sharedstream.testing.fidelity.suites import SUITES  # noqa: PLC0415
+
+    for suite in SUITES:
+        expectations = load_expectations(EXPECTATIONS, suite)
+        assert all(reason for reason in expectations.expected_failures.values())
+        assert all(reason for reason in expectations.unstable.values())
+        assert not set(expectations.unstable) & set(expectations.expected_failures)
+        assert all(item.reason for item in expectations.excluded)
