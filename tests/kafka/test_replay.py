@@ -5,7 +5,8 @@ replay feeds it the records the live consumer had committed past, and only
 it - the other watcher stores nothing new, the group's committed offsets do
 not move, and one DAG run per new event appears for the late watcher. A
 second replay of the same records stores nothing (same idempotency keys as
-live). Offsets as well as times start a replay.
+live). Offsets as well as times start a replay. The SIGKILL mid-replay and
+the replay beside live traffic are marked slow (the slow CI step runs them).
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ async def read_early_records(harness: KafkaHarness, tmp_path: Path, count: int
     return stream, database
 
 
+@pytest.mark.slow  # chaos-like (a SIGKILL, or live traffic beside): the slow CI step
 @pytest.mark.timeout(240)
 async def test_a_replay_killed_midway_resumes_where_it_was_and_stores_each_event_once(
     harness: KafkaHarness, tmp_path: Path,
@@ -233,6 +235,7 @@ async def test_a_cancelled_replay_stops_and_a_second_replay_of_a_watcher_is_refu
         assert "replay cancelled" in late.log(1)
 
 
+@pytest.mark.slow  # chaos-like (a SIGKILL, or live traffic beside): the slow CI step
 @pytest.mark.timeout(240)
 async def test_a_replay_beside_live_traffic_skips_nothing_and_stores_nothing_twice(
     harness: KafkaHarness, tmp_path: Path,
