@@ -116,6 +116,7 @@ class CrashLoopDeployment(Deployment):
         assert not left, f"{len(left)} messages still unacked on the subscription"
 
 
+@pytest.mark.slow  # a SIGKILL chaos case (about 16 s): the slow CI step
 @pytest.mark.timeout(180)
 def test_a_killed_triggerer_dead_letters_no_healthy_message(tmp_path: Path) -> None:
     with running(pubsub_process(tmp_path)) as server:

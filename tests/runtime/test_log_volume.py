@@ -15,6 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.runtime.conftest import Deployment, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +47,7 @@ def test_an_unreachable_broker_gives_one_retry_line_per_call(deployment: Deploym
     assert "repeats_hidden_s=60" in retries[0]
 
 
+@pytest.mark.slow  # about 30 s of waiting on an idle triggerer: the slow CI step
 def test_an_idle_triggerer_logs_progress_only_when_something_changed(
     deployment: Deployment,
 ) -> None:

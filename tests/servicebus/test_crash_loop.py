@@ -123,6 +123,7 @@ class Storm:
         assert stored == [i for i in range(self.total) if i != POISON], (context, log[-3000:])
 
 
+@pytest.mark.slow  # a SIGKILL chaos case (13-31 s each): the slow CI step
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sessions", [False, True], ids=["plain", "sessions"])
 def test_a_killed_triggerer_dead_letters_no_healthy_message(tmp_path: Path,

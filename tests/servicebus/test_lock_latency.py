@@ -116,6 +116,7 @@ async def watch_slowly(far: tuple[ThreadedServiceBusServer, str], *, messages: i
         await harness.close()
 
 
+@pytest.mark.slow  # about 18 s behind the latency proxy: the slow CI step
 async def test_a_slow_healthy_watcher_loses_no_lock_at_30_ms(
     far_server: tuple[ThreadedServiceBusServer, str],
 ) -> None:

@@ -92,6 +92,7 @@ async def wait_deleted(harness: SqsHarness, stream: Stream, at_least: int,
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow  # a SIGKILL chaos case (about 12 s): the slow CI step
 @pytest.mark.timeout(240)
 async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     sqs_endpoint: str, tmp_path: Path,
