@@ -76,24 +76,29 @@ def replay(cli: TriggererCli, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=90, check=False)
 
 
-@pytest.mark.timeout(240)
-async def test_a_watcher_added_late_catches_up_and_nothing_else_changes(
-    harness: KafkaHarness, tmp_path: Path,
-) -> None:
+async def read_early_records(harness: KafkaHarness, tmp_path: Path, count: int
+                             ) -> tuple[Stream, Path]:
+    """A 2-partition topic whose ``count`` records the early definitions stored; the database."""
     name = f"replay-{uuid.uuid4().hex[:10]}"
     stream = Stream(name=name, dead_letter=None, group=f"g-{name}")
     await harness.create_topics(stream.name, partitions=2)
     early = cli_for(tmp_path, harness, stream, late=False)
     early.run("init", "--path", str(early.config))
     database = tmp_path / "sharedstream.db"
-
-    await send(harness, stream.name, range(EARLY))
+    await send(harness, stream.name, range(count))
     with early.running(0) as process:
         async def read() -> bool:
-            return (await committed(harness, stream) == EARLY
-                    and events_by_asset(database).get("orders") == EARLY)
+            return (await committed(harness, stream) == count
+                    and events_by_asset(database).get("orders") == count)
         await early.until(0, process, read)
+    return stream, database
 
+
+@pytest.mark.timeout(240)
+async def test_a_watcher_added_late_catches_up_and_nothing_else_changes(
+    harness: KafkaHarness, tmp_path: Path,
+) -> None:
+    stream, database = await read_early_records(harness, tmp_path, EARLY)
     late = cli_for(tmp_path, harness, stream, late=True)
     with late.running(1, log_level="INFO") as process:
         await send(harness, stream.name, range(EARLY, EARLY + LIVE))
@@ -141,24 +146,6 @@ def replay_row(database: Path, replay_id: int) -> tuple[str, int, int | None, in
         ((state, done, total, stored),) = db.execute(
             "SELECT state, done, total, stored FROM replays WHERE id = ?", (replay_id,)).fetchall()
     return str(state), int(done), None if total is None else int(total), int(stored)
-
-
-async def read_early_records(harness: KafkaHarness, tmp_path: Path, count: int
-                             ) -> tuple[Stream, Path]:
-    """A 2-partition topic whose ``count`` records the early definitions stored; the database."""
-    name = f"replay-{uuid.uuid4().hex[:10]}"
-    stream = Stream(name=name, dead_letter=None, group=f"g-{name}")
-    await harness.create_topics(stream.name, partitions=2)
-    early = cli_for(tmp_path, harness, stream, late=False)
-    early.run("init", "--path", str(early.config))
-    database = tmp_path / "sharedstream.db"
-    await send(harness, stream.name, range(count))
-    with early.running(0) as process:
-        async def read() -> bool:
-            return (await committed(harness, stream) == count
-                    and events_by_asset(database).get("orders") == count)
-        await early.until(0, process, read)
-    return stream, database
 
 
 @pytest.mark.slow  # chaos-like (a SIGKILL, or live traffic beside): the slow CI step
