@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from sharedstream.testing.brokers.process import free_port
 from sharedstream.testing.latency_proxy import LatencyProxy, latency_proxy
 
 DELAY = 0.04
@@ -146,6 +147,42 @@ async def test_closing_the_proxy_ends_every_relay(echo: EchoServer) -> None:
         assert await asyncio.wait_for(_read_until_closed(reader), 5) == b""
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection("127.0.0.1", proxy.port)
+    finally:
+        writer.close()
+
+
+
+async def test_a_closed_proxy_comes_back_on_its_port(echo: EchoServer) -> None:
+    """A server that goes away and returns: refused while closed, relayed again after."""
+    proxy = await LatencyProxy("127.0.0.1", echo.port, delay=0, port=free_port()).start()
+    port = proxy.port
+    try:
+        await proxy.aclose()
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", port)
+        await proxy.start()
+        assert proxy.port == port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            assert await _round_trip(reader, writer, b"back") == b"back"
+        finally:
+            writer.close()
+    finally:
+        await proxy.aclose()
+
+
+async def test_a_connection_accepted_as_the_proxy_closes_is_aborted(echo: EchoServer) -> None:
+    """The accept callback that runs after ``aclose`` ends its connection, relays nothing."""
+    proxy = await LatencyProxy("127.0.0.1", echo.port, delay=0).start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    await proxy.aclose()
+    try:
+        late_reader, late_writer = await asyncio.open_connection(  # a callback after the close:
+            "127.0.0.1", echo.port)                                 # fed to the proxy by hand
+        proxy._accept(late_reader, late_writer)
+        assert late_writer.transport.is_closing()
+        assert proxy.relays == 1
+        assert await asyncio.wait_for(_read_until_closed(reader), 5) == b""
     finally:
         writer.close()
 

@@ -101,6 +101,7 @@ class LatencyProxy:
         self._server: asyncio.Server | None = None
         self._port: int | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._accepting = False
 
     @property
     def port(self) -> int:
@@ -110,17 +111,28 @@ class LatencyProxy:
         return self._port
 
     async def start(self) -> LatencyProxy:
-        """Bind and start accepting; returns ``self``. Raises ``OSError`` if it cannot bind."""
+        """Bind and start accepting; returns ``self``. Raises ``OSError`` if it cannot bind.
+
+        A closed proxy may be started again: given a fixed ``port``, it comes
+        back on the same one (a server that goes away and returns).
+        """
+        self._accepting = True
         self._server = await asyncio.start_server(self._accept, "127.0.0.1",
                                                   self._wanted_port)
         self._port = int(self._server.sockets[0].getsockname()[1])
         return self
 
     async def aclose(self) -> None:
-        """Stop accepting, cancel every relay and wait for them. Idempotent."""
+        """Stop accepting, cancel every relay and wait for them. Idempotent.
+
+        A connection the kernel accepted just before the close, whose callback
+        runs after it, is aborted at once rather than relayed.
+        """
+        self._accepting = False
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+            self._server = None
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -141,6 +153,9 @@ class LatencyProxy:
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """``asyncio.start_server``'s callback: start the relay as a task the proxy owns."""
+        if not self._accepting:
+            writer.transport.abort()  # accepted as the proxy closed: never relayed
+            return
         self.relays += 1
         task = asyncio.get_running_loop().create_task(
             self._relay(reader, writer), name=f"latency-proxy relay {self.relays}")

@@ -1,14 +1,15 @@
 """The SQS producer's ``connected`` follows the network: the server away, and back.
 
-The producer reaches a moto server of this test's own through a TCP relay
-on a port of its own; the relay is closed under the polling producer (every
-connection through it cut, new ones refused) and opened again on the same
-port, while moto, and the queue in it, stay up. (Restarting moto itself
-would lose the queue, and a receive that met the new server before the
-queue was made again would rightly end the poll.) botocore's own retries
-are turned off, so a receive that gets no answer reaches the producer at
-once; its receive loop retries, reporting ``connected`` ``False``
-meanwhile, and the same poll goes on once the server is reachable again.
+The producer reaches a moto server of this test's own through the testing
+kit's TCP proxy (no added delay) on a port of its own; the proxy is closed
+under the polling producer (every connection through it cut, new ones
+refused) and opened again on the same port, while moto, and the queue in
+it, stay up. (Restarting moto itself would lose the queue, and a receive
+that met the new server before the queue was made again would rightly end
+the poll.) botocore's own retries are turned off, so a receive that gets no
+answer reaches the producer at once; its receive loop retries, reporting
+``connected`` ``False`` meanwhile, and the same poll goes on once the
+server is reachable again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sharedstream.producers.sqs import SqsSettings, SqsSharedStreamProducer
 from sharedstream.testing.brokers.moto import start_moto, stop_moto
 from sharedstream.testing.brokers.process import BrokerNotInstalled, free_port
 from sharedstream.testing.harness import opened
+from sharedstream.testing.latency_proxy import LatencyProxy
 from sharedstream.testing.runner import eventually
 from tests.sqs.conftest import CREDENTIALS, REGION, SqsHarness
 
@@ -34,52 +36,6 @@ QUEUE = "connected"
 async def make_queue(endpoint: str) -> str:
     async with opened(SqsHarness(endpoint, fifo=False)) as harness:
         return await harness.create_queue(QUEUE)
-
-
-class Relay:
-    """A TCP relay from ``127.0.0.1:port`` to ``target``, that can be cut and restored."""
-
-    def __init__(self, port: int, target: tuple[str, int]) -> None:
-        self.port, self.target = port, target
-        self._server: asyncio.Server | None = None
-        self._pipes: set[asyncio.Task[None]] = set()
-
-    async def open(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port,
-                                                  reuse_address=True)
-
-    async def cut(self) -> None:
-        """Refuse new connections and drop every open one."""
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        pipes, self._pipes = self._pipes, set()
-        for pipe in pipes:
-            pipe.cancel()
-        await asyncio.gather(*pipes, return_exceptions=True)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        pipe = asyncio.current_task()
-        assert pipe is not None
-        self._pipes.add(pipe)
-        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
-        try:
-            await asyncio.gather(_copy(reader, upstream_writer), _copy(upstream_reader, writer))
-        finally:
-            for end in (writer, upstream_writer):
-                end.close()
-                with contextlib.suppress(Exception):
-                    await end.wait_closed()
-            self._pipes.discard(pipe)
-
-
-async def _copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    while data := await source.read(65536):
-        sink.write(data)
-        await sink.drain()
-    with contextlib.suppress(Exception):
-        sink.write_eof()
 
 
 @contextlib.asynccontextmanager
@@ -104,8 +60,7 @@ async def test_connected_follows_the_server(tmp_path: Path) -> None:
     except BrokerNotInstalled as exc:
         pytest.skip(str(exc))
     moto_port = int(endpoint.rsplit(":", 1)[1])
-    relay = Relay(free_port(), ("127.0.0.1", moto_port))
-    await relay.open()
+    relay = await LatencyProxy("127.0.0.1", moto_port, delay=0, port=free_port()).start()
     through = f"http://127.0.0.1:{relay.port}"
     try:
         url = (await make_queue(endpoint)).replace(endpoint, through)
@@ -120,14 +75,14 @@ async def test_connected_follows_the_server(tmp_path: Path) -> None:
         async with polling(producer) as task:
             await eventually(lambda: producer.connected is True, within=10,
                              what="connected while receiving")
-            await relay.cut()
+            await relay.aclose()
             await eventually(lambda: producer.connected is False, within=10,
                              what="not connected with the server away")
             assert not task.done()  # the poll rides the outage out
-            await relay.open()
+            await relay.start()
             await eventually(lambda: producer.connected is True, within=15,
                              what="connected again once the server is back")
             assert not task.done()
     finally:
-        await relay.cut()
+        await relay.aclose()
         stop_moto(process)
