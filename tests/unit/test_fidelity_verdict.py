@@ -35,6 +35,15 @@ def test_an_unstable_test_is_counted_whatever_it_does(outcome: str) -> None:
         "t.py::timed is on the unstable list but did not run",)
 
 
+
+def test_a_selection_does_not_miss_the_listed_tests_it_left_out() -> None:
+    """``-k``: what did not run is not judged; what ran still is."""
+    assert judge({"t.py::a": "passed"}, LISTED).problems  # a whole run misses it
+    assert judge({"t.py::a": "passed"}, LISTED, partial=True).ok
+    assert not judge({"t.py::a": "passed", "t.py::deferral": "passed"}, LISTED,
+                     partial=True).ok
+
+
 def test_a_listed_test_that_passes_fails_the_run_naming_the_feature() -> None:
     verdict = judge({"t.py::a": "passed", "t.py::deferral": "passed"}, LISTED)
     assert not verdict.ok

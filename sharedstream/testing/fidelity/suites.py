@@ -96,8 +96,12 @@ class Suite:
     """``append`` where our shims must come before the SDK's own test helpers on ``sys.path``."""
 
     def shards(self, workdir: Path, cache: Path, exclusions: Sequence[Exclusion],
-               count: int) -> tuple[list[Shard], AbstractContextManager[object]]:
-        """The shards of a run in ``workdir``, and what must run around them (a server)."""
+               count: int, *, select: str | None = None,
+               ) -> tuple[list[Shard], AbstractContextManager[object]]:
+        """The shards of a run in ``workdir``, and what must run around them (a server).
+
+        ``select`` is a pytest ``-k`` expression: only the tests it selects run.
+        """
         source = fetch_sdist(self.sdist, cache)
         helpers = install_helpers(self.helpers, cache)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +122,7 @@ class Suite:
             pytest = [sys.executable, "-m", "pytest", "-c", str(workdir / "pytest.ini"),
                       "--rootdir", str(source), f"--import-mode={self.import_mode}",
                       "-p", "no:cacheprovider", "-q", "-rN", *plugins,
+                      *(["-k", select] if select is not None else []),
                       *(str(source / name) for name in self.test_files)]
             shards.append(Shard(
                 self.name, index, self._wrap(pytest, count),
