@@ -21,6 +21,19 @@ broker action, per ``(topic, partition)`` lane:
   dead-lettered (or discarded) instead, so one poison record cannot hold
   its partition forever.
 
+**Per-watcher redelivery.** The records read again after a seek back go
+only to the watchers that need them: for each offset at or past the floor
+whose outcome came while the floor was held, the producer keeps who did not
+ack it (:meth:`AdvanceOutcome.needed_by`: the triggers that failed on it,
+were fenced off it or rejected it) and names them as the redelivery's
+audience (:meth:`delivery_audience`). A watcher that acked a record stored
+everything it derived from it, so it does not see the record again; a
+record everyone acked is resolved at once on its second reading. An offset
+whose outcome is not known yet when it is read again, or that went to
+nobody, goes to every watcher, as before. The floor and the commits do not
+change: a crash still redelivers from the last commit to everyone, and the
+idempotency keys absorb what was stored.
+
 Commits are coalesced and asynchronous (:mod:`sharedstream.brokerkit.coalesced_commits`):
 ``advance`` decides the partition's new commit target and returns without
 waiting for the broker; one commit task sends the latest targets of all
@@ -67,6 +80,7 @@ from sharedstream.brokerkit.sdk import OptionalSdk
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.engine.producer import (
     AdvanceItem,
+    AdvanceOutcome,
     BrokerBacklog,
     DeadLetter,
     SharedStreamProducer,
@@ -165,6 +179,9 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         self._redelivery = RedeliveryPolicy(settings.max_redeliveries)
         self._letters = DeadLetterDesk(self, setting="dead_letter_topic", logger=log)
         self._idle_until = 0.0
+        # (topic, partition, offset) -> who still needs the record, for offsets read again
+        # after a seek back (see the module docstring: per-watcher redelivery).
+        self._owed: dict[tuple[str, int, int], frozenset[Hashable]] = {}
         self._committer: CoalescedCommitter[tuple[str, int]] = CoalescedCommitter(
             self._commit_offsets, name=f"sharedstream-kafka-commit[{settings.group_id}]",
             on_fatal=self._on_commit_failed, close_timeout=settings.commit_timeout,
@@ -311,6 +328,9 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
         keys = [(tp.topic, tp.partition) for tp in revoked]
         for tp_key in keys:
             self._lanes.pop(tp_key, None)
+        if self._owed:  # the partitions' next owner delivers to everyone
+            gone = set(keys)
+            self._owed = {key: who for key, who in self._owed.items() if key[:2] not in gone}
         await self._committer.revoke(keys)
 
     # -- the engine's calls --------------------------------------------------------------
@@ -341,6 +361,18 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         """``(topic, partition)``: Kafka commits are cumulative per partition."""
         return (broker_payload.topic, broker_payload.partition)
+
+    def delivery_audience(self, broker_payload: Any) -> frozenset[Hashable] | None:
+        """Who a record read again after a seek back is for; ``None``: everyone.
+
+        Taken once: the entry is for this reading only (its outcome sets the
+        next one, if the record is read yet again).
+        """
+        owed = self._owed
+        if not owed:
+            return None
+        return owed.pop((broker_payload.topic, broker_payload.partition, broker_payload.offset),
+                        None)
 
     def raw_event_name(self, broker_payload: Any) -> str | None:
         """``topic/partition/offset``: the same for every redelivery of a record."""
@@ -393,6 +425,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
             if lane.floor is not None and offset > lane.floor:
                 # Behind a held record: it comes again. Its failure is not counted: it may
                 # only have been in the inbox of a subscriber that died on the held record.
+                self._note_needed(payload, outcome)
                 continue
             if outcome.failed or not (outcome.acked or outcome.rejected):
                 if self._redelivery.counts(outcome):  # a filter failed on this very record
@@ -400,7 +433,7 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                     if self._redelivery.exhausted(failures):
                         await self._dead_letter(payload, REASON_MAX_REDELIVERIES, failures,
                                                 outcome.verdicts)
-                        self._resolve(lane, offset)
+                        self._resolve(lane, payload)
                         continue
                     # Back off a little more each time, so a failing record is no hot loop.
                     pause = min(self.settings.retry_backoff * 0.2 * 2 ** failures, 1.0)
@@ -411,14 +444,31 @@ class KafkaSharedStreamProducer(SharedStreamProducer):
                 self._idle_until = max(self._idle_until,
                                        asyncio.get_running_loop().time() + pause)
                 self._hold(lane, tp_key, offset)
+                self._note_needed(payload, outcome)
                 continue
             if outcome.rejected:
                 await self._dead_letter(payload, REASON_REJECTED, lane.failures.get(offset),
                                         outcome.verdicts)
-            self._resolve(lane, offset)
+            self._resolve(lane, payload)
         self._committer.want(tp_key, lane.epoch, lane.resolved_to)
 
-    def _resolve(self, lane: _Lane, offset: int) -> None:
+    def _note_needed(self, payload: KafkaPayload, outcome: AdvanceOutcome) -> None:
+        """Keep who needs ``payload``'s record when it is read again (per-watcher redelivery).
+
+        Nothing is kept when that is not known, or when the record went to
+        nobody (whoever is subscribed at the next reading must get it).
+        """
+        key = (payload.topic, payload.partition, payload.offset)
+        needed = outcome.needed_by()
+        if needed is None or not (outcome.acked or needed):
+            self._owed.pop(key, None)
+        else:
+            self._owed[key] = needed
+
+    def _resolve(self, lane: _Lane, payload: KafkaPayload) -> None:
+        offset = payload.offset
+        if self._owed:
+            self._owed.pop((payload.topic, payload.partition, offset), None)
         lane.resolved_to = offset + 1
         lane.failures.forget(offset)
         if lane.floor is not None and lane.floor <= offset:

@@ -44,7 +44,7 @@ from sharedstream.engine.ack_subscriber import AckSubscriber
 from sharedstream.engine.errors import AckTimeout
 from sharedstream.engine.fanout import FanOut
 from sharedstream.engine.producer import Verdict
-from sharedstream.engine.records import EventRecord, failure_verdict
+from sharedstream.engine.records import EventRecord, add_failed_by, failure_verdict
 from sharedstream.engine.seqs import SeqRouter
 
 __all__ = ["FailingBook", "Failures"]
@@ -82,9 +82,10 @@ class FailingBook(Protocol):
         """When the oldest unresolved record times out; ``None`` when none is left."""
 
     def resolve_failed(
-        self, record: EventRecord, *, unseen: bool = False, verdict: Verdict | None = None
+        self, record: EventRecord, by: Hashable, *, unseen: bool = False,
+        verdict: Verdict | None = None,
     ) -> None:
-        """One subscriber failed on ``record``; ``unseen``: it never pulled it."""
+        """Subscriber ``by`` failed on ``record``; ``unseen``: it never pulled it."""
 
 
 class Failures:
@@ -113,18 +114,19 @@ class Failures:
         book = self.book
         book.fanout.drop(sub)
         self.fenced.discard(sub)
+        who = sub.trigger_id
         for record in sub.inbox:
-            book.resolve_failed(record, unseen=True)
+            book.resolve_failed(record, who, unseen=True)
         current = sub.current
         if current is not None:
             sub.current = None
             sub.window_seqs = 0
-            book.resolve_failed(current)
+            book.resolve_failed(current, who)
         # Records it moved past and still owes, each once (the open window's
         # record, resolved above, has slots here too).
         for owed in dict.fromkeys(sub.ledger):
             if owed is not None and owed is not current:
-                book.resolve_failed(owed)
+                book.resolve_failed(owed, who)
         sub.forget_seqs(None)
         self.departed.discard(sub)
         book.router.withdraw(sub)
@@ -170,7 +172,8 @@ class Failures:
             sub.forget_seqs(record)
             sub.window_seqs = 0
         self.fence(sub, record)
-        self.book.resolve_failed(record, verdict=failure_verdict(sub.trigger_id, error))
+        self.book.resolve_failed(record, sub.trigger_id,
+                                 verdict=failure_verdict(sub.trigger_id, error))
 
     def _expire_durable(self, sub: AckSubscriber, record: EventRecord, error: AckTimeout) -> None:
         """``record`` timed out for durable ``sub``: it fails for ``sub``, which stays a member.
@@ -196,7 +199,7 @@ class Failures:
         else:
             sub.inbox.remove(record)
             self.fence(sub, record)
-        self.book.resolve_failed(record, unseen=True)
+        self.book.resolve_failed(record, sub.trigger_id, unseen=True)
 
     def fence(self, sub: AckSubscriber, record: EventRecord) -> None:
         """``record`` fails for durable ``sub``: keep the rest of its lane from ``sub`` for now.
@@ -217,7 +220,7 @@ class Failures:
             inbox.extend(kept)
             book = self.book
             for queued in dropped:
-                book.resolve_failed(queued, unseen=True)
+                book.resolve_failed(queued, sub.trigger_id, unseen=True)
             book.fanout.relieve(sub)
         if sub.fences is None:
             sub.fences = {}
@@ -225,7 +228,11 @@ class Failures:
         self.fenced.add(sub)
 
     def apply_fences(self, record: EventRecord) -> int:
-        """Take ``record``, just broadcast, back from members fenced on its lane; how many."""
+        """Take ``record``, just broadcast, back from members fenced on its lane; how many.
+
+        Each is named in ``record.failed_by`` (the caller counts them as
+        unseen failures).
+        """
         lane = record.lane
         fenced = 0
         for sub in self.fenced:
@@ -233,6 +240,7 @@ class Failures:
             if sub.fences and lane in sub.fences and inbox and inbox[-1] is record:
                 inbox.pop()
                 fenced += 1
+                add_failed_by(record, sub.trigger_id)
         return fenced
 
     def lift(self, record: EventRecord) -> None:

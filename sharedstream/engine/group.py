@@ -459,6 +459,10 @@ class StreamGroup:
         source = producer.open_stream()
         exits.push_async_callback(self._close_source, source)
         get_lane = producer.get_advance_lane
+        # Asked only of a producer that can narrow a redelivery (the hot path stays as it was).
+        audience_of = (producer.delivery_audience
+                       if type(producer).delivery_audience
+                       is not SharedStreamProducer.delivery_audience else None)
         clock = self._clock
         fanout = self.fanout
         valve = self._valve
@@ -475,7 +479,8 @@ class StreamGroup:
             if tracer is not None:
                 tracer.received(raw, payload)
             try:
-                overflowed = book.broadcast(raw, payload, lane, clock())
+                overflowed = book.broadcast(raw, payload, lane, clock(),
+                                            None if audience_of is None else audience_of(payload))
             except TypeError as exc:
                 raise ProducerContractError(
                     f"{type(producer).__qualname__}.get_advance_lane returned an "

@@ -21,7 +21,15 @@ dead-letter, nack, ...).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Hashable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -110,6 +118,33 @@ class AdvanceOutcome(NamedTuple):
         """
         return ()
 
+    @property
+    def failed_by(self) -> tuple[Hashable, ...] | None:
+        """The trigger ids of the ``failed`` subscribers, or ``None`` when not known.
+
+        One id per failure, in resolution order (seen and unseen alike). The
+        engine names them on every outcome it builds; ``None`` only for an
+        outcome with failures built without them (a test's plain tuple), so
+        a producer must then assume anyone may still need the event.
+        """
+        return () if not self.failed else None
+
+    def needed_by(self) -> frozenset[Hashable] | None:
+        """Who did not resolve the event as done: failed or rejected it (``None``: unknown).
+
+        The subscribers that acked it have stored everything they derived
+        from it; a redelivery needs to reach only these (see
+        :meth:`SharedStreamProducer.delivery_audience`). Empty when everyone
+        acked.
+        """
+        failed = self.failed_by
+        if failed is None or len(failed) != self.failed:
+            return None
+        rejected = [v.trigger_id for v in self.verdicts if v.resolution == "rejected"]
+        if len(rejected) != self.rejected:
+            return None
+        return frozenset((*failed, *rejected))
+
 
 class Verdict(NamedTuple):
     """One subscriber's non-clean resolution of one event (see :attr:`AdvanceOutcome.verdicts`)."""
@@ -147,6 +182,11 @@ class _Annotated(AdvanceOutcome):
         verdicts: tuple[Verdict, ...] = self.__dict__.get("_verdicts", ())
         return verdicts
 
+    @property
+    def failed_by(self) -> tuple[Hashable, ...] | None:
+        failed_by: tuple[Hashable, ...] | None = self.__dict__.get("_failed_by")
+        return failed_by if failed_by is not None else super().failed_by
+
     def __repr__(self) -> str:
         return (f"AdvanceOutcome(acked={self.acked}, failed={self.failed}, "
                 f"rejected={self.rejected}, unseen={self.unseen}, verdicts={self.verdicts!r})")
@@ -154,15 +194,17 @@ class _Annotated(AdvanceOutcome):
 
 def annotated_outcome(
     acked: int, failed: int, rejected: int, *, unseen: int = 0,
-    verdicts: tuple[Verdict, ...] = (),
+    verdicts: tuple[Verdict, ...] = (), failed_by: tuple[Hashable, ...] | None = None,
 ) -> AdvanceOutcome:
-    """The outcome ``(acked, failed, rejected)`` with :attr:`~AdvanceOutcome.unseen` and verdicts.
+    """The outcome ``(acked, failed, rejected)`` with unseen failures, verdicts and who failed.
 
     For the engine and for tests; equal, as a tuple, to the plain outcome.
+    ``failed_by`` names the failed subscribers (:attr:`AdvanceOutcome.failed_by`).
     """
     outcome = _Annotated(acked, failed, rejected)
     outcome.__dict__["_unseen"] = min(unseen, failed)
     outcome.__dict__["_verdicts"] = verdicts
+    outcome.__dict__["_failed_by"] = failed_by
     return outcome
 
 
@@ -341,6 +383,21 @@ class SharedStreamProducer(abc.ABC):
         O(1) and must not block. The default puts every event in one lane
         (a single global order). Raising, or returning an unhashable value,
         fails the poll.
+        """
+        return None
+
+    def delivery_audience(self, broker_payload: Any) -> Collection[Hashable] | None:
+        """The trigger ids a redelivered event is for, or ``None`` for every subscriber.
+
+        Asked once per event before its fan-out, synchronously, only when a
+        producer overrides it (the default costs nothing). A producer that
+        knows who already resolved an earlier delivery of this very event
+        (from :meth:`AdvanceOutcome.needed_by`) names the others, so a retry
+        reaches only the watchers that failed on it: the rest resolve it as
+        acked at once, without seeing it again. Returning a subscriber that
+        acked is harmless (its events are stored under the same keys);
+        leaving out one that did not would lose the event for it, so when in
+        doubt return ``None``. Must be O(1) and must not raise.
         """
         return None
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from sharedstream.engine.producer import AdvanceOutcome, Verdict, annotated_outcome
 
-__all__ = ["UNNAMED", "EventRecord", "add_verdict", "failure_verdict"]
+__all__ = ["UNNAMED", "EventRecord", "add_failed_by", "add_verdict", "failure_verdict"]
 
 UNNAMED = object()
 """``EventRecord.raw_name`` before anyone asked the producer for it (and for its fingerprint)."""
@@ -38,6 +38,7 @@ class EventRecord:
         "broker_payload",
         "created_at",
         "failed",
+        "failed_by",
         "lane",
         "lane_queue",
         "pending",
@@ -70,16 +71,17 @@ class EventRecord:
         self.failed = 0
         self.rejected = 0
         self.unseen = 0  # failures of subscribers that never pulled it (part of failed)
+        self.failed_by: list[Hashable] | None = None  # who is counted in failed, in order
         self.verdicts: list[Verdict] | None = None  # who failed on it or rejected it, and why
         self.raw_name: str | object | None = UNNAMED  # the producer's name, once asked for
         self.raw_fingerprint: str | None = None  # and its fingerprint, asked with the name
 
     def outcome(self) -> AdvanceOutcome:
         """The resolution counts handed to the producer."""
-        if self.unseen or self.verdicts:
+        if self.failed or self.verdicts:
             return annotated_outcome(
                 self.acked, self.failed, self.rejected, unseen=self.unseen,
-                verdicts=tuple(self.verdicts or ()),
+                verdicts=tuple(self.verdicts or ()), failed_by=tuple(self.failed_by or ()),
             )
         return _new_tuple(AdvanceOutcome, (self.acked, self.failed, self.rejected))
 
@@ -88,6 +90,14 @@ class EventRecord:
             f"EventRecord(#{self.position}, lane={self.lane!r}, pending={self.pending}, "
             f"acked={self.acked}, failed={self.failed}, rejected={self.rejected})"
         )
+
+
+def add_failed_by(record: EventRecord, trigger_id: Hashable) -> None:
+    """Name one subscriber counted in ``record.failed`` (failure paths only, never hot)."""
+    if record.failed_by is None:
+        record.failed_by = [trigger_id]
+    else:
+        record.failed_by.append(trigger_id)
 
 
 def add_verdict(record: EventRecord, verdict: Verdict) -> None:

@@ -72,7 +72,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Collection, Generator, Hashable
 from typing import TYPE_CHECKING, Any
 
 from sharedstream.engine.ack_subscriber import AckSubscriber, still_owed
@@ -81,7 +81,7 @@ from sharedstream.engine.failures import Failures
 from sharedstream.engine.fanout import Accept, FanOut
 from sharedstream.engine.names import stream_name
 from sharedstream.engine.producer import AdvanceItem, AdvanceOutcome, Verdict
-from sharedstream.engine.records import EventRecord, add_verdict
+from sharedstream.engine.records import EventRecord, add_failed_by, add_verdict
 from sharedstream.engine.seqs import SeqRouter
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ class ResolutionBook:
         sub.departed = True
         if sub.error is None:
             for record in sub.inbox:
-                self.resolve_failed(record, unseen=True)
+                self.resolve_failed(record, trigger_id, unseen=True)
             sub.inbox.clear()
             self.next_record(sub)  # with an empty inbox this only closes the window
         if sub.ledger:
@@ -187,7 +187,8 @@ class ResolutionBook:
     # -- fan-out ------------------------------------------------------------
 
     def broadcast(
-        self, raw: Any, broker_payload: Any, lane: Hashable, now: float
+        self, raw: Any, broker_payload: Any, lane: Hashable, now: float,
+        audience: Collection[Hashable] | None = None,
     ) -> list[AckSubscriber] | None:
         """Create the record of one raw event and deliver it to every live subscriber.
 
@@ -197,6 +198,14 @@ class ResolutionBook:
         :class:`SubscriberOverflow` (this record counts as failed for it);
         those subscribers are returned, ``None`` when there are none. Raises
         ``TypeError`` before changing anything if ``lane`` is unhashable.
+
+        ``audience`` (a redelivery for some subscribers only, see
+        :meth:`~sharedstream.engine.producer.SharedStreamProducer.delivery_audience`):
+        the trigger ids that get the record; every other subscriber of the
+        snapshot resolves it as acked at once, as if its prefilter had
+        declined it (it already resolved an earlier delivery). One of them
+        whose inbox was full still leaves (it was dropped from the fan-out),
+        but the record does not fail for it. ``None``: everyone.
         """
         lane_queue = self.lanes.get(lane)
         if lane_queue is None:
@@ -212,6 +221,9 @@ class ResolutionBook:
         self._timeline.append(record)
         overflowed: list[AckSubscriber] | None = fanout.broadcast(record, raw)  # type: ignore[assignment]
         skipped = fanout.skipped
+        outside: list[AckSubscriber] | None = None
+        if audience is not None:
+            skipped, overflowed, outside = self._narrow(record, audience, skipped, overflowed)
         fenced = self._failures.apply_fences(record) if self._fenced else 0
         if skipped or fenced:  # declined by prefilters, or fenced off (see Failures.fence)
             record.acked += skipped
@@ -222,9 +234,36 @@ class ResolutionBook:
                 self.record_resolved(record)
         if overflowed is not None:
             for sub in overflowed:
-                self.resolve_failed(record, unseen=True)
+                self.resolve_failed(record, sub.trigger_id, unseen=True)
                 self.fail(sub, overflow_error(self.name, sub.trigger_id, fanout.capacity))
+        if outside is not None:
+            for sub in outside:
+                self.fail(sub, overflow_error(self.name, sub.trigger_id, fanout.capacity))
+            overflowed = [*(overflowed or ()), *outside]
         return overflowed
+
+    def _narrow(
+        self, record: EventRecord, audience: Collection[Hashable], skipped: int,
+        overflowed: list[AckSubscriber] | None,
+    ) -> tuple[int, list[AckSubscriber] | None, list[AckSubscriber] | None]:
+        """Take ``record`` back from every subscriber outside ``audience`` (see :meth:`broadcast`).
+
+        Returns the skipped count with them added, the overflowed subscribers
+        in the audience and those outside it (each ``None`` when empty): the
+        record fails for the first, not for the second.
+        """
+        for sub in self.fanout.live:
+            if sub.trigger_id in audience:
+                continue
+            inbox = sub.inbox
+            if inbox and inbox[-1] is record:
+                inbox.pop()
+                skipped += 1
+        if overflowed is None:
+            return skipped, None, None
+        kept = [sub for sub in overflowed if sub.trigger_id in audience]
+        outside = [sub for sub in overflowed if sub.trigger_id not in audience]
+        return skipped + len(outside), kept or None, outside or None
 
     # -- subscriber progress ---------------------------------------------------
 
@@ -529,14 +568,17 @@ class ResolutionBook:
     # -- internals ---------------------------------------------------------------
 
     def resolve_failed(
-        self, record: EventRecord, *, unseen: bool = False, verdict: Verdict | None = None
+        self, record: EventRecord, by: Hashable, *, unseen: bool = False,
+        verdict: Verdict | None = None,
     ) -> None:
-        """One subscriber failed on ``record``; ``unseen``: it never pulled it.
+        """Subscriber ``by`` (a trigger id) failed on ``record``; ``unseen``: it never pulled it.
 
-        ``verdict`` names the failure in the record's outcome. Marks the lane
-        ready when this was the last pending subscriber of its head record.
+        ``by`` is named in the outcome's ``failed_by``, ``verdict`` in its
+        verdicts. Marks the lane ready when this was the last pending
+        subscriber of its head record.
         """
         record.failed += 1
+        add_failed_by(record, by)
         if unseen:
             record.unseen += 1
         if verdict is not None:

@@ -40,6 +40,8 @@ class Features:
     """A setting that would acknowledge too early (auto-commit) is refused up front."""
     ordered_delivery: bool = True
     """Messages of one lane reach each subscriber in the order they were produced."""
+    redelivers_to_failed_only: bool = False
+    """A redelivery in the session reaches only the triggers that did not ack the message."""
 
 
 @dataclass

@@ -57,7 +57,7 @@ class ConformanceKafkaTrigger(ScriptedTrigger, KafkaSharedStreamTrigger):
 class KafkaHarness:
     """The conformance harness over a Tansu broker: one topic (one partition) per stream."""
 
-    features = Features()
+    features = Features(redelivers_to_failed_only=True)
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap

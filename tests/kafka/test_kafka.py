@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharedstream import AdvanceItem, AdvanceOutcome, SharedStreamManager, TriggerEvent
-from sharedstream.engine.producer import outcome_with_unseen
+from sharedstream.engine.producer import Verdict, annotated_outcome, outcome_with_unseen
 from sharedstream.producers.kafka import (
     KafkaCommitError,
     KafkaConfigError,
@@ -200,6 +200,34 @@ async def test_unseen_failures_are_not_held_against_a_record() -> None:
     await advance(producer, batch(producer, (0, CLEAN)))
     assert consumer.commits == [1]
     assert consumer.seeks == [0, 0, 0, 0]
+
+
+async def test_a_record_read_again_is_for_whoever_did_not_ack_it() -> None:
+    """Per-watcher redelivery: after a seek back, each record goes to who still needs it."""
+    producer, consumer = policy_producer()
+    boom, no = Verdict("m", "failed", "RuntimeError: boom"), Verdict("p", "rejected", "no")
+    await advance(producer, batch(
+        producer,
+        (0, CLEAN),
+        (1, annotated_outcome(1, 1, 0, verdicts=(boom,), failed_by=("m",))),  # m failed on it
+        (2, annotated_outcome(1, 1, 0, unseen=1, failed_by=("m",))),  # fenced off m
+        (3, annotated_outcome(1, 0, 1, verdicts=(no,), failed_by=())),  # p must reject it again
+        (4, annotated_outcome(2, 0, 0, failed_by=())),  # everyone acked: resolved on reading
+        (5, NOBODY),  # went to nobody: whoever is there next time gets it
+        (6, FAILED),  # who failed is not known: everyone
+    ))
+    assert (consumer.commits, consumer.seeks) == ([1], [1])
+
+    def audience(offset: int) -> frozenset[Any] | None:
+        return producer.delivery_audience(KafkaPayload("t", 0, offset, producer._epoch, None))
+
+    assert [audience(offset) for offset in range(8)] == [
+        None, {"m"}, {"m"}, {"p"}, frozenset(), None, None, None]
+    assert audience(1) is None, "an audience is for one reading only"
+    await advance(producer, batch(producer, (1, annotated_outcome(1, 1, 0, failed_by=("m",)))))
+    assert audience(1) == frozenset({"m"})  # failed again: the next reading is for m again
+    await advance(producer, batch(producer, (1, CLEAN), (2, CLEAN)))
+    assert not producer._owed, "nothing kept for records resolved"
 
 
 async def test_stale_epoch_is_ignored() -> None:

@@ -169,14 +169,16 @@ class BookMachine(RuleBasedStateMachine):
             m.current = None
 
     @precondition(lambda self: not self.durable_full())  # the poll holds (back-pressure)
-    @rule(lane=st.sampled_from(LANES))
-    def broadcast(self, lane: str) -> None:
+    @rule(lane=st.sampled_from(LANES), data=st.data())
+    def broadcast(self, lane: str, data: st.DataObject) -> None:
         pos = len(self.events)
         live = self.live_ids()
         event = ModelEvent(lane, self.now, set(live), dict.fromkeys(live))
         self.events.append(event)
         raw = f"raw{pos}"
-        overflowed = self.book.broadcast(raw, pos, lane, self.now) or []
+        # Now and then a redelivery for some subscribers only (delivery_audience).
+        audience = data.draw(st.none() | st.frozensets(st.sampled_from(sorted(self.subs) or [0])))
+        overflowed = self.book.broadcast(raw, pos, lane, self.now, audience) or []
         declined = {i for i in live if not self.model_subs[i].accepts(raw)}
         expected = {
             i for i in live if i not in declined and len(self.model_subs[i].queue) >= CAPACITY
@@ -185,6 +187,10 @@ class BookMachine(RuleBasedStateMachine):
         for sub_id in live:
             if sub_id in declined:  # its prefilter said no: done with it at once
                 event.resolution[sub_id] = "acked"
+            elif audience is not None and sub_id not in audience:
+                event.resolution[sub_id] = "acked"  # resolved an earlier delivery
+                if sub_id in expected:  # its inbox is full all the same: it leaves
+                    self.model_fail(sub_id)
             elif sub_id in expected:
                 event.resolution[sub_id] = "unseen"  # never reached its inbox
                 self.model_fail(sub_id)
@@ -336,6 +342,9 @@ class BookMachine(RuleBasedStateMachine):
             # Who failed on it (with a reason) or rejected it is named: nobody else.
             named = {i for i, r in event.resolution.items() if r in ("failed!", "rejected!")}
             assert {v.trigger_id for v in item.outcome.verdicts} == named
+            # Who did not ack it is named too: a redelivery is for them alone.
+            assert item.outcome.needed_by() == frozenset(
+                i for i, r in event.resolution.items() if r != "acked")
             assert sum(item.outcome) == len(event.snapshot)
             assert pos not in self.advanced, "advanced twice"
             earlier = [p for p in self.advanced if self.events[p].lane == event.lane]
