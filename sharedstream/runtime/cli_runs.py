@@ -333,5 +333,5 @@ def _db_prune(args: argparse.Namespace, config: Config) -> int:
     print(f"pruned what finished before {time_text(before)}: "
           f"{result.dag_runs} runs, {result.trigger_events} trigger events, "
           f"{result.asset_events} asset events, {result.dead_letters} dead letters, "
-          f"{result.triggerers} triggerers")
+          f"{result.triggerers} triggerers, {result.replays} replays")
     return 0

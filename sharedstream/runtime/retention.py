@@ -46,7 +46,8 @@ async def prune_all(store: MetadataStore, db: Callable[..., Awaitable[Any]], bef
             asset_events=total.asset_events + bite.asset_events,
             dead_letters=total.dead_letters + bite.dead_letters,
             triggerers=total.triggerers + bite.triggerers,
-            failure_counts=total.failure_counts + bite.failure_counts)
+            failure_counts=total.failure_counts + bite.failure_counts,
+            replays=total.replays + bite.replays)
         if progress is not None:
             progress(total)
         if not bite.more:
@@ -83,5 +84,6 @@ class Retention:
                     log.info("pruned what is done", before=before.isoformat(timespec="seconds"),
                              dag_runs=done.dag_runs, trigger_events=done.trigger_events,
                              asset_events=done.asset_events, dead_letters=done.dead_letters,
-                             triggerers=done.triggerers, failure_counts=done.failure_counts)
+                             triggerers=done.triggerers, failure_counts=done.failure_counts,
+                             replays=done.replays)
             await asyncio.sleep(self.interval)

@@ -400,10 +400,14 @@ class OutboxSql:
             counts = conn.execute(self._q(
                 "DELETE FROM raw_event_failures WHERE name IN (SELECT name FROM raw_event_failures"
                 " WHERE updated_at < ? ORDER BY updated_at LIMIT ?)"), (cutoff, limit)).rowcount
+            replays = self._delete_ids(conn, "replays", (
+                "SELECT id FROM replays WHERE state IN ('done', 'cancelled', 'failed')"
+                " AND finished_at < ? ORDER BY id LIMIT ?"), (cutoff, limit))
         return PruneResult(dag_runs=len(runs), trigger_events=events, asset_events=asset_events,
                            dead_letters=letters, triggerers=int(triggerers),
-                           failure_counts=int(counts),
-                           more=limit in (len(runs), events, asset_events, letters, counts))
+                           failure_counts=int(counts), replays=replays,
+                           more=limit in (len(runs), events, asset_events, letters, counts,
+                                          replays))
 
     def _delete_ids(self, conn: Any, table: str, select: str, params: Sequence[Any]) -> int:
         """Delete the rows of ``table`` whose ids ``select`` lists; how many."""

@@ -186,13 +186,15 @@ class PruneResult:
     triggerers: int = 0
     failure_counts: int = 0
     """Raw events' failure counts (``raw_event_failures``) not updated since the cutoff."""
+    replays: int = 0
+    """Replays that ended (done, cancelled, failed) before the cutoff."""
     more: bool = False
     """Whether a kind hit the limit: call again for the rest."""
 
     def total(self) -> int:
         """Rows deleted in all."""
         return (self.dag_runs + self.trigger_events + self.asset_events + self.dead_letters
-                + self.triggerers + self.failure_counts)
+                + self.triggerers + self.failure_counts + self.replays)
 
 
 class OutboxStore(Protocol):
@@ -314,7 +316,8 @@ class OutboxStore(Protocol):
         events) created before it that no remaining run consumed and no DAG
         queue holds; dead letters created before it; triggerers whose last
         heartbeat is before it; raw events' failure counts last updated
-        before it. Never an unfinished run or an event one
+        before it; replays that ended before it. Never an unfinished run,
+        an active replay, or an event one
         needs. At most ``limit`` rows of each kind, oldest first, so one call
         holds the write lock briefly: call again while the result says
         ``more``. A pruned event's idempotency key goes with it: a message

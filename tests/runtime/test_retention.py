@@ -59,7 +59,7 @@ def test_db_prune_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     capsys.readouterr()
     assert main(["db", "prune", "--older-than", "1d"]) == 0
     assert capsys.readouterr().out.endswith(": 0 runs, 0 trigger events, 0 asset events, "
-                                            "0 dead letters, 0 triggerers\n")
+                                            "0 dead letters, 0 triggerers, 0 replays\n")
     time.sleep(1.1)
     assert main(["db", "prune", "--older-than", "1s"]) == 0  # they finished over a second ago
     # the three finished runs go; their events stay, still needed by e's queued runs

@@ -9,6 +9,7 @@ whose triggerer died is claimed again with its positions.
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -113,3 +114,24 @@ def test_a_store_at_version_9_gets_the_table(backend: Backend) -> None:
     with backend.open() as new:
         assert new.migrate() == LATEST == 10
         assert new.list_replays(10) == []
+
+
+def test_retention_prunes_ended_replays_and_never_an_active_one(backend: Backend) -> None:
+    with backend.open() as store:
+        store.migrate()
+        trigger = _trigger(backend)
+        ended = store.create_replay(trigger, "orders/w", {})
+        store.heartbeat("t1", "host", 1)
+        assert store.claim_replay("t1", [trigger], 30) is not None
+        assert store.finish_replay(ended, "t1", "done")
+        active = store.create_replay(trigger, "orders/w", {})  # the next one: pending
+        row = store.get_replay(ended)
+        assert row is not None
+        assert row.finished_at is not None
+        assert store.prune(row.finished_at - timedelta(seconds=1)).replays == 0, "not yet"
+        later = datetime.now(UTC) + timedelta(days=1)
+        result = store.prune(later)
+        assert result.replays == 1
+        assert result.total() >= 1
+        assert store.get_replay(ended) is None
+        assert store.get_replay(active) is not None, "a pending replay is never pruned"
