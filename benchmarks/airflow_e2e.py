@@ -61,6 +61,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import itertools
 import json
 import math
 import os
@@ -84,8 +85,15 @@ from _triggerer_config import BENCH_ENVIRONMENT
 from kafka_e2e import RESULTS, create_topic, produce
 
 from sharedstream.runtime.serde import unpack_event_payload
-from sharedstream.testing.airflow import DEFAULT_AIRFLOW_VERSION, AirflowServer
+from sharedstream.store.factory import sqlite_path
+from sharedstream.testing.airflow import (
+    DEFAULT_AIRFLOW_VERSION,
+    POSTGRES_EXTRA,
+    AirflowServer,
+    postgres_metadata_conn,
+)
 from sharedstream.testing.brokers import tansu_broker
+from sharedstream.testing.brokers.postgres import fresh_database, postgres_server
 from sharedstream.testing.triggerers import TriggererCluster
 
 PROVIDER = "apache-airflow-providers-apache-kafka==2.1.0"
@@ -93,6 +101,9 @@ PROVIDER = "apache-airflow-providers-apache-kafka==2.1.0"
 
 SIDES = ("airflow", "sharedstream")
 MODES = ("live", "backlog")
+STORES = ("sqlite", "postgresql")
+STORE_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TARGET = 100.0
 """Issue 32: sharedstream's msgs/s at least this many times Airflow's, same workload."""
 POLL = 0.2  # seconds between database counts
@@ -284,24 +295,50 @@ def our_payload(raw: Any) -> Any:
     return unpack_event_payload(bytes(raw)) if raw is not None else None
 
 
-def read_new(db_path: Path, tally: Tally, query: str, decode: Callable[[Any], Any]) -> None:
+@dataclass(frozen=True)
+class Database:
+    """One side's database, SQLite or PostgreSQL, read with a connection of its own per call.
+
+    ``url`` is ``sqlite:///<absolute path>`` or a libpq ``postgresql://`` URL
+    (read with psycopg, the project's ``postgres`` extra: never Airflow's
+    driver). Queries are written with ``?`` placeholders, and ``?`` appears
+    in them for nothing else (each is sent as ``%s`` to PostgreSQL). An SQLite
+    file not created yet reads as no rows. Every call sees what was committed
+    before it (no transaction is kept open between calls).
+    """
+
+    url: str
+
+    def rows(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Every row ``query`` returns with ``params``."""
+        path = sqlite_path(self.url)
+        if path is not None:
+            if not path.exists():
+                return []
+            with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+                return db.execute(query, params).fetchall()
+        import psycopg  # noqa: PLC0415 - the postgres extra, needed only with --store postgresql
+
+        with psycopg.connect(self.url, autocommit=True) as db:
+            return db.execute(query.replace("?", "%s"), params).fetchall()
+
+
+def read_new(database: Database, tally: Tally, query: str, decode: Callable[[Any], Any]) -> None:
     """Add to ``tally`` the rows of ``query`` (``id, payload`` after ``?``) not read yet."""
-    if not db_path.exists():
-        return
-    with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as db:
-        for row_id, payload in db.execute(query, (tally.read_through,)):
-            tally.read_through = int(row_id)
-            tally.add(decode(payload))
+    for row_id, payload in database.rows(query, tally.read_through):
+        tally.read_through = int(row_id)
+        tally.add(decode(payload))
 
 
 AIRFLOW_EVENTS = "SELECT id, extra FROM asset_event WHERE id > ? ORDER BY id"
 OUR_EVENTS = "SELECT id, payload FROM trigger_events WHERE id > ? ORDER BY id"
+AIRFLOW_RUNNING = 'SELECT count(*) FROM "trigger" WHERE triggerer_id IS NOT NULL'
 
 
-def running_triggers(db_path: Path, query: str) -> int:
-    with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as db:
-        (count,) = db.execute(query).fetchone()
-    return int(count)
+def running_triggers(database: Database) -> int:
+    """Airflow's triggers assigned to a triggerer (0 before its tables exist)."""
+    rows = database.rows(AIRFLOW_RUNNING)
+    return int(rows[0][0]) if rows else 0
 
 
 # -- one run ------------------------------------------------------------------------------------
@@ -314,6 +351,8 @@ class Run:
     side: str
     mode: str
     k: int
+    store: str
+    """Where both sides keep their metadata in this run: ``sqlite`` or ``postgresql``."""
     round: int
     messages: int
     expected: int
@@ -331,7 +370,7 @@ class Run:
 
     @classmethod
     def of(cls, side: str, case: Case, seen: Watched, tally: Tally, restarts: int = 0) -> Run:
-        return cls(side, case.mode, case.k, case.round, case.messages,
+        return cls(side, case.mode, case.k, case.store, case.round, case.messages,
                    expected_events(case.messages, case.k), seen.finished, seen.seconds,
                    seen.first_event_s, seen.left_at_first, tally.stored, tally.distinct,
                    seen.cpu_s, seen.peak_rss_mb, seen.peak_pss_mb, restarts)
@@ -377,7 +416,7 @@ def _round(value: float) -> float | None:
 class Watch:
     """What :func:`watch` needs of one side: where to count, whom to meter."""
 
-    db_path: Path
+    database: Database
     query: str
     decode: Callable[[Any], Any]
     pid: Callable[[], int | None]
@@ -415,7 +454,7 @@ async def watch(side: Watch, tally: Tally, *, expected: int, started: float, lim
     at_first = 0
     last_memory, last_report = -math.inf, 0.0
     while True:
-        read_new(side.db_path, tally, side.query, side.decode)
+        read_new(side.database, tally, side.query, side.decode)
         now = time.perf_counter() - started
         if first is None and tally.stored:
             first, at_first = now, tally.distinct
@@ -459,20 +498,40 @@ class Case:
     partitions: int
     mode: str
     k: int
+    store: str
     round: int
     workdir: Path
     timeout: float
+    postgres: str | None = None
+    """The PostgreSQL server's admin URL (the store ``postgresql`` needs it)."""
+    airflow_log_level: str = "WARNING"
 
     @property
     def topic(self) -> str:
-        return f"bench.airflow.{self.round}.{self.mode}.{self.k}"
+        return f"bench.airflow.{self.round}.{self.store}.{self.mode}.{self.k}"
 
     def label(self, side: str) -> str:
-        return f"{side} {self.mode} K={self.k} #{self.round}"
+        return f"{side} {self.mode} K={self.k} {self.store} #{self.round}"
+
+    @contextlib.contextmanager
+    def fresh_database(self, prefix: str) -> Iterator[str | None]:
+        """For one run: a new PostgreSQL database's URL, dropped after; ``None`` on SQLite."""
+        if self.store == "sqlite":
+            yield None
+            return
+        if self.postgres is None:
+            raise ValueError(f"the store {self.store!r} needs a PostgreSQL server")
+        with fresh_database(self.postgres, prefix=prefix) as url:
+            yield url
 
 
 async def run_airflow(case: Case) -> Run:
     """A fresh Airflow (API server, DAG processor, triggerer) until every event is stored."""
+    with case.fresh_database("airflow") as url:
+        return await _run_airflow(case, url)
+
+
+async def _run_airflow(case: Case, url: str | None) -> Run:
     topic = f"{case.topic}.airflow"
     label = case.label("airflow")
     await create_topic(case.bootstrap, topic, case.partitions)
@@ -485,24 +544,30 @@ async def run_airflow(case: Case) -> Run:
     code = case.workdir / f"{topic}-code"
     write_watchers(code, "airflow")
     environment = {"AIRFLOW_CONN_KAFKA_BENCH": kafka_connection(case.bootstrap, f"{topic}.g"),
-                   "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(code)}
+                   "AIRFLOW__LOGGING__LOGGING_LEVEL": case.airflow_log_level,
+                   "PYTHONPATH": str(code)}
+    extra = [PROVIDER]
+    if url is not None:
+        environment["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = postgres_metadata_conn(url)
+        extra += POSTGRES_EXTRA
     expected = expected_events(case.messages, case.k)
     tally = Tally()
     # No liveness restarts: a triggerer busy with the load misses its heartbeat for 30 s
     # and more, and the kit would start it again mid-run (one that exits still is).
-    server = AirflowServer(dags, components=("dag-processor", "triggerer"), extra=[PROVIDER],
-                           environment=environment, hang_timeout=case.timeout + 60)
-    say(f"{label}: starting Airflow {server.version}")
-    await asyncio.to_thread(server.start)
+    # Kept home: its SQLite database is counted once more after the stop, then removed.
+    server = AirflowServer(dags, components=("dag-processor", "triggerer"), extra=extra,
+                           environment=environment, hang_timeout=case.timeout + 60, keep=True)
+    say(f"{label}: starting Airflow {server.version} "
+        f"([logging] logging_level {case.airflow_log_level})")
     try:
-        db_path = server.home / "airflow.db"
-        side = Watch(db_path, AIRFLOW_EVENTS, airflow_payload, lambda: server.pid("triggerer"))
+        await asyncio.to_thread(server.start)
+        database = Database(url or f"sqlite:///{server.home / 'airflow.db'}")
+        side = Watch(database, AIRFLOW_EVENTS, airflow_payload, lambda: server.pid("triggerer"))
         started = time.perf_counter()
         write_dag(dags, "airflow", topic, case.k)
         if case.mode == "live":
-            await wait_running(lambda: running_triggers(
-                db_path, 'SELECT count(*) FROM "trigger" WHERE triggerer_id IS NOT NULL'),
-                case.k, label=label, limit=120)
+            await wait_running(lambda: running_triggers(database), case.k, label=label,
+                               limit=120)
             started = time.perf_counter()
             producing = asyncio.create_task(
                 produce(case.bootstrap, topic, case.messages, case.partitions))
@@ -510,14 +575,22 @@ async def run_airflow(case: Case) -> Run:
                            label=label)
         if case.mode == "live":
             await producing
+        await asyncio.to_thread(server.stop)
+        read_new(database, tally, AIRFLOW_EVENTS, airflow_payload)  # whatever landed after
     finally:
         await asyncio.to_thread(server.stop)
-    # Stopped: nothing more is written. (Its home, the DB with it, is gone: count before.)
+        if server.home != Path():
+            shutil.rmtree(server.home, ignore_errors=True)
     return Run.of("airflow", case, seen, tally, restarts=sum(server.restarts.values()))
 
 
 async def run_ours(case: Case) -> Run:
-    """``python -m sharedstream triggerer`` on a fresh SQLite store until every event is stored."""
+    """``python -m sharedstream triggerer`` on a fresh store until every event is stored."""
+    with case.fresh_database("sharedstream") as url:
+        return await _run_ours(case, url)
+
+
+async def _run_ours(case: Case, url: str | None) -> Run:
     topic = f"{case.topic}.ours"
     label = case.label("sharedstream")
     await create_topic(case.bootstrap, topic, case.partitions)
@@ -527,8 +600,8 @@ async def run_ours(case: Case) -> Run:
     folder.mkdir()
     env = {**BENCH_ENVIRONMENT,
            "AIRFLOW_CONN_KAFKA_BENCH": kafka_connection(case.bootstrap, f"{topic}.g")}
-    cluster = TriggererCluster(folder, "sqlite:///sharedstream.db", env)
-    db_path = folder / "sharedstream.db"
+    database = Database(url or f"sqlite:///{folder / 'sharedstream.db'}")
+    cluster = TriggererCluster(folder, database.url, env)
     expected = expected_events(case.messages, case.k)
     tally = Tally()
     try:
@@ -536,7 +609,7 @@ async def run_ours(case: Case) -> Run:
         definitions = write_dag(folder, "sharedstream", topic, case.k)
         started = time.perf_counter()
         process = cluster.start(0, definitions, log_level="WARNING")
-        side = Watch(db_path, OUR_EVENTS, our_payload,
+        side = Watch(database, OUR_EVENTS, our_payload,
                      lambda: process.pid if process.poll() is None else None)
         if case.mode == "live":
             await wait_running(lambda: _our_running(cluster), case.k, label=label, limit=60)
@@ -552,7 +625,7 @@ async def run_ours(case: Case) -> Run:
             await producing
         process.send_signal(signal.SIGTERM)
         await asyncio.to_thread(process.wait, 60)
-        read_new(db_path, tally, OUR_EVENTS, our_payload)  # whatever landed after
+        read_new(database, tally, OUR_EVENTS, our_payload)  # whatever landed after
     finally:
         cluster.close()
     return Run.of("sharedstream", case, seen, tally)
@@ -573,24 +646,33 @@ RUNNERS = {"airflow": run_airflow, "sharedstream": run_ours}
 # -- rounds, medians, ratios, files -------------------------------------------------------------
 
 
+def case_name(mode: str, k: int, store: str) -> str:
+    """How results name a case: ``live K=10 postgresql``."""
+    return f"{mode} K={k} {store}"
+
+
 def medians(runs: list[Run]) -> list[Run]:
-    """Per (side, mode, K), the run with the median msgs/s (unfinished ones count as slowest)."""
-    grouped: dict[tuple[str, str, int], list[Run]] = {}
+    """Per (side, mode, K, store), the run with the median msgs/s (unfinished: the slowest)."""
+    grouped: dict[tuple[str, str, int, str], list[Run]] = {}
     for run in runs:
-        grouped.setdefault((run.side, run.mode, run.k), []).append(run)
+        grouped.setdefault((run.side, run.mode, run.k, run.store), []).append(run)
     return [sorted(group, key=lambda r: -math.inf if math.isnan(r.per_s) else r.per_s)[
         (len(group) - 1) // 2] for group in grouped.values()]
 
 
 def ratios(runs: list[Run]) -> dict[str, dict[str, Any]]:
-    """Per (mode, K): each round's ours / Airflow msgs/s and Airflow / ours CPU per message."""
-    by = {(r.side, r.mode, r.k, r.round): r for r in runs}
+    """Per case (:func:`case_name`): each round's ours / Airflow msgs/s and CPU per message.
+
+    A round with an unfinished run has no msgs/s ratio (``None``), and then
+    neither has the median: the verdict is NOT MET.
+    """
+    by = {(r.side, r.mode, r.k, r.store, r.round): r for r in runs}
     out: dict[str, dict[str, Any]] = {}
-    for mode, k in sorted({(r.mode, r.k) for r in runs}):
+    for mode, k, store in sorted({(r.mode, r.k, r.store) for r in runs}):
         speed, cpu = [], []
         for round_ in sorted({r.round for r in runs}):
-            ours = by.get(("sharedstream", mode, k, round_))
-            theirs = by.get(("airflow", mode, k, round_))
+            ours = by.get(("sharedstream", mode, k, store, round_))
+            theirs = by.get(("airflow", mode, k, store, round_))
             if ours is None or theirs is None:
                 continue
             speed.append(round(ours.per_s / theirs.per_s, 1))
@@ -601,9 +683,10 @@ def ratios(runs: list[Run]) -> dict[str, dict[str, Any]]:
         finite = [v for v in speed if not math.isnan(v)]
         median = statistics.median(finite) if len(finite) == len(speed) else math.nan
         clean = all(r.duplicates == 0 and r.finished for r in runs
-                    if (r.side, r.mode, r.k) == ("sharedstream", mode, k))
-        out[f"{mode} K={k}"] = {
-            "msgs_per_s_ours_over_airflow": {"rounds": speed, "median": _round(median)},
+                    if (r.side, r.mode, r.k, r.store) == ("sharedstream", mode, k, store))
+        out[case_name(mode, k, store)] = {
+            "msgs_per_s_ours_over_airflow": {"rounds": [_round(v) for v in speed],
+                                             "median": _round(median)},
             "cpu_per_message_airflow_over_ours": {
                 "rounds": cpu, "median": round(statistics.median(cpu), 1) if cpu else None},
             "target": f">= {TARGET:g}x msgs/s, 0 duplicates on our side",
@@ -618,8 +701,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    cases = sorted({(r["mode"], r["k"]) for r in rows})
-    by = {(r["side"], r["mode"], r["k"]): r for r in rows}
+    cases = sorted({(r["mode"], r["k"], r["store"]) for r in rows})
+    by = {(r["side"], r["mode"], r["k"], r["store"]): r for r in rows}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     panels = (("msgs_per_s", "records/s to all stored (median run)", "{:,.0f}"),
               ("cpu_ms_per_message", "triggerer CPU ms per record", "{:.3g}"))
@@ -631,7 +714,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             ax.bar_label(bars, labels=[fmt.format(v) if v else "-" for v in values],
                          fontsize=7)
         ax.set_yscale("log")
-        ax.set_xticks(range(len(cases)), [f"{mode}\nK={k}" for mode, k in cases])
+        ax.set_xticks(range(len(cases)),
+                      [f"{mode}\nK={k}\n{STORE_NAMES[store]}" for mode, k, store in cases])
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
     fig.suptitle(title)
@@ -646,25 +730,30 @@ def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any
     (args.output_dir / f"{stem}.json").write_text(json.dumps({
         "python": sys.version.split()[0], "machine": platform.platform(),
         "cpus": os.cpu_count(), "load_average": load, "airflow": DEFAULT_AIRFLOW_VERSION,
-        "provider": PROVIDER, "broker": "tansu (memory)", "store": "sqlite",
-        "messages": args.messages, "ks": args.ks, "partitions": args.partitions,
-        "modes": args.modes, "rounds": args.rounds, "rows": rows,
+        "provider": PROVIDER, "broker": "tansu (memory)", "stores": args.store,
+        "airflow_logging_level": args.airflow_log_level, "messages": args.messages,
+        "ks": args.ks, "partitions": args.partitions, "modes": args.modes,
+        "rounds": args.rounds, "rows": rows,
         "ratios": ratios(runs), "runs": [r.row() for r in runs]}, indent=2) + "\n")
     with (args.output_dir / f"{stem}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    stores = " and ".join(STORE_NAMES[store] for store in args.store)
+    logging_level = ("" if args.airflow_log_level == "WARNING"
+                     else f", Airflow logging {args.airflow_log_level}")
     plot(rows, args.output_dir / f"{stem}.png",
          f"Airflow {DEFAULT_AIRFLOW_VERSION}'s triggerer vs sharedstream's: {args.messages:,} "
-         f"records, {args.partitions} partitions (Tansu), SQLite")
+         f"records, {args.partitions} partitions (Tansu), {stores}{logging_level}")
 
 
 def print_table(runs: list[Run]) -> None:
-    print("| side | mode | K | msgs/s | steady msgs/s | s to all stored | stored | distinct "
-          "| duplicates | CPU ms/record | peak RSS MB | peak PSS MB |")
-    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    for r in sorted(medians(runs), key=lambda r: (r.mode, r.k, r.side)):
-        print(f"| {r.side} | {r.mode} | {r.k} | {r.per_s:,.1f} | {r.steady_per_s:,.1f} | "
+    print("| side | mode | K | store | msgs/s | steady msgs/s | s to all stored | stored "
+          "| distinct | duplicates | CPU ms/record | peak RSS MB | peak PSS MB |")
+    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in sorted(medians(runs), key=lambda r: (r.store, r.mode, r.k, r.side)):
+        print(f"| {r.side} | {r.mode} | {r.k} | {r.store} | {r.per_s:,.1f} | "
+              f"{r.steady_per_s:,.1f} | "
               f"{r.seconds:.2f}{'' if r.finished else ' (unfinished)'} | {r.stored:,} | "
               f"{r.distinct:,} / {r.expected:,} | {r.duplicates:,} | "
               f"{r.cpu_ms_per_message:.3f} | {r.peak_rss_mb:,.0f} | {r.peak_pss_mb:,.0f} |")
@@ -695,11 +784,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="live,backlog (default both)")
     parser.add_argument("--sides", type=listed(SIDES), default=list(SIDES),
                         help="airflow,sharedstream (default both)")
+    parser.add_argument("--store", type=listed(STORES), default=["sqlite"],
+                        help="both sides' metadata DB: sqlite, postgresql or sqlite,postgresql "
+                             "(default sqlite); every case runs on each")
+    parser.add_argument("--airflow-log-level", type=str.upper, choices=LOG_LEVELS,
+                        default="WARNING", help="Airflow's [logging] logging_level (WARNING)")
     parser.add_argument("--rounds", type=int, default=3, help="every case once per round (3)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds a run may take before it is reported unfinished (900)")
     parser.add_argument("--smoke", action="store_true",
-                        help="500 records, K = 10, one round, both modes: a check that it runs")
+                        help="500 records, K = 10, one round: a check that it runs")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
     parser.add_argument("--name", help="file stem in the output folder (default airflow_e2e)")
     args = parser.parse_args(argv)
@@ -719,35 +813,39 @@ def _workdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path) -> list[Run]:
+async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
+                  postgres: str | None) -> list[Run]:
+    """Every (store, mode, K, side) once per round; ``postgres``: the server's admin URL."""
     runs = []
     for round_ in range(args.rounds):
-        for mode in args.modes:
-            for k in args.ks:
-                case = Case(bootstrap, args.messages, args.partitions, mode, k, round_,
-                            workdir, args.timeout)
-                # Alternate which side goes first, round by round.
-                sides = args.sides if round_ % 2 == 0 else list(reversed(args.sides))
-                for side in sides:
-                    run = await RUNNERS[side](case)
-                    say(f"{case.label(side)}: {run.per_s:,.1f} msgs/s "
-                        f"({'finished' if run.finished else 'UNFINISHED'} in "
-                        f"{run.seconds:.1f} s), {run.stored}/{run.expected} stored, "
-                        f"{run.duplicates} duplicates, {run.cpu_ms_per_message:.3f} CPU ms/record, "
-                        f"peak PSS {run.peak_pss_mb:.0f} MB")
-                    runs.append(run)
+        for store, mode, k in itertools.product(args.store, args.modes, args.ks):
+            case = Case(bootstrap, args.messages, args.partitions, mode, k, store, round_,
+                        workdir, args.timeout, postgres, args.airflow_log_level)
+            # Alternate which side goes first, round by round.
+            sides = args.sides if round_ % 2 == 0 else list(reversed(args.sides))
+            for side in sides:
+                run = await RUNNERS[side](case)
+                say(f"{case.label(side)}: {run.per_s:,.1f} msgs/s "
+                    f"({'finished' if run.finished else 'UNFINISHED'} in "
+                    f"{run.seconds:.1f} s), {run.distinct}/{run.expected} distinct stored, "
+                    f"{run.duplicates} duplicates, {run.cpu_ms_per_message:.3f} CPU ms/record, "
+                    f"peak PSS {run.peak_pss_mb:.0f} MB")
+                runs.append(run)
     return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load: dict[str, Any] = {"start": list(os.getloadavg())}
-    with _workdir() as workdir, tansu_broker(workdir) as bootstrap:
-        runs = asyncio.run(run_all(args, bootstrap, workdir))
+    with _workdir() as workdir, tansu_broker(workdir) as bootstrap, contextlib.ExitStack() as on:
+        # One PostgreSQL server for the whole benchmark (fsync on), a fresh database per run.
+        postgres = (on.enter_context(postgres_server(durable=True))
+                    if "postgresql" in args.store else None)
+        runs = asyncio.run(run_all(args, bootstrap, workdir, postgres))
     load["end"] = list(os.getloadavg())
     write_results(args, runs, load)
     print_table(runs)
-    wrong = [f"{r.side} {r.mode} K={r.k} #{r.round}" for r in runs
+    wrong = [f"{r.side} {case_name(r.mode, r.k, r.store)} #{r.round}" for r in runs
              if not r.finished or (r.side == "sharedstream" and (
                  r.duplicates or r.stored != r.expected))]
     if wrong:

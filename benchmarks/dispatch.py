@@ -90,7 +90,7 @@ from sharedstream.dispatch.document import EventDocument, RunDocument
 from sharedstream.dispatch.target import Delivery, TargetContext, check_options
 from sharedstream.runtime.serde import pack_event_payload, unpack_event_payload
 from sharedstream.store import DagSpec, PendingEvent, SqliteStore, TriggerSpec, WatcherSpec
-from sharedstream.testing.airflow import AirflowServer
+from sharedstream.testing.airflow import POSTGRES_EXTRA, AirflowServer, postgres_metadata_conn
 from sharedstream.testing.brokers import tansu_broker
 from sharedstream.testing.brokers.postgres import fresh_database, postgres_server
 from sharedstream.testing.triggerers import TriggererCluster
@@ -102,9 +102,6 @@ ASSET, TOPIC = "orders", "bench.dispatch"
 OUR_DAG = "ship"  # our DAG in the throughput stores; Airflow's are per case and round
 LATENCY_DAG = "ss_bench_latency"  # ours and Airflow's: the same id
 WARMUP_DAGS = ("ss_bench_warmup_bare", "ss_bench_warmup_ours")
-POSTGRES_EXTRA = ("psycopg2-binary", "asyncpg")
-"""Airflow's metadata DB on PostgreSQL: psycopg2 for its sync engine, asyncpg for the async one
-(Airflow 3 derives ``postgresql+asyncpg://`` from the sync URL and fails to start without it)."""
 
 DAG_FILE = '''
 from airflow.sdk import dag, task
@@ -161,7 +158,7 @@ def bench_airflow(database: str, dags: Path) -> Iterator[AirflowServer]:
             yield server
         return
     with postgres_server(durable=True) as admin, fresh_database(admin, prefix="airflow") as url:
-        conn = url.replace("postgresql://", "postgresql+psycopg2://", 1)
+        conn = postgres_metadata_conn(url)
         with AirflowServer(dags, extra=POSTGRES_EXTRA,
                            environment={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": conn}) as server:
             yield server

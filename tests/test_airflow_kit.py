@@ -7,7 +7,8 @@ s more. They drop one DAG file whose task writes its run's ``conf`` to a
 file, create runs through the REST API and watch them finish, and restart
 the API server under a live client.
 
-The unit tests at the end need no Airflow: where the virtualenv cache lives,
+The unit tests at the end need no Airflow: the PostgreSQL connection URL Airflow gets,
+where the virtualenv cache lives,
 that a complete one is reused without running pip, that two builders make
 one virtualenv, and what a failed install says; a few lines of Python stand
 in for pip.
@@ -274,6 +275,17 @@ def test_the_cached_venv_is_named_after_version_extras_and_python(cache: Path) -
     assert with_kafka != plain
     assert airflow_venv_path("3.3.2", ["confluent-kafka", kafka]) == with_kafka
     assert airflow_venv_path("3.3.2", [kafka]) != with_kafka
+
+
+def test_a_postgresql_url_becomes_airflows_psycopg2_connection() -> None:
+    url = "postgresql://postgres@127.0.0.1:5433/airflow_1"
+
+    assert airflow_kit.postgres_metadata_conn(url) == (
+        "postgresql+psycopg2://postgres@127.0.0.1:5433/airflow_1")
+    assert "psycopg2-binary" in airflow_kit.POSTGRES_EXTRA
+    assert "asyncpg" in airflow_kit.POSTGRES_EXTRA  # Airflow 3's async engine
+    with pytest.raises(ValueError, match="not a postgresql:// URL: sqlite://"):
+        airflow_kit.postgres_metadata_conn("sqlite:///airflow.db")
 
 
 def test_a_named_venv_with_airflow_is_used_as_is(tmp_path: Path,

@@ -9,6 +9,9 @@ metadata database in a temporary ``AIRFLOW_HOME``, ``airflow db migrate``,
 then one process each for the API server, the scheduler and the DAG
 processor (and the triggerer when asked), all configured by environment.
 The server object speaks to the REST API with the standard library only.
+For a PostgreSQL metadata database instead, give the server
+``extra=POSTGRES_EXTRA`` and ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` set to
+:func:`postgres_metadata_conn` of the database's URL in ``environment``.
 
 Guarantees:
 
@@ -89,11 +92,13 @@ __all__ = [
     "COMPONENTS",
     "DEFAULT_AIRFLOW_VERSION",
     "DEFAULT_COMPONENTS",
+    "POSTGRES_EXTRA",
     "AirflowApiError",
     "AirflowServer",
     "airflow_server",
     "airflow_venv",
     "airflow_venv_path",
+    "postgres_metadata_conn",
 ]
 
 COMPONENTS = ("scheduler", "dag-processor", "triggerer")
@@ -102,6 +107,12 @@ COMPONENTS = ("scheduler", "dag-processor", "triggerer")
 DEFAULT_COMPONENTS = ("scheduler", "dag-processor")
 """What runs besides the API server unless told otherwise."""
 
+POSTGRES_EXTRA = ("psycopg2-binary", "asyncpg")
+"""What an Airflow on a PostgreSQL metadata DB needs in its virtualenv (``extra``): psycopg2
+for its sync engine (the driver Airflow's "Set up a Database Backend" recommends), asyncpg for
+its async one (Airflow 3 derives ``postgresql+asyncpg://`` from the sync URL and does not start
+without it)."""
+
 _WATCHED_FOR_HANGS = ("scheduler",)
 """Components a missed heartbeat restarts (guarantee 7): a busy triggerer misses its
 heartbeat for 30 s under load without being hung (seen in the Airflow benchmark)."""
@@ -109,6 +120,19 @@ _REQUEST_TIMEOUT = 30.0
 _STOP_TIMEOUT = 10.0
 _PAGE = 100  # the API's default [api] maximum_page_limit
 _SIMPLE_AUTH = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+
+
+def postgres_metadata_conn(url: str) -> str:
+    """``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` for the PostgreSQL database ``url`` names.
+
+    ``url`` is a libpq-style ``postgresql://`` URL (as
+    :func:`~sharedstream.testing.brokers.postgres.fresh_database` yields);
+    the result names psycopg2's driver (give the server :data:`POSTGRES_EXTRA`).
+    Raises ``ValueError`` for any other scheme.
+    """
+    if not url.startswith("postgresql://"):
+        raise ValueError(f"not a postgresql:// URL: {url.split(':', 1)[0]}://...")
+    return url.replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
 class AirflowApiError(LocalBrokerError):

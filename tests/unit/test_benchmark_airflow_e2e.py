@@ -5,12 +5,16 @@ sharedstream are the Airflow ones under the import rule, and they load here
 as K distinct triggers of the watcher class. Its verdict must hold the
 target to the letter: a ratio of at least 100 in the rounds' median, and no
 duplicate on our side. Its CPU meter must count a child process that is
-born and ends during a run (Airflow's triggerer once read negative).
+born and ends during a run (Airflow's triggerer once read negative). Its one
+database reader counts what our store wrote on SQLite and on PostgreSQL (the
+kit's PostgreSQL); SQLite and PostgreSQL cases stay apart in every result;
+a run that did not finish is still written out, as valid JSON.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import subprocess
 import sys
@@ -23,6 +27,11 @@ from typing import Any
 import pytest
 
 from sharedstream.runtime.definitions import load_definitions
+from sharedstream.runtime.serde import pack_event_payload
+from sharedstream.store import PendingEvent, TriggerSpec, open_store
+from sharedstream.testing.fixtures import postgres_database, postgres_url
+
+__all__ = ["postgres_database", "postgres_url"]  # fixtures, used by name
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -66,8 +75,8 @@ def test_the_sharedstream_files_load_as_k_distinct_watchers(
 
 
 def _run(bench: ModuleType, side: str, round_: int, seconds: float, *, duplicates: int = 0,
-         finished: bool = True) -> Any:
-    return bench.Run(side, "live", 10, round_, 1000, 1000, finished, seconds, 0.1, 1.0,
+         finished: bool = True, store: str = "sqlite") -> Any:
+    return bench.Run(side, "live", 10, store, round_, 1000, 1000, finished, seconds, 0.1, 1.0,
                      1000 + duplicates, 1000, 1.0, 1.0, 1.0)
 
 
@@ -77,16 +86,16 @@ def test_the_verdict_is_the_median_of_same_round_ratios_and_needs_zero_duplicate
             _run(bench, "airflow", 1, 50.0), _run(bench, "sharedstream", 1, 1.0),
             _run(bench, "airflow", 2, 80.0), _run(bench, "sharedstream", 2, 1.0)]
 
-    ratio = bench.ratios(runs)["live K=10"]
+    ratio = bench.ratios(runs)["live K=10 sqlite"]
     assert ratio["msgs_per_s_ours_over_airflow"] == {"rounds": [200.0, 50.0, 80.0],
                                                      "median": 80.0}
     assert ratio["verdict"] == "NOT MET"
 
     runs[3] = _run(bench, "sharedstream", 1, 0.25)  # 200x in round 1: median 200
-    assert bench.ratios(runs)["live K=10"]["verdict"] == "MET"
+    assert bench.ratios(runs)["live K=10 sqlite"]["verdict"] == "MET"
 
     runs[1] = _run(bench, "sharedstream", 0, 0.5, duplicates=1)
-    assert bench.ratios(runs)["live K=10"]["verdict"] == "NOT MET"
+    assert bench.ratios(runs)["live K=10 sqlite"]["verdict"] == "NOT MET"
 
 
 def test_an_unfinished_run_has_no_rate_and_is_the_slowest_median(bench: ModuleType) -> None:
@@ -116,3 +125,73 @@ def test_the_cpu_meter_counts_a_child_that_is_born_and_ends_during_the_run(
         process.wait()
 
     assert 0.3 <= meter.seconds() <= 3.0  # the child's 0.4 s (less its last 20 ms), and starts
+
+
+def test_sqlite_and_postgresql_cases_are_told_apart(bench: ModuleType) -> None:
+    runs = [_run(bench, "airflow", 0, 100.0), _run(bench, "sharedstream", 0, 0.5),
+            _run(bench, "airflow", 0, 200.0, store="postgresql"),
+            _run(bench, "sharedstream", 0, 4.0, store="postgresql")]
+
+    ratio = bench.ratios(runs)
+    assert ratio["live K=10 sqlite"]["msgs_per_s_ours_over_airflow"]["rounds"] == [200.0]
+    assert ratio["live K=10 postgresql"]["msgs_per_s_ours_over_airflow"]["rounds"] == [50.0]
+    assert sorted((r.side, r.store) for r in bench.medians(runs)) == [
+        ("airflow", "postgresql"), ("airflow", "sqlite"),
+        ("sharedstream", "postgresql"), ("sharedstream", "sqlite")]
+
+
+def _strict(constant: str) -> None:
+    raise ValueError(f"not JSON: {constant}")
+
+
+def test_an_unfinished_run_is_written_out_with_what_it_stored(
+        bench: ModuleType, tmp_path: Path) -> None:
+    args = bench.parse_args(["--output-dir", str(tmp_path), "--name", "t", "--rounds", "1",
+                             "--store", "sqlite,postgresql", "--airflow-log-level", "info"])
+    runs = [_run(bench, "airflow", 0, 120.0, finished=False, duplicates=37),
+            _run(bench, "sharedstream", 0, 0.5)]
+
+    bench.write_results(args, runs, {"start": [1.0], "end": [1.0]})
+
+    written = json.loads((tmp_path / "t.json").read_text(), parse_constant=_strict)
+    assert written["airflow_logging_level"] == "INFO"
+    assert written["stores"] == ["sqlite", "postgresql"]
+    airflow = next(row for row in written["rows"] if row["side"] == "airflow")
+    assert (airflow["finished"], airflow["stored"], airflow["duplicates"],
+            airflow["msgs_per_s"]) == (False, 1037, 37, None)
+    ratio = written["ratios"]["live K=10 sqlite"]
+    assert ratio["msgs_per_s_ours_over_airflow"] == {"rounds": [None], "median": None}
+    assert ratio["verdict"] == "NOT MET"
+    assert "False,120.0" in (tmp_path / "t.csv").read_text()
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_a_store_it_does_not_know_is_refused(
+        bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["--store", "sqlite,mysql"])
+
+    assert exited.value.code == 2
+    assert "unknown ['mysql']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_one_reader_counts_what_our_store_wrote_on_either_database(
+        bench: ModuleType, store: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = (f"sqlite:///{tmp_path / 'meta.db'}" if store == "sqlite"
+           else request.getfixturevalue("postgres_database"))
+    with open_store(url, create=True) as ours:
+        ours.migrate()
+        ids = ours.sync_definitions([TriggerSpec("fp", "pkg.Watcher", b"kw")], [], [])
+        ours.write_events([PendingEvent(ids["fp"], None, pack_event_payload(
+            {"watcher": 1, "id": record})) for record in (7, 8, 7)])
+        database = bench.Database(url)
+        tally = bench.Tally()
+
+        bench.read_new(database, tally, bench.OUR_EVENTS, bench.our_payload)
+        assert (tally.stored, tally.distinct) == (3, 2)
+
+        ours.write_events([PendingEvent(ids["fp"], None, pack_event_payload(
+            {"watcher": 2, "id": 7}))])
+        bench.read_new(database, tally, bench.OUR_EVENTS, bench.our_payload)
+        assert (tally.stored, tally.distinct) == (4, 3)  # only the new row was read
