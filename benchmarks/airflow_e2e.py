@@ -394,13 +394,14 @@ class Run:
 
     @property
     def cpu_ms_per_message(self) -> float:
-        return 1000 * self.cpu_s / self.messages
+        """The triggerer's CPU per record (NaN when unfinished: how many it handled is unknown)."""
+        return 1000 * self.cpu_s / self.messages if self.finished else math.nan
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(duplicates=self.duplicates, msgs_per_s=_round(self.per_s),
                    steady_per_s=_round(self.steady_per_s),
-                   cpu_ms_per_message=round(self.cpu_ms_per_message, 4),
+                   cpu_ms_per_message=_round(self.cpu_ms_per_message, 4),
                    seconds=round(self.seconds, 3),
                    first_event_s=None if self.first_event_s is None
                    else round(self.first_event_s, 3), cpu_s=round(self.cpu_s, 2),
@@ -408,8 +409,9 @@ class Run:
         return out
 
 
-def _round(value: float) -> float | None:
-    return None if math.isnan(value) else round(value, 1)
+def _round(value: float, digits: int = 1) -> float | None:
+    """``value`` rounded for the results, ``None`` for NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else round(value, digits)
 
 
 @dataclass
@@ -676,7 +678,7 @@ def ratios(runs: list[Run]) -> dict[str, dict[str, Any]]:
             if ours is None or theirs is None:
                 continue
             speed.append(round(ours.per_s / theirs.per_s, 1))
-            if ours.cpu_s > 0:
+            if ours.cpu_s > 0 and ours.finished and theirs.finished:
                 cpu.append(round(theirs.cpu_ms_per_message / ours.cpu_ms_per_message, 1))
         if not speed:
             continue
@@ -713,7 +715,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                           label=side)
             ax.bar_label(bars, labels=[fmt.format(v) if v else "-" for v in values],
                          fontsize=7)
-        ax.set_yscale("log")
+        if any((r.get(key) or 0) > 0 for r in rows):  # a log axis of nothing only warns
+            ax.set_yscale("log")
         ax.set_xticks(range(len(cases)),
                       [f"{mode}\nK={k}\n{STORE_NAMES[store]}" for mode, k, store in cases])
         ax.set_ylabel(ylabel)

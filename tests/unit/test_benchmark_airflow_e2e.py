@@ -157,10 +157,11 @@ def test_an_unfinished_run_is_written_out_with_what_it_stored(
     assert written["airflow_logging_level"] == "INFO"
     assert written["stores"] == ["sqlite", "postgresql"]
     airflow = next(row for row in written["rows"] if row["side"] == "airflow")
-    assert (airflow["finished"], airflow["stored"], airflow["duplicates"],
-            airflow["msgs_per_s"]) == (False, 1037, 37, None)
+    assert (airflow["finished"], airflow["stored"], airflow["duplicates"], airflow["msgs_per_s"],
+            airflow["cpu_ms_per_message"]) == (False, 1037, 37, None, None)
     ratio = written["ratios"]["live K=10 sqlite"]
     assert ratio["msgs_per_s_ours_over_airflow"] == {"rounds": [None], "median": None}
+    assert ratio["cpu_per_message_airflow_over_ours"] == {"rounds": [], "median": None}
     assert ratio["verdict"] == "NOT MET"
     assert "False,120.0" in (tmp_path / "t.csv").read_text()
     assert (tmp_path / "t.png").stat().st_size > 0
@@ -195,3 +196,13 @@ def test_one_reader_counts_what_our_store_wrote_on_either_database(
             {"watcher": 2, "id": 7}))])
         bench.read_new(database, tally, bench.OUR_EVENTS, bench.our_payload)
         assert (tally.stored, tally.distinct) == (4, 3)  # only the new row was read
+
+
+def test_one_side_alone_that_did_not_finish_is_plotted_without_a_warning(
+        bench: ModuleType, tmp_path: Path) -> None:
+    args = bench.parse_args(["--output-dir", str(tmp_path), "--name", "t", "--sides", "airflow"])
+
+    bench.write_results(args, [_run(bench, "airflow", 0, 30.0, finished=False)],
+                        {"start": [1.0], "end": [1.0]})  # warnings are errors here
+
+    assert (tmp_path / "t.png").stat().st_size > 0
