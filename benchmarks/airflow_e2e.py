@@ -14,12 +14,23 @@ false, ``session.timeout.ms`` 2000 for Tansu).
 
 * ``airflow`` - a real Airflow 3.3.2 from the package index (the testing
   kit's :class:`~sharedstream.testing.airflow.AirflowServer`, its own
-  virtualenv with the provider, SQLite metadata DB in WAL mode): the API
-  server, ``dag-processor`` and ``triggerer``, ``[logging] logging_level``
-  WARNING; no scheduler (the triggerer itself writes the asset events).
-  A fresh Airflow per run.
+  virtualenv with the provider): the API server, ``dag-processor`` and
+  ``triggerer``, ``[logging] logging_level`` from ``--airflow-log-level``
+  (WARNING; Airflow's own default is INFO); no scheduler (the triggerer
+  itself writes the asset events). A fresh Airflow per run.
 * ``sharedstream`` - ``python -m sharedstream triggerer`` (the real CLI) on a
-  fresh SQLite store (``sharedstream init``), ``--log-level WARNING``.
+  fresh store (``sharedstream init``), ``--log-level WARNING``.
+
+``--store`` says where both sides keep their metadata (each case runs once
+per store given): ``sqlite`` (the default) - Airflow's SQLite file in WAL
+mode in its home, ours ``sqlite:///`` in the run's folder; ``postgresql`` -
+one PostgreSQL server of the testing kit for the whole benchmark
+(:func:`~sharedstream.testing.brokers.postgres.postgres_server`, ``fsync``
+on) and a fresh database on it per run: Airflow's through psycopg2
+(:func:`~sharedstream.testing.airflow.postgres_metadata_conn`; its virtualenv
+then also has :data:`~sharedstream.testing.airflow.POSTGRES_EXTRA`, a
+virtualenv of its own, so the default one is untouched), ours through
+``sharedstream init --db postgresql://...``.
 
 One Tansu broker (in memory) serves every run; each run has its own topic
 of P partitions (default 4), its own consumer group, N JSON records
@@ -30,28 +41,35 @@ clock starts when the DAG file is handed over (Airflow: written into the
 running DAG processor's folder; sharedstream: the triggerer process
 started), so parse, start and group join are inside the time.
 
-Both sides are counted from their databases, never from the broker: events
+Both sides are counted from their databases, never from the broker (one
+reader, :class:`Database`, for SQLite and PostgreSQL alike): events
 stored (Airflow: ``asset_event`` rows; sharedstream: ``trigger_events``,
 one asset event each), distinct (watcher, record) pairs, duplicates (stored
 minus distinct), seconds until all ``expected_events(N, K)`` distinct pairs
 are stored, the first event's time, and the triggerer's CPU seconds (its
 process and every descendant, each one's own user + system time read from
 ``/proc`` at every count: :class:`CpuMeter`) and peak RSS and PSS (summed
-over the same processes, sampled every half second) over that time. A run that
-does not finish within ``--timeout`` is reported with what it stored.
+over the same processes, sampled every half second) over that time. Each
+side is counted once more after its triggerer stopped, so events stored
+after the last count (redeliveries) are in the totals. A run that does not
+finish within ``--timeout`` is reported with what it stored, distinct and
+duplicates included; it has no msgs/s and no CPU per record (``null``).
 
-Rounds (``--rounds``, default 3) run every (mode, K, side) once each; the
-reported run per (side, mode, K) is its median by msgs/s, and the ratio
-``sharedstream / airflow`` per (mode, K) is the median of the rounds' own
-ratios. Target (issue 32): >= 100x at K = 10 and K = 100 with zero
-duplicates on our side; a verdict is printed and written, never asserted.
-Exit status 1 when our side stored a wrong count or any run did not finish.
+Rounds (``--rounds``, default 3) run every (store, mode, K, side) once each;
+the reported run per (side, mode, K, store) is its median by msgs/s, and
+the ratio ``sharedstream / airflow`` per case (named like ``live K=10
+postgresql`` in the results) is the median of the rounds' own ratios.
+Target (issue 32): >= 100x at K = 10 and K = 100 with zero duplicates on
+our side; a verdict is printed and written, never asserted. Exit status 1
+when our side stored a wrong count or any run did not finish (the results
+are written first).
 
 Writes ``benchmarks/results/airflow_e2e.{json,csv,png}`` (``--name`` to
 change the stem; ``--smoke`` writes ``airflow_e2e-smoke.*``).
 
 Usage: ``python benchmarks/airflow_e2e.py [--messages 20000] [--ks 10]
-[--partitions 4] [--modes live,backlog] [--rounds 3] [--sides airflow,sharedstream]
+[--partitions 4] [--modes live,backlog] [--store sqlite,postgresql]
+[--airflow-log-level WARNING] [--rounds 3] [--sides airflow,sharedstream]
 [--timeout 900] [--smoke] [--output-dir D] [--name STEM]``
 """
 
