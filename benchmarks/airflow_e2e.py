@@ -46,7 +46,11 @@ reader, :class:`Database`, for SQLite and PostgreSQL alike): events
 stored (Airflow: ``asset_event`` rows; sharedstream: ``trigger_events``,
 one asset event each), distinct (watcher, record) pairs, duplicates (stored
 minus distinct), seconds until all ``expected_events(N, K)`` distinct pairs
-are stored, the first event's time, and the triggerer's CPU seconds (its
+are stored and the first event's time (both from the rows' own write times,
+``asset_event.timestamp`` and ``trigger_events.created_at``, against the
+start on the same wall clock: the benchmark counts every 0.2 s, which
+would otherwise be the resolution of a sub-second run), and the
+triggerer's CPU seconds (its
 process and every descendant, each one's own user + system time read from
 ``/proc`` at every count: :class:`CpuMeter`) and peak RSS and PSS (summed
 over the same processes, sampled every half second) over that time. Each
@@ -79,6 +83,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import datetime as dt
 import itertools
 import json
 import math
@@ -289,15 +294,40 @@ class Tally:
     read_through: int = 0
     stored: int = 0
     pairs: Counter[tuple[int, int]] = field(default_factory=Counter)
+    target: int = 0
+    """Distinct pairs that make the run complete (set by :func:`watch`)."""
+    first_written: float | None = None
+    """When the first event was written, by the database's own clock (epoch seconds)."""
+    done_written: float | None = None
+    """When the event that completed ``target`` distinct pairs was written (epoch seconds)."""
 
     @property
     def distinct(self) -> int:
         return len(self.pairs)
 
-    def add(self, payload: Any) -> None:
+    def add(self, payload: Any, written: float | None = None) -> None:
+        """Count one stored event; ``written`` is its row's write time, when known."""
         self.stored += 1
+        if written is not None and (self.first_written is None or written < self.first_written):
+            self.first_written = written
         if isinstance(payload, dict) and "watcher" in payload and "id" in payload:
             self.pairs[int(payload["watcher"]), int(payload["id"])] += 1
+            if (self.done_written is None and self.target
+                    and len(self.pairs) >= self.target and written is not None):
+                self.done_written = written
+
+
+def epoch_of(written: Any) -> float | None:
+    """A row's write time as epoch seconds: a ``datetime`` or ISO text; naive means UTC."""
+    if isinstance(written, str):
+        try:
+            written = dt.datetime.fromisoformat(written)
+        except ValueError:
+            return None
+    if not isinstance(written, dt.datetime):
+        return None
+    moment: dt.datetime = written if written.tzinfo else written.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
 
 
 def airflow_payload(extra: Any) -> Any:
@@ -342,14 +372,16 @@ class Database:
 
 
 def read_new(database: Database, tally: Tally, query: str, decode: Callable[[Any], Any]) -> None:
-    """Add to ``tally`` the rows of ``query`` (``id, payload`` after ``?``) not read yet."""
-    for row_id, payload in database.rows(query, tally.read_through):
+    """Add to ``tally`` the rows of ``query`` (``id, payload, written``; ids after ``?``)."""
+    for row_id, payload, written in database.rows(query, tally.read_through):
         tally.read_through = int(row_id)
-        tally.add(decode(payload))
+        tally.add(decode(payload), epoch_of(written))
 
 
-AIRFLOW_EVENTS = "SELECT id, extra FROM asset_event WHERE id > ? ORDER BY id"
-OUR_EVENTS = "SELECT id, payload FROM trigger_events WHERE id > ? ORDER BY id"
+# Each side's event rows with their write times: the times a run reports are the database's,
+# so they do not depend on how often the benchmark looks (POLL).
+AIRFLOW_EVENTS = "SELECT id, extra, timestamp FROM asset_event WHERE id > ? ORDER BY id"
+OUR_EVENTS = "SELECT id, payload, created_at FROM trigger_events WHERE id > ? ORDER BY id"
 AIRFLOW_RUNNING = 'SELECT count(*) FROM "trigger" WHERE triggerer_id IS NOT NULL'
 
 
@@ -467,6 +499,9 @@ async def watch(side: Watch, tally: Tally, *, expected: int, started: float, lim
     pid = side.pid()
     if pid is None:
         raise RuntimeError(f"{label}: the triggerer is not running")
+    # The start on the wall clock, which the databases' write times are on.
+    wall_started = time.time() - (time.perf_counter() - started)
+    tally.target = expected
     cpu = CpuMeter(pid)
     cpu.sample()
     peak_rss = peak_pss = 0.0
@@ -490,6 +525,12 @@ async def watch(side: Watch, tally: Tally, *, expected: int, started: float, lim
             rss, pss = tree_memory(pid)
             peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
         if done or now > limit:
+            # The database's times where it has them: the poll only notices them later.
+            if done and tally.done_written is not None:
+                now = max(tally.done_written - wall_started, 1e-3)
+            if tally.first_written is not None:  # and at that moment, one event was stored
+                first = min(max(tally.first_written - wall_started, 0.0), now)
+                at_first = 1
             return Watched(done, now, first, 1 - at_first / expected,
                            cpu.seconds(), peak_rss, peak_pss)
         if now - last_report >= 5.0:

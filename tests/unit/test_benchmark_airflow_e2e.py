@@ -13,6 +13,7 @@ a run that did not finish is still written out, as valid JSON.
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import json
 import math
@@ -189,13 +190,30 @@ def test_one_reader_counts_what_our_store_wrote_on_either_database(
         database = bench.Database(url)
         tally = bench.Tally()
 
+        tally.target = 3  # the run is complete at 3 distinct pairs
         bench.read_new(database, tally, bench.OUR_EVENTS, bench.our_payload)
-        assert (tally.stored, tally.distinct) == (3, 2)
+        assert (tally.stored, tally.distinct, tally.done_written) == (3, 2, None)
+        assert tally.first_written is not None
+        assert abs(tally.first_written - time.time()) < 60  # the rows' own write times
 
         ours.write_events([PendingEvent(ids["fp"], None, pack_event_payload(
             {"watcher": 2, "id": 7}))])
         bench.read_new(database, tally, bench.OUR_EVENTS, bench.our_payload)
         assert (tally.stored, tally.distinct) == (4, 3)  # only the new row was read
+        done = tally.done_written
+        assert done is not None
+        assert tally.first_written <= done < time.time() + 1
+
+
+def test_write_times_read_as_both_databases_write_them(bench: ModuleType) -> None:
+    utc = dt.UTC
+    moment = dt.datetime(2026, 11, 28, 12, 0, 1, 250000, tzinfo=utc)
+    for written in ("2026-11-28 12:00:01.250000",  # Airflow on SQLite: naive UTC text
+                    "2026-11-28T12:00:01.250000+00:00",  # ISO with its zone
+                    moment, moment.replace(tzinfo=None)):  # PostgreSQL: datetime objects
+        assert bench.epoch_of(written) == moment.timestamp(), written
+    assert bench.epoch_of("not a time") is None
+    assert bench.epoch_of(None) is None
 
 
 def test_one_side_alone_that_did_not_finish_is_plotted_without_a_warning(
