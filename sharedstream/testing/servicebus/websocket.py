@@ -15,7 +15,7 @@ that serves it (:mod:`.websocket_front`) does the sockets.
 * :func:`encode_frame` encodes one frame (unmasked, as a server sends; a
   ``mask`` makes a client's frame, for tests and tools).
 
-Invariants (each checked in ``tests/servicebus/test_websocket.py``):
+Invariants (each checked in ``tests/servicebus/test_websocket_protocol.py``):
 
 1. A request is accepted only as Service Bus's endpoint: ``GET`` of
    :data:`PATH`, ``Upgrade: websocket``, ``Connection: upgrade``,
@@ -110,7 +110,7 @@ class WebSocketProtocolError(Exception):
 
 
 class UpgradeRefused(Exception):
-    """The upgrade request is not one Service Bus accepts: answer ``status`` (see :func:`refusal`)."""
+    """The upgrade request is not one Service Bus takes: answer ``status`` (:func:`refusal`)."""
 
     def __init__(self, status: int, reason: str, *, headers: tuple[str, ...] = ()) -> None:
         super().__init__(f"{status} {reason}")
@@ -180,10 +180,11 @@ def parse_upgrade(head: bytes) -> bytes:
                              headers=("Sec-WebSocket-Version: 13",))
     key = headers.get("sec-websocket-key", "")
     try:
-        if len(base64.b64decode(key, validate=True)) != 16:
-            raise ValueError(key)
-    except (binascii.Error, ValueError) as exc:
-        raise UpgradeRefused(400, f"Sec-WebSocket-Key {key!r} is not 16 bytes in base64") from exc
+        nonce = base64.b64decode(key, validate=True)
+    except binascii.Error:
+        nonce = b""
+    if len(nonce) != 16:
+        raise UpgradeRefused(400, f"Sec-WebSocket-Key {key!r} is not 16 bytes in base64")
     offered = _tokens(headers.get("sec-websocket-protocol", ""))
     if SUBPROTOCOL.lower() not in offered:
         raise UpgradeRefused(400, f"subprotocol {SUBPROTOCOL} not offered "

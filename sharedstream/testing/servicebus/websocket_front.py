@@ -101,7 +101,7 @@ class WebSocketFront:
         self._thread = threading.Thread(target=self._run, name="servicebus-websocket-front",
                                         daemon=True)
         self._ready = threading.Event()
-        self._failure: BaseException | None = None
+        self._failure: Exception | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -139,7 +139,7 @@ class WebSocketFront:
     def _run(self) -> None:
         try:
             asyncio.run(self._serve())
-        except BaseException as exc:  # handed to start()'s caller, or logged: never silent
+        except Exception as exc:  # noqa: BLE001 - handed to start()'s caller, or logged
             if self._ready.is_set():
                 _log.exception("the WebSocket front failed")
             self._failure = exc
@@ -150,7 +150,8 @@ class WebSocketFront:
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
         server = await asyncio.start_server(
             self._accepted, sock=self._listening, ssl=self._served_tls,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT, limit=websocket.MAX_HEAD)
+            ssl_handshake_timeout=None if self._served_tls is None else HANDSHAKE_TIMEOUT,
+            limit=websocket.MAX_HEAD)
         async with server:
             self._ready.set()
             await self._stopping.wait()

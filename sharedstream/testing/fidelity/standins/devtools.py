@@ -9,8 +9,9 @@ not Microsoft Entra ID tokens), and ``RandomNameResourceGroupPreparer``.
 As a plugin (``-p``) it provides the ``test_proxy`` session fixture that the
 SDK's ``conftest.py`` asks for (Microsoft's starts its recording proxy):
 here it starts the kit's Service Bus test server on ``127.0.0.1:5671`` with
-TLS, and AMQP over WebSockets (``wss``) on ``127.0.0.1:443``, with the entities the preparers planned
-(:mod:`.servicebus_resources`), and stops it after the session. The SDK
+TLS, and AMQP over WebSockets (``wss``) on ``127.0.0.1:443``, with the
+entities the preparers planned (:mod:`.servicebus_resources`), and stops it
+after the session. The SDK
 trusts ``certifi``'s bundle unless told otherwise, so the plugin points
 ``certifi.where`` at the server's certificate authority, as a machine that
 trusts a private CA would. The run's working directory comes from
