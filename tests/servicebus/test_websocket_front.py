@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -199,3 +200,23 @@ async def test_an_amqp_port_that_does_not_answer_is_a_503_not_an_upgrade() -> No
             await writer.wait_closed()
     finally:
         await asyncio.to_thread(relay.stop)
+
+
+@pytest.mark.timeout(30)
+async def test_stop_ends_an_open_connection_at_once(echo: Echo) -> None:
+    relay = WebSocketFront(socket.create_server(("127.0.0.1", 0)), "127.0.0.1", echo.port)
+    relay.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+    try:
+        client = Client(reader, writer)
+        await client.upgrade()
+        client.send(masked(0x82, b"AMQP"))
+        assert await client.binary(4) == b"AMQP"
+        started = time.monotonic()
+        await asyncio.to_thread(relay.stop)
+        assert time.monotonic() - started < 2
+        assert await client.ended()
+        await asyncio.wait_for(echo.ended.wait(), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()

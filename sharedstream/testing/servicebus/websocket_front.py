@@ -152,13 +152,16 @@ class WebSocketFront:
             self._accepted, sock=self._listening, ssl=self._served_tls,
             ssl_handshake_timeout=None if self._served_tls is None else HANDSHAKE_TIMEOUT,
             limit=websocket.MAX_HEAD)
-        async with server:
+        try:
             self._ready.set()
             await self._stopping.wait()
-        for task in self._connections:
-            task.cancel()
-        if self._connections:
-            await asyncio.wait(self._connections, timeout=CLOSE_TIMEOUT)
+        finally:
+            server.close()  # no new connection; then end the open ones (invariant 5)
+            for task in self._connections:
+                task.cancel()
+            if self._connections:
+                await asyncio.wait(self._connections, timeout=CLOSE_TIMEOUT)
+            await server.wait_closed()  # from Python 3.12 on, it waits for the connections
 
     async def _accepted(self, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> None:
