@@ -58,7 +58,9 @@ def tls_client_options(workdir: Path, port: int) -> dict[str, str]:
     """The producer's (and the SDK client's) options to reach a ``tls`` server on ``port``.
 
     ``connection_verify``: the server's CA; ``custom_endpoint_address``:
-    its port (the SDK otherwise dials 5671).
+    its port (the SDK otherwise dials 5671). For AMQP over WebSockets,
+    ``port`` is the ``websocket_port`` (the SDK otherwise dials 443), with
+    the client option ``transport_type=TransportType.AmqpOverWebsocket``.
     """
     ca_file = ServerCertificates.in_directory(kit_tls_dir(workdir)).ca_file
     return {"connection_verify": str(ca_file), "custom_endpoint_address": f"sb://127.0.0.1:{port}"}
@@ -66,7 +68,7 @@ def tls_client_options(workdir: Path, port: int) -> dict[str, str]:
 
 def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None,
                      port: int | None = None, state_file: Path | None = None,
-                     tls: bool = False,
+                     tls: bool = False, websocket_port: int | None = None,
                      timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
     """Start the test server on a loopback port; return it and its connection string.
 
@@ -80,7 +82,11 @@ def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None
     server refuses tokens of any other). ``tls``: serve ``amqps`` only, with
     a certificate made in ``kit_tls_dir(workdir)`` (``--tls-dir``); the
     connection string is then a TLS one, to be used with the client options
-    of :func:`tls_client_options`.
+    of :func:`tls_client_options`. ``websocket_port``: also serve AMQP over
+    WebSockets on that port (``--websocket-port``; ``wss`` with ``tls``,
+    else ``ws``), which the SDK reaches with ``custom_endpoint_address``
+    ``sb://127.0.0.1:<websocket_port>`` and
+    ``transport_type=TransportType.AmqpOverWebsocket``.
     Returns once the port accepts connections (the server creates the
     entities before it binds). Its log is appended to
     ``workdir/servicebus.log``. Raises :class:`BrokerNotInstalled` or
@@ -99,6 +105,8 @@ def start_servicebus(workdir: Path, *, entities: Mapping[str, Any] | None = None
         command += ["--state-file", str(state_file)]
     if tls:
         command += ["--tls-dir", str(kit_tls_dir(workdir))]
+    if websocket_port is not None:  # bound before the AMQP port: ready means both are
+        command += ["--websocket-port", str(websocket_port)]
     process = start_process(
         "the Service Bus test server", command, log_path=workdir / "servicebus.log",
         ready=lambda: port_answers(chosen), timeout=timeout,
@@ -113,16 +121,19 @@ def stop_servicebus(process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def servicebus_server(workdir: Path | None = None, *,
-                      entities: Mapping[str, Any] | None = None) -> Iterator[str]:
+                      entities: Mapping[str, Any] | None = None,
+                      websocket_port: int | None = None) -> Iterator[str]:
     """Run the Service Bus test server for the ``with`` block; yields its connection string.
 
-    ``entities`` as for :func:`start_servicebus`. The log goes to
+    ``entities`` and ``websocket_port`` (plain ``ws`` here, as its AMQP port
+    is plain) as for :func:`start_servicebus`. The log goes to
     ``workdir/servicebus.log`` (a temporary directory when not given).
     Stopped when the block ends, however it ends.
     """
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="servicebus-")))
-        process, connection_string = start_servicebus(workdir, entities=entities)
+        process, connection_string = start_servicebus(workdir, entities=entities,
+                                                      websocket_port=websocket_port)
         stack.callback(stop_servicebus, process)
         yield connection_string

@@ -17,10 +17,11 @@ of it that cover what the server implements, and the adapted fixtures:
   (uamqp is not installed). Their helpers are replaced by our stand-ins
   (:mod:`.standins`, through one-line shims written to the work directory),
   whose plugin starts the kit's Service Bus server on ``localhost:5671``
-  with TLS. With root and ``unshare`` each shard runs in a network
-  namespace of its own (a private loopback, so several servers can take
-  port 5671 at once); otherwise one shard runs on this machine's loopback,
-  and the port must be free.
+  with TLS, and AMQP over WebSockets on ``localhost:443``. With root and
+  ``unshare`` each shard runs in a network namespace of its own (a private
+  loopback, so several servers can take ports 5671 and 443 at once);
+  otherwise one shard runs on this machine's loopback, and both ports must
+  be free to bind.
 
 Each shard is one pytest process with :mod:`.report` loaded; the
 processes of both suites run at once, since the tests mostly wait (lock
@@ -195,12 +196,14 @@ class ServiceBusSuite(Suite):
 
     def _around(self, workdir: Path, shards: Sequence[Shard]) -> AbstractContextManager[object]:
         if not _private_loopback_possible():
-            with socket.socket() as probe:
-                try:
-                    probe.bind(("127.0.0.1", 5671))
-                except OSError as exc:
-                    raise OSError("port 5671 is taken on 127.0.0.1 and no private network "
-                                  "namespace can be made here (needs root and unshare)") from exc
+            for port in (5671, 443):  # AMQP over TLS, and over WebSockets
+                with socket.socket() as probe:
+                    try:
+                        probe.bind(("127.0.0.1", port))
+                    except OSError as exc:
+                        raise OSError(f"port {port} cannot be bound on 127.0.0.1 ({exc.strerror}) "
+                                      "and no private network namespace can be made here "
+                                      "(needs root and unshare)") from exc
         return nullcontext()
 
 
@@ -219,7 +222,8 @@ SUITES: Mapping[str, Suite] = {
               for folder, suffix in (("", ""), ("async_tests/", "_async"))
               for area in ("queues", "sessions", "subscriptions", "topic", "sb_client",
                            "list_sessions")),
-        helpers=("azure-common==1.1.28",), import_mode="append"),
+        # websocket-client: the SDK's sync AMQP over WebSockets (an extra the SDK does not pull)
+        helpers=("azure-common==1.1.28", "websocket-client==1.9.2"), import_mode="append"),
 }
 """The suites by name, with the SDK versions sharedstream is tested with."""
 

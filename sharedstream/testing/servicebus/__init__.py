@@ -22,11 +22,14 @@ namespace's keys, :mod:`.auth`).
   CBS, settlement and credit;
 * :mod:`.state_file` - the optional ``--state-file`` that keeps entities and
   messages across a restart (locks are lost, as with a real outage);
+* :mod:`.websocket`, :mod:`.websocket_front` - AMQP over WebSockets
+  (``--websocket-port``): RFC 6455 without I/O, and the relay that serves
+  it in front of the AMQP port;
 * :mod:`.server` - :func:`~.server.serve` and the command line
   ``python -m sharedstream.testing.servicebus --port N --queue orders ...``.
 
 Start it from tests with :func:`sharedstream.testing.brokers.servicebus_server`
 or the ``servicebus_connection_string`` fixture. Importing this package,
 :mod:`.model`, :mod:`.auth`, :mod:`.store`, :mod:`.state` or :mod:`.config` imports no proton
-module; the others do.
+module, nor do :mod:`.websocket` and :mod:`.websocket_front`; the others do.
 """

@@ -14,6 +14,11 @@ for a server run in-process (``serve(..., state=...)``). With ``--state-file
 PATH`` (:mod:`.state_file`) the state outlives the process: a server
 restarted on the same file has the last one's entities and messages, and
 the entities document applies only when the file does not exist yet.
+
+With ``--websocket-port N`` it also takes AMQP over WebSockets on port
+``N`` (Service Bus's is 443: ``TransportType.AmqpOverWebsocket``), through
+a relay to its own AMQP port (:mod:`.websocket_front`): ``wss`` with
+``--tls-dir``, else ``ws``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from sharedstream.testing.servicebus.model import DEFAULT_KEY, AccessKey, Namesp
 from sharedstream.testing.servicebus.service import ServiceBusService
 from sharedstream.testing.servicebus.state import ServiceBusState
 from sharedstream.testing.servicebus.state_file import StateFile
-from sharedstream.testing.tls import make_certificates
+from sharedstream.testing.servicebus.websocket_front import WebSocketFront
+from sharedstream.testing.tls import ServerCertificates, make_certificates
 
 __all__ = ["ServerControl", "connection_string", "main", "serve", "tls_connection_string"]
 
@@ -105,7 +111,8 @@ class _Ticker(Handler):
 def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | None = None,
           entities: Mapping[str, Any] | None = None, control: ServerControl | None = None,
           ready: Callable[[int], None] | None = None, state_file: Path | None = None,
-          namespace: Namespace | None = None, tls_dir: Path | None = None) -> None:
+          namespace: Namespace | None = None, tls_dir: Path | None = None,
+          websocket_port: int | None = None) -> None:
     """Serve on ``host:port`` (0 = any free port) until ``control`` asks to stop.
 
     ``state``: the broker state to serve (a new one when not given; create
@@ -118,9 +125,16 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     :func:`.config.namespace`; else the defaults). ``tls_dir``: serve
     ``amqps`` (TLS only) with the certificate in that directory, made there
     at start when missing (:func:`~sharedstream.testing.tls.make_certificates`;
-    a client trusts ``ca.pem``); ``None``: plain AMQP. Blocks the calling
-    thread; every event and every state change runs on it.
+    a client trusts ``ca.pem``); ``None``: plain AMQP. ``websocket_port``:
+    also serve AMQP over WebSockets on that port (a port number, not 0), as
+    :class:`~.websocket_front.WebSocketFront` does: ``wss`` with the same
+    certificate when ``tls_dir`` is given, else ``ws``; it listens before
+    the AMQP port does, so a client that reaches that one reaches it too.
+    Blocks the calling thread; every event and every state change runs on
+    it (the WebSocket relay has a thread of its own, outside the state).
     """
+    if websocket_port is not None and not 0 < websocket_port < 65536:
+        raise ValueError(f"websocket_port is a port number, not {websocket_port}")
     state = state if state is not None else ServiceBusState()
     kept = None if state_file is None else StateFile(state_file)
     restored = kept is not None and kept.load(state)
@@ -132,28 +146,40 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     service = ServiceBusService(state, state.clock, kept, namespace)
     container = Container(service)
     container.container_id = "sharedstream-servicebus-test-server"
-    acceptor = container.listen(f"{host}:{port}", ssl_domain=_server_domain(tls_dir))
+    certificates = None if tls_dir is None else make_certificates(tls_dir)
+    front_socket = None if websocket_port is None else socket.create_server((host, websocket_port))
+    try:
+        acceptor = container.listen(f"{host}:{port}", ssl_domain=_server_domain(certificates))
+    except BaseException:
+        if front_socket is not None:
+            front_socket.close()
+        raise
     listening = acceptor._selectable._delegate  # the bound port, when 0 asked for any
     if not isinstance(listening, socket.socket):
         raise TypeError(f"proton listens on {listening!r}, not a socket")
     bound: int = listening.getsockname()[1]
     container.schedule(0, _Ticker(service, control, container))
-    if ready is not None:
-        ready(bound)
+    front = None if front_socket is None else WebSocketFront(
+        front_socket, host, bound, certificates)
     try:
+        if front is not None:
+            front.start()
+        if ready is not None:
+            ready(bound)
         container.run()
     finally:
+        if front is not None:
+            front.stop()
         acceptor.close()
         listening.close()  # proton leaves it open: a server run in a thread must not leak it
         if kept is not None:
             kept.save(state)
 
 
-def _server_domain(tls_dir: Path | None) -> SSLDomain | None:
-    """Proton's TLS settings for a server with the certificate in ``tls_dir`` (``None``: none)."""
-    if tls_dir is None:
+def _server_domain(files: ServerCertificates | None) -> SSLDomain | None:
+    """Proton's TLS settings for a server with the certificate ``files`` (``None``: no TLS)."""
+    if files is None:
         return None
-    files = make_certificates(tls_dir)
     domain = SSLDomain(SSLDomain.MODE_SERVER)
     domain.set_credentials(str(files.cert_file), str(files.key_file), None)
     domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)  # clients show no certificate
@@ -186,7 +212,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tls-dir", type=Path, default=None,
                         help="serve amqps (TLS only) with the certificate in this directory, "
                              "made there at start when missing (clients trust its ca.pem)")
+    parser.add_argument("--websocket-port", type=int, default=None, metavar="PORT",
+                        help="also serve AMQP over WebSockets (GET /$servicebus/websocket, "
+                             "subprotocol AMQPWSB10) on this port: wss with --tls-dir, else ws")
     args = parser.parse_args(argv)
+    if args.websocket_port is not None and not 0 < args.websocket_port < 65536:
+        parser.error(f"--websocket-port must be a port number (1-65535), "
+                     f"not {args.websocket_port}")
     state = ServiceBusState()
     restoring = args.state_file is not None and args.state_file.exists()
     try:
@@ -205,9 +237,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     started = time.monotonic()
+    websockets = ("" if args.websocket_port is None else
+                  f"; AMQP over WebSockets on {args.host}:{args.websocket_port}")
     serve(args.host, args.port, state=state, control=control, state_file=args.state_file,
-          namespace=namespace, tls_dir=args.tls_dir, ready=lambda port: print(
-              f"listening on {args.host}:{port} ({time.monotonic() - started:.2f} s); "
+          namespace=namespace, tls_dir=args.tls_dir, websocket_port=args.websocket_port,
+          ready=lambda port: print(
+              f"listening on {args.host}:{port} ({time.monotonic() - started:.2f} s){websockets}; "
               f"connection string: {_connection_string(args, port, namespace.keys[0])}",
               file=sys.stderr, flush=True))
 

@@ -9,8 +9,9 @@ not Microsoft Entra ID tokens), and ``RandomNameResourceGroupPreparer``.
 As a plugin (``-p``) it provides the ``test_proxy`` session fixture that the
 SDK's ``conftest.py`` asks for (Microsoft's starts its recording proxy):
 here it starts the kit's Service Bus test server on ``127.0.0.1:5671`` with
-TLS and the entities the preparers planned
-(:mod:`.servicebus_resources`), and stops it after the session. The SDK
+TLS, and AMQP over WebSockets (``wss``) on ``127.0.0.1:443``, with the
+entities the preparers planned (:mod:`.servicebus_resources`), and stops it
+after the session. The SDK
 trusts ``certifi``'s bundle unless told otherwise, so the plugin points
 ``certifi.where`` at the server's certificate authority, as a machine that
 trusts a private CA would. The run's working directory comes from
@@ -46,6 +47,8 @@ __all__ = [
 
 SERVER_PORT = 5671
 """Azure's AMQP-over-TLS port: the tests give the SDK a host name only."""
+WEBSOCKET_PORT = 443
+"""Azure's port for AMQP over WebSockets (``TransportType.AmqpOverWebsocket``)."""
 
 
 class AzureRecordedTestCase:
@@ -110,7 +113,7 @@ def test_proxy() -> Iterator[None]:
     )
 
     process, _ = start_servicebus(_workdir(), entities=PLAN.document(), port=SERVER_PORT,
-                                  tls=True)
+                                  tls=True, websocket_port=WEBSOCKET_PORT)
     try:
         yield
     finally:
