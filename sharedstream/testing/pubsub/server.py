@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ import grpc.aio
 from sharedstream.testing.pubsub.service import PAYLOAD_LIMIT, PubSubService
 from sharedstream.testing.tls import make_certificates
 
-__all__ = ["SERVER_OPTIONS", "main", "serve"]
+__all__ = ["SERVER_OPTIONS", "ClientGoneFilter", "main", "serve"]
 
 SERVER_OPTIONS = (("grpc.max_receive_message_length", 2 * PAYLOAD_LIMIT),
                   ("grpc.max_send_message_length", -1))
@@ -31,6 +32,24 @@ SERVER_OPTIONS = (("grpc.max_receive_message_length", 2 * PAYLOAD_LIMIT),
 Pub/Sub's limits, so that it refuses them as Pub/Sub does (``INVALID_ARGUMENT``, see
 :mod:`.service`), and still bounds what one request may make it buffer; it answers with
 messages of any size."""
+
+
+class ClientGoneFilter(logging.Filter):
+    """Drops gRPC's ERROR for an answer the server could not send: the client had gone.
+
+    A publisher stopped mid-call (a demo's second Ctrl-C, a killed test) leaves
+    its call's answer with nobody to take it; gRPC's aio server logs that as
+    ``ExecuteBatchError raised in core by servicer method ...`` with a
+    traceback. For a test server that is no error of its own. Every other
+    record passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` for that one record, ``True`` for any other."""
+        return not record.getMessage().startswith("ExecuteBatchError raised in core by servicer")
+
+
+_GRPC_CORE_LOG = "grpc._cython.cygrpc"
 
 
 async def serve(host: str = "127.0.0.1", port: int = 0, *,
@@ -56,6 +75,8 @@ async def serve(host: str = "127.0.0.1", port: int = 0, *,
         files = make_certificates(tls_dir)
         bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials(
             [(files.key_file.read_bytes(), files.cert_file.read_bytes())]))
+    quiet = ClientGoneFilter()
+    logging.getLogger(_GRPC_CORE_LOG).addFilter(quiet)
     await server.start()
     try:
         async with asyncio.TaskGroup() as tasks:
@@ -65,6 +86,7 @@ async def serve(host: str = "127.0.0.1", port: int = 0, *,
             await server.wait_for_termination()
     finally:
         await server.stop(grace=None)
+        logging.getLogger(_GRPC_CORE_LOG).removeFilter(quiet)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -35,12 +35,12 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
 import threading
 from dataclasses import dataclass
 
+from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.testing.servicebus import websocket
 from sharedstream.testing.servicebus.websocket import CloseCode, Frame, Opcode
 from sharedstream.testing.tls import ServerCertificates
@@ -54,7 +54,7 @@ CLOSE_TIMEOUT = 5.0
 CHUNK = 64 * 1024
 """The most read from either side at once (so the largest binary frame sent)."""
 
-_log = logging.getLogger(__name__)
+_log = key_value_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -204,12 +204,12 @@ class WebSocketFront:
 
 async def _refuse(writer: asyncio.StreamWriter, peer: object,
                   refused: websocket.UpgradeRefused) -> None:
-    _log.warning("WebSocket upgrade from %s refused: %s", peer, refused)
+    _log.warning("WebSocket upgrade refused", peer=peer, reason=str(refused))
     writer.write(websocket.refusal(refused.status, refused.reason, refused.headers))
     try:
         await writer.drain()
     except OSError:
-        _log.debug("the refused client %s left before the answer", peer)
+        _log.debug("the refused client left before the answer", peer=peer)
 
 
 async def _end(writer: asyncio.StreamWriter) -> None:
@@ -253,7 +253,7 @@ class _Relay:
                         if not await self._on_frame(frame):
                             return
                 except websocket.WebSocketProtocolError as error:
-                    _log.warning("closing a WebSocket: %s", error)
+                    _log.warning("closing a WebSocket", error=str(error))
                     await self._send_close(error.code, error.reason)
                     return
         except OSError:  # the client's connection broke: the AMQP connection drops with it
@@ -281,7 +281,7 @@ class _Relay:
                 await self._send(Opcode.BINARY, data)
             await self._send_close(CloseCode.NORMAL, "the AMQP connection ended")
             await asyncio.sleep(CLOSE_TIMEOUT)  # the client's close ends the relay before this
-            _log.info("a WebSocket client did not answer the close in %s s", CLOSE_TIMEOUT)
+            _log.info("a WebSocket client did not answer the close", timeout_s=CLOSE_TIMEOUT)
         except OSError:  # either connection broke: ending the client's ends the relay
             _log.debug("a WebSocket relay's connection broke", exc_info=True)
         self._client_writer.close()  # _from_client then reads the end
