@@ -4,7 +4,10 @@ Loaded with ``-p sharedstream.testing.fidelity.report`` into the SDK's own
 test run. ``SHAREDSTREAM_FIDELITY_EXCLUDE`` names a JSON list of node-id
 patterns (``fnmatch``) to deselect; ``SHAREDSTREAM_FIDELITY_SHARD``
 (``I/N``) keeps every N-th collected test from the I-th (round robin, so
-slow tests spread); ``SHAREDSTREAM_FIDELITY_OUTCOMES`` names the
+slow tests spread); ``SHAREDSTREAM_FIDELITY_TIMEOUTS`` names a JSON map of
+node id -> seconds, the timeout of a test that waits longer than the run's
+by design (a ``timeout`` mark, which pytest-timeout prefers to its
+setting); ``SHAREDSTREAM_FIDELITY_OUTCOMES`` names the
 JSON file written at the end of the session: node id -> ``passed``,
 ``failed`` (the test body), ``error`` (its set-up or tear-down) or
 ``skipped``. A test that passed but whose tear-down failed is an
@@ -37,7 +40,7 @@ def outcome_of(report: pytest.TestReport) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests the exclusion patterns match, and those of the other shards."""
+    """Deselect excluded tests and those of other shards; give slow ones their timeouts."""
     source = os.environ.get("SHAREDSTREAM_FIDELITY_EXCLUDE")
     patterns: list[str] = json.loads(Path(source).read_text(encoding="utf-8")) if source else []
     index, _, count = os.environ.get("SHAREDSTREAM_FIDELITY_SHARD", "0/1").partition("/")
@@ -47,6 +50,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if excluded:
         config.hook.pytest_deselected(items=excluded)
         items[:] = [item for item in items if item not in excluded]
+    timeouts = os.environ.get("SHAREDSTREAM_FIDELITY_TIMEOUTS")
+    seconds: dict[str, int] = json.loads(Path(timeouts).read_text(encoding="utf-8")) \
+        if timeouts else {}
+    for item in items:
+        if item.nodeid in seconds:
+            item.add_marker(pytest.mark.timeout(seconds[item.nodeid]))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
