@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sharedstream.testing.fidelity.report import shard_of
 from sharedstream.testing.fidelity.verdict import (
     Exclusion,
     Expectations,
@@ -128,6 +129,18 @@ def test_the_runner_gives_a_slow_test_its_timeout(tmp_path: Path) -> None:
                    cwd=tmp_path, env=env, capture_output=True, timeout=60, check=False)
     assert json.loads(outcomes.read_text(encoding="utf-8")) == {
         "test_sleepy.py::test_quick": "passed", "test_sleepy.py::test_sleepy": "failed"}
+
+
+def test_each_slow_test_gets_a_shard_to_itself_when_there_are_enough() -> None:
+    tests = [f"t.py::t{i}" for i in range(40)]
+    slow = {"t.py::t3", "t.py::t4", "t.py::t30"}
+    shards = shard_of(tests, slow, 8)
+    assert [shards[3], shards[4], shards[30]] == [7, 6, 5]
+    rest = [shard for test, shard in zip(tests, shards, strict=True) if test not in slow]
+    assert sorted(set(rest)) == [0, 1, 2, 3, 4]
+    assert max(map(rest.count, set(rest))) - min(map(rest.count, set(rest))) <= 1
+    assert shard_of(tests, slow, 3) == [position % 3 for position in range(40)]
+    assert shard_of(tests, set(), 8) == [position % 8 for position in range(40)]
 
 
 def test_the_checked_in_list_names_a_feature_for_every_entry() -> None:
