@@ -164,12 +164,48 @@ def test_a_received_message_carries_its_lock_token_as_a_delivery_annotation(admi
 
 
 @pytest.mark.timeout(60)
+def test_the_sender_s_delivery_annotations_arrive_with_the_lock_token(admin: str) -> None:
+    """The SDK writes delivery annotations after the body; alone or in a batch, they arrive."""
+    amqp: Any = pytest.importorskip("azure.servicebus.amqp")
+
+    def annotated(body: bytes) -> Any:
+        return amqp.AmqpAnnotatedMessage(data_body=[body, b"!"],
+                                         delivery_annotations={"trace": body})
+
+    with client(admin) as sb, sb.get_queue_sender("annotations") as sender:
+        batch = sender.create_message_batch()
+        batch.add_message(annotated(b"in a batch"))
+        sender.send_messages(batch)
+        sender.send_messages(annotated(b"alone"))
+    with client(admin) as sb, sb.get_queue_receiver("annotations") as receiver:
+        received = receiver.receive_messages(max_message_count=2, max_wait_time=2)
+        seen = []
+        for message in received:
+            raw = message.raw_amqp_message
+            seen.append((list(raw.body), raw.delivery_annotations[b"trace"]))
+            assert raw.delivery_annotations[b"x-opt-lock-token"] == message.lock_token
+            receiver.complete_message(message)
+    assert seen == [([b"in a batch", b"!"], b"in a batch"), ([b"alone", b"!"], b"alone")]
+
+
+@pytest.mark.timeout(60)
 def test_a_non_session_receiver_on_a_session_queue_is_refused_when_it_opens(admin: str) -> None:
     with client(admin) as sb:
         receiver = sb.get_queue_receiver("sessions-only")
         with pytest.raises(exceptions.ServiceBusError, match="requires a session receiver"):
             receiver.__enter__()
         receiver.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_session_receiver_for_a_session_id_that_is_no_string_is_refused(admin: str) -> None:
+    started = time.monotonic()
+    with client(admin) as sb:
+        receiver = sb.get_queue_receiver("sessions-only", session_id=1)
+        with pytest.raises(exceptions.ServiceBusError, match="must be a string"):
+            receiver.__enter__()
+        receiver.close()
+    assert time.monotonic() - started < 10
 
 
 @pytest.mark.timeout(60)

@@ -416,6 +416,32 @@ def test_a_batch_is_unpacked_and_a_delivery_keeps_what_was_sent() -> None:
                                "x-opt-locked-until": 61500}
 
 
+def test_delivery_annotations_written_last_are_carried_and_go_out_second() -> None:
+    """azure-servicebus writes delivery annotations after the body: a batch of such messages
+    is still a batch, and a delivery carries the sender's annotations (binaries intact) with
+    the lock token, in second place."""
+    proton = pytest.importorskip("proton")
+    from sharedstream.testing.servicebus import wire  # noqa: PLC0415 - needs proton
+
+    def section(code: int, value: Any) -> bytes:
+        data = proton.Data()
+        data.put_object(proton.Described(proton.ulong(code), value))
+        return bytes(data.encode())
+
+    annotations = {proton.symbol("trace"): b"\x00abc", proton.symbol("n"): 3}
+    message = section(0x75, b"body") + section(0x71, annotations)
+    batch = section(0x75, message) + section(0x75, message)
+    assert wire.unpack(batch) == [message, message]
+    token = uuid.uuid4()
+    out = wire.delivery_bytes(Delivery(wire.message_facts(message), 1, 1.5, 0, token, 61.5))
+    assert [code for code, _, _ in wire.sections(out)] == [0x70, 0x71, 0x72, 0x75]
+    received = proton.Message()
+    received.decode(out)
+    assert received.instructions == {**annotations, "x-opt-lock-token": token}
+    unlocked = wire.delivery_bytes(Delivery(wire.message_facts(message), 1, 1.5, 0, None, None))
+    assert wire.sections(unlocked)[1] == wire.sections(message)[1]
+
+
 def test_a_value_body_nested_thousands_deep_is_carried_byte_for_byte() -> None:
     """The server delimits a value body, never reads it: any depth arrives as it was sent.
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from sharedstream.testing.fidelity.report import shard_of
 from sharedstream.testing.fidelity.verdict import (
     Exclusion,
     Expectations,
     ExpectationsError,
+    SlowTest,
     judge,
     load_expectations,
 )
@@ -91,6 +97,50 @@ def test_an_entry_without_its_feature_is_refused(tmp_path: Path) -> None:
     path.write_text('[sb.expected_failures]\n"t.py::x" = ""\n', encoding="utf-8")
     with pytest.raises(ExpectationsError, match="the feature it needs or why"):
         load_expectations(path, "sb")
+
+
+def test_a_slow_test_gets_its_own_timeout_with_a_reason(tmp_path: Path) -> None:
+    path = tmp_path / "expected.toml"
+    path.write_text('[sb.expected_failures]\n[sb.slow]\n'
+                    '"t.py::idle" = { seconds = 420, reason = "sleeps 5 min" }\n',
+                    encoding="utf-8")
+    assert load_expectations(path, "sb").slow == {"t.py::idle": SlowTest(420, "sleeps 5 min")}
+    for entry in ('420', '{ seconds = 420 }', '{ seconds = 0, reason = "r" }',
+                  '{ seconds = 4.5, reason = "r" }'):
+        path.write_text(f'[sb.expected_failures]\n[sb.slow]\n"t.py::idle" = {entry}\n',
+                        encoding="utf-8")
+        with pytest.raises(ExpectationsError, match=r"'t.py::idle' needs seconds"):
+            load_expectations(path, "sb")
+
+
+def test_the_runner_gives_a_slow_test_its_timeout(tmp_path: Path) -> None:
+    """The report plugin marks the listed test: a 1 s timeout beats the run's 60 s."""
+    (tmp_path / "test_sleepy.py").write_text(
+        "import time\n\ndef test_sleepy():\n    time.sleep(5)\n\n"
+        "def test_quick():\n    pass\n", encoding="utf-8")
+    (tmp_path / "timeouts.json").write_text('{"test_sleepy.py::test_sleepy": 1}',
+                                            encoding="utf-8")
+    outcomes = tmp_path / "outcomes.json"
+    env = {**os.environ, "SHAREDSTREAM_FIDELITY_TIMEOUTS": str(tmp_path / "timeouts.json"),
+           "SHAREDSTREAM_FIDELITY_OUTCOMES": str(outcomes)}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "-p", "sharedstream.testing.fidelity.report", "-o", "timeout=60",
+                    "-o", "addopts=", "-o", "filterwarnings=", "test_sleepy.py"],
+                   cwd=tmp_path, env=env, capture_output=True, timeout=60, check=False)
+    assert json.loads(outcomes.read_text(encoding="utf-8")) == {
+        "test_sleepy.py::test_quick": "passed", "test_sleepy.py::test_sleepy": "failed"}
+
+
+def test_each_slow_test_gets_a_shard_to_itself_when_there_are_enough() -> None:
+    tests = [f"t.py::t{i}" for i in range(40)]
+    slow = {"t.py::t3", "t.py::t4", "t.py::t30"}
+    shards = shard_of(tests, slow, 8)
+    assert [shards[3], shards[4], shards[30]] == [7, 6, 5]
+    rest = [shard for test, shard in zip(tests, shards, strict=True) if test not in slow]
+    assert sorted(set(rest)) == [0, 1, 2, 3, 4]
+    assert max(map(rest.count, set(rest))) - min(map(rest.count, set(rest))) <= 1
+    assert shard_of(tests, slow, 3) == [position % 3 for position in range(40)]
+    assert shard_of(tests, set(), 8) == [position % 8 for position in range(40)]
 
 
 def test_the_checked_in_list_names_a_feature_for_every_entry() -> None:

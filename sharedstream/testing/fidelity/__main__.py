@@ -77,9 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for name in names:
                 suite = SUITES[name]
-                made, around = suite.shards(workdir / name, cache, expectations[name].excluded,
-                                            min(args.shards, suite.max_shards()),
-                                            select=args.select)
+                expected = expectations[name]
+                made, around = suite.shards(
+                    workdir / name, cache, expected.excluded,
+                    min(args.shards, suite.max_shards()), select=args.select,
+                    timeouts={test: slow.seconds for test, slow in expected.slow.items()})
                 stack.enter_context(around)
                 shards += made
         except (SourcesError, OSError) as exc:

@@ -3,8 +3,11 @@
 Loaded with ``-p sharedstream.testing.fidelity.report`` into the SDK's own
 test run. ``SHAREDSTREAM_FIDELITY_EXCLUDE`` names a JSON list of node-id
 patterns (``fnmatch``) to deselect; ``SHAREDSTREAM_FIDELITY_SHARD``
-(``I/N``) keeps every N-th collected test from the I-th (round robin, so
-slow tests spread); ``SHAREDSTREAM_FIDELITY_OUTCOMES`` names the
+(``I/N``) keeps the I-th shard's tests (:func:`shard_of`);
+``SHAREDSTREAM_FIDELITY_TIMEOUTS`` names a JSON map of node id ->
+seconds, the timeout of a test that waits longer than the run's by design
+(a ``timeout`` mark, which pytest-timeout prefers to its setting);
+``SHAREDSTREAM_FIDELITY_OUTCOMES`` names the
 JSON file written at the end of the session: node id -> ``passed``,
 ``failed`` (the test body), ``error`` (its set-up or tear-down) or
 ``skipped``. A test that passed but whose tear-down failed is an
@@ -17,11 +20,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pytest
 
-__all__ = ["outcome_of"]
+__all__ = ["outcome_of", "shard_of"]
 
 _OUTCOMES: dict[str, str] = {}
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -36,17 +40,42 @@ def outcome_of(report: pytest.TestReport) -> str:
     return "passed"
 
 
+def shard_of(tests: Sequence[str], slow: Collection[str], count: int) -> list[int]:
+    """The shard (``0 <= shard < count``) of each of ``tests``, in collection order.
+
+    Round robin, so a file's tests spread. When there are more shards than
+    ``slow`` tests (those with a timeout of their own, minutes of sleep
+    each), each of those gets a shard to itself, from the last one down,
+    and the rest go round the other shards: two of them in one shard would
+    outlast the run's limit. Pure: every process of a run computes the same.
+    """
+    dealt = [test for test in tests if test in slow]
+    if not 0 < len(dealt) < count:
+        return [position % count for position in range(len(tests))]
+    alone = {test: count - 1 - rank for rank, test in enumerate(dealt)}
+    shared = count - len(dealt)
+    others = iter(range(len(tests)))
+    return [alone[test] if test in alone else next(others) % shared for test in tests]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests the exclusion patterns match, and those of the other shards."""
+    """Deselect excluded tests and those of other shards; give slow ones their timeouts."""
     source = os.environ.get("SHAREDSTREAM_FIDELITY_EXCLUDE")
     patterns: list[str] = json.loads(Path(source).read_text(encoding="utf-8")) if source else []
+    timeouts = os.environ.get("SHAREDSTREAM_FIDELITY_TIMEOUTS")
+    seconds: dict[str, int] = json.loads(Path(timeouts).read_text(encoding="utf-8")) \
+        if timeouts else {}
     index, _, count = os.environ.get("SHAREDSTREAM_FIDELITY_SHARD", "0/1").partition("/")
-    excluded = [item for position, item in enumerate(items)
-                if position % int(count) != int(index)
+    shards = shard_of([item.nodeid for item in items], seconds, int(count))
+    excluded = [item for item, shard in zip(items, shards, strict=True)
+                if shard != int(index)
                 or any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in patterns)]
     if excluded:
         config.hook.pytest_deselected(items=excluded)
         items[:] = [item for item in items if item not in excluded]
+    for item in items:
+        if item.nodeid in seconds:
+            item.add_marker(pytest.mark.timeout(seconds[item.nodeid]))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

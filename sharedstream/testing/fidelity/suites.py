@@ -98,10 +98,13 @@ class Suite:
 
     def shards(self, workdir: Path, cache: Path, exclusions: Sequence[Exclusion],
                count: int, *, select: str | None = None,
+               timeouts: Mapping[str, int] | None = None,
                ) -> tuple[list[Shard], AbstractContextManager[object]]:
         """The shards of a run in ``workdir``, and what must run around them (a server).
 
         ``select`` is a pytest ``-k`` expression: only the tests it selects run.
+        ``timeouts``: node id -> seconds, for the tests that wait longer than
+        :attr:`per_test_timeout` by design.
         """
         source = fetch_sdist(self.sdist, cache)
         helpers = install_helpers(self.helpers, cache)
@@ -110,9 +113,12 @@ class Suite:
             _PYTEST_INI.format(timeout=self.per_test_timeout), encoding="utf-8")
         exclude = workdir / "exclude.json"
         exclude.write_text(json.dumps([item.pattern for item in exclusions]), encoding="utf-8")
+        slow = workdir / "timeouts.json"
+        slow.write_text(json.dumps(dict(timeouts or {})), encoding="utf-8")
         path = [str(p) for p in (self._shims(workdir), helpers, _REPO_ROOT) if p is not None]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
-               "SHAREDSTREAM_FIDELITY_EXCLUDE": str(exclude), "PYTHONDONTWRITEBYTECODE": "1"}
+               "SHAREDSTREAM_FIDELITY_EXCLUDE": str(exclude),
+               "SHAREDSTREAM_FIDELITY_TIMEOUTS": str(slow), "PYTHONDONTWRITEBYTECODE": "1"}
         plugins = ["-p", "sharedstream.testing.fidelity.report", *self._plugins()]
         shards = []
         for index in range(count):

@@ -34,6 +34,7 @@ __all__ = [
     "Exclusion",
     "Expectations",
     "ExpectationsError",
+    "SlowTest",
     "Verdict",
     "judge",
     "load_expectations",
@@ -57,17 +58,28 @@ class Exclusion:
 
 
 @dataclasses.dataclass(frozen=True)
+class SlowTest:
+    """A test that waits longer than the suite's per-test timeout by design: its own limit."""
+
+    seconds: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Expectations:
     """One suite's checked-in expectations.
 
     ``expected_failures`` maps a node id to the unimplemented feature it
     needs; ``unstable`` a node id to why its outcome varies from run to run;
-    ``excluded`` names tests the suite does not run, with why.
+    ``excluded`` names tests the suite does not run, with why; ``slow`` maps
+    a node id to the timeout it gets instead of the suite's (it sleeps
+    longer than that by design), with why.
     """
 
     expected_failures: Mapping[str, str]
     excluded: tuple[Exclusion, ...] = ()
     unstable: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    slow: Mapping[str, SlowTest] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +146,8 @@ def load_expectations(path: Path, suite: str) -> Expectations:
 
     Its shape: ``[suite.expected_failures]`` maps node ids to the feature
     they need, ``[suite.unstable]`` node ids to why their outcome varies;
-    ``[[suite.excluded]]`` entries have a ``pattern`` and a ``reason``.
+    ``[[suite.excluded]]`` entries have a ``pattern`` and a ``reason``;
+    ``[suite.slow]`` maps node ids to ``{seconds = N, reason = "..."}``.
     :class:`ExpectationsError` names what is wrong.
     """
     try:
@@ -157,4 +170,12 @@ def load_expectations(path: Path, suite: str) -> Expectations:
             raise ExpectationsError(f"{path}: each [[{suite}.excluded]] needs a pattern and a "
                                     f"reason, not {entry!r}")
         excluded.append(Exclusion(entry["pattern"], entry["reason"]))
-    return Expectations(dict(failures), tuple(excluded), dict(unstable))
+    slow = {}
+    for test, entry in table.get("slow", {}).items():
+        seconds, reason = (entry.get("seconds"), entry.get("reason")) \
+            if isinstance(entry, dict) else (None, None)
+        if not (type(seconds) is int and seconds > 0 and isinstance(reason, str) and reason):
+            raise ExpectationsError(f"{path}: [{suite}.slow] {test!r} needs seconds (a "
+                                    f"positive integer) and a reason, not {entry!r}")
+        slow[test] = SlowTest(seconds, reason)
+    return Expectations(dict(failures), tuple(excluded), dict(unstable), slow)

@@ -26,7 +26,8 @@ dropped; paths are the state's):
   refusal of the state with the state's condition (every rejection's error
   carries an ``info`` map, as the SDK expects);
 * receiving from ``<store>``: a receiver (:meth:`~.state.ServiceBusState.open_receiver`),
-  with the session of the ``com.microsoft:session-filter`` source filter.
+  with the session of the ``com.microsoft:session-filter`` source filter
+  (a string; any other value is refused with ``amqp:invalid-field``).
   A ``next available session`` attach with no session free is answered
   when one becomes free, or refused with ``com.microsoft:timeout`` after the
   link's ``com.microsoft:timeout`` (60 s when not given).
@@ -79,6 +80,7 @@ SESSION_FILTER = symbol("com.microsoft:session-filter")
 SESSION_LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
 LINK_TIMEOUT = symbol("com.microsoft:timeout")
 TIMEOUT = "com.microsoft:timeout"
+INVALID_FIELD = "amqp:invalid-field"
 DEFAULT_ATTACH_WAIT = 60.0
 DOTNET_EPOCH_TICKS = 621355968000000000
 """``DateTime`` ticks (100 ns since year 1) at the Unix epoch: the session lock's unit."""
@@ -259,6 +261,12 @@ class ServiceBusService(Handler):
 
     @staticmethod
     def _session_filter(link: ProtonSender) -> str | NextSession | None:
+        """The session a receiving link asks for, from its ``com.microsoft:session-filter``.
+
+        ``None`` without the filter, ``NEXT_SESSION`` for a null one;
+        ``Refused`` (``amqp:invalid-field``) for one that is no string, as the
+        SDK's own tests expect of Service Bus (``session_id=1`` raises).
+        """
         raw = link.remote_source.filter
         raw.rewind()
         filters = raw.get_object() if raw.next() is not None else None
@@ -268,6 +276,9 @@ class ServiceBusService(Handler):
         value = getattr(value, "value", value)  # a described filter value
         if value is None:
             return NEXT_SESSION
+        if not isinstance(value, str | bytes):
+            raise Refused(INVALID_FIELD, f"The session id must be a string, not the "
+                                         f"{type(value).__name__} {value!r}.")
         return value.decode() if isinstance(value, bytes) else str(value)
 
     def _attach_receiver(self, link: ProtonSender, receiver: Receiver) -> None:

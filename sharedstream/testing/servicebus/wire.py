@@ -4,9 +4,11 @@ A message on the wire is a run of described sections (header, delivery and
 message annotations, properties, application properties, a body, a
 footer). The server keeps what a sender sent as those bytes and only
 *rewrites* sections on the way out: the header (its ``delivery-count``),
-the message annotations (the broker's ``x-opt-*`` facts) and, for a
-dead-lettered message, the application properties. Every other section
-leaves byte for byte as it came in.
+the message annotations (the broker's ``x-opt-*`` facts), the delivery
+annotations (the sender's, with the broker's ``x-opt-lock-token`` added,
+moved to where AMQP puts them: azure-servicebus writes them last) and,
+for a dead-lettered message, the application properties. Every other
+section leaves byte for byte as it came in.
 
 Batches: the SDK sends ``ServiceBusMessageBatch`` as one transfer of
 message format ``0x80013700`` whose data sections each hold a whole
@@ -72,12 +74,36 @@ def sections(encoded: bytes) -> list[Section]:
         if code not in range(HEADER, FOOTER + 1):
             raise ValueError(f"not an AMQP message: unknown section {descriptor!r}")
         data.next()
-        body = None if code in (AMQP_SEQUENCE, AMQP_VALUE) else data.get_object()
-        if code == DATA and isinstance(body, bytes | memoryview):
-            body = bytes(body)  # a copy: proton's view dies with its buffer
+        body = None if code in (AMQP_SEQUENCE, AMQP_VALUE) else _owned(data.get_object())
         found.append((int(code), body, bytes(view[position:position + size])))
         position += size
     return found
+
+
+def _owned(value: Any) -> Any:
+    """``value`` with every binary copied out of proton's buffer, which dies with its ``Data``.
+
+    Binaries inside maps and lists too: a sender's annotation of binary
+    value went out as zeros before.
+    """
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, dict):
+        return {_owned(key): _owned(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_owned(item) for item in value]
+    return value
+
+
+def _in_order(codes: list[int]) -> bool:
+    """Whether ``codes`` are sections in AMQP's order, delivery annotations anywhere.
+
+    azure-servicebus's encoder writes a message's delivery annotations
+    *last*, after the body and footer (its comment: Event Hubs ignored them
+    in second place); Service Bus takes them there, so the server does too.
+    """
+    others = [code for code in codes if code != DELIVERY_ANNOTATIONS]
+    return len(codes) - len(others) <= 1 and others == sorted(others)
 
 
 def _is_message(payload: bytes) -> bool:
@@ -86,7 +112,7 @@ def _is_message(payload: bytes) -> bool:
     except ValueError:
         return False
     codes = [code for code, _, _ in found]
-    return any(code in _BODIES for code in codes) and codes == sorted(codes)
+    return any(code in _BODIES for code in codes) and _in_order(codes)
 
 
 def unpack(encoded: bytes) -> list[bytes]:
@@ -156,10 +182,10 @@ def delivery_bytes(delivery: Delivery) -> bytes:
     Sets the header's ``delivery-count``; adds ``x-opt-sequence-number``,
     ``x-opt-enqueued-time`` and (peek-lock outside sessions)
     ``x-opt-locked-until`` to the message annotations; merges
-    ``extra_properties`` into the application properties. The client's
-    delivery annotations are replaced by the broker's: ``x-opt-lock-token``
-    for a peek-lock delivery, as Service Bus sends it. Every other section
-    is kept as sent.
+    ``extra_properties`` into the application properties; adds
+    ``x-opt-lock-token`` (peek-lock) to the sender's delivery annotations,
+    which go out second, where AMQP puts them, wherever the sender wrote
+    them. Every other section is kept as sent.
     """
     found = sections(delivery.message.encoded)
     by_code = {code: value for code, value, _ in found}
@@ -179,8 +205,11 @@ def delivery_bytes(delivery: Delivery) -> bytes:
         kept = [(code, raw) for code, raw in kept if code != APPLICATION_PROPERTIES]
         kept.append((APPLICATION_PROPERTIES, _encode(APPLICATION_PROPERTIES, merged)))
         kept.sort(key=lambda item: item[0])  # stable: sections keep the order AMQP requires
-    delivery_annotations = [] if delivery.lock_token is None else [
-        _encode(DELIVERY_ANNOTATIONS, {LOCK_TOKEN: delivery.lock_token})]
+    delivery_annotations = [raw for code, _, raw in found if code == DELIVERY_ANNOTATIONS]
+    if delivery.lock_token is not None:
+        carried: dict[Any, Any] = dict(by_code.get(DELIVERY_ANNOTATIONS) or {})
+        carried[LOCK_TOKEN] = delivery.lock_token
+        delivery_annotations = [_encode(DELIVERY_ANNOTATIONS, carried)]
     return b"".join([_encode(HEADER, header), *delivery_annotations,
                      _encode(MESSAGE_ANNOTATIONS, annotations), *(raw for _, raw in kept)])
 
