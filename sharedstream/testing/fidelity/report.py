@@ -4,7 +4,9 @@ Loaded with ``-p sharedstream.testing.fidelity.report`` into the SDK's own
 test run. ``SHAREDSTREAM_FIDELITY_EXCLUDE`` names a JSON list of node-id
 patterns (``fnmatch``) to deselect; ``SHAREDSTREAM_FIDELITY_SHARD``
 (``I/N``) keeps every N-th collected test from the I-th (round robin, so
-slow tests spread); ``SHAREDSTREAM_FIDELITY_OUTCOMES`` names the
+slow tests spread); ``SHAREDSTREAM_FIDELITY_LONGER_TIMEOUTS`` names a JSON
+list of ``[pattern, seconds]``: a test the first matching pattern names
+gets that pytest-timeout instead of the run's; ``SHAREDSTREAM_FIDELITY_OUTCOMES`` names the
 JSON file written at the end of the session: node id -> ``passed``,
 ``failed`` (the test body), ``error`` (its set-up or tear-down) or
 ``skipped``. A test that passed but whose tear-down failed is an
@@ -37,7 +39,18 @@ def outcome_of(report: pytest.TestReport) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests the exclusion patterns match, and those of the other shards."""
+    """Deselect the tests the exclusion patterns match, and those of the other shards.
+
+    A test a longer-timeout pattern matches gets its ``timeout`` mark.
+    """
+    longer = os.environ.get("SHAREDSTREAM_FIDELITY_LONGER_TIMEOUTS")
+    timeouts: list[list[object]] = (
+        json.loads(Path(longer).read_text(encoding="utf-8")) if longer else [])
+    for item in items:
+        seconds = next((seconds for pattern, seconds in timeouts
+                        if fnmatch.fnmatchcase(item.nodeid, str(pattern))), None)
+        if seconds is not None:
+            item.add_marker(pytest.mark.timeout(seconds))
     source = os.environ.get("SHAREDSTREAM_FIDELITY_EXCLUDE")
     patterns: list[str] = json.loads(Path(source).read_text(encoding="utf-8")) if source else []
     index, _, count = os.environ.get("SHAREDSTREAM_FIDELITY_SHARD", "0/1").partition("/")

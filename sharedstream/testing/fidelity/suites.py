@@ -93,6 +93,9 @@ class Suite:
     test_files: tuple[str, ...]
     helpers: tuple[str, ...] = ()
     per_test_timeout: int = 120
+    longer_timeouts: tuple[tuple[str, int], ...] = ()
+    """``(node-id pattern, seconds)``: the tests whose own waits outlast ``per_test_timeout``
+    (``fnmatch`` patterns; the first that matches gives the test its timeout)."""
     import_mode: str = "prepend"
     """``append`` where our shims must come before the SDK's own test helpers on ``sys.path``."""
 
@@ -110,9 +113,13 @@ class Suite:
             _PYTEST_INI.format(timeout=self.per_test_timeout), encoding="utf-8")
         exclude = workdir / "exclude.json"
         exclude.write_text(json.dumps([item.pattern for item in exclusions]), encoding="utf-8")
+        longer = workdir / "longer-timeouts.json"
+        longer.write_text(json.dumps(self.longer_timeouts), encoding="utf-8")
         path = [str(p) for p in (self._shims(workdir), helpers, _REPO_ROOT) if p is not None]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
-               "SHAREDSTREAM_FIDELITY_EXCLUDE": str(exclude), "PYTHONDONTWRITEBYTECODE": "1"}
+               "SHAREDSTREAM_FIDELITY_EXCLUDE": str(exclude),
+               "SHAREDSTREAM_FIDELITY_LONGER_TIMEOUTS": str(longer),
+               "PYTHONDONTWRITEBYTECODE": "1"}
         plugins = ["-p", "sharedstream.testing.fidelity.report", *self._plugins()]
         shards = []
         for index in range(count):
@@ -223,7 +230,11 @@ SUITES: Mapping[str, Suite] = {
               for area in ("queues", "sessions", "subscriptions", "topic", "sb_client",
                            "list_sessions")),
         # websocket-client: the SDK's sync AMQP over WebSockets (an extra the SDK does not pull)
-        helpers=("azure-common==1.1.28", "websocket-client==1.9.2"), import_mode="append"),
+        helpers=("azure-common==1.1.28", "websocket-client==1.9.2"), import_mode="append",
+        # Scheduled two minutes ahead, then waited for: 120 s of receiving (a queue's tests),
+        # up to 12 x 15 s + 5 s or 13 x 20 s (a session's); Service Bus takes as long.
+        longer_timeouts=(("*schedule_message*", 300), ("*schedule_multiple_messages*", 300),
+                         ("*cancel_scheduled_messages*", 300))),
 }
 """The suites by name, with the SDK versions sharedstream is tested with."""
 
