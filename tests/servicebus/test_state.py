@@ -252,6 +252,23 @@ def test_1_a_deferred_entry_is_locked_by_its_number_and_deferred_again_when_the_
     assert (taken.lock_token, state.peek("q", 0, 5)) == (None, [])
 
 
+def test_8_a_deferred_entry_locked_when_saved_comes_back_deferred_and_counted() -> None:
+    state, _ = make_state()
+    state.create_queue("q")
+    state.send("q", [msg("a")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    _, _, token = receive(state, receiver)
+    assert token is not None
+    state.settle(token, Outcome.DEFER)
+    state.receive_deferred("q", [1])
+    restored, _ = make_state()
+    restored.restore(state.snapshot())
+    assert restored.counts("q") == StoreCounts(available=0, locked=0, deferred=1)
+    [again] = restored.receive_deferred("q", [1])
+    assert again.delivery_count == 1
+
+
 def test_1_a_session_s_deferred_entries_go_to_its_session_lock_holder_only() -> None:
     state, _ = make_state()
     state.create_queue("q", EntitySettings(requires_session=True))

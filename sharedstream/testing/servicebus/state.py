@@ -56,8 +56,8 @@ Invariants:
 8. A :meth:`~ServiceBusState.snapshot` restored into a new state
    (:meth:`~ServiceBusState.restore`) has the same entities, sequence
    numbers, entries and session states; what was locked comes back
-   available with one more failed delivery (or dead-lettered by invariant
-   4), as Service Bus does once a lock is lost. Receivers and the message
+   available (or deferred, if it was) with one more failed delivery (or
+   dead-lettered by invariant 4), as Service Bus does once a lock is lost. Receivers and the message
    ids duplicate detection remembers are not kept.
 
 Time is two injected clocks: ``clock`` (monotonic seconds) for lock
@@ -713,8 +713,8 @@ class ServiceBusState:
                       saved.delivery_count, deferred=saved.deferred,
                       extra_properties=dict(saved.extra_properties))
         store.entries[entry.sequence_number] = entry
-        if not entry.deferred and not saved.locked:
+        if saved.locked:  # a deferred one stays deferred (invariant 1)
+            self._return(store, entry, failed=True)
+        elif not entry.deferred:
             self._schedule_or_make_available(store, entry)
             self.on_available(store.path)
-        elif not entry.deferred:
-            self._return(store, entry, failed=True)
