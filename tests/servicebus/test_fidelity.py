@@ -32,7 +32,10 @@ ENTITIES = {"keys": KEYS, "queues": [
     {"name": "auth"}, {"name": "size"}, {"name": "annotations"}, {"name": "scheduled"},
     {"name": "sessions-only", "requires_session": True},
     {"name": "ttl", "dead_lettering_on_message_expiration": True},
-    {"name": "dedupe", "duplicate_detection_window": 60}]}
+    {"name": "dedupe", "duplicate_detection_window": 60},
+    {"name": "deferred"}, {"name": "deferred-sessions", "requires_session": True},
+    {"name": "to-schedule"}, {"name": "listed-sessions", "requires_session": True}],
+    "topics": [{"name": "fanout", "subscriptions": [{"name": "all"}]}]}
 STANDARD_LIMIT = 256 * 1024
 
 
@@ -243,3 +246,128 @@ def test_a_queue_with_duplicate_detection_drops_a_repeated_message_id(admin: str
     send(admin, "dedupe", Message("again", message_id="order-1"),
          Message("other", message_id="order-2"))
     assert receive(admin, "dedupe", 3) == ["first", "other"]
+
+
+# -- management operations: deferral, scheduling, session listing ------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_deferred_message_is_received_only_by_its_sequence_number(admin: str) -> None:
+    send(admin, "deferred", Message("kept aside"), Message("other"))
+    with client(admin) as sb, sb.get_queue_receiver("deferred") as receiver:
+        aside, other = receiver.receive_messages(max_message_count=2, max_wait_time=2)
+        receiver.defer_message(aside)
+        receiver.complete_message(other)
+        assert receiver.receive_messages(max_wait_time=1) == []
+        [peeked] = receiver.peek_messages(sequence_number=aside.sequence_number)
+        assert peeked.state == servicebus.ServiceBusMessageState.DEFERRED
+        [again] = receiver.receive_deferred_messages([aside.sequence_number])
+        assert (str(again), again.state) == (
+            "kept aside", servicebus.ServiceBusMessageState.DEFERRED)
+        assert again.lock_token is not None
+        assert again.locked_until_utc is not None
+        receiver.renew_message_lock(again)
+        receiver.abandon_message(again)  # settled through the management node, as the SDK does
+        assert receiver.receive_messages(max_wait_time=1) == []  # still deferred
+        [third] = receiver.receive_deferred_messages([aside.sequence_number])
+        assert third.delivery_count == 1
+        receiver.complete_message(third)
+        with pytest.raises(exceptions.MessageNotFoundError):
+            receiver.receive_deferred_messages([aside.sequence_number])
+        with pytest.raises(exceptions.MessageNotFoundError):
+            receiver.receive_deferred_messages([other.sequence_number])  # completed, not deferred
+
+
+@pytest.mark.timeout(60)
+def test_deferred_messages_received_in_receive_and_delete_mode_are_gone(admin: str) -> None:
+    send(admin, "deferred", Message("a"), Message("b"))
+    with client(admin) as sb:
+        with sb.get_queue_receiver("deferred") as receiver:
+            received = receiver.receive_messages(max_message_count=2, max_wait_time=2)
+            for message in received:
+                receiver.defer_message(message)
+        numbers = [message.sequence_number for message in received]
+        with sb.get_queue_receiver("deferred", receive_mode="receiveanddelete") as deleting:
+            taken = deleting.receive_deferred_messages(numbers)
+            assert [str(message) for message in taken] == ["a", "b"]
+            assert taken[0].lock_token is None
+            with pytest.raises(exceptions.MessageNotFoundError):
+                deleting.receive_deferred_messages(numbers)
+            assert deleting.peek_messages(max_message_count=5) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_session_receiver_receives_only_its_own_session_s_deferred_messages(admin: str) -> None:
+    send(admin, "deferred-sessions", Message("mine", session_id="s1"),
+         Message("theirs", session_id="s2"))
+    numbers = {}
+    with client(admin) as sb:
+        for session in ("s1", "s2"):
+            with sb.get_queue_receiver("deferred-sessions", session_id=session) as receiver:
+                [message] = receiver.receive_messages(max_wait_time=2)
+                receiver.defer_message(message)
+                numbers[session] = message.sequence_number
+        with sb.get_queue_receiver("deferred-sessions", session_id="s1") as receiver:
+            with pytest.raises(exceptions.MessageNotFoundError):
+                receiver.receive_deferred_messages([numbers["s2"]])
+            [mine] = receiver.receive_deferred_messages([numbers["s1"]])
+            assert (str(mine), mine.locked_until_utc) == ("mine", None)  # the session's lock
+            receiver.complete_message(mine)
+        with sb.get_queue_receiver("deferred-sessions", session_id="s2") as receiver:
+            [theirs] = receiver.receive_deferred_messages([numbers["s2"]])
+            receiver.complete_message(theirs)
+
+
+@pytest.mark.timeout(60)
+def test_scheduled_messages_get_sequence_numbers_and_a_cancelled_one_never_comes(
+        admin: str) -> None:
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+    with client(admin) as sb:
+        with sb.get_queue_sender("to-schedule") as sender:
+            first, second = sender.schedule_messages([Message("cancelled"), Message("kept")], at)
+            assert second == first + 1
+            sender.cancel_scheduled_messages(first)
+            with pytest.raises(exceptions.MessageNotFoundError):
+                sender.cancel_scheduled_messages(first)
+        with sb.get_queue_receiver("to-schedule") as receiver:
+            [peeked] = receiver.peek_messages(max_message_count=5)
+            assert (peeked.sequence_number, peeked.state) == (
+                second, servicebus.ServiceBusMessageState.SCHEDULED)
+            assert receiver.receive_messages(max_wait_time=1) == []
+            [kept] = receiver.receive_messages(max_message_count=2, max_wait_time=10)
+            assert str(kept) == "kept"
+            assert kept.enqueued_time_utc >= at - datetime.timedelta(milliseconds=1)
+            receiver.complete_message(kept)
+            assert receiver.receive_messages(max_wait_time=1) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_message_scheduled_on_a_topic_is_cancelled_in_its_subscriptions(admin: str) -> None:
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
+    with client(admin) as sb:
+        with sb.get_topic_sender("fanout") as sender:
+            [number] = sender.schedule_messages(Message("later"), at)
+        with sb.get_subscription_receiver("fanout", "all") as receiver:
+            assert [m.sequence_number for m in receiver.peek_messages()] == [number]
+            with sb.get_topic_sender("fanout") as sender:
+                sender.cancel_scheduled_messages(number)
+            assert receiver.peek_messages() == []
+
+
+@pytest.mark.timeout(60)
+def test_listing_sessions_gives_those_with_messages_or_state_and_filters_by_update(
+        admin: str) -> None:
+    with client(admin) as sb:
+        assert list(sb.list_queue_sessions("listed-sessions")) == []
+        send(admin, "listed-sessions", Message("x", session_id="with-message"))
+        with sb.get_queue_receiver("listed-sessions", session_id="with-state") as receiver:
+            receiver.session.set_state("before")
+        time.sleep(0.05)
+        cutoff = datetime.datetime.now(datetime.UTC)
+        time.sleep(0.05)
+        with sb.get_queue_receiver("listed-sessions", session_id="updated") as receiver:
+            receiver.session.set_state("after")
+        assert sorted(sb.list_queue_sessions("listed-sessions")) == [
+            "updated", "with-message", "with-state"]
+        assert list(sb.list_queue_sessions("listed-sessions", state_updated_after=cutoff)) == [
+            "updated"]

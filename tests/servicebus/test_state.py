@@ -17,18 +17,26 @@ from hypothesis import strategies as st
 from sharedstream.testing.servicebus import config
 from sharedstream.testing.servicebus.model import (
     MESSAGE_LOCK_LOST,
+    MESSAGE_NOT_FOUND,
     NEXT_SESSION,
     NOT_ALLOWED,
     NOT_FOUND,
     SESSION_CANNOT_BE_LOCKED,
+    SESSION_LOCK_LOST,
     CorrelationFilter,
     Delivery,
     EntitySettings,
     Message,
+    MessageState,
     Outcome,
     Refused,
 )
-from sharedstream.testing.servicebus.state import TTL_EXPIRED, Receiver, ServiceBusState
+from sharedstream.testing.servicebus.state import (
+    TTL_EXPIRED,
+    Receiver,
+    ServiceBusState,
+    StoreCounts,
+)
 
 
 class Clock:
@@ -212,6 +220,116 @@ def test_a_deferred_entry_is_kept_but_never_received_again() -> None:
     assert [d.sequence_number for d in state.peek("q", 1, 5)] == [1]
 
 
+def test_1_a_deferred_entry_is_locked_by_its_number_and_deferred_again_when_the_lock_ends(
+        ) -> None:
+    clock = Clock()
+    state, _ = make_state(clock)
+    state.create_queue("q", EntitySettings(lock_duration=5))
+    state.send("q", [msg("a"), msg("b")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    for _ in range(2):
+        _, _, token = receive(state, receiver)
+        assert token is not None
+        state.settle(token, Outcome.DEFER)
+    assert [d.state for d in state.peek("q", 0, 5)] == [MessageState.DEFERRED] * 2
+    with pytest.raises(Refused) as refused:
+        state.receive_deferred("q", [1, 3])  # all or nothing: 3 was never sent
+    assert refused.value.condition == MESSAGE_NOT_FOUND
+    [first] = state.receive_deferred("q", [1, 1])  # listed twice, handed out once
+    assert (first.state, first.locked_until) == (MessageState.DEFERRED, 1_000_100 + 5)
+    assert state.counts("q") == StoreCounts(available=0, locked=1, deferred=1)
+    with pytest.raises(Refused):
+        state.receive_deferred("q", [1])  # locked: not deferred now
+    clock.now += 5
+    state.expire()
+    assert state.receive(receiver) is None  # the lapsed lock left it deferred, counted
+    [again] = state.receive_deferred("q", [1])
+    assert again.delivery_count == 1
+    assert again.lock_token is not None
+    state.settle(again.lock_token, Outcome.COMPLETE)
+    [taken] = state.receive_deferred("q", [2], receive_and_delete=True)
+    assert (taken.lock_token, state.peek("q", 0, 5)) == (None, [])
+
+
+def test_8_a_deferred_entry_locked_when_saved_comes_back_deferred_and_counted() -> None:
+    state, _ = make_state()
+    state.create_queue("q")
+    state.send("q", [msg("a")])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    _, _, token = receive(state, receiver)
+    assert token is not None
+    state.settle(token, Outcome.DEFER)
+    state.receive_deferred("q", [1])
+    restored, _ = make_state()
+    restored.restore(state.snapshot())
+    assert restored.counts("q") == StoreCounts(available=0, locked=0, deferred=1)
+    [again] = restored.receive_deferred("q", [1])
+    assert again.delivery_count == 1
+
+
+def test_1_a_session_s_deferred_entries_go_to_its_session_lock_holder_only() -> None:
+    state, _ = make_state()
+    state.create_queue("q", EntitySettings(requires_session=True))
+    state.send("q", [msg("a", "s1"), msg("b", "s2")])
+    for session in ("s1", "s2"):
+        receiver = state.open_receiver("q", session=session)
+        assert receiver is not None
+        _, _, token = receive(state, receiver)
+        assert token is not None
+        state.settle(token, Outcome.DEFER)
+        state.close_receiver(receiver)
+    with pytest.raises(Refused) as refused:
+        state.receive_deferred("q", [1], session_id="s1")
+    assert refused.value.condition == SESSION_LOCK_LOST  # nobody holds s1
+    holder = state.open_receiver("q", session="s1")
+    assert holder is not None
+    with pytest.raises(Refused):
+        state.receive_deferred("q", [2], session_id="s1")
+    [mine] = state.receive_deferred("q", [1], session_id="s1")
+    assert mine.locked_until is None  # under the session's lock
+    state.close_receiver(holder)
+    assert state.counts("q").deferred == 2  # the session ended: deferred again
+
+
+def test_6_a_scheduled_message_can_be_cancelled_until_its_time_comes() -> None:
+    clock = Clock()
+    state, _ = make_state(clock)
+    state.create_queue("q")
+    wall = clock.now + 1_000_000
+    numbers = state.send("q", [Message(b"x", scheduled_enqueue_time=wall + 30),
+                               Message(b"y", scheduled_enqueue_time=wall + 30), msg("now")])
+    assert [d.state for d in state.peek("q", 0, 5)] == [
+        MessageState.SCHEDULED, MessageState.SCHEDULED, MessageState.ACTIVE]
+    with pytest.raises(Refused) as refused:
+        state.cancel_scheduled("q", [numbers[0], numbers[2]])  # 3 is not waiting
+    assert refused.value.condition == MESSAGE_NOT_FOUND
+    state.cancel_scheduled("q", [numbers[0]])
+    clock.now += 30
+    state.expire()
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    assert [receive(state, receiver)[0] for _ in range(2)] == ["y", "now"]
+    with pytest.raises(Refused):
+        state.cancel_scheduled("q", [numbers[1]])  # enqueued: too late
+
+
+def test_listing_sessions_gives_those_with_messages_or_state_or_updated_since() -> None:
+    clock = Clock()
+    state, _ = make_state(clock)
+    state.create_queue("q", EntitySettings(requires_session=True))
+    state.create_queue("plain")
+    state.send("q", [msg("a", "s-b"), msg("b", "s-a")])
+    state.set_session_state("q", "s-c", b"kept")
+    clock.now += 1
+    state.set_session_state("q", "s-d", None)  # cleared: an update, but no state kept
+    assert state.list_sessions("q") == ["s-a", "s-b", "s-c"]
+    assert state.list_sessions("q", skip=1, top=1) == ["s-b"]
+    assert state.list_sessions("q", updated_after=clock.now + 1_000_000 - 0.5) == ["s-d"]
+    assert state.list_sessions("plain") == []
+
+
 def test_receive_and_delete_removes_on_delivery_without_a_lock() -> None:
     state, _ = make_state()
     state.create_queue("q")
@@ -312,7 +430,7 @@ def test_the_entities_document_of_the_command_line_creates_what_it_says() -> Non
 
 OPERATIONS = st.lists(st.tuples(
     st.sampled_from(["send", "receive", "complete", "abandon", "release", "dead-letter",
-                     "defer", "tick", "close"]),
+                     "defer", "deferred", "tick", "close"]),
     st.integers(0, 3)), max_size=60)
 
 
@@ -339,6 +457,8 @@ class Run:
             self.sent += 1
         elif name == "receive":
             self.receive(n)
+        elif name == "deferred":
+            self.receive_deferred(n)
         elif name == "tick":
             self.clock.now += n
             for lost in self.state.expire():
@@ -363,6 +483,26 @@ class Run:
             if self.sessions:
                 assert delivery.message.session_id == receiver.session_id  # invariant 3
             self.held[delivery.lock_token] = receiver
+
+    def receive_deferred(self, n: int) -> None:
+        """A receiver takes the first deferred entry (of its session) by its number."""
+        if not self.receivers:
+            return
+        receiver = self.receivers[n % len(self.receivers)]
+        deferred = [d for d in self.state.peek("q", 0, 10_000, receiver.session_id)
+                    if d.state is MessageState.DEFERRED]
+        if not deferred:
+            return
+        try:
+            [delivery] = self.state.receive_deferred(
+                "q", [deferred[0].sequence_number], session_id=receiver.session_id)
+        except Refused as refused:
+            if refused.condition != MESSAGE_NOT_FOUND:  # else locked already: not deferred now
+                raise
+            return
+        assert delivery.lock_token is not None
+        assert delivery.lock_token not in self.held  # invariant 2
+        self.held[delivery.lock_token] = receiver
 
     def settle(self, token: uuid.UUID, outcome: Outcome) -> None:
         del self.held[token]

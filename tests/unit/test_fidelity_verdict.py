@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sharedstream.testing.fidelity.report import shard_of
+from sharedstream.testing.fidelity.report import ORDINARY_SECONDS, shard_of
 from sharedstream.testing.fidelity.verdict import (
     Exclusion,
     Expectations,
@@ -131,16 +131,22 @@ def test_the_runner_gives_a_slow_test_its_timeout(tmp_path: Path) -> None:
         "test_sleepy.py::test_quick": "passed", "test_sleepy.py::test_sleepy": "failed"}
 
 
-def test_each_slow_test_gets_a_shard_to_itself_when_there_are_enough() -> None:
+def test_shards_balance_the_slow_tests_first_and_spread_the_rest() -> None:
     tests = [f"t.py::t{i}" for i in range(40)]
-    slow = {"t.py::t3", "t.py::t4", "t.py::t30"}
+    slow = {"t.py::t3": 400, "t.py::t4": 300, "t.py::t30": 300}
     shards = shard_of(tests, slow, 8)
-    assert [shards[3], shards[4], shards[30]] == [7, 6, 5]
+    assert [shards[3], shards[4], shards[30]] == [0, 1, 2]
+    load = [0] * 8
+    for test, shard in zip(tests, shards, strict=True):
+        load[shard] += slow.get(test, ORDINARY_SECONDS)
+    assert max(load) == 400  # a slow test's shard takes no ordinary test past it
     rest = [shard for test, shard in zip(tests, shards, strict=True) if test not in slow]
-    assert sorted(set(rest)) == [0, 1, 2, 3, 4]
-    assert max(map(rest.count, set(rest))) - min(map(rest.count, set(rest))) <= 1
-    assert shard_of(tests, slow, 3) == [position % 3 for position in range(40)]
-    assert shard_of(tests, set(), 8) == [position % 8 for position in range(40)]
+    assert shards[:3] == [3, 4, 5]  # collection order, least loaded first
+    assert rest.count(0) == 0
+    assert rest.count(7) > rest.count(1)
+    assert shard_of(tests, {}, 8) == [position % 8 for position in range(40)]
+    assert shard_of(tests, slow, 1) == [0] * 40
+    assert shard_of(tests, slow, 8) == shards  # every process computes the same
 
 
 def test_the_checked_in_list_names_a_feature_for_every_entry() -> None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-__all__ = ["outcome_of", "shard_of"]
+__all__ = ["ORDINARY_SECONDS", "outcome_of", "shard_of"]
 
 _OUTCOMES: dict[str, str] = {}
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -40,22 +40,31 @@ def outcome_of(report: pytest.TestReport) -> str:
     return "passed"
 
 
-def shard_of(tests: Sequence[str], slow: Collection[str], count: int) -> list[int]:
+ORDINARY_SECONDS = 20
+"""What :func:`shard_of` counts for a test without a timeout of its own."""
+
+
+def shard_of(tests: Sequence[str], slow: Mapping[str, int], count: int) -> list[int]:
     """The shard (``0 <= shard < count``) of each of ``tests``, in collection order.
 
-    Round robin, so a file's tests spread. When there are more shards than
-    ``slow`` tests (those with a timeout of their own, minutes of sleep
-    each), each of those gets a shard to itself, from the last one down,
-    and the rest go round the other shards: two of them in one shard would
-    outlast the run's limit. Pure: every process of a run computes the same.
+    Balanced by expected time: the ``slow`` tests (node id -> their own
+    timeout: minutes of sleep each) go first, longest first, each to the
+    shard with the least time so far; then every other test, counted as
+    :data:`ORDINARY_SECONDS`, in collection order, the same way (so a
+    file's tests spread, and a shard holding a slow test gets fewer
+    others). Ties go to the lowest shard. Pure: every process of a run
+    computes the same.
     """
-    dealt = [test for test in tests if test in slow]
-    if not 0 < len(dealt) < count:
-        return [position % count for position in range(len(tests))]
-    alone = {test: count - 1 - rank for rank, test in enumerate(dealt)}
-    shared = count - len(dealt)
-    others = iter(range(len(tests)))
-    return [alone[test] if test in alone else next(others) % shared for test in tests]
+    load = [0] * count
+    shards = [0] * len(tests)
+    dealt = sorted((position for position, test in enumerate(tests) if test in slow),
+                   key=lambda position: (-slow[tests[position]], position))
+    others = [position for position, test in enumerate(tests) if test not in slow]
+    for position in [*dealt, *others]:
+        shard = min(range(count), key=lambda index: (load[index], index))
+        shards[position] = shard
+        load[shard] += slow.get(tests[position], ORDINARY_SECONDS)
+    return shards
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

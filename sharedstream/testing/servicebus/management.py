@@ -13,9 +13,22 @@ token in order, or, when one of them is no longer locked or belongs to
 another entity, 410 ``message-lock-lost`` for the whole request with
 nothing renewed), ``com.microsoft:renew-session-lock``, ``com.microsoft:peek-message``,
 ``com.microsoft:update-disposition``, ``com.microsoft:get-session-state``,
-``com.microsoft:set-session-state``. Any other operation gets 501 with
-``amqp:not-implemented``: the test server does not schedule, receive by
-sequence number, list sessions or manage rules.
+``com.microsoft:set-session-state``,
+``com.microsoft:receive-by-sequence-number`` (deferred messages only, locked
+with their lock tokens in the answer, or removed when
+``receiver-settle-mode`` is 0, receive-and-delete; a number naming no
+deferred message fails the whole request with 404
+``com.microsoft:message-not-found``),
+``com.microsoft:schedule-message`` (each encoded message sent as by a
+sender, at its ``x-opt-scheduled-enqueue-time``; answered with their
+``sequence-numbers``), ``com.microsoft:cancel-scheduled-message`` (404
+``message-not-found`` for a number naming no message still waiting) and
+``com.microsoft:get-message-sessions`` (``last-updated-time`` at .NET's
+``DateTime.MaxValue`` lists the sessions with messages or a state, an
+earlier time those whose state was set since; ``skip`` and ``top`` page;
+204 when none is left). The management node of a topic answers the two
+scheduling operations. Any other operation gets 501 with
+``amqp:not-implemented``: the test server does not manage rules.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from sharedstream.testing.servicebus import wire
 from sharedstream.testing.servicebus.model import (
     ARGUMENT_ERROR,
     MESSAGE_LOCK_LOST,
+    MESSAGE_NOT_FOUND,
     NOT_FOUND,
     SESSION_CANNOT_BE_LOCKED,
     SESSION_LOCK_LOST,
@@ -39,10 +53,14 @@ from sharedstream.testing.servicebus.state import ServiceBusState
 
 __all__ = ["Management"]
 
-_STATUS = {NOT_FOUND: 404, MESSAGE_LOCK_LOST: 410, SESSION_LOCK_LOST: 410,
-           SESSION_CANNOT_BE_LOCKED: 409}
+_STATUS = {NOT_FOUND: 404, MESSAGE_NOT_FOUND: 404, MESSAGE_LOCK_LOST: 410,
+           SESSION_LOCK_LOST: 410, SESSION_CANNOT_BE_LOCKED: 409}
 _DISPOSITIONS = {"completed": Outcome.COMPLETE, "abandoned": Outcome.ABANDON,
                  "defered": Outcome.DEFER, "suspended": Outcome.DEAD_LETTER}
+RECEIVE_AND_DELETE = 0
+"""``receiver-settle-mode`` of a receive-and-delete receiver (AMQP's ``first``)."""
+LIST_EVERY_SESSION_MS = 253402300800000
+"""``last-updated-time`` meaning no filter: .NET's ``DateTime.MaxValue`` as the SDKs send it."""
 
 
 def _ms(seconds: float) -> timestamp:
@@ -56,10 +74,14 @@ def _text(value: object) -> str | None:
 
 
 class Management:
-    """Answers management requests against one :class:`~.state.ServiceBusState`."""
+    """Answers management requests against one :class:`~.state.ServiceBusState`.
 
-    def __init__(self, state: ServiceBusState) -> None:
-        self.state = state
+    ``keep`` is called once messages were scheduled, before the answer goes
+    out (the service writes its state file there, as for a send).
+    """
+
+    def __init__(self, state: ServiceBusState, keep: Callable[[], None] = lambda: None) -> None:
+        self.state, self.keep = state, keep
         self._operations: dict[str, Callable[[str, Mapping[str, Any]], tuple[int, Any]]] = {
             "com.microsoft:renew-lock": self._renew_lock,
             "com.microsoft:renew-session-lock": self._renew_session_lock,
@@ -67,6 +89,10 @@ class Management:
             "com.microsoft:update-disposition": self._update_disposition,
             "com.microsoft:get-session-state": self._get_session_state,
             "com.microsoft:set-session-state": self._set_session_state,
+            "com.microsoft:receive-by-sequence-number": self._receive_by_sequence_number,
+            "com.microsoft:schedule-message": self._schedule,
+            "com.microsoft:cancel-scheduled-message": self._cancel_scheduled,
+            "com.microsoft:get-message-sessions": self._get_message_sessions,
         }
 
     def answer(self, path: str, request: Message) -> Message:
@@ -135,6 +161,47 @@ class Management:
         value = body.get("session-state")
         self.state.set_session_state(path, session, None if value is None else bytes(value))
         return 200, {}
+
+
+    def _receive_by_sequence_number(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        mode = body.get("receiver-settle-mode")
+        deliveries = self.state.receive_deferred(
+            path, wire.integers(body.get("sequence-numbers")),
+            receive_and_delete=mode is not None and int(mode) == RECEIVE_AND_DELETE,
+            session_id=_text(body.get("session-id")))
+        messages = [{"message": wire.delivery_bytes(delivery)}
+                    | ({} if delivery.lock_token is None else {"lock-token": delivery.lock_token})
+                    for delivery in deliveries]
+        return 200, {"messages": messages}
+
+    def _schedule(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        items = body.get("messages")
+        if not isinstance(items, list) or not items:
+            raise Refused(ARGUMENT_ERROR, "messages must list at least one message")
+        try:
+            messages = [wire.message_facts(bytes(item["message"])) for item in items]
+        except (KeyError, TypeError) as exc:
+            raise Refused(ARGUMENT_ERROR, f"a scheduled message is malformed: {exc}") from exc
+        numbers = self.state.send(path, messages)
+        self.keep()
+        return 200, {"sequence-numbers": Array(UNDESCRIBED, Data.LONG,  # type: ignore[arg-type]
+                                               *numbers)}
+
+    def _cancel_scheduled(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        self.state.cancel_scheduled(path, wire.integers(body.get("sequence-numbers")))
+        return 200, {}
+
+    def _get_message_sessions(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        since = body.get("last-updated-time")
+        skip = int(body.get("skip") or 0)
+        sessions = self.state.list_sessions(
+            path, updated_after=None if since is None or int(since) >= LIST_EVERY_SESSION_MS
+            else int(since) / 1000, skip=skip, top=int(body.get("top") or 100))
+        if not sessions:
+            return 204, {}
+        return 200, {"skip": skip + len(sessions),
+                     "sessions-ids": Array(UNDESCRIBED, Data.STRING,  # type: ignore[arg-type]
+                                           *sessions)}
 
 
 def _response(status: int, description: str, body: Any = None, *,

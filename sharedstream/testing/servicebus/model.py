@@ -21,6 +21,7 @@ __all__ = [
     "ARGUMENT_ERROR",
     "DEFAULT_KEY",
     "MESSAGE_LOCK_LOST",
+    "MESSAGE_NOT_FOUND",
     "MESSAGE_SIZE_EXCEEDED",
     "NEXT_SESSION",
     "NOT_ALLOWED",
@@ -34,6 +35,7 @@ __all__ = [
     "Delivery",
     "EntitySettings",
     "Message",
+    "MessageState",
     "Namespace",
     "NextSession",
     "Outcome",
@@ -45,6 +47,7 @@ NOT_FOUND: Final = "amqp:not-found"
 NOT_ALLOWED: Final = "amqp:not-allowed"
 ARGUMENT_ERROR: Final = "com.microsoft:argument-error"
 MESSAGE_LOCK_LOST: Final = "com.microsoft:message-lock-lost"
+MESSAGE_NOT_FOUND: Final = "com.microsoft:message-not-found"
 SESSION_LOCK_LOST: Final = "com.microsoft:session-lock-lost"
 SESSION_CANNOT_BE_LOCKED: Final = "com.microsoft:session-cannot-be-locked"
 UNAUTHORIZED: Final = "amqp:unauthorized-access"
@@ -172,6 +175,16 @@ class Outcome(enum.Enum):
     """Moved to the entity's dead-letter sub-queue (``rejected``)."""
 
 
+class MessageState(enum.IntEnum):
+    """Where a delivered or peeked message stood (the ``x-opt-message-state`` annotation)."""
+
+    ACTIVE = 0
+    DEFERRED = 1
+    """Settled with defer: received only by its sequence number."""
+    SCHEDULED = 2
+    """Its scheduled enqueue time has not come yet."""
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message handed to a receiver (or shown by a peek), with the broker's facts."""
@@ -190,6 +203,7 @@ class Delivery:
     extra_properties: Mapping[str, str] = field(default_factory=dict)
     """Application properties the broker added (``DeadLetterReason``,
     ``DeadLetterErrorDescription``)."""
+    state: MessageState = MessageState.ACTIVE
 
 
 class Right(enum.Enum):

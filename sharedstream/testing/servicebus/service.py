@@ -15,10 +15,8 @@ dropped; paths are the state's):
   covering its entity (:func:`~.auth.authorize`): ``Listen`` to receive,
   ``Send`` to send, either for the management node; without it the attach
   is refused with ``amqp:unauthorized-access``;
-* ``<path>/$management``: the management node of a store (``renew-lock``,
-  ``renew-session-lock``, ``peek-message``, ``update-disposition``,
-  ``get-session-state``, ``set-session-state``; anything else is answered
-  501);
+* ``<path>/$management``: the management node of a store or a topic (the
+  operations :mod:`.management` lists; anything else is answered 501);
 * sending to ``<queue or topic>``: the link advertises the namespace's
   ``max-message-size``; each transfer (or each message of a batch,
   :func:`~.wire.unpack`) is enqueued, then the delivery is accepted; a
@@ -140,7 +138,7 @@ class ServiceBusService(Handler):
         super().__init__()
         self.state, self.clock, self.state_file = state, clock, state_file
         self.namespace = namespace or Namespace()
-        self.management = Management(state)
+        self.management = Management(state, keep=self._keep)
         self._connections: dict[Any, _Connection] = {}
         self._waiting: list[_Waiting] = []
         self._stale_paths: set[str] = set()
@@ -227,7 +225,7 @@ class ServiceBusService(Handler):
             path = entity_path(address)
             if path.endswith(MANAGEMENT):
                 self._authorize(link, path, Right.LISTEN)
-                self.state.check_store(path.removesuffix(MANAGEMENT))
+                self.state.check_entity(path.removesuffix(MANAGEMENT))
             else:
                 self._authorize(link, path, Right.SEND)
                 self.state.check_sendable(path)
@@ -242,7 +240,7 @@ class ServiceBusService(Handler):
         if address == CBS or path.endswith(MANAGEMENT):
             if path.endswith(MANAGEMENT):
                 self._authorize(link, path, Right.LISTEN)
-                self.state.check_store(path.removesuffix(MANAGEMENT))
+                self.state.check_entity(path.removesuffix(MANAGEMENT))
             connection.replies[address] = link
             link.open()
             return
@@ -443,7 +441,11 @@ class ServiceBusService(Handler):
                           f"The message of {len(encoded)} bytes exceeds the limit of "
                           f"{self.namespace.max_message_size} bytes.")
         self.state.send(path, [wire.message_facts(part) for part in wire.unpack(encoded)])
-        if self.state_file is not None:  # accepted only once kept (invariant 2)
+        self._keep()  # accepted only once kept (the state file's invariant 2)
+
+    def _keep(self) -> None:
+        """Write the state file now: messages were sent or scheduled, kept before answered."""
+        if self.state_file is not None:
             self.state_file.save(self.state)
 
     def _request(self, link: ProtonReceiver, address: str, encoded: bytes) -> None:

@@ -23,6 +23,10 @@ Invariants:
    lowest sequence number first), *locked* (one live lock) or *deferred*. A
    completed or dead-lettered entry is gone from its store (a dead-lettered
    one becomes a new entry of the dead-letter store, same sequence number).
+   A deferred entry is never received again, only locked (or removed, in
+   receive-and-delete mode) by its sequence number
+   (:meth:`~ServiceBusState.receive_deferred`); when that lock ends without
+   a settlement, or with another defer, it is deferred again.
 2. A lock token names one delivery. Once the lock ends (settlement, expiry,
    loss of its session) the token is stale: settling or renewing it raises
    :class:`~.model.Refused` with ``message-lock-lost`` (``session-lock-lost``
@@ -44,15 +48,16 @@ Invariants:
    with reason ``TTLExpiredException`` when the store's
    ``dead_lettering_on_message_expiration`` is set, as Service Bus purges
    expired messages when a receiver reaches them. A dead-letter queue's
-   messages do not expire.
+   messages do not expire. A scheduled entry can be cancelled
+   (:meth:`~ServiceBusState.cancel_scheduled`) until its time comes.
 7. A queue with a ``duplicate_detection_window`` accepts a message whose
    ``message_id`` it accepted less than that window ago, and drops it: no
    sequence number, no entry.
 8. A :meth:`~ServiceBusState.snapshot` restored into a new state
    (:meth:`~ServiceBusState.restore`) has the same entities, sequence
    numbers, entries and session states; what was locked comes back
-   available with one more failed delivery (or dead-lettered by invariant
-   4), as Service Bus does once a lock is lost. Receivers and the message
+   available (or deferred, if it was) with one more failed delivery (or
+   dead-lettered by invariant 4), as Service Bus does once a lock is lost. Receivers and the message
    ids duplicate detection remembers are not kept.
 
 Time is two injected clocks: ``clock`` (monotonic seconds) for lock
@@ -72,6 +77,7 @@ from types import MappingProxyType
 
 from sharedstream.testing.servicebus.model import (
     MESSAGE_LOCK_LOST,
+    MESSAGE_NOT_FOUND,
     NOT_ALLOWED,
     NOT_FOUND,
     SESSION_CANNOT_BE_LOCKED,
@@ -80,6 +86,7 @@ from sharedstream.testing.servicebus.model import (
     Delivery,
     EntitySettings,
     Message,
+    MessageState,
     NextSession,
     Outcome,
     Refused,
@@ -162,7 +169,7 @@ class ServiceBusState:
         """How many entries of the store at ``path`` are where (read-only)."""
         entries = self._store(path).entries.values()
         locked = sum(1 for entry in entries if entry.lock is not None)
-        deferred = sum(1 for entry in entries if entry.deferred)
+        deferred = sum(1 for entry in entries if entry.deferred and entry.lock is None)
         return StoreCounts(available=len(entries) - locked - deferred, locked=locked,
                            deferred=deferred)
 
@@ -179,6 +186,11 @@ class ServiceBusState:
     def check_store(self, path: str) -> None:
         """``NOT_FOUND`` unless ``path`` names a queue, subscription or dead-letter queue."""
         self._store(path)
+
+    def check_entity(self, path: str) -> None:
+        """``NOT_FOUND`` unless ``path`` names a topic or a store (what has a management node)."""
+        if path.strip("/").lower() not in self._topics:
+            self._store(path)
 
     def _check_free(self, name: str) -> None:
         if "/" in name or not name:
@@ -274,6 +286,11 @@ class ServiceBusState:
         else:
             store.make_available(entry)
 
+    def _waiting(self, entry: Entry) -> bool:
+        """Whether ``entry`` waits for its scheduled enqueue time (invariant 6)."""
+        due = entry.message.scheduled_enqueue_time
+        return due is not None and due > self.wall() and entry.lock is None and not entry.deferred
+
     def _expired(self, store: Store, entry: Entry) -> bool:
         ttl = entry.message.time_to_live
         return (ttl is not None and store.dead_letter is not None
@@ -351,7 +368,44 @@ class ServiceBusState:
         if entry is None:
             return None
         heapq.heappop(store.heaps[store.key(entry)])
-        if receiver.receive_and_delete:
+        return self._hand_out(entry, receiver, receiver.receive_and_delete)
+
+    def receive_deferred(self, path: str, numbers: Sequence[int], *,
+                         receive_and_delete: bool = False,
+                         session_id: str | None = None) -> list[Delivery]:
+        """The deferred entries ``numbers`` name, in that order, locked (or removed).
+
+        What ``com.microsoft:receive-by-sequence-number`` does (invariant 1).
+        All or nothing: if a number names no deferred, unlocked entry of the
+        store (of session ``session_id``, which must be given on a
+        session-enabled store and locked by a receiver, else
+        ``SESSION_LOCK_LOST``), ``MESSAGE_NOT_FOUND`` and nothing changes.
+        A number listed twice is handed out once. A session's entry is locked
+        under the session lock (no message lock deadline), as a session
+        receiver's are.
+        """
+        store = self._store(path)
+        if store.settings.requires_session != (session_id is not None):
+            raise Refused(NOT_ALLOWED, f"{store.path}: a session id is needed exactly when "
+                                       "the entity is session-enabled")
+        owner = (Receiver(store, receive_and_delete) if session_id is None
+                 else self.session_receiver(path, session_id))
+        wanted = list(dict.fromkeys(numbers))
+        entries = [store.entries.get(number) for number in wanted]
+        missing = [number for number, entry in zip(wanted, entries, strict=True)
+                   if entry is None or not entry.deferred or entry.lock is not None
+                   or (session_id is not None and entry.message.session_id != session_id)]
+        if missing:
+            raise Refused(MESSAGE_NOT_FOUND, f"Failed to lock one or more specified messages: "
+                                             f"no deferred message of {store.path} has sequence "
+                                             f"number {', '.join(map(str, missing))}.")
+        return [self._hand_out(entry, owner, receive_and_delete)
+                for entry in entries if entry is not None]
+
+    def _hand_out(self, entry: Entry, receiver: Receiver, receive_and_delete: bool) -> Delivery:
+        """``entry``, no longer available, removed or locked for ``receiver``."""
+        store = receiver.store
+        if receive_and_delete:
             del store.entries[entry.sequence_number]
             return self._delivery(entry, None, None)
         lock = Lock(uuid.uuid4(), entry, receiver,
@@ -363,11 +417,12 @@ class ServiceBusState:
             return self._delivery(entry, lock.token, self.wall() + store.settings.lock_duration)
         return self._delivery(entry, lock.token, None)
 
-    @staticmethod
-    def _delivery(entry: Entry, token: uuid.UUID | None, until: float | None) -> Delivery:
+    def _delivery(self, entry: Entry, token: uuid.UUID | None, until: float | None) -> Delivery:
+        state = (MessageState.DEFERRED if entry.deferred
+                 else MessageState.SCHEDULED if self._waiting(entry) else MessageState.ACTIVE)
         return Delivery(entry.message, entry.sequence_number, entry.enqueued_time,
                         entry.delivery_count, token, until,
-                        MappingProxyType(dict(entry.extra_properties)))
+                        MappingProxyType(dict(entry.extra_properties)), state)
 
     # -- settlement and locks ---------------------------------------------------
 
@@ -447,7 +502,9 @@ class ServiceBusState:
 
     def set_session_state(self, path: str, session_id: str, value: bytes | None) -> None:
         """Keep ``value`` as the state of ``session_id`` (``None`` clears it)."""
-        states = self._store(path).session_states
+        store = self._store(path)
+        states = store.session_states
+        store.session_updated[session_id] = self.wall()
         if value is None:
             states.pop(session_id, None)
         else:
@@ -475,6 +532,8 @@ class ServiceBusState:
                                   f"Message could not be consumed after "
                                   f"{store.settings.max_delivery_count} delivery attempts.")
                 return
+        if entry.deferred:  # invariant 1: received by its number only, as before
+            return
         store.make_available(entry)
         self.on_available(store.path)
 
@@ -501,6 +560,50 @@ class ServiceBusState:
             self._return(store, lock.entry, failed=True)
         if store.free_session() is not None:
             self.on_available(store.path)
+
+    def list_sessions(self, path: str, *, updated_after: float | None = None, skip: int = 0,
+                      top: int = 100) -> list[str]:
+        """Session ids of the store at ``path``, sorted, from the ``skip``-th, at most ``top``.
+
+        What ``com.microsoft:get-message-sessions`` answers. Without
+        ``updated_after``: the sessions that have messages (in any state) or
+        a session state. With it (epoch seconds): the sessions whose state
+        was set (or cleared) after it, as in Service Bus; those times are
+        not kept across a restart. A store without sessions has none.
+        """
+        store = self._store(path)
+        if not store.settings.requires_session:
+            return []
+        if updated_after is None:
+            ids = {entry.message.session_id for entry in store.entries.values()
+                   if entry.message.session_id is not None} | set(store.session_states)
+        else:
+            ids = {session for session, at in store.session_updated.items()
+                   if at > updated_after}
+        return sorted(ids)[max(skip, 0):max(skip, 0) + max(top, 0)]
+
+    # -- scheduling ---------------------------------------------------------------
+
+    def cancel_scheduled(self, path: str, numbers: Sequence[int]) -> None:
+        """Remove the scheduled messages ``numbers`` name from the queue or topic at ``path``.
+
+        What ``com.microsoft:cancel-scheduled-message`` does (invariant 6):
+        on a topic, from every subscription the message went to. All or
+        nothing: a number naming no message still waiting for its time
+        (never sent, already enqueued, cancelled) raises ``MESSAGE_NOT_FOUND``.
+        """
+        _, targets = self._targets(path)
+        found = []
+        for number in dict.fromkeys(numbers):
+            waiting = [store for store in targets
+                       if (entry := store.entries.get(number)) is not None and self._waiting(entry)]
+            if not waiting:
+                raise Refused(MESSAGE_NOT_FOUND, f"No scheduled message of {path} has sequence "
+                                                 f"number {number}.")
+            found.append((number, waiting))
+        for number, stores in found:
+            for store in stores:
+                del store.entries[number]  # its heap item in _scheduled is skipped when due
 
     # -- peeking ----------------------------------------------------------------
 
@@ -610,8 +713,8 @@ class ServiceBusState:
                       saved.delivery_count, deferred=saved.deferred,
                       extra_properties=dict(saved.extra_properties))
         store.entries[entry.sequence_number] = entry
-        if not entry.deferred and not saved.locked:
+        if saved.locked:  # a deferred one stays deferred (invariant 1)
+            self._return(store, entry, failed=True)
+        elif not entry.deferred:
             self._schedule_or_make_available(store, entry)
             self.on_available(store.path)
-        elif not entry.deferred:
-            self._return(store, entry, failed=True)

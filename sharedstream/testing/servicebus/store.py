@@ -104,6 +104,7 @@ class Store:
         self.heaps: dict[str | None, list[int]] = {}  # session id -> available seqs (lazy)
         self.owners: dict[str, Receiver] = {}  # session id -> the receiver holding its lock
         self.session_states: dict[str, bytes] = {}
+        self.session_updated: dict[str, float] = {}  # session id -> epoch s its state was set
         self.locks = LockCounts()
         self.dead_letter: Store | None = None
         if not path.endswith(DEAD_LETTER_QUEUE):

@@ -27,9 +27,16 @@ from typing import Any
 
 from proton import Array, Data, DataException, Described, symbol, timestamp, uint, ulong
 
-from sharedstream.testing.servicebus.model import Delivery, Message
+from sharedstream.testing.servicebus.model import (
+    ARGUMENT_ERROR,
+    Delivery,
+    Message,
+    MessageState,
+    Refused,
+)
 
-__all__ = ["Section", "delivery_bytes", "lock_tokens", "message_facts", "sections", "unpack"]
+__all__ = ["Section", "delivery_bytes", "integers", "lock_tokens", "message_facts", "sections",
+           "unpack"]
 
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS = 0x70, 0x71, 0x72
 PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = range(0x73, 0x79)
@@ -180,8 +187,9 @@ def delivery_bytes(delivery: Delivery) -> bytes:
     """The message of ``delivery`` as it goes out: the sent bytes with the broker's facts.
 
     Sets the header's ``delivery-count``; adds ``x-opt-sequence-number``,
-    ``x-opt-enqueued-time`` and (peek-lock outside sessions)
-    ``x-opt-locked-until`` to the message annotations; merges
+    ``x-opt-enqueued-time``, (peek-lock outside sessions)
+    ``x-opt-locked-until`` and (a deferred or scheduled message)
+    ``x-opt-message-state`` to the message annotations; merges
     ``extra_properties`` into the application properties; adds
     ``x-opt-lock-token`` (peek-lock) to the sender's delivery annotations,
     which go out second, where AMQP puts them, wherever the sender wrote
@@ -197,6 +205,8 @@ def delivery_bytes(delivery: Delivery) -> bytes:
     annotations[symbol("x-opt-enqueued-time")] = timestamp(int(delivery.enqueued_time * 1000))
     if delivery.locked_until is not None:
         annotations[symbol("x-opt-locked-until")] = timestamp(int(delivery.locked_until * 1000))
+    if delivery.state is not MessageState.ACTIVE:
+        annotations[symbol("x-opt-message-state")] = int(delivery.state)
     kept = [(code, raw) for code, _, raw in found
             if code not in (HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS)]
     if delivery.extra_properties:
@@ -212,6 +222,21 @@ def delivery_bytes(delivery: Delivery) -> bytes:
         delivery_annotations = [_encode(DELIVERY_ANNOTATIONS, carried)]
     return b"".join([_encode(HEADER, header), *delivery_annotations,
                      _encode(MESSAGE_ANNOTATIONS, annotations), *(raw for _, raw in kept)])
+
+
+def integers(value: object) -> list[int]:
+    """The numbers of a management request's array (``sequence-numbers``: AMQP longs).
+
+    ``Refused`` with ``com.microsoft:argument-error`` if an item is not an integer.
+    """
+    items: Iterable[object] = value.elements if isinstance(value, Array) else (
+        value if isinstance(value, list | tuple) else [])
+    numbers = []
+    for item in items:
+        if not isinstance(item, int) or isinstance(item, bool):
+            raise Refused(ARGUMENT_ERROR, f"not a sequence number: {item!r}")
+        numbers.append(int(item))
+    return numbers
 
 
 def lock_tokens(value: object) -> list[uuid.UUID]:
