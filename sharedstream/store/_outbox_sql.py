@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
-from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from datetime import datetime, timedelta
+from typing import Any
 
-from sharedstream.store._dag_schedules import Dialect
+from sharedstream.store._sql_access import SqlAccess
 from sharedstream.store.base import StoreError
 from sharedstream.store.outbox import (
     ATTEMPT_OUTPUT_LIMIT,
@@ -68,25 +67,10 @@ def _cut(output: str | None) -> str | None:
     return "[...]" + output[-(ATTEMPT_OUTPUT_LIMIT - 5):]
 
 
-class OutboxSql:
+class OutboxSql(SqlAccess):
     """The dispatch methods of a store (:class:`~sharedstream.store.outbox.OutboxStore`)."""
 
-    _dialect: ClassVar[Dialect]
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        raise NotImplementedError
-
-    def _write(self, what: str) -> AbstractContextManager[Any]:
-        raise NotImplementedError
-
-    def _clock(self, conn: Any) -> datetime:
-        """Now, as the transaction on ``conn`` compares times (overridden by PostgreSQL)."""
-        return datetime.now(UTC)
-
     # -- helpers -------------------------------------------------------------------
-
-    def _q(self, sql: str) -> str:
-        return self._dialect.sql(sql)
 
     def _documents(
         self, conn: Any, ids: Sequence[int], *, recovered: frozenset[int] = frozenset(),

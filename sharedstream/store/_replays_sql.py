@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
-from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from datetime import timedelta
+from typing import Any
 
-from sharedstream.store._dag_schedules import Dialect
 from sharedstream.store._rows import check_limit
+from sharedstream.store._sql_access import SqlAccess
 from sharedstream.store.base import StoreError
 from sharedstream.store.replays import (
     ACTIVE_REPLAY_STATES,
@@ -38,19 +37,8 @@ _NOBODY_LIVE = (
 )
 
 
-class ReplaySql:
+class ReplaySql(SqlAccess):
     """The replay methods of a store (:class:`~sharedstream.store.replays.ReplayStore`)."""
-
-    _dialect: ClassVar[Dialect]
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        raise NotImplementedError
-
-    def _write(self, what: str) -> AbstractContextManager[Any]:
-        raise NotImplementedError
-
-    def _clock(self, conn: Any) -> datetime:
-        return datetime.now(UTC)
 
     def _row(self, row: Sequence[Any]) -> ReplayRow:
         d = self._dialect

@@ -21,10 +21,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, ClassVar, NamedTuple, Self
+from typing import Any, NamedTuple, Self
 
 from sharedstream.store._batches import release_batches
 from sharedstream.store._dag_schedules import RUN_COLUMNS, Dialect, timed_fields
@@ -148,16 +147,6 @@ class SharedSql(OutboxSql, ReplaySql):
     The dispatch methods come from :class:`~sharedstream.store._outbox_sql.OutboxSql`,
     the replay methods from :class:`~sharedstream.store._replays_sql.ReplaySql`.
     """
-
-    _dialect: ClassVar[Dialect]
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        """Run one ``SELECT`` with its parameters and return every row (the store's own)."""
-        raise NotImplementedError
-
-    def _write(self, what: str) -> AbstractContextManager[Any]:
-        """One write transaction, its connection yielded (the store's own; see its module)."""
-        raise NotImplementedError
 
     def close(self) -> None:
         """Release the store's connections (the store's own; idempotent)."""
