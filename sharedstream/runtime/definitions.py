@@ -63,6 +63,7 @@ from sharedstream.engine.errors import SharedStreamError
 from sharedstream.engine.trigger import BaseEventTrigger, BaseTrigger
 from sharedstream.runtime.registry import TriggerRegistry
 from sharedstream.runtime.serde import SerializationError, kwargs_fingerprint, pack_kwargs
+from sharedstream.timetables.assets import AssetTriggeredTimetable
 from sharedstream.timetables.base import (
     Timetable,
     TimetableRegistry,
@@ -102,6 +103,9 @@ class Dag:
       any :class:`~sharedstream.timetables.base.Timetable`;
     * an ``AssetOrTimeSchedule`` (its timetable and its asset condition
       each queue their own runs, whichever comes first);
+    * an ``AssetTriggeredTimetable`` (Airflow 3.4's): its asset condition,
+      with its ``batch_asset_events`` unless this Dag's own is given (the
+      two differing is an error);
     * ``None``: nothing queues runs of it (listed, never scheduled).
 
     ``start_date`` and ``end_date`` (timezone-aware; a naive one is refused)
@@ -141,7 +145,8 @@ class Dag:
         self,
         dag_id: str,
         *,
-        schedule: Schedule | str | dt.timedelta | relativedelta | Timetable | None,
+        schedule: (Schedule | str | dt.timedelta | relativedelta | Timetable
+                   | AssetTriggeredTimetable | None),
         start_date: dt.datetime | None = None,
         end_date: dt.datetime | None = None,
         catchup: bool = False,
@@ -166,6 +171,9 @@ class Dag:
             raise DefinitionsError(f"Dag {dag_id!r}: target_options must be a dict of option "
                                    f"names to values, got {target_options!r}")
         self.target_options: dict[str, Any] = dict(target_options or {})
+        if isinstance(schedule, AssetTriggeredTimetable):
+            batch_asset_events = _one_batching(dag_id, batch_asset_events, schedule)
+            schedule = schedule.asset_condition
         self.batch_asset_events, self.max_events, self.max_wait = _batching(
             dag_id, batch_asset_events, max_events, max_wait)
         self.start_date = _aware(dag_id, "start_date", start_date)
@@ -212,6 +220,20 @@ class Dag:
 
     def __repr__(self) -> str:
         return f"Dag({self.dag_id!r})"
+
+
+def _one_batching(
+    dag_id: str, given: bool | None, schedule: AssetTriggeredTimetable
+) -> bool | None:
+    """A Dag's ``batch_asset_events``: the one given, or its ``AssetTriggeredTimetable``'s.
+
+    Both given and different is a :class:`DefinitionsError`.
+    """
+    if given is not None and schedule.batch_asset_events not in (None, given):
+        raise DefinitionsError(f"Dag {dag_id!r}: batch_asset_events={given!r} contradicts its "
+                               f"schedule's batch_asset_events="
+                               f"{schedule.batch_asset_events!r}")
+    return given if given is not None else schedule.batch_asset_events
 
 
 def _batching(

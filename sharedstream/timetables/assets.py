@@ -31,7 +31,67 @@ from sharedstream.timetables.base import (
 )
 from sharedstream.timetables.values import InvalidTimetable
 
-__all__ = ["AssetOrTimeSchedule"]
+__all__ = ["AssetOrTimeSchedule", "AssetTriggeredTimetable"]
+
+
+def _condition(owner: str, assets: AssetCondition | Sequence[AssetCondition]) -> AssetCondition:
+    """``assets`` as one condition (a list: all of them); ``InvalidTimetable`` if it is none."""
+    if isinstance(assets, AssetCondition):
+        return assets
+    if isinstance(assets, list | tuple) and assets:
+        return AssetAll(*assets)
+    raise InvalidTimetable(
+        f"{owner}: assets must be an Asset, a non-empty list of assets or an expression with | "
+        f"and &, got {assets!r}"
+    )
+
+
+def needs_several_events(condition: AssetCondition) -> bool:
+    """Whether ``condition`` is satisfied only by events of two or more assets (an ``&``)."""
+    if isinstance(condition, AssetAll):
+        return len(condition.parts) > 1 or any(map(needs_several_events, condition.parts))
+    if isinstance(condition, AssetAny):
+        return any(map(needs_several_events, condition.parts))
+    return False
+
+
+class AssetTriggeredTimetable:
+    """A schedule on an asset condition, with its batching (Airflow 3.4's ``airflow.sdk`` name).
+
+    ``Dag(schedule=AssetTriggeredTimetable(assets, batch_asset_events=B))``
+    is ``Dag(schedule=assets, batch_asset_events=B)``: ``assets`` is an
+    asset, an expression with ``|`` and ``&``, or a non-empty list (all of
+    them); ``batch_asset_events`` ``None`` (the default) takes ``[scheduler]
+    batch_asset_events``. As in Airflow 3.4, ``batch_asset_events=False``
+    with a condition only events of several assets satisfy (an ``&``) is
+    refused: :class:`InvalidTimetable`, one line. It is not a
+    :class:`~sharedstream.timetables.base.Timetable`: nothing in it is about
+    time, and the Dag evaluates the condition as for any asset schedule.
+    """
+
+    def __init__(
+        self,
+        assets: AssetCondition | Sequence[AssetCondition],
+        *,
+        batch_asset_events: bool | None = None,
+    ) -> None:
+        condition = _condition("AssetTriggeredTimetable", assets)
+        if batch_asset_events is not None and not isinstance(batch_asset_events, bool):
+            raise InvalidTimetable(
+                f"AssetTriggeredTimetable: batch_asset_events must be True, False or None, got "
+                f"{batch_asset_events!r}"
+            )
+        if batch_asset_events is False and needs_several_events(condition):
+            raise InvalidTimetable(
+                "AssetTriggeredTimetable: a condition of several assets (&) needs "
+                "batch_asset_events=True or None, not False"
+            )
+        self.asset_condition: AssetCondition = condition
+        self.batch_asset_events = batch_asset_events
+
+    def __repr__(self) -> str:
+        return (f"AssetTriggeredTimetable({self.asset_condition!r}, "
+                f"batch_asset_events={self.batch_asset_events!r})")
 
 
 class AssetOrTimeSchedule(Timetable):
@@ -47,15 +107,7 @@ class AssetOrTimeSchedule(Timetable):
             )
         if isinstance(timetable, AssetOrTimeSchedule):
             raise InvalidTimetable("AssetOrTimeSchedule: asset timetables cannot be nested")
-        if isinstance(assets, AssetCondition):
-            condition: AssetCondition = assets
-        elif isinstance(assets, list | tuple) and assets:
-            condition = AssetAll(*assets)
-        else:
-            raise InvalidTimetable(
-                "AssetOrTimeSchedule: assets must be an Asset, a non-empty list of assets or an "
-                f"expression with | and &, got {assets!r}"
-            )
+        condition = _condition("AssetOrTimeSchedule", assets)
         self.timetable = timetable
         self.asset_condition: AssetCondition = condition
         self.description = f"Triggered by assets or {timetable.description}"

@@ -11,7 +11,7 @@ MIRRORED = {
     "trigger": ["CronTriggerTimetable", "DeltaTriggerTimetable", "MultipleCronTriggerTimetable"],
     "interval": ["CronDataIntervalTimetable", "DeltaDataIntervalTimetable"],
     "events": ["EventsTimetable"],
-    "assets": ["AssetOrTimeSchedule"],
+    "assets": ["AssetOrTimeSchedule", "AssetTriggeredTimetable"],
     "simple": ["OnceTimetable"],
 }
 

@@ -18,6 +18,8 @@ from sharedstream.runtime.definitions import (
     load_definitions,
 )
 from sharedstream.runtime.registry import TriggerRegistry, UnregisteredTriggerClass
+from sharedstream.timetables.assets import AssetTriggeredTimetable
+from sharedstream.timetables.values import InvalidTimetable
 
 HEADER = '''
 from sharedstream import BaseEventTrigger, TriggerEvent
@@ -232,6 +234,50 @@ def test_batching_is_checked_and_max_bounds_imply_it() -> None:
             Dag("x", schedule=orders, **kwargs)
     with pytest.raises(DefinitionsError, match="apply to a DAG scheduled on assets"):
         Dag("x", schedule=timedelta(hours=1), batch_asset_events=True)
+
+
+def test_an_asset_triggered_timetable_is_its_condition_with_its_batching() -> None:
+    orders, stock = Asset("orders"), Asset("stock")
+    batched = Dag("a", schedule=AssetTriggeredTimetable(orders | stock, batch_asset_events=True))
+    assert batched.asset_condition is not None
+    assert batched.asset_condition.to_tree() == (orders | stock).to_tree()
+    assert batched.timetable is None
+    assert batched.batch_asset_events is True
+    both = Dag("b", schedule=AssetTriggeredTimetable([orders, stock]))
+    assert _tree(both) == {"all": [{"asset": "orders"}, {"asset": "stock"}]}
+    assert both.batch_asset_events is None  # the configuration decides
+    assert Dag("c", schedule=AssetTriggeredTimetable(orders),
+               batch_asset_events=False).batch_asset_events is False
+    with pytest.raises(DefinitionsError, match="Dag 'x': batch_asset_events=False contradicts"):
+        Dag("x", schedule=AssetTriggeredTimetable(orders, batch_asset_events=True),
+            batch_asset_events=False)
+    several = "a condition of several assets .&. needs"
+    for assets, kwargs, message in [
+        (orders & stock, {"batch_asset_events": False}, several),
+        (orders | (orders & stock), {"batch_asset_events": False}, several),
+        ([], {}, "assets must be an Asset"),
+        (orders, {"batch_asset_events": "yes"}, "batch_asset_events must be True, False or None"),
+    ]:
+        with pytest.raises(InvalidTimetable, match=f"AssetTriggeredTimetable: {message}"):
+            AssetTriggeredTimetable(assets, **kwargs)
+    assert AssetTriggeredTimetable(orders | stock, batch_asset_events=False).batch_asset_events \
+        is False  # either asset alone satisfies it
+
+
+def test_a_dag_file_written_for_airflow_3_4_loads_with_its_imports_ported(
+        tmp_path: Path) -> None:
+    path = write(tmp_path, (
+        "from sharedstream.airflow.sdk import DAG, Asset, AssetTriggeredTimetable, AssetWatcher\n"
+        "from sharedstream.airflow.timetables.assets import AssetTriggeredTimetable as Same\n"
+        "assert Same is AssetTriggeredTimetable\n"
+        "orders = Asset('orders', watchers=[AssetWatcher('o', trigger=Watch('orders'))])\n"
+        "stock = Asset('stock', watchers=[AssetWatcher('s', trigger=Watch('stock'))])\n"
+        "with DAG(dag_id='nightly_orders', schedule=AssetTriggeredTimetable(\n"
+        "        orders & stock, batch_asset_events=True)):\n"
+        "    pass\n"), "airflow34_defs.py")
+    dag = load_definitions(path).dags["nightly_orders"]
+    assert _tree(dag) == {"all": [{"asset": "orders"}, {"asset": "stock"}]}
+    assert dag.batch_asset_events is True
 
 
 # -- several files, and folders (issue 31, item 3) ------------------------------------------

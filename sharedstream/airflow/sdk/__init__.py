@@ -22,7 +22,12 @@
   runs the body inside it;
 * :func:`task` - inert (see :mod:`sharedstream.airflow._inert_tasks`);
 * :class:`BaseHook` and :class:`Variable` - connections and variables
-  (see :mod:`sharedstream.airflow._hooks`).
+  (see :mod:`sharedstream.airflow._hooks`);
+* :class:`AssetTriggeredTimetable` - Airflow 3.4's: ``DAG(schedule=
+  AssetTriggeredTimetable(assets, batch_asset_events=True))`` schedules on
+  ``assets`` with that batching (see
+  :class:`sharedstream.timetables.assets.AssetTriggeredTimetable`).
+  3.4's ``AssetAndTimeSchedule`` is not offered.
 
 Differences are listed in ``docs/airflow.md``.
 """
@@ -45,9 +50,10 @@ from sharedstream.runtime.definitions import (
     Dag,
     DefinitionsError,
 )
+from sharedstream.timetables.assets import AssetTriggeredTimetable
 
-__all__ = ["DAG", "Asset", "AssetAll", "AssetAny", "AssetWatcher", "BaseHook", "Variable", "dag",
-           "task"]
+__all__ = ["DAG", "Asset", "AssetAll", "AssetAny", "AssetTriggeredTimetable", "AssetWatcher",
+           "BaseHook", "Variable", "dag", "task"]
 
 IGNORED_DAG_ARGUMENTS = frozenset({
     "description", "default_args", "tags", "max_active_runs", "max_active_tasks",

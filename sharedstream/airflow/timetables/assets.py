@@ -1,5 +1,9 @@
-"""Mirror of ``airflow.timetables.assets``: ``AssetOrTimeSchedule``."""
+"""Mirror of ``airflow.timetables.assets``: ``AssetOrTimeSchedule``, ``AssetTriggeredTimetable``.
 
-from sharedstream.timetables.assets import AssetOrTimeSchedule
+``AssetTriggeredTimetable`` is Airflow 3.4's (also exported by
+``sharedstream.airflow.sdk``, as by ``airflow.sdk``).
+"""
 
-__all__ = ["AssetOrTimeSchedule"]
+from sharedstream.timetables.assets import AssetOrTimeSchedule, AssetTriggeredTimetable
+
+__all__ = ["AssetOrTimeSchedule", "AssetTriggeredTimetable"]
