@@ -252,12 +252,13 @@ def test_an_asset_triggered_timetable_is_its_condition_with_its_batching() -> No
         Dag("x", schedule=AssetTriggeredTimetable(orders, batch_asset_events=True),
             batch_asset_events=False)
     several = "a condition of several assets .&. needs"
-    for assets, kwargs, message in [
+    wrong: list[tuple[Any, dict[str, Any], str]] = [
         (orders & stock, {"batch_asset_events": False}, several),
         (orders | (orders & stock), {"batch_asset_events": False}, several),
         ([], {}, "assets must be an Asset"),
         (orders, {"batch_asset_events": "yes"}, "batch_asset_events must be True, False or None"),
-    ]:
+    ]
+    for assets, kwargs, message in wrong:
         with pytest.raises(InvalidTimetable, match=f"AssetTriggeredTimetable: {message}"):
             AssetTriggeredTimetable(assets, **kwargs)
     assert AssetTriggeredTimetable(orders | stock, batch_asset_events=False).batch_asset_events \
