@@ -908,6 +908,9 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # A SIGTERM (a CI timeout, `kill`) stops it as Ctrl-C does: every Airflow, triggerer,
+    # PostgreSQL server and Tansu it started is stopped on the way out, none left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     load: dict[str, Any] = {"start": list(os.getloadavg())}
     with _workdir() as workdir, tansu_broker(workdir) as bootstrap, contextlib.ExitStack() as on:
         # One PostgreSQL server for the whole benchmark (fsync on), a fresh database per run.

@@ -50,7 +50,13 @@ if TYPE_CHECKING:
 
 __all__ = ["definitions", "write_batch"]
 
-_NEXT_IDS = "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)"
+# The sequence is looked up once per statement (``OFFSET 0`` keeps the subquery from being
+# inlined): ``nextval(pg_get_serial_sequence(...))`` per row looked it up for every id, about
+# three quarters of the statement's time (5.3 ms against 1.4 ms for 2,000 ids here).
+_NEXT_IDS = (
+    "SELECT nextval(s.seq) FROM (SELECT pg_get_serial_sequence(%s, 'id')::regclass AS seq"
+    " OFFSET 0) AS s, generate_series(1, %s)"
+)
 
 _INSERT_EVENTS = (
     "INSERT INTO trigger_events"
