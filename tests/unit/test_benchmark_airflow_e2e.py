@@ -89,7 +89,8 @@ def test_the_verdict_is_the_median_of_same_round_ratios_and_needs_zero_duplicate
 
     ratio = bench.ratios(runs)["live K=10 sqlite"]
     assert ratio["msgs_per_s_ours_over_airflow"] == {"rounds": [200.0, 50.0, 80.0],
-                                                     "median": 80.0}
+                                                     "median": 80.0, "lower_bounds": [False] * 3,
+                                                     "at_least": False}
     assert ratio["verdict"] == "NOT MET"
 
     runs[3] = _run(bench, "sharedstream", 1, 0.25)  # 200x in round 1: median 200
@@ -97,6 +98,24 @@ def test_the_verdict_is_the_median_of_same_round_ratios_and_needs_zero_duplicate
 
     runs[1] = _run(bench, "sharedstream", 0, 0.5, duplicates=1)
     assert bench.ratios(runs)["live K=10 sqlite"]["verdict"] == "NOT MET"
+
+
+def test_an_unfinished_airflow_run_gives_a_lower_bound_and_an_unfinished_one_of_ours_none(
+        bench: ModuleType) -> None:
+    # Airflow did not store all 1,000 records in 300 s: its rate was below 3.33/s, so
+    # ours (1,000 in 0.5 s: 2,000/s) is at least 600x; a finished round stays exact.
+    runs = [_run(bench, "airflow", 0, 300.0, finished=False), _run(bench, "sharedstream", 0, 0.5),
+            _run(bench, "airflow", 1, 100.0), _run(bench, "sharedstream", 1, 0.5)]
+
+    speed = bench.ratios(runs)["live K=10 sqlite"]["msgs_per_s_ours_over_airflow"]
+    assert speed == {"rounds": [600.0, 200.0], "median": 400.0,
+                     "lower_bounds": [True, False], "at_least": True}
+    assert bench.ratios(runs)["live K=10 sqlite"]["verdict"] == "MET"
+
+    runs[1] = _run(bench, "sharedstream", 0, 900.0, finished=False)
+    ratio = bench.ratios(runs)["live K=10 sqlite"]
+    assert ratio["msgs_per_s_ours_over_airflow"]["median"] is None
+    assert ratio["verdict"] == "NOT MET"
 
 
 def test_an_unfinished_run_has_no_rate_and_is_the_slowest_median(bench: ModuleType) -> None:
@@ -161,9 +180,11 @@ def test_an_unfinished_run_is_written_out_with_what_it_stored(
     assert (airflow["finished"], airflow["stored"], airflow["duplicates"], airflow["msgs_per_s"],
             airflow["cpu_ms_per_message"]) == (False, 1037, 37, None, None)
     ratio = written["ratios"]["live K=10 sqlite"]
-    assert ratio["msgs_per_s_ours_over_airflow"] == {"rounds": [None], "median": None}
+    # Airflow's rate was below 1,000 records / 120 s: ours (2,000/s) is at least 240x.
+    assert ratio["msgs_per_s_ours_over_airflow"] == {"rounds": [240.0], "median": 240.0,
+                                                     "lower_bounds": [True], "at_least": True}
     assert ratio["cpu_per_message_airflow_over_ours"] == {"rounds": [], "median": None}
-    assert ratio["verdict"] == "NOT MET"
+    assert ratio["verdict"] == "MET"
     assert "False,120.0" in (tmp_path / "t.csv").read_text()
     assert (tmp_path / "t.png").stat().st_size > 0
 
