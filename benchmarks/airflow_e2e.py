@@ -896,7 +896,14 @@ def _workdir() -> Iterator[Path]:
 
 async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
                   postgres: str | None) -> list[Run]:
-    """Every (store, mode, K, side) once per round; ``postgres``: the server's admin URL."""
+    """Every (store, mode, K, side) once per round; ``postgres``: the server's admin URL.
+
+    A SIGTERM (a CI timeout, ``kill``) cancels it as Ctrl-C does: every Airflow and
+    triggerer it started is stopped on the way out (then the caller's servers).
+    """
+    task = asyncio.current_task()
+    assert task is not None  # noqa: S101 - run by asyncio.run
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     runs = []
     for round_ in range(args.rounds):
         for store, mode, k in itertools.product(args.store, args.modes, args.ks):
@@ -918,9 +925,6 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # A SIGTERM (a CI timeout, `kill`) stops it as Ctrl-C does: every Airflow, triggerer,
-    # PostgreSQL server and Tansu it started is stopped on the way out, none left running.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     load: dict[str, Any] = {"start": list(os.getloadavg())}
     with _workdir() as workdir, tansu_broker(workdir) as bootstrap, contextlib.ExitStack() as on:
         # One PostgreSQL server for the whole benchmark (fsync on), a fresh database per run.
@@ -940,4 +944,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C or SIGTERM, all stopped
+        print("airflow_e2e: interrupted; no results written", file=sys.stderr)
+        sys.exit(130)
