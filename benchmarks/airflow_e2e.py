@@ -566,8 +566,6 @@ class Case:
     postgres: str | None = None
     """The PostgreSQL server's admin URL (the store ``postgresql`` needs it)."""
     airflow_log_level: str = "WARNING"
-    airflow_sqlite_journal: str = "wal"
-    """An SQLite Airflow's journal: ``wal`` (the testing kit's) or ``rollback`` (Airflow's own)."""
 
     @property
     def topic(self) -> str:
@@ -619,8 +617,7 @@ async def _run_airflow(case: Case, url: str | None) -> Run:
     # and more, and the kit would start it again mid-run (one that exits still is).
     # Kept home: its SQLite database is counted once more after the stop, then removed.
     server = AirflowServer(dags, components=("dag-processor", "triggerer"), extra=extra,
-                           environment=environment, hang_timeout=case.timeout + 60, keep=True,
-                           sqlite_wal=case.airflow_sqlite_journal == "wal")
+                           environment=environment, hang_timeout=case.timeout + 60, keep=True)
     say(f"{label}: starting Airflow {server.version} "
         f"([logging] logging_level {case.airflow_log_level})")
     try:
@@ -805,8 +802,7 @@ def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any
         "python": sys.version.split()[0], "machine": platform.platform(),
         "cpus": os.cpu_count(), "load_average": load, "airflow": DEFAULT_AIRFLOW_VERSION,
         "provider": PROVIDER, "broker": "tansu (memory)", "stores": args.store,
-        "airflow_logging_level": args.airflow_log_level,
-        "airflow_sqlite_journal": args.airflow_sqlite_journal, "messages": args.messages,
+        "airflow_logging_level": args.airflow_log_level, "messages": args.messages,
         "ks": args.ks, "partitions": args.partitions, "modes": args.modes,
         "rounds": args.rounds, "rows": rows,
         "ratios": ratios(runs), "runs": [r.row() for r in runs]}, indent=2) + "\n")
@@ -817,8 +813,6 @@ def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any
     stores = " and ".join(STORE_NAMES[store] for store in args.store)
     logging_level = ("" if args.airflow_log_level == "WARNING"
                      else f", Airflow logging {args.airflow_log_level}")
-    if args.airflow_sqlite_journal != "wal" and "sqlite" in args.store:
-        logging_level += f", Airflow's SQLite in {args.airflow_sqlite_journal} journal mode"
     plot(rows, args.output_dir / f"{stem}.png",
          f"Airflow {DEFAULT_AIRFLOW_VERSION}'s triggerer vs sharedstream's: {args.messages:,} "
          f"records, {args.partitions} partitions (Tansu), {stores}{logging_level}")
@@ -867,9 +861,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(default sqlite); every case runs on each")
     parser.add_argument("--airflow-log-level", type=str.upper, choices=LOG_LEVELS,
                         default="WARNING", help="Airflow's [logging] logging_level (WARNING)")
-    parser.add_argument("--airflow-sqlite-journal", choices=("wal", "rollback"), default="wal",
-                        help="an SQLite Airflow's journal mode: wal (the testing kit's, the "
-                             "default) or rollback (Airflow's own, where readers block writers)")
     parser.add_argument("--rounds", type=int, default=3, help="every case once per round (3)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds a run may take before it is reported unfinished (900)")
@@ -908,8 +899,7 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
     for round_ in range(args.rounds):
         for store, mode, k in itertools.product(args.store, args.modes, args.ks):
             case = Case(bootstrap, args.messages, args.partitions, mode, k, store, round_,
-                        workdir, args.timeout, postgres, args.airflow_log_level,
-                        args.airflow_sqlite_journal)
+                        workdir, args.timeout, postgres, args.airflow_log_level)
             # Alternate which side goes first, round by round.
             sides = args.sides if round_ % 2 == 0 else list(reversed(args.sides))
             for side in sides:

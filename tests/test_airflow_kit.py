@@ -17,14 +17,12 @@ in for pip.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -193,21 +191,6 @@ def test_the_api_answers_again_after_a_restart(airflow_server: AirflowServer,
     assert airflow_server.token() == token  # the JWT secret outlives the process
     airflow_server.wait_for_runs(DAG_ID, len(airflow_server.dag_runs(DAG_ID)), timeout=120)
     assert json.loads((conf_writer / "after-restart.json").read_text())["name"] == "after-restart"
-
-
-def journal_mode(server: AirflowServer) -> str:
-    with contextlib.closing(sqlite3.connect(server.home / "airflow.db")) as db:
-        return str(db.execute("PRAGMA journal_mode").fetchone()[0])
-
-
-@pytest.mark.airflow
-@pytest.mark.timeout(300)
-def test_the_sqlite_database_is_in_wal_mode_unless_asked_for_airflows_own(
-        airflow_server: AirflowServer, tmp_path: Path) -> None:
-    assert journal_mode(airflow_server) == "wal"
-    with AirflowServer(tmp_path, components=(), sqlite_wal=False) as plain:
-        assert journal_mode(plain) == "delete"
-        assert plain.request("GET", "/api/v2/monitor/health")[0] == 200
 
 
 @pytest.mark.airflow

@@ -154,9 +154,7 @@ class AirflowServer:
     last (``AIRFLOW_CONN_*``, settings of your own, what a DAG file reads);
     ``keep`` leaves :attr:`home` in place after :meth:`stop`; ``hang_timeout``
     is how long a running component may be reported unhealthy before it is
-    started again (guarantee 7 of the module); ``sqlite_wal`` false leaves an
-    SQLite metadata database in Airflow's own journal mode (rollback, where
-    readers block writers) instead of WAL (guarantee 6). :meth:`request`
+    started again (guarantee 7 of the module). :meth:`request`
     and :meth:`token` may be called from several threads; starting,
     restarting and stopping are for one thread.
 
@@ -172,7 +170,7 @@ class AirflowServer:
                  components: Collection[str] = DEFAULT_COMPONENTS,
                  extra: Sequence[str] = (), environment: Mapping[str, str] | None = None,
                  keep: bool = False, start_timeout: float = 120.0,
-                 hang_timeout: float = 30.0, sqlite_wal: bool = True) -> None:
+                 hang_timeout: float = 30.0) -> None:
         unknown = set(components) - set(COMPONENTS)
         if unknown:
             raise ValueError(f"unknown Airflow components {sorted(unknown)}; known: {COMPONENTS}")
@@ -184,7 +182,6 @@ class AirflowServer:
         self._components = [name for name in COMPONENTS if name in components]
         self._extra, self._environment = tuple(extra), dict(environment or {})
         self._keep, self._start_timeout, self._hang_timeout = keep, start_timeout, hang_timeout
-        self._sqlite_wal_mode = sqlite_wal
         self._unhealthy_since: dict[str, float] = {}
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._env: dict[str, str] = {}
@@ -203,6 +200,9 @@ class AirflowServer:
 
     def _sqlite_wal(self) -> None:
         """Put an SQLite metadata database in WAL mode (it stays so): readers stop blocking writers.
+
+        Airflow 3 sets WAL itself on each connection it opens; this makes the
+        file WAL from the migration on, before any component connects.
 
         A burst of 100 run creations while runs executed got seven ``500 database is
         locked`` and killed the scheduler in rollback mode; none in WAL (300 still can).
@@ -233,8 +233,7 @@ class AirflowServer:
             self._env = self._environment_for(venv, port)
             run_logged([self._airflow, "db", "migrate"], self._log("db-migrate"), self._env,
                         timeout=self._start_timeout, failure=BrokerDidNotStart)
-            if self._sqlite_wal_mode:
-                self._sqlite_wal()
+            self._sqlite_wal()
             deadline = time.monotonic() + self._start_timeout
             for name in ["api-server", *self._components]:
                 self._start_component(name)
@@ -564,8 +563,7 @@ def airflow_server(dags_folder: Path, *, version: str = DEFAULT_AIRFLOW_VERSION,
                    components: Collection[str] = DEFAULT_COMPONENTS,
                    extra: Sequence[str] = (), environment: Mapping[str, str] | None = None,
                    keep: bool = False, start_timeout: float = 120.0,
-                   hang_timeout: float = 30.0, sqlite_wal: bool = True,
-                   ) -> Iterator[AirflowServer]:
+                   hang_timeout: float = 30.0) -> Iterator[AirflowServer]:
     """Run Airflow on ``dags_folder`` for the ``with`` block; yields the :class:`AirflowServer`.
 
     The arguments are :class:`AirflowServer`'s; raises what its ``start``
@@ -573,6 +571,6 @@ def airflow_server(dags_folder: Path, *, version: str = DEFAULT_AIRFLOW_VERSION,
     """
     server = AirflowServer(dags_folder, version=version, components=components, extra=extra,
                            environment=environment, keep=keep, start_timeout=start_timeout,
-                           hang_timeout=hang_timeout, sqlite_wal=sqlite_wal)
+                           hang_timeout=hang_timeout)
     with server:
         yield server
