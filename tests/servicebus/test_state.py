@@ -65,6 +65,18 @@ def receive(state: ServiceBusState, receiver: Receiver) -> tuple[str, int, uuid.
     return delivery.message.encoded.decode(), delivery.delivery_count, delivery.lock_token
 
 
+def locked_first(*bodies: str) -> tuple[ServiceBusState, Receiver, uuid.UUID]:
+    """A state with queue ``q`` holding ``bodies``, the first received peek-lock: its lock token."""
+    state, _ = make_state()
+    state.create_queue("q")
+    state.send("q", [msg(body) for body in bodies])
+    receiver = state.open_receiver("q")
+    assert receiver is not None
+    _, _, token = receive(state, receiver)
+    assert token is not None
+    return state, receiver, token
+
+
 def test_entries_are_delivered_in_sequence_order_and_completion_removes_them() -> None:
     state, woken = make_state()
     state.create_queue("q")
@@ -85,13 +97,7 @@ def test_entries_are_delivered_in_sequence_order_and_completion_removes_them() -
 
 
 def test_an_abandoned_entry_is_counted_and_comes_back_before_later_ones() -> None:
-    state, _ = make_state()
-    state.create_queue("q")
-    state.send("q", [msg("a"), msg("b")])
-    receiver = state.open_receiver("q")
-    assert receiver is not None
-    _, _, token = receive(state, receiver)
-    assert token is not None
+    state, receiver, token = locked_first("a", "b")
     state.settle(token, Outcome.ABANDON)
     assert receive(state, receiver)[:2] == ("a", 1)  # invariants 3 and 4
     with pytest.raises(Refused) as stale:
@@ -100,13 +106,7 @@ def test_an_abandoned_entry_is_counted_and_comes_back_before_later_ones() -> Non
 
 
 def test_a_release_makes_the_entry_available_without_counting_it() -> None:
-    state, _ = make_state()
-    state.create_queue("q")
-    state.send("q", [msg("a")])
-    receiver = state.open_receiver("q")
-    assert receiver is not None
-    _, _, token = receive(state, receiver)
-    assert token is not None
+    state, receiver, token = locked_first("a")
     state.settle(token, Outcome.RELEASE)
     assert receive(state, receiver)[:2] == ("a", 0)
 
@@ -207,13 +207,7 @@ def test_dead_lettering_keeps_the_sequence_number_and_adds_reason_and_descriptio
 
 
 def test_a_deferred_entry_is_kept_but_never_received_again() -> None:
-    state, _ = make_state()
-    state.create_queue("q")
-    state.send("q", [msg("later")])
-    receiver = state.open_receiver("q")
-    assert receiver is not None
-    _, _, token = receive(state, receiver)
-    assert token is not None
+    state, receiver, token = locked_first("later")
     state.settle(token, Outcome.DEFER)
     assert state.receive(receiver) is None
     assert state.counts("q").deferred == 1
@@ -253,13 +247,7 @@ def test_1_a_deferred_entry_is_locked_by_its_number_and_deferred_again_when_the_
 
 
 def test_8_a_deferred_entry_locked_when_saved_comes_back_deferred_and_counted() -> None:
-    state, _ = make_state()
-    state.create_queue("q")
-    state.send("q", [msg("a")])
-    receiver = state.open_receiver("q")
-    assert receiver is not None
-    _, _, token = receive(state, receiver)
-    assert token is not None
+    state, _, token = locked_first("a")
     state.settle(token, Outcome.DEFER)
     state.receive_deferred("q", [1])
     restored, _ = make_state()
