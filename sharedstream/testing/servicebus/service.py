@@ -10,8 +10,10 @@ dropped; paths are the state's):
 * receiving from ``$cbs`` / sending to ``$cbs``: the CBS request/response
   pair. A ``put-token`` is answered 200 when :func:`~.auth.verify` accepts
   its shared access signature against the namespace's keys (the grant is
-  kept for the connection), else 401 with the reason, which the SDK raises
-  as ``ServiceBusAuthenticationError``. Every other link needs a live grant
+  kept for the connection), else 401 with the reason; an audience naming
+  an entity that does not exist is answered 404 (as Service Bus answers:
+  a missing entity is found at ``put-token``, before any attach). The SDK
+  raises both as ``ServiceBusAuthenticationError``. Every other link needs a live grant
   covering its entity (:func:`~.auth.authorize`): ``Listen`` to receive,
   ``Send`` to send, either for the management node; without it the attach
   is refused with ``amqp:unauthorized-access``;
@@ -36,9 +38,12 @@ unsettled disposition from the client is applied, then echoed settled with
 the same outcome (``rejected`` without an error), or settled ``rejected``
 with ``message-lock-lost`` when the lock had ended. A drain request is
 answered once nothing more can be sent. An unknown entity is refused at
-attach with ``amqp:not-found``. With a :class:`~.state_file.StateFile`, a
-send is written before it is accepted and every other event that may have
-changed the state is written within the file's debounce (its invariants).
+attach with ``amqp:not-found`` (reached only under a namespace-wide
+audience, or when the entity went away after its token was put: the SDK
+puts each token for its entity, refused first at ``put-token``). With a
+:class:`~.state_file.StateFile`, a send is written before it is
+accepted and every other event that may have changed the state is
+written within the file's debounce (its invariants).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from sharedstream.testing.servicebus.management import Management
 from sharedstream.testing.servicebus.model import (
     MESSAGE_SIZE_EXCEEDED,
     NEXT_SESSION,
+    NOT_FOUND,
     Namespace,
     NextSession,
     Outcome,
@@ -464,7 +470,7 @@ class ServiceBusService(Handler):
         reply_link.send(reply)
 
     def _put_token(self, link: ProtonReceiver, request: Message) -> Message:
-        """The answer to a CBS request: 200 and a grant kept, or 401 and why."""
+        """The answer to a CBS request: 200 and a grant kept, or 401/404 and why."""
         given: dict[Any, Any] = request.properties or {}
         properties = {str(name): value for name, value in given.items()}
         if str(properties.get("operation")) != "put-token":
@@ -476,6 +482,8 @@ class ServiceBusService(Handler):
             grant = auth.verify(token, str(properties.get("type", "")),
                                 str(properties.get("name", "")), self.namespace.keys,
                                 self.state.wall())
+            if grant.path:
+                self._check_audience(grant.path, str(properties.get("name", "")))
         except auth.TokenRefused as refused:
             _LOG.info("token refused", audience=properties.get("name"),
                       reason=refused.description)
@@ -485,6 +493,16 @@ class ServiceBusService(Handler):
         grants[:] = [kept for kept in grants if kept.path.lower() != grant.path.lower()]
         grants.append(grant)
         return Message(properties={"status-code": 200, "status-description": "OK"})
+
+    def _check_audience(self, path: str, audience: str) -> None:
+        """:class:`~.auth.TokenRefused` with 404 unless ``path`` names an entity, as Service Bus."""
+        try:
+            self.state.check_entity(path.removesuffix(MANAGEMENT))
+        except Refused as missing:
+            if missing.condition != NOT_FOUND:
+                raise
+            raise auth.TokenRefused(404, f"The messaging entity '{audience}' could not be "
+                                         f"found.") from missing
 
     def _disposition(self, link: Link, delivery: Delivery) -> None:
         state, remote = delivery.remote_state, delivery.remote
