@@ -406,27 +406,6 @@ async def test_a_topic_copies_each_message_to_the_subscriptions_whose_filter_it_
 # -- connections and errors ----------------------------------------------------------------
 
 
-async def test_an_unknown_entity_is_refused_at_put_token_with_404(
-        servicebus_connection_string: str) -> None:
-    """As Service Bus: the token's audience names no entity, so ``put-token`` answers 404.
-
-    The SDK raises that as an authentication error, and retries it as one
-    (``retry_total=0`` here: once is enough).
-    """
-    started = time.monotonic()
-    async with servicebus_aio.ServiceBusClient.from_connection_string(
-            servicebus_connection_string, retry_total=0) as once:
-        with pytest.raises(exceptions.ServiceBusAuthenticationError) as refused:
-            await send(once, "no-such-queue", Message("lost"))
-        assert "Status code: 404" in str(refused.value.inner_exception)
-        assert "no-such-queue' could not be found" in str(refused.value.inner_exception)
-        with pytest.raises(exceptions.ServiceBusAuthenticationError) as refused:
-            async with once.get_subscription_receiver("events", "no-such-subscription") as receiver:
-                await receiver.receive_messages(max_wait_time=0.3)
-        assert "Status code: 404" in str(refused.value.inner_exception)
-    assert time.monotonic() - started < 5  # refused at once, not at a timeout
-
-
 async def test_the_sync_sdk_sends_receives_and_settles(servicebus_connection_string: str) -> None:
     def use_the_sync_sdk() -> list[str]:
         with servicebus.ServiceBusClient.from_connection_string(

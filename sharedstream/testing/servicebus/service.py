@@ -30,7 +30,8 @@ dropped; paths are the state's):
   (a string; any other value is refused with ``amqp:invalid-field``).
   A ``next available session`` attach with no session free is answered
   when one becomes free, or refused with ``com.microsoft:timeout`` after the
-  link's ``com.microsoft:timeout`` (60 s when not given).
+  link's ``com.microsoft:timeout`` (when not given, the namespace's
+  ``next_session_wait``: 65 s unless configured, as Service Bus).
 
 Guarantees: a delivery goes out only against the link's credit (prefetch is
 the SDK's credit), its 16-byte tag is the lock token's ``bytes_le``; an
@@ -85,7 +86,6 @@ SESSION_LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
 LINK_TIMEOUT = symbol("com.microsoft:timeout")
 TIMEOUT = "com.microsoft:timeout"
 INVALID_FIELD = "amqp:invalid-field"
-DEFAULT_ATTACH_WAIT = 60.0
 DOTNET_EPOCH_TICKS = 621355968000000000
 """``DateTime`` ticks (100 ns since year 1) at the Unix epoch: the session lock's unit."""
 CREDIT = 200
@@ -113,6 +113,14 @@ class _Waiting:
     path: str
     receive_and_delete: bool
     deadline: float
+    seconds: float
+    """How long it waits in all (what the refusal quotes)."""
+
+
+def _hms(seconds: float) -> str:
+    """``seconds`` as Service Bus quotes a timeout: ``00:01:05``."""
+    whole = round(seconds)
+    return f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 @dataclass(eq=False)
@@ -258,8 +266,9 @@ class ServiceBusService(Handler):
         if receiver is None:
             properties = link.remote_properties or {}
             wait = properties.get(LINK_TIMEOUT)
-            seconds = DEFAULT_ATTACH_WAIT if wait is None else int(wait) / 1000
-            self._waiting.append(_Waiting(link, path, receive_and_delete, self.clock() + seconds))
+            seconds = self.namespace.next_session_wait if wait is None else int(wait) / 1000
+            self._waiting.append(_Waiting(link, path, receive_and_delete, self.clock() + seconds,
+                                          seconds))
             return
         self._attach_receiver(link, receiver)
 
@@ -396,7 +405,9 @@ class ServiceBusService(Handler):
         now = self.clock()
         for waiting in [w for w in self._waiting if w.deadline <= now]:
             self._waiting.remove(waiting)
-            self._refuse(waiting.link, TIMEOUT, "no session became available in time")
+            self._refuse(waiting.link, TIMEOUT, "The operation did not complete within the "
+                         f"allotted timeout of {_hms(waiting.seconds)}: no session became "
+                         "available.")
         self.settle_changes()
         if self.state_file is not None:
             self.state_file.save_if_due(self.state)
