@@ -9,7 +9,10 @@ Entra ID), through the producer's client
 ``send_messages`` call: each message's properties become its application
 properties and its ``key`` its session id (required by a queue with
 sessions). The sender runs without the SDK's keep-alive pinger (closing
-would wait for it), as the demo's clients do.
+would wait for it), as the demo's clients do. A missing queue or topic
+(Service Bus refuses its token with 404) and a refused key are
+configuration errors (:func:`~sharedstream.producers._servicebus_types.sdk_error`):
+one line, exit 2.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sharedstream.producers._servicebus_types import (
     ServiceBusConfigError,
     ServiceBusSettings,
     open_client,
+    sdk_error,
 )
 from sharedstream.triggers.servicebus import servicebus_settings_from_connection
 
@@ -101,6 +105,9 @@ class ServiceBusSender:
             raise SendConnectError(f"cannot reach Service Bus at {s.namespace_host} "
                                    f"({type(exc).__name__})") from exc
         except errors.ServiceBusError as exc:
+            meaning = sdk_error(f"opening a sender to {self.destination}", exc)
+            if isinstance(meaning, ServiceBusConfigError):  # a missing entity, a refused key
+                raise meaning from exc
             raise SendFailed(f"cannot open a sender to {self.destination}: "
                              f"{str(exc).splitlines()[0]}") from exc
 

@@ -79,32 +79,43 @@ def sdk_error(what: str, exc: BaseException) -> ServiceBusProducerError:
     """What the SDK's ``exc`` means: this module's error, to raise ``from exc``.
 
     A missing entity and a refused token are configuration errors
-    (retrying cannot help: the poll ends with one line); anything else is
-    a request error.
+    (retrying cannot help: the poll ends with one line); a token refused
+    with 404 (Service Bus's answer to a ``put-token`` for an entity that
+    does not exist) is a missing entity. Anything else is a request error.
     """
     names = {kind.__name__ for kind in type(exc).__mro__}
     if "MessagingEntityNotFoundError" in names:
         return ServiceBusConfigError(f"{what}: not found ({first_line(exc)})")
     if names.intersection(_REFUSED):
-        return ServiceBusConfigError(f"{what}: not authorized ({_refusal(exc)})")
+        status, reason = _refusal(exc)
+        # Service Bus answers the put-token for a missing entity with 404: the
+        # SDK raises that as an authentication error, but the entity is missing.
+        verdict = "not found" if status == _ENTITY_NOT_FOUND else "not authorized"
+        return ServiceBusConfigError(f"{what}: {verdict} ({reason})")
     return ServiceBusRequestError(f"{what} failed: {first_line(exc)}")
 
 
-def _refusal(exc: BaseException) -> str:
-    """Why the service refused a token: the CBS status the SDK keeps on its AMQP error.
+_ENTITY_NOT_FOUND = 404
+"""The ``put-token`` status of an audience naming no entity of the namespace."""
+
+
+def _refusal(exc: BaseException) -> tuple[int | None, str]:
+    """Why the service refused a token: the CBS status the SDK keeps on its AMQP error, and text.
 
     The SDK's own message for a refused ``put-token`` is only "Error
     condition: amqp:client-error"; the status and its description (an
-    invalid signature, an expired token) are on its inner exception.
+    invalid signature, an expired token, a missing entity) are on its
+    inner exception. The status is ``None`` when it has none.
     """
     cause = getattr(exc, "inner_exception", None)
     status, description = (getattr(cause, "status_code", None),
                            getattr(cause, "status_description", None))
     if status is None or description is None:
-        return first_line(exc)
+        return None, first_line(exc)
     text = description.decode(errors="replace") if isinstance(description, bytes) \
         else str(description)
-    return f"status {status}: {text.splitlines()[0][:300] if text else 'no description'}"
+    return (status if isinstance(status, int) else None,
+            f"status {status}: {text.splitlines()[0][:300] if text else 'no description'}")
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -264,6 +264,17 @@ async def test_servicebus_properties_and_session(servicebus_connection_string: s
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")  # the SDK's lost sockets: tests/servicebus
+def test_servicebus_missing_queue_is_one_line_saying_not_found(servicebus_connection_string: str,
+                                                               tmp_path: Path) -> None:
+    """Service Bus refuses the token for a missing queue with 404: said as "not found"."""
+    result = run_sharedstream("send", "--broker", "servicebus", "--connection-string",
+                              servicebus_connection_string, "--queue", "nowhere", "--value", "x",
+                              cwd=tmp_path)
+    line = _one_line_error(result, 2)
+    assert "servicebus queue nowhere: not found (status 404" in line, line
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # the SDK's lost sockets: tests/servicebus
 async def test_servicebus_send_without_a_session_id_to_a_session_queue_says_so(
         servicebus_connection_string: str) -> None:
     """No session id for a queue with sessions: refused (as Azure does), with the hint."""

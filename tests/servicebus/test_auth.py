@@ -83,8 +83,12 @@ def test_3_a_link_needs_a_live_grant_with_its_right() -> None:
                                NOW + 60)], "orders", Right.LISTEN, NOW, or_else=Right.SEND)
 
 
-def test_the_entities_document_names_keys_and_the_message_size() -> None:
+def test_the_entities_document_names_keys_the_message_size_and_the_next_session_wait() -> None:
     assert config.namespace({}) == Namespace()
+    assert Namespace().next_session_wait == 65  # Service Bus's "allotted timeout of 00:01:05"
+    assert config.namespace({"next_session_wait": 2.5}).next_session_wait == 2.5
+    with pytest.raises(ValueError, match="next_session_wait must be positive"):
+        config.namespace({"next_session_wait": 0})
     document = {"keys": [{"name": "admin", "key": "s3cret"},
                          {"name": "listener", "key": "l1sten", "rights": ["Listen"]}],
                 "max_message_size": 100 * 1024 * 1024}

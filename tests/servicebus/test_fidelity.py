@@ -102,6 +102,26 @@ def test_an_expired_token_or_one_for_another_entity_is_refused(endpoint: str) ->
 
 
 @pytest.mark.timeout(60)
+def test_a_missing_entity_is_refused_at_put_token_with_404(endpoint: str) -> None:
+    """As Service Bus: the token's audience names no entity, so ``put-token`` answers 404.
+
+    The SDK raises that as ``ServiceBusAuthenticationError`` (and retries
+    it as one; not here), before any link is attached.
+    """
+    admin = with_key(endpoint, "admin", "s3cret")
+    started = time.monotonic()
+    with pytest.raises(exceptions.ServiceBusAuthenticationError) as refused:
+        send(admin, "no-such-queue", Message("lost"))
+    assert "Status code: 404" in str(refused.value.inner_exception)
+    assert "no-such-queue' could not be found" in str(refused.value.inner_exception)
+    with client(admin) as sb, pytest.raises(exceptions.ServiceBusAuthenticationError) as refused, \
+            sb.get_subscription_receiver("fanout", "no-such-subscription") as receiver:
+        receiver.receive_messages(max_wait_time=0.3)
+    assert "Status code: 404" in str(refused.value.inner_exception)
+    assert time.monotonic() - started < 5  # refused at once, not at a timeout
+
+
+@pytest.mark.timeout(60)
 def test_a_listen_key_cannot_send_and_a_send_key_cannot_receive(endpoint: str) -> None:
     listener = with_key(endpoint, "listener", "l1sten")
     sender = with_key(endpoint, "sender", "s3nd")
@@ -371,3 +391,19 @@ def test_listing_sessions_gives_those_with_messages_or_state_and_filters_by_upda
             "updated", "with-message", "with-state"]
         assert list(sb.list_queue_sessions("listed-sessions", state_updated_after=cutoff)) == [
             "updated"]
+
+
+@pytest.mark.timeout(60)
+def test_a_next_session_attach_without_a_timeout_waits_the_namespace_s_wait() -> None:
+    """Service Bus holds such an attach 65 s (``next_session_wait``: 2 s here), then refuses it.
+
+    The SDK sends no ``com.microsoft:timeout`` for a receiver without
+    ``max_wait_time``; the refusal quotes the wait as the service does.
+    """
+    entities = {"next_session_wait": 2, "queues": [{"name": "idle", "requires_session": True}]}
+    with running_or_skip(servicebus_server(entities=entities)) as string, client(string) as sb:
+        started = time.monotonic()
+        with pytest.raises(exceptions.OperationTimeoutError, match="timeout of 00:00:02"), \
+                sb.get_queue_receiver("idle", session_id=servicebus.NEXT_AVAILABLE_SESSION):
+            pass
+        assert 1.5 < time.monotonic() - started < 10

@@ -406,16 +406,6 @@ async def test_a_topic_copies_each_message_to_the_subscriptions_whose_filter_it_
 # -- connections and errors ----------------------------------------------------------------
 
 
-async def test_an_unknown_entity_is_refused_with_entity_not_found(client: Any) -> None:
-    started = time.monotonic()
-    with pytest.raises(exceptions.MessagingEntityNotFoundError):
-        await send(client, "no-such-queue", Message("lost"))
-    with pytest.raises(exceptions.MessagingEntityNotFoundError):
-        async with client.get_queue_receiver("no-such-queue") as receiver:
-            await receiver.receive_messages(max_wait_time=0.3)
-    assert time.monotonic() - started < 5  # refused, not retried until a timeout
-
-
 async def test_the_sync_sdk_sends_receives_and_settles(servicebus_connection_string: str) -> None:
     def use_the_sync_sdk() -> list[str]:
         with servicebus.ServiceBusClient.from_connection_string(

@@ -15,11 +15,13 @@ The namespace's own settings (:class:`~.model.Namespace`, read by
 :func:`namespace`) are optional top-level fields::
 
     {"keys": [{"name": "listener", "key": "secret", "rights": ["Listen"]}],
-     "max_message_size": 104857600}
+     "max_message_size": 104857600, "next_session_wait": 5}
 
 Without ``keys`` the namespace has one key, ``k`` = ``v`` with every right
 (:data:`~.model.DEFAULT_KEY`, what the kit's connection strings carry);
-without ``max_message_size``, Standard's 256 KB.
+without ``max_message_size``, Standard's 256 KB; without
+``next_session_wait`` (seconds), Service Bus's 65 s wait of a
+next-available-session attach that names no timeout of its own.
 
 Settings left out take Service Bus's defaults (:class:`~.model.EntitySettings`);
 a subscription without ``filters`` gets everything (the ``$Default`` rule).
@@ -37,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sharedstream.testing.servicebus.model import (
+    NEXT_SESSION_WAIT,
     STANDARD_MAX_MESSAGE_SIZE,
     AccessKey,
     CorrelationFilter,
@@ -171,10 +174,11 @@ def _key(entry: Mapping[str, Any]) -> AccessKey:
 
 
 def namespace(document: Mapping[str, Any]) -> Namespace:
-    """The namespace settings of ``document`` (its ``keys`` and ``max_message_size``).
+    """The namespace settings of ``document``: its keys, message size and next-session wait.
 
-    ``ValueError`` names a malformed key or size.
+    ``ValueError`` names a malformed key, size or wait.
     """
     keys = document.get("keys")
     return Namespace(tuple(map(_key, keys)) if keys else Namespace().keys,
-                     int(document.get("max_message_size", STANDARD_MAX_MESSAGE_SIZE)))
+                     int(document.get("max_message_size", STANDARD_MAX_MESSAGE_SIZE)),
+                     float(document.get("next_session_wait", NEXT_SESSION_WAIT)))

@@ -24,6 +24,7 @@ __all__ = [
     "MESSAGE_NOT_FOUND",
     "MESSAGE_SIZE_EXCEEDED",
     "NEXT_SESSION",
+    "NEXT_SESSION_WAIT",
     "NOT_ALLOWED",
     "NOT_FOUND",
     "SESSION_CANNOT_BE_LOCKED",
@@ -227,22 +228,32 @@ class AccessKey:
         return right in self.rights or Right.MANAGE in self.rights
 
 
+NEXT_SESSION_WAIT: Final = 65.0
+"""Seconds Service Bus holds a next-available-session attach without a client timeout
+(its refusal reads "did not complete within the allotted timeout of 00:01:05")."""
+
 DEFAULT_KEY: Final = AccessKey("k", "v")
 """The key of a namespace that names none: what the kit's connection strings carry."""
 
 
 @dataclass(frozen=True, slots=True)
 class Namespace:
-    """What the whole namespace does: its keys and its message size limit."""
+    """What the whole namespace does: its keys, its message size limit, its next-session wait."""
 
     keys: tuple[AccessKey, ...] = (DEFAULT_KEY,)
     """The shared access policies a token may be signed with (at least one)."""
     max_message_size: int = STANDARD_MAX_MESSAGE_SIZE
     """Bytes of one transfer (a batch counts as a whole), advertised on every link as its
     ``max-message-size``; a larger transfer is refused."""
+    next_session_wait: float = NEXT_SESSION_WAIT
+    """Seconds a next-available-session attach that gives no ``com.microsoft:timeout`` waits
+    for a session to become free before it is refused with ``com.microsoft:timeout``."""
 
     def __post_init__(self) -> None:
         if not self.keys:
             raise ValueError("a namespace needs at least one key")
         if self.max_message_size < 1:
             raise ValueError(f"max_message_size must be positive, not {self.max_message_size}")
+        if not 0 < self.next_session_wait < float("inf"):
+            raise ValueError(f"next_session_wait must be positive seconds, not "
+                             f"{self.next_session_wait}")

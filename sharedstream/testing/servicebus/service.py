@@ -10,8 +10,10 @@ dropped; paths are the state's):
 * receiving from ``$cbs`` / sending to ``$cbs``: the CBS request/response
   pair. A ``put-token`` is answered 200 when :func:`~.auth.verify` accepts
   its shared access signature against the namespace's keys (the grant is
-  kept for the connection), else 401 with the reason, which the SDK raises
-  as ``ServiceBusAuthenticationError``. Every other link needs a live grant
+  kept for the connection), else 401 with the reason; an audience naming
+  an entity that does not exist is answered 404 (as Service Bus answers:
+  a missing entity is found at ``put-token``, before any attach). The SDK
+  raises both as ``ServiceBusAuthenticationError``. Every other link needs a live grant
   covering its entity (:func:`~.auth.authorize`): ``Listen`` to receive,
   ``Send`` to send, either for the management node; without it the attach
   is refused with ``amqp:unauthorized-access``;
@@ -28,7 +30,8 @@ dropped; paths are the state's):
   (a string; any other value is refused with ``amqp:invalid-field``).
   A ``next available session`` attach with no session free is answered
   when one becomes free, or refused with ``com.microsoft:timeout`` after the
-  link's ``com.microsoft:timeout`` (60 s when not given).
+  link's ``com.microsoft:timeout`` (when not given, the namespace's
+  ``next_session_wait``: 65 s unless configured, as Service Bus).
 
 Guarantees: a delivery goes out only against the link's credit (prefetch is
 the SDK's credit), its 16-byte tag is the lock token's ``bytes_le``; an
@@ -36,9 +39,12 @@ unsettled disposition from the client is applied, then echoed settled with
 the same outcome (``rejected`` without an error), or settled ``rejected``
 with ``message-lock-lost`` when the lock had ended. A drain request is
 answered once nothing more can be sent. An unknown entity is refused at
-attach with ``amqp:not-found``. With a :class:`~.state_file.StateFile`, a
-send is written before it is accepted and every other event that may have
-changed the state is written within the file's debounce (its invariants).
+attach with ``amqp:not-found`` (reached only under a namespace-wide
+audience, or when the entity went away after its token was put: the SDK
+puts each token for its entity, refused first at ``put-token``). With a
+:class:`~.state_file.StateFile`, a send is written before it is
+accepted and every other event that may have changed the state is
+written within the file's debounce (its invariants).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from sharedstream.testing.servicebus.management import Management
 from sharedstream.testing.servicebus.model import (
     MESSAGE_SIZE_EXCEEDED,
     NEXT_SESSION,
+    NOT_FOUND,
     Namespace,
     NextSession,
     Outcome,
@@ -79,7 +86,6 @@ SESSION_LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
 LINK_TIMEOUT = symbol("com.microsoft:timeout")
 TIMEOUT = "com.microsoft:timeout"
 INVALID_FIELD = "amqp:invalid-field"
-DEFAULT_ATTACH_WAIT = 60.0
 DOTNET_EPOCH_TICKS = 621355968000000000
 """``DateTime`` ticks (100 ns since year 1) at the Unix epoch: the session lock's unit."""
 CREDIT = 200
@@ -107,6 +113,14 @@ class _Waiting:
     path: str
     receive_and_delete: bool
     deadline: float
+    seconds: float
+    """How long it waits in all (what the refusal quotes)."""
+
+
+def _hms(seconds: float) -> str:
+    """``seconds`` as Service Bus quotes a timeout: ``00:01:05``."""
+    whole = round(seconds)
+    return f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 @dataclass(eq=False)
@@ -252,8 +266,9 @@ class ServiceBusService(Handler):
         if receiver is None:
             properties = link.remote_properties or {}
             wait = properties.get(LINK_TIMEOUT)
-            seconds = DEFAULT_ATTACH_WAIT if wait is None else int(wait) / 1000
-            self._waiting.append(_Waiting(link, path, receive_and_delete, self.clock() + seconds))
+            seconds = self.namespace.next_session_wait if wait is None else int(wait) / 1000
+            self._waiting.append(_Waiting(link, path, receive_and_delete, self.clock() + seconds,
+                                          seconds))
             return
         self._attach_receiver(link, receiver)
 
@@ -390,7 +405,9 @@ class ServiceBusService(Handler):
         now = self.clock()
         for waiting in [w for w in self._waiting if w.deadline <= now]:
             self._waiting.remove(waiting)
-            self._refuse(waiting.link, TIMEOUT, "no session became available in time")
+            self._refuse(waiting.link, TIMEOUT, "The operation did not complete within the "
+                         f"allotted timeout of {_hms(waiting.seconds)}: no session became "
+                         "available.")
         self.settle_changes()
         if self.state_file is not None:
             self.state_file.save_if_due(self.state)
@@ -464,7 +481,7 @@ class ServiceBusService(Handler):
         reply_link.send(reply)
 
     def _put_token(self, link: ProtonReceiver, request: Message) -> Message:
-        """The answer to a CBS request: 200 and a grant kept, or 401 and why."""
+        """The answer to a CBS request: 200 and a grant kept, or 401/404 and why."""
         given: dict[Any, Any] = request.properties or {}
         properties = {str(name): value for name, value in given.items()}
         if str(properties.get("operation")) != "put-token":
@@ -476,6 +493,8 @@ class ServiceBusService(Handler):
             grant = auth.verify(token, str(properties.get("type", "")),
                                 str(properties.get("name", "")), self.namespace.keys,
                                 self.state.wall())
+            if grant.path:
+                self._check_audience(grant.path, str(properties.get("name", "")))
         except auth.TokenRefused as refused:
             _LOG.info("token refused", audience=properties.get("name"),
                       reason=refused.description)
@@ -485,6 +504,16 @@ class ServiceBusService(Handler):
         grants[:] = [kept for kept in grants if kept.path.lower() != grant.path.lower()]
         grants.append(grant)
         return Message(properties={"status-code": 200, "status-description": "OK"})
+
+    def _check_audience(self, path: str, audience: str) -> None:
+        """:class:`~.auth.TokenRefused` with 404 unless ``path`` names an entity, as Service Bus."""
+        try:
+            self.state.check_entity(path.removesuffix(MANAGEMENT))
+        except Refused as missing:
+            if missing.condition != NOT_FOUND:
+                raise
+            raise auth.TokenRefused(404, f"The messaging entity '{audience}' could not be "
+                                         f"found.") from missing
 
     def _disposition(self, link: Link, delivery: Delivery) -> None:
         state, remote = delivery.remote_state, delivery.remote
