@@ -41,7 +41,9 @@ class ClientGoneFilter(logging.Filter):
     its call's answer with nobody to take it; gRPC's aio server logs that as
     ``ExecuteBatchError raised in core by servicer method ...`` with a
     traceback. For a test server that is no error of its own. Every other
-    record passes.
+    record passes. :func:`serve` installs one on the ``grpc._cython.cygrpc``
+    logger for the rest of the process (gRPC can log such a call after the
+    server stopped).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -75,8 +77,11 @@ async def serve(host: str = "127.0.0.1", port: int = 0, *,
         files = make_certificates(tls_dir)
         bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials(
             [(files.key_file.read_bytes(), files.cert_file.read_bytes())]))
-    quiet = ClientGoneFilter()
-    logging.getLogger(_GRPC_CORE_LOG).addFilter(quiet)
+    core_log = logging.getLogger(_GRPC_CORE_LOG)
+    if not any(isinstance(installed, ClientGoneFilter) for installed in core_log.filters):
+        # Installed for the process, never removed: gRPC can log a gone client's call
+        # after server.stop() has returned (seen on a demo's second Ctrl-C).
+        core_log.addFilter(ClientGoneFilter())
     await server.start()
     try:
         async with asyncio.TaskGroup() as tasks:
@@ -86,7 +91,6 @@ async def serve(host: str = "127.0.0.1", port: int = 0, *,
             await server.wait_for_termination()
     finally:
         await server.stop(grace=None)
-        logging.getLogger(_GRPC_CORE_LOG).removeFilter(quiet)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
