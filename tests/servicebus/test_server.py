@@ -83,6 +83,7 @@ async def test_a_sent_message_is_received_with_the_broker_facts_then_completed(
         assert second.sequence_number > first.sequence_number
         assert first.delivery_count == 0
         assert isinstance(first.lock_token, uuid.UUID)
+        assert first._delivery_tag == first.lock_token.bytes_le
         assert first.lock_token != second.lock_token
         assert started <= first.enqueued_time_utc <= now()
         assert now() < first.locked_until_utc <= now() + datetime.timedelta(seconds=61)
@@ -285,6 +286,10 @@ async def test_receive_and_delete_removes_messages_on_delivery(client: Any) -> N
         received = await receive(receiver, 2)
         assert bodies(received) == ["gone-1", "gone-2"]
         assert [m.lock_token for m in received] == [None, None]
+        # as Service Bus: a settled delivery has an empty tag, and delivery annotations
+        # (empty) are there all the same
+        assert [(m._delivery_tag, m.raw_amqp_message.delivery_annotations)
+                for m in received] == [(None, {}), (None, {})]
         assert await receiver.peek_messages(10, sequence_number=1) == []
 
 

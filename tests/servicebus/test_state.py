@@ -570,6 +570,24 @@ def test_delivery_annotations_written_last_are_carried_and_go_out_second() -> No
     assert wire.sections(unlocked)[1] == wire.sections(message)[1]
 
 
+def test_a_message_without_delivery_annotations_goes_out_with_an_empty_section() -> None:
+    """Service Bus always sends delivery annotations: an empty map in receive-and-delete
+    (azure-servicebus's own live test reads ``{}`` there, not ``None``)."""
+    proton = pytest.importorskip("proton")
+    from sharedstream.testing.servicebus import wire  # noqa: PLC0415 - needs proton
+
+    data = proton.Data()
+    data.put_object(proton.Described(proton.ulong(0x75), b"body"))
+    message = bytes(data.encode())
+    out = wire.delivery_bytes(Delivery(wire.message_facts(message), 1, 1.5, 0, None, None))
+    assert [(code, value) for code, value, _ in wire.sections(out)][:2] == [
+        (0x70, [None, None, None, None, 0]), (0x71, {})]
+    received = proton.Message()
+    received.decode(out)
+    assert received.instructions == {}
+    assert received.body == b"body"
+
+
 def test_a_value_body_nested_thousands_deep_is_carried_byte_for_byte() -> None:
     """The server delimits a value body, never reads it: any depth arrives as it was sent.
 

@@ -34,7 +34,8 @@ dropped; paths are the state's):
   ``next_session_wait``: 65 s unless configured, as Service Bus).
 
 Guarantees: a delivery goes out only against the link's credit (prefetch is
-the SDK's credit), its 16-byte tag is the lock token's ``bytes_le``; an
+the SDK's credit), its 16-byte tag is the lock token's ``bytes_le`` (empty
+for a settled, receive-and-delete delivery, as Service Bus sends it); an
 unsettled disposition from the client is applied, then echoed settled with
 the same outcome (``rejected`` without an error), or settled ``rejected``
 with ``message-lock-lost`` when the lock had ended. A drain request is
@@ -350,8 +351,9 @@ class ServiceBusService(Handler):
             delivery = self.state.receive(receiver)
             if delivery is None:
                 break
-            token = delivery.lock_token or uuid.uuid4()
-            sent = link.delivery(token.bytes_le)  # type: ignore[arg-type]  # it takes bytes too
+            # a settled delivery's tag is empty, as Service Bus's in receive-and-delete
+            tag = b"" if delivery.lock_token is None else delivery.lock_token.bytes_le
+            sent = link.delivery(tag)  # type: ignore[arg-type]  # it takes bytes too
             link.send(wire.delivery_bytes(delivery))
             link.advance()
             if delivery.lock_token is None:

@@ -193,7 +193,9 @@ def delivery_bytes(delivery: Delivery) -> bytes:
     ``extra_properties`` into the application properties; adds
     ``x-opt-lock-token`` (peek-lock) to the sender's delivery annotations,
     which go out second, where AMQP puts them, wherever the sender wrote
-    them. Every other section is kept as sent.
+    them, and always (an empty map when there is nothing to carry, as
+    Service Bus sends in receive-and-delete). Every other section is kept
+    as sent.
     """
     found = sections(delivery.message.encoded)
     by_code = {code: value for code, value, _ in found}
@@ -216,9 +218,10 @@ def delivery_bytes(delivery: Delivery) -> bytes:
         kept.append((APPLICATION_PROPERTIES, _encode(APPLICATION_PROPERTIES, merged)))
         kept.sort(key=lambda item: item[0])  # stable: sections keep the order AMQP requires
     delivery_annotations = [raw for code, _, raw in found if code == DELIVERY_ANNOTATIONS]
-    if delivery.lock_token is not None:
+    if delivery.lock_token is not None or not delivery_annotations:
         carried: dict[Any, Any] = dict(by_code.get(DELIVERY_ANNOTATIONS) or {})
-        carried[LOCK_TOKEN] = delivery.lock_token
+        if delivery.lock_token is not None:
+            carried[LOCK_TOKEN] = delivery.lock_token
         delivery_annotations = [_encode(DELIVERY_ANNOTATIONS, carried)]
     return b"".join([_encode(HEADER, header), *delivery_annotations,
                      _encode(MESSAGE_ANNOTATIONS, annotations), *(raw for _, raw in kept)])
