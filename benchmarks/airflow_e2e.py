@@ -59,6 +59,14 @@ after the last count (redeliveries) are in the totals. A run that does not
 finish within ``--timeout`` is reported with what it stored, distinct and
 duplicates included; it has no msgs/s and no CPU per record (``null``).
 
+The filter floor: each round also times the watchers' own code alone, in
+this process - K ``BucketWatcher`` filters (the sharedstream file, so the
+same ``json.loads`` and comparison both sides run) over the N record values
+already in memory, no broker, no store, no other process (:func:`filter_floor`).
+No triggerer that runs the filters in one Python process can pass that
+rate, so ``floor / Airflow`` is the ceiling of any ratio here, and
+``ours / floor`` says how much of it our side reaches.
+
 Rounds (``--rounds``, default 3) run every (store, mode, K, side) once each;
 the reported run per (side, mode, K, store) is its median by msgs/s, and
 the ratio ``sharedstream / airflow`` per case (named like ``live K=10
@@ -84,6 +92,7 @@ import asyncio
 import contextlib
 import csv
 import datetime as dt
+import importlib.util
 import itertools
 import json
 import math
@@ -103,7 +112,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _e2e import BUCKETS, expected_events, say
+from _e2e import BUCKETS, expected_events, message_body, say
 from _triggerer_config import BENCH_ENVIRONMENT
 from kafka_e2e import RESULTS, create_topic, produce
 
@@ -704,6 +713,65 @@ def _our_running(cluster: TriggererCluster) -> int:
 RUNNERS = {"airflow": run_airflow, "sharedstream": run_ours}
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The watchers' own filters alone over one round's records (:func:`filter_floor`)."""
+
+    k: int
+    round: int
+    messages: int
+    seconds: float
+
+    @property
+    def per_s(self) -> float:
+        """Records per second through all K filters."""
+        return self.messages / self.seconds if self.seconds > 0 else math.nan
+
+
+FLOOR_PASSES = 3
+"""Passes of :func:`filter_floor` per measurement; the fastest is kept (the least noise)."""
+
+
+async def filter_floor(folder: Path, k: int, messages: int, round_: int) -> Floor:
+    """Time K ``BucketWatcher`` filters over N record values in this process; the fastest pass.
+
+    The watcher module is the one the sharedstream side runs (written into
+    ``folder`` and loaded from there, under its own module name); each
+    watcher's ``filter_shared_stream`` reads the same encoded values the
+    benchmark produces, one watcher after the other. Nothing else runs: no
+    broker, store, fan-out or other process. ``RuntimeError`` if the
+    filters fire other than ``expected_events(N, K)`` events (then they are
+    not the benchmark's filters).
+    """
+    write_watchers(folder, "sharedstream")
+    spec = importlib.util.spec_from_file_location(f"bench_watchers_floor_{k}_{round_}",
+                                                  folder / "bench_watchers.py")
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {folder / 'bench_watchers.py'}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    watchers = [module.BucketWatcher(topics=["floor"], kafka_config_id="kafka_bench",
+                                     bucket=j % BUCKETS, watcher=j) for j in range(k)]
+    values = [message_body(i).encode() for i in range(messages)]
+
+    async def stream() -> Any:
+        for value in values:
+            yield value
+
+    fastest = math.inf
+    for _ in range(FLOOR_PASSES):
+        fired = 0
+        started = time.perf_counter()
+        for watcher in watchers:
+            async for _event in watcher.filter_shared_stream(stream()):
+                fired += 1
+        fastest = min(fastest, time.perf_counter() - started)
+        if fired != expected_events(messages, k):
+            raise RuntimeError(f"the filters fired {fired} events, not "
+                               f"{expected_events(messages, k)}: not the benchmark's filters")
+    return Floor(k, round_, messages, fastest)
+
+
 # -- rounds, medians, ratios, files -------------------------------------------------------------
 
 
@@ -721,8 +789,13 @@ def medians(runs: list[Run]) -> list[Run]:
         (len(group) - 1) // 2] for group in grouped.values()]
 
 
-def ratios(runs: list[Run]) -> dict[str, dict[str, Any]]:
+def ratios(runs: list[Run], floors: list[Floor] | None = None) -> dict[str, dict[str, Any]]:
     """Per case (:func:`case_name`): each round's ours / Airflow msgs/s and CPU per message.
+
+    With ``floors`` (:func:`filter_floor`, per K and round), also each
+    round's floor / Airflow msgs/s (``ceiling_floor_over_airflow``: no
+    triggerer running the filters in one process can do better) and ours /
+    floor (``ours_over_floor``), where both runs of the round finished.
 
     A round where Airflow did not finish within its ``seconds`` but we did
     has a lower bound for a ratio: Airflow's rate was below ``messages /
@@ -733,12 +806,20 @@ def ratios(runs: list[Run]) -> dict[str, dict[str, Any]]:
     verdict is NOT MET.
     """
     by = {(r.side, r.mode, r.k, r.store, r.round): r for r in runs}
+    floor_of = {(f.k, f.round): f for f in floors or ()}
     out: dict[str, dict[str, Any]] = {}
     for mode, k, store in sorted({(r.mode, r.k, r.store) for r in runs}):
         speed, cpu, bounds = [], [], []
+        ceiling: list[float] = []
+        reached: list[float] = []
         for round_ in sorted({r.round for r in runs}):
             ours = by.get(("sharedstream", mode, k, store, round_))
             theirs = by.get(("airflow", mode, k, store, round_))
+            floor = floor_of.get((k, round_))
+            if floor is not None and ours is not None and ours.finished:
+                reached.append(round(ours.per_s / floor.per_s, 3))
+            if floor is not None and theirs is not None and theirs.finished:
+                ceiling.append(round(floor.per_s / theirs.per_s, 1))
             if ours is None or theirs is None:
                 continue
             bound = ours.finished and not theirs.finished and theirs.seconds > 0
@@ -759,6 +840,12 @@ def ratios(runs: list[Run]) -> dict[str, dict[str, Any]]:
                                              "lower_bounds": bounds, "at_least": any(bounds)},
             "cpu_per_message_airflow_over_ours": {
                 "rounds": cpu, "median": round(statistics.median(cpu), 1) if cpu else None},
+            "ceiling_floor_over_airflow": {
+                "rounds": ceiling,
+                "median": round(statistics.median(ceiling), 1) if ceiling else None},
+            "ours_over_floor": {
+                "rounds": reached,
+                "median": round(statistics.median(reached), 3) if reached else None},
             "target": f">= {TARGET:g}x msgs/s, 0 duplicates on our side",
             "verdict": "MET" if median >= TARGET and clean else "NOT MET"}
     return out
@@ -794,7 +881,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any]) -> None:
+def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any],
+                  floors: list[Floor] | None = None) -> None:
     rows = [r.row() for r in medians(runs)]
     stem = args.name or ("airflow_e2e-smoke" if args.smoke else "airflow_e2e")
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -805,7 +893,10 @@ def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any
         "airflow_logging_level": args.airflow_log_level, "messages": args.messages,
         "ks": args.ks, "partitions": args.partitions, "modes": args.modes,
         "rounds": args.rounds, "rows": rows,
-        "ratios": ratios(runs), "runs": [r.row() for r in runs]}, indent=2) + "\n")
+        "ratios": ratios(runs, floors),
+        "filter_floor": [{**asdict(f), "seconds": round(f.seconds, 4),
+                          "records_per_s": _round(f.per_s)} for f in floors or ()],
+        "runs": [r.row() for r in runs]}, indent=2) + "\n")
     with (args.output_dir / f"{stem}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -818,7 +909,7 @@ def write_results(args: argparse.Namespace, runs: list[Run], load: dict[str, Any
          f"records, {args.partitions} partitions (Tansu), {stores}{logging_level}")
 
 
-def print_table(runs: list[Run]) -> None:
+def print_table(runs: list[Run], floors: list[Floor] | None = None) -> None:
     print("| side | mode | K | store | msgs/s | steady msgs/s | s to all stored | stored "
           "| distinct | duplicates | CPU ms/record | peak RSS MB | peak PSS MB |")
     print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
@@ -828,13 +919,22 @@ def print_table(runs: list[Run]) -> None:
               f"{r.seconds:.2f}{'' if r.finished else ' (unfinished)'} | {r.stored:,} | "
               f"{r.distinct:,} / {r.expected:,} | {r.duplicates:,} | "
               f"{r.cpu_ms_per_message:.3f} | {r.peak_rss_mb:,.0f} | {r.peak_pss_mb:,.0f} |")
-    for name, ratio in ratios(runs).items():
+    for k in sorted({f.k for f in floors or ()}):
+        rates = [f.per_s for f in floors or () if f.k == k]
+        print(f"filter floor K={k}: the {k} filters alone, in one process, "
+              f"{statistics.median(rates):,.0f} records/s (rounds "
+              f"{[round(rate) for rate in rates]})")
+    for name, ratio in ratios(runs, floors).items():
         speed = ratio["msgs_per_s_ours_over_airflow"]
         cpu = ratio["cpu_per_message_airflow_over_ours"]
+        ceiling = ratio["ceiling_floor_over_airflow"]["median"]
+        reached = ratio["ours_over_floor"]["median"]
         at_least = ">= " if speed["at_least"] else ""
         print(f"{name}: sharedstream / Airflow msgs/s {at_least}{speed['median']}x (rounds "
               f"{speed['rounds']}), Airflow / sharedstream CPU per record {cpu['median']}x "
-              f"-> {ratio['verdict']} (target {ratio['target']})")
+              f"-> {ratio['verdict']} (target {ratio['target']})"
+              + ("" if ceiling is None else f"; ceiling (filter floor / Airflow) {ceiling}x")
+              + ("" if reached is None else f", ours at {reached:.0%} of the floor"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -886,8 +986,11 @@ def _workdir() -> Iterator[Path]:
 
 
 async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
-                  postgres: str | None) -> list[Run]:
-    """Every (store, mode, K, side) once per round; ``postgres``: the server's admin URL.
+                  postgres: str | None) -> tuple[list[Run], list[Floor]]:
+    """Every (store, mode, K, side) once per round, and each K's filter floor once per round.
+
+    ``postgres``: the server's admin URL. The floor of a round is timed
+    first, before any triggerer of the round starts (nothing else runs then).
 
     A SIGTERM (a CI timeout, ``kill``) cancels it as Ctrl-C does: every Airflow and
     triggerer it started is stopped on the way out (then the caller's servers).
@@ -895,8 +998,14 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
     task = asyncio.current_task()
     assert task is not None  # noqa: S101 - run by asyncio.run
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    runs = []
+    runs, floors = [], []
     for round_ in range(args.rounds):
+        for k in args.ks:
+            floor = await filter_floor(workdir / f"floor-{k}-{round_}", k, args.messages, round_)
+            say(f"filter floor K={k} #{round_}: {floor.per_s:,.0f} records/s "
+                f"({floor.seconds:.3f} s for {args.messages:,} records, fastest of "
+                f"{FLOOR_PASSES})")
+            floors.append(floor)
         for store, mode, k in itertools.product(args.store, args.modes, args.ks):
             case = Case(bootstrap, args.messages, args.partitions, mode, k, store, round_,
                         workdir, args.timeout, postgres, args.airflow_log_level)
@@ -910,7 +1019,7 @@ async def run_all(args: argparse.Namespace, bootstrap: str, workdir: Path,
                     f"{run.duplicates} duplicates, {run.cpu_ms_per_message:.3f} CPU ms/record, "
                     f"peak PSS {run.peak_pss_mb:.0f} MB")
                 runs.append(run)
-    return runs
+    return runs, floors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -920,10 +1029,10 @@ def main(argv: list[str] | None = None) -> int:
         # One PostgreSQL server for the whole benchmark (fsync on), a fresh database per run.
         postgres = (on.enter_context(postgres_server(durable=True))
                     if "postgresql" in args.store else None)
-        runs = asyncio.run(run_all(args, bootstrap, workdir, postgres))
+        runs, floors = asyncio.run(run_all(args, bootstrap, workdir, postgres))
     load["end"] = list(os.getloadavg())
-    write_results(args, runs, load)
-    print_table(runs)
+    write_results(args, runs, load, floors)
+    print_table(runs, floors)
     wrong = [f"{r.side} {case_name(r.mode, r.k, r.store)} #{r.round}" for r in runs
              if not r.finished or (r.side == "sharedstream" and (
                  r.duplicates or r.stored != r.expected))]

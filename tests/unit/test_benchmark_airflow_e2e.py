@@ -245,3 +245,41 @@ def test_one_side_alone_that_did_not_finish_is_plotted_without_a_warning(
                         {"start": [1.0], "end": [1.0]})  # warnings are errors here
 
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_the_filter_floor_runs_the_benchmark_filters_and_bounds_every_ratio(
+        bench: ModuleType, tmp_path: Path) -> None:
+    import asyncio  # noqa: PLC0415 - only this test runs a loop
+
+    floor = asyncio.run(bench.filter_floor(tmp_path / "floor", 12, 200, 0))
+    # 12 watchers over 200 records: watchers j and j + 10 keep the same bucket
+    assert (floor.k, floor.round, floor.messages) == (12, 0, 200)
+    assert floor.seconds > 0
+    assert floor.per_s == 200 / floor.seconds
+
+    runs = [_run(bench, "airflow", 0, 100.0), _run(bench, "sharedstream", 0, 0.5),
+            _run(bench, "airflow", 1, 50.0), _run(bench, "sharedstream", 1, 1.0)]
+    floors = [bench.Floor(10, 0, 1000, 0.25), bench.Floor(10, 1, 1000, 0.4)]
+    ratio = bench.ratios(runs, floors)["live K=10 sqlite"]
+    # floor 4,000 and 2,500 records/s; Airflow 10 and 20; ours 2,000 and 1,000
+    assert ratio["ceiling_floor_over_airflow"] == {"rounds": [400.0, 125.0], "median": 262.5}
+    assert ratio["ours_over_floor"] == {"rounds": [0.5, 0.4], "median": 0.45}
+    assert bench.ratios(runs)["live K=10 sqlite"]["ceiling_floor_over_airflow"] == {
+        "rounds": [], "median": None}
+
+    args = bench.parse_args(["--output-dir", str(tmp_path), "--name", "f", "--rounds", "2"])
+    bench.write_results(args, runs, {"start": [1.0], "end": [1.0]}, floors)
+    written = json.loads((tmp_path / "f.json").read_text(), parse_constant=_strict)
+    assert [(f["k"], f["round"], f["records_per_s"]) for f in written["filter_floor"]] == [
+        (10, 0, 4000.0), (10, 1, 2500.0)]
+    assert written["ratios"]["live K=10 sqlite"]["ours_over_floor"]["median"] == 0.45
+
+
+def test_a_filter_floor_of_other_filters_is_refused(
+        bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio  # noqa: PLC0415 - only this test runs a loop
+
+    monkeypatch.setattr(bench, "WATCHERS", bench.WATCHERS.replace(
+        'record["bucket"] == self.bucket', 'record["bucket"] != self.bucket'))
+    with pytest.raises(RuntimeError, match="not the benchmark's filters"):
+        asyncio.run(bench.filter_floor(tmp_path / "floor", 10, 100, 0))
