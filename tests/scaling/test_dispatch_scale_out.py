@@ -31,6 +31,17 @@ def ran(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def ran_by(row: dict[str, Any], first: int, second: int) -> int:
+    """The triggerer that started ``row``'s job: the job's parent when it looked.
+
+    A job the first triggerer started just before its SIGKILL can look only
+    after the kill (its interpreter starts slowly on a loaded machine): it is
+    an orphan by then, re-parented to init or a subreaper, and records that
+    pid. The second triggerer lives to the end, so any other pid is the first.
+    """
+    return second if row["by"] == second else first
+
+
 def test_each_run_is_dispatched_once_and_a_dead_triggerers_are_recovered(
     postgres_database: str, cluster_factory: Callable[..., Cluster], tmp_path: Path,
 ) -> None:
@@ -69,7 +80,7 @@ def test_each_run_is_dispatched_once_and_a_dead_triggerers_are_recovered(
     assert len(repeated) <= 2 * CONCURRENCY
     for run in repeated:
         attempts = [row for row in ran(log) if row["run_id"] == run]
-        assert [row["by"] for row in attempts] == [first.pid, second.pid]
+        assert [ran_by(row, first.pid, second.pid) for row in attempts] == [first.pid, second.pid]
     unfinished = [r for r in cluster.json("runs", "list", "--dag", "on_tick", "--limit",
                                           "100000") if r["state"] in ("dispatching", "running")]
     assert unfinished == []  # a graceful stop finishes what it started
