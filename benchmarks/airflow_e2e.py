@@ -761,6 +761,7 @@ async def filter_floor(folder: Path, k: int, messages: int, round_: int) -> Floo
     watchers = [module.BucketWatcher(topics=["floor"], kafka_config_id="kafka_bench",
                                      bucket=j % BUCKETS, watcher=j) for j in range(k)]
     values = [message_body(i).encode() for i in range(messages)]
+    expected = expected_events(messages, k)
 
     async def stream() -> Any:
         for value in values:
@@ -774,9 +775,9 @@ async def filter_floor(folder: Path, k: int, messages: int, round_: int) -> Floo
             async for _event in watcher.filter_shared_stream(stream()):
                 fired += 1
         fastest = min(fastest, time.perf_counter() - started)
-        if fired != expected_events(messages, k):
-            raise RuntimeError(f"the filters fired {fired} events, not "
-                               f"{expected_events(messages, k)}: not the benchmark's filters")
+        if fired != expected:
+            raise RuntimeError(f"the filters fired {fired} events, not {expected}: "
+                               "not the benchmark's filters")
     return Floor(k, round_, messages, fastest)
 
 
