@@ -83,16 +83,27 @@ def running(server: RestartableServer) -> Iterator[RestartableServer]:
 
 
 def wait_until(condition: Callable[[], bool], within: float, what: str,
-               process: subprocess.Popen[bytes] | None = None, log: str = "") -> None:
-    """Poll ``condition`` every 50 ms for ``within`` s; fail saying ``what`` (or a dead process)."""
+               process: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
+    """Poll ``condition`` every 50 ms for ``within`` s; fail saying ``what`` (or a dead process).
+
+    ``log`` (the triggerer's log file) is read when the wait fails, so the
+    failure shows its last 3,000 characters as they were then.
+    """
     deadline = time.monotonic() + within
     while not condition():
         if process is not None and process.poll() is not None:
             raise AssertionError(f"the triggerer exited ({process.returncode}) before {what}; "
-                                 f"{log}")
+                                 f"{_tail(log)}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out ({within:.0f} s) waiting for {what}; {log}")
+            raise AssertionError(f"timed out ({within:.0f} s) waiting for {what}; {_tail(log)}")
         time.sleep(0.05)
+
+
+def _tail(log: Path | None) -> str:
+    """The last 3,000 characters of ``log`` (nothing when there is none yet)."""
+    if log is None or not log.exists():
+        return ""
+    return log.read_text(errors="replace")[-3000:]
 
 
 def stop_cleanly(process: subprocess.Popen[bytes], log: Path) -> None:

@@ -249,7 +249,7 @@ async def test_servicebus_properties_and_session(servicebus_connection_string: s
     async with aio.ServiceBusClient.from_connection_string(servicebus_connection_string) as sb:
         for queue, session in ((SB_QUEUE, None), (SB_SESSION_QUEUE, "eu")):
             async with sb.get_queue_receiver(queue_name=queue, session_id=session,
-                                             max_wait_time=5) as receiver:
+                                             max_wait_time=5, keep_alive=None) as receiver:
                 received: list[Any] = []
                 async with asyncio.timeout(20):
                     while len(received) < 3:

@@ -78,6 +78,7 @@ async def _wait_committed(harness: KafkaHarness, stream: Stream, at_least: int,
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     harness: KafkaHarness, tmp_path: Path,
 ) -> None:

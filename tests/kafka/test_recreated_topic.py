@@ -75,6 +75,7 @@ async def reset_group(harness: KafkaHarness, stream: Stream) -> None:
         await consumer.stop()
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(180)
 async def test_new_records_of_a_recreated_topic_are_stored_and_redeliveries_are_not(
     harness: KafkaHarness, tmp_path: Path,

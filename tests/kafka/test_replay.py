@@ -94,6 +94,7 @@ async def read_early_records(harness: KafkaHarness, tmp_path: Path, count: int
     return stream, database
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(240)
 async def test_a_watcher_added_late_catches_up_and_nothing_else_changes(
     harness: KafkaHarness, tmp_path: Path,
@@ -184,6 +185,7 @@ async def test_a_replay_killed_midway_resumes_where_it_was_and_stores_each_event
     assert await committed(harness, stream) == records
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(240)
 async def test_a_cancelled_replay_stops_and_a_second_replay_of_a_watcher_is_refused(
     harness: KafkaHarness, tmp_path: Path,
@@ -259,6 +261,7 @@ async def test_a_replay_beside_live_traffic_skips_nothing_and_stores_nothing_twi
     assert len(keys) == len(set(keys)) == records + live + (records + live) // 2
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(240)
 async def test_to_bounds_a_replay_by_the_records_time(
     harness: KafkaHarness, tmp_path: Path,

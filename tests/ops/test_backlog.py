@@ -46,6 +46,7 @@ async def lag_metrics(client: OpsClient, stream: str) -> dict[str, float]:
             if s.labels["stream"] == stream and s.labels["kind"] == "lag"}
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 async def test_kafka_lag_per_partition_rises_while_held_and_drains_after(
     tansu: tuple[str, int, Path], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:

@@ -72,6 +72,7 @@ async def create_topic(address: str, topic: str, partitions: int = 1) -> None:
         await admin.close()
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(180)  # a broker restart, and the trigger's restart backoff (up to 15 s)
 async def test_readiness_follows_the_broker(
     tansu: tuple[str, int, Path], monkeypatch: pytest.MonkeyPatch

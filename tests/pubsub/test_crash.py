@@ -232,7 +232,7 @@ def test_a_sigkilled_triggerer_restarts_losing_and_duplicating_nothing(tmp_path:
             first = d.start(0)
             log0 = tmp_path / "triggerer-0.log"
             wait_until(lambda: count_stored_events(d.db) >= expected_events // 8, 90,
-                       "an eighth of the events stored", first, str(log0))
+                       "an eighth of the events stored", first, log0)
             d.publish(range(KILL_TOTAL // 2, KILL_TOTAL))
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=10)
@@ -242,7 +242,7 @@ def test_a_sigkilled_triggerer_restarts_losing_and_duplicating_nothing(tmp_path:
             second = d.start(1)  # the killed one's leases lapse after 10 s, then come again
             log1 = tmp_path / "triggerer-1.log"
             wait_until(lambda: count_stored_events(d.db) >= expected_events, 120,
-                       "every event stored", second, str(log1))
+                       "every event stored", second, log1)
             time.sleep(1.0)  # the last acks go out; a stray duplicate would show here too
             stop_cleanly(second, log1)
             # A dead letter is published, then its message acked: a kill in between
@@ -274,14 +274,14 @@ def test_a_server_restart_is_ridden_out_losing_and_duplicating_nothing(tmp_path:
             process = d.start(0)
             log = tmp_path / "triggerer-0.log"
             wait_until(lambda: count_stored_events(d.db) >= expected_events // 6, 90,
-                       "a sixth of the events stored", process, str(log))
+                       "a sixth of the events stored", process, log)
             server.kill()
             at_kill = count_stored_events(d.db)
             time.sleep(3.0)  # the triggerer finds it gone: its polls fail and retry
             assert process.poll() is None, log.read_text(errors="replace")[-3000:]
             server.start()  # same port, same state file
             wait_until(lambda: count_stored_events(d.db) >= expected_events, 150,
-                       "every event stored after the restart", process, str(log))
+                       "every event stored after the restart", process, log)
             time.sleep(1.0)
             stop_cleanly(process, log)
             assert at_kill < expected_events, "everything was stored before the restart"
@@ -300,6 +300,7 @@ def test_a_server_restart_is_ridden_out_losing_and_duplicating_nothing(tmp_path:
 # -- 3. messages up to Pub/Sub's limit ----------------------------------------------------
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(120)
 def test_9_mb_messages_among_small_ones_are_stored_and_acked_by_the_triggerer(
         tmp_path: Path) -> None:
@@ -321,7 +322,7 @@ def test_9_mb_messages_among_small_ones_are_stored_and_acked_by_the_triggerer(
             process = d.start(0)
             log = tmp_path / "triggerer-0.log"
             wait_until(lambda: count_stored_events(d.db) >= expected_events, 60,
-                       "every event stored", process, str(log))
+                       "every event stored", process, log)
             time.sleep(1.0)  # the last acks go out
             stop_cleanly(process, log)
             d.account(d.dead_letters(), f"9 MB messages; log: {log}")

@@ -76,7 +76,7 @@ class CrashLoopDeployment(Deployment):
         process = self.cli.start(index)
         try:
             wait_until(lambda: count_stored_events(self.db) >= ready, 60, "events stored",
-                       process, self.cli.log(index)[-2000:])
+                       process, self.cli.log_path(index))
             time.sleep(then)
             assert process.poll() is None, self.cli.log(index)[-2000:]
         finally:
@@ -97,7 +97,7 @@ class CrashLoopDeployment(Deployment):
         process = self.cli.start(index, log_level="INFO")
         try:
             wait_until(settled, 180, "every message settled", process,
-                       self.cli.log(index)[-3000:])
+                       self.cli.log_path(index))
             time.sleep(1.0)  # the last acks go out
             stop_cleanly(process, self.cli.log_path(index))
         finally:

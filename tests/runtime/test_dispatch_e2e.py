@@ -119,6 +119,7 @@ def test_manual_runs_pause_and_unpause(deployment: Deployment) -> None:
     assert d.stop(proc) == 0
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(180)
 def test_sigkill_mid_dispatch_runs_every_run_repeating_at_most_those_unrecorded(
         deployment: Deployment) -> None:

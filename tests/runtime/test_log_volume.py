@@ -32,6 +32,7 @@ def closed_port() -> int:
     return port
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 def test_an_unreachable_broker_gives_one_retry_line_per_call(deployment: Deployment) -> None:
     d = deployment
     d.env.update(OPS_KAFKA_BOOTSTRAP=f"127.0.0.1:{closed_port()}", OPS_KAFKA_TOPIC="orders")

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.runtime.conftest import Deployment, wait_for
 
 DEFS = Path(__file__).with_name("schedule_defs.py")
@@ -19,6 +21,7 @@ def tick_runs(d: Deployment) -> list[dict[str, str]]:
     return list(reversed(runs))
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 def test_scheduled_runs_survive_a_sigkill_without_duplicates_or_gaps(
         deployment: Deployment) -> None:
     d = deployment

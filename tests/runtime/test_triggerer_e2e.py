@@ -256,6 +256,7 @@ def test_standalone_triggers_fire_finish_and_fail_loudly(deployment: Deployment)
     assert len(d.json("runs", "list", "--dag", "on_time")) == 1
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 def test_a_time_delta_watcher_fires_once_at_its_first_deadline_across_restarts(
         deployment: Deployment) -> None:
     d = deployment

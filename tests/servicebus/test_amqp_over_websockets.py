@@ -60,11 +60,11 @@ def test_the_sync_sdk_sends_receives_and_settles_over_wss(
     with servicebus.ServiceBusClient.from_connection_string(
             connection_string, transport_type=OVER_WEBSOCKETS,
             **tls_client_options(workdir, port)) as client:
-        with client.get_queue_sender("sync") as sender:
+        with client.get_queue_sender("sync", keep_alive=None) as sender:
             assert sender._config.transport_type == OVER_WEBSOCKETS
             sender.send_messages([servicebus.ServiceBusMessage(LARGE),
                                   servicebus.ServiceBusMessage("small")])
-        with client.get_queue_receiver("sync") as receiver:
+        with client.get_queue_receiver("sync", keep_alive=None) as receiver:
             first = receiver.receive_messages(max_message_count=1, max_wait_time=5)
             receiver.abandon_message(first[0])
             received = receiver.receive_messages(max_message_count=2, max_wait_time=5)
@@ -81,13 +81,14 @@ async def test_the_async_sdk_sends_receives_and_settles_over_wss(
     client = aio.ServiceBusClient.from_connection_string(
         connection_string, transport_type=OVER_WEBSOCKETS, **tls_client_options(workdir, port))
     async with client:
-        async with client.get_queue_sender("async") as sender:
+        async with client.get_queue_sender("async", keep_alive=None) as sender:
             await sender.send_messages(servicebus.ServiceBusMessage(LARGE))
-        async with client.get_queue_receiver("async") as receiver:
+        async with client.get_queue_receiver("async", keep_alive=None) as receiver:
             [message] = await receiver.receive_messages(max_wait_time=5)
             assert str(message) == LARGE
             await receiver.dead_letter_message(message, reason="checked")
-        async with client.get_queue_receiver("async", sub_queue="deadletter") as letters:
+        async with client.get_queue_receiver("async", sub_queue="deadletter",
+                keep_alive=None) as letters:
             [letter] = await letters.receive_messages(max_wait_time=5)
             assert letter.dead_letter_reason == "checked"
             await letters.complete_message(letter)
@@ -102,7 +103,7 @@ async def test_without_the_ca_the_sdk_refuses_the_wss_server(
         custom_endpoint_address=f"sb://127.0.0.1:{port}")
     async with client:
         with pytest.raises(exceptions.ServiceBusConnectionError, match=r"(?i)certificate"):
-            async with client.get_queue_sender("no-ca") as sender:
+            async with client.get_queue_sender("no-ca", keep_alive=None) as sender:
                 await sender.send_messages(servicebus.ServiceBusMessage("x"))
 
 
@@ -116,10 +117,11 @@ def test_a_plain_server_takes_plain_websockets_with_the_emulator_string() -> Non
             servicebus.ServiceBusClient.from_connection_string(
                 string, transport_type=OVER_WEBSOCKETS,
                 custom_endpoint_address=f"sb://127.0.0.1:{port}") as client:
-        with client.get_queue_sender("plain") as sender:
+        with client.get_queue_sender("plain", keep_alive=None) as sender:
             sender.send_messages(servicebus.ServiceBusMessage("over ws"))
         with client.get_queue_receiver(
-                "plain", receive_mode=servicebus.ServiceBusReceiveMode.RECEIVE_AND_DELETE
+                "plain", receive_mode=servicebus.ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+                        keep_alive=None
         ) as receiver:
             [message] = receiver.receive_messages(max_wait_time=5)
             assert str(message) == "over ws"

@@ -66,7 +66,7 @@ class Storm:
             "SERVICEBUS_TEST_MAX_REDELIVERIES": str(max_redeliveries),
             "SERVICEBUS_TEST_MAX_IN_FLIGHT": str(max_in_flight)}, DEFINITIONS)
         self.total = total
-        with d.client() as client, client.get_queue_sender(queue) as sender:
+        with d.client() as client, client.get_queue_sender(queue, keep_alive=None) as sender:
             for start in range(0, total, 100):
                 sender.send_messages([servicebus.ServiceBusMessage(
                     body(i), session_id=f"s{i % SESSIONS}" if sessions else None)
@@ -83,7 +83,7 @@ class Storm:
         try:
             if ready:
                 wait_until(lambda: count_stored_events(d.db) >= ready, 60, "events stored",
-                           process, d.cli.log(index)[-2000:])
+                           process, d.cli.log_path(index))
             time.sleep(then)
             assert process.poll() is None, d.cli.log(index)[-2000:]
         finally:
@@ -104,7 +104,7 @@ class Storm:
                 queued, dead = d.left()
                 return queued == 0 and count_stored_events(d.db) + dead >= self.total
 
-            wait_until(settled, 180, "every message settled", process, d.cli.log(index)[-3000:])
+            wait_until(settled, 180, "every message settled", process, d.cli.log_path(index))
             stop_cleanly(process, d.cli.log_path(index))
         finally:
             kill(process)
@@ -114,7 +114,8 @@ class Storm:
         """Only the poison dead-lettered; one event per healthy message."""
         d = self.d
         with d.client() as client, client.get_queue_receiver(
-                d.queue, sub_queue=servicebus.ServiceBusSubQueue.DEAD_LETTER) as receiver:
+                d.queue, sub_queue=servicebus.ServiceBusSubQueue.DEAD_LETTER,
+                        keep_alive=None) as receiver:
             dead = sorted(json.loads(b"".join(m.body))["id"]
                           for m in receiver.peek_messages(max_message_count=1000))
         assert dead == [POISON], f"dead-lettered: {dead} ({context})"

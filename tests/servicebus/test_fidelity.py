@@ -60,12 +60,12 @@ def client(connection_string: str) -> Any:
 
 
 def send(connection_string: str, queue: str, *messages: Any) -> None:
-    with client(connection_string) as sb, sb.get_queue_sender(queue) as sender:
+    with client(connection_string) as sb, sb.get_queue_sender(queue, keep_alive=None) as sender:
         sender.send_messages(messages[0] if len(messages) == 1 else list(messages))
 
 
 def receive(connection_string: str, queue: str, count: int = 1) -> list[Any]:
-    with client(connection_string) as sb, sb.get_queue_receiver(queue) as receiver:
+    with client(connection_string) as sb, sb.get_queue_receiver(queue, keep_alive=None) as receiver:
         received = receiver.receive_messages(max_message_count=count, max_wait_time=2)
         for message in received:
             receiver.complete_message(message)
@@ -115,7 +115,8 @@ def test_a_missing_entity_is_refused_at_put_token_with_404(endpoint: str) -> Non
     assert "Status code: 404" in str(refused.value.inner_exception)
     assert "no-such-queue' could not be found" in str(refused.value.inner_exception)
     with client(admin) as sb, pytest.raises(exceptions.ServiceBusAuthenticationError) as refused, \
-            sb.get_subscription_receiver("fanout", "no-such-subscription") as receiver:
+            sb.get_subscription_receiver("fanout", "no-such-subscription",
+                    keep_alive=None) as receiver:
         receiver.receive_messages(max_wait_time=0.3)
     assert "Status code: 404" in str(refused.value.inner_exception)
     assert time.monotonic() - started < 5  # refused at once, not at a timeout
@@ -143,7 +144,7 @@ def test_a_message_over_256_kb_is_refused_with_the_sdk_s_size_error(endpoint: st
     with pytest.raises(exceptions.MessageSizeExceededError):
         send(admin, "size", Message(b"x" * (STANDARD_LIMIT + 1)))
     assert time.monotonic() - started < 10, "the refusal must not hang the SDK"
-    with client(admin) as sb, sb.get_queue_sender("size") as sender:
+    with client(admin) as sb, sb.get_queue_sender("size", keep_alive=None) as sender:
         batch = sender.create_message_batch()
         assert batch.max_size_in_bytes == STANDARD_LIMIT
         with pytest.raises(exceptions.MessageSizeExceededError):
@@ -179,7 +180,7 @@ def test_a_refused_send_raises_at_once_rather_than_hanging(admin: str) -> None:
 @pytest.mark.timeout(60)
 def test_a_received_message_carries_its_lock_token_as_a_delivery_annotation(admin: str) -> None:
     send(admin, "annotations", Message("x"))
-    with client(admin) as sb, sb.get_queue_receiver("annotations") as receiver:
+    with client(admin) as sb, sb.get_queue_receiver("annotations", keep_alive=None) as receiver:
         [message] = receiver.receive_messages(max_wait_time=2)
         annotations = message.raw_amqp_message.delivery_annotations
         assert annotations[b"x-opt-lock-token"] == message.lock_token
@@ -195,12 +196,12 @@ def test_the_sender_s_delivery_annotations_arrive_with_the_lock_token(admin: str
         return amqp.AmqpAnnotatedMessage(data_body=[body, b"!"],
                                          delivery_annotations={"trace": body})
 
-    with client(admin) as sb, sb.get_queue_sender("annotations") as sender:
+    with client(admin) as sb, sb.get_queue_sender("annotations", keep_alive=None) as sender:
         batch = sender.create_message_batch()
         batch.add_message(annotated(b"in a batch"))
         sender.send_messages(batch)
         sender.send_messages(annotated(b"alone"))
-    with client(admin) as sb, sb.get_queue_receiver("annotations") as receiver:
+    with client(admin) as sb, sb.get_queue_receiver("annotations", keep_alive=None) as receiver:
         received = receiver.receive_messages(max_message_count=2, max_wait_time=2)
         seen = []
         for message in received:
@@ -214,7 +215,7 @@ def test_the_sender_s_delivery_annotations_arrive_with_the_lock_token(admin: str
 @pytest.mark.timeout(60)
 def test_a_non_session_receiver_on_a_session_queue_is_refused_when_it_opens(admin: str) -> None:
     with client(admin) as sb:
-        receiver = sb.get_queue_receiver("sessions-only")
+        receiver = sb.get_queue_receiver("sessions-only", keep_alive=None)
         with pytest.raises(exceptions.ServiceBusError, match="requires a session receiver"):
             receiver.__enter__()
         receiver.close()
@@ -224,7 +225,7 @@ def test_a_non_session_receiver_on_a_session_queue_is_refused_when_it_opens(admi
 def test_a_session_receiver_for_a_session_id_that_is_no_string_is_refused(admin: str) -> None:
     started = time.monotonic()
     with client(admin) as sb:
-        receiver = sb.get_queue_receiver("sessions-only", session_id=1)
+        receiver = sb.get_queue_receiver("sessions-only", session_id=1, keep_alive=None)
         with pytest.raises(exceptions.ServiceBusError, match="must be a string"):
             receiver.__enter__()
         receiver.close()
@@ -235,7 +236,7 @@ def test_a_session_receiver_for_a_session_id_that_is_no_string_is_refused(admin:
 def test_a_scheduled_message_is_delivered_at_its_time_not_before(admin: str) -> None:
     at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
     send(admin, "scheduled", Message("later", scheduled_enqueue_time_utc=at), Message("now"))
-    with client(admin) as sb, sb.get_queue_receiver("scheduled") as receiver:
+    with client(admin) as sb, sb.get_queue_receiver("scheduled", keep_alive=None) as receiver:
         [now] = receiver.receive_messages(max_message_count=2, max_wait_time=1)
         assert str(now) == "now"
         receiver.complete_message(now)
@@ -254,7 +255,8 @@ def test_an_expired_message_is_not_delivered_but_dead_lettered_as_the_queue_says
          Message("lasting", time_to_live=datetime.timedelta(hours=1)))
     time.sleep(1.2)
     assert receive(admin, "ttl", 2) == ["lasting"]
-    with client(admin) as sb, sb.get_queue_receiver("ttl", sub_queue="deadletter") as letters:
+    with client(admin) as sb, sb.get_queue_receiver("ttl", sub_queue="deadletter",
+            keep_alive=None) as letters:
         [letter] = letters.receive_messages(max_wait_time=2)
         assert (str(letter), letter.dead_letter_reason) == ("brief", "TTLExpiredException")
         letters.complete_message(letter)
@@ -274,7 +276,7 @@ def test_a_queue_with_duplicate_detection_drops_a_repeated_message_id(admin: str
 @pytest.mark.timeout(60)
 def test_a_deferred_message_is_received_only_by_its_sequence_number(admin: str) -> None:
     send(admin, "deferred", Message("kept aside"), Message("other"))
-    with client(admin) as sb, sb.get_queue_receiver("deferred") as receiver:
+    with client(admin) as sb, sb.get_queue_receiver("deferred", keep_alive=None) as receiver:
         aside, other = receiver.receive_messages(max_message_count=2, max_wait_time=2)
         receiver.defer_message(aside)
         receiver.complete_message(other)
@@ -302,12 +304,13 @@ def test_a_deferred_message_is_received_only_by_its_sequence_number(admin: str) 
 def test_deferred_messages_received_in_receive_and_delete_mode_are_gone(admin: str) -> None:
     send(admin, "deferred", Message("a"), Message("b"))
     with client(admin) as sb:
-        with sb.get_queue_receiver("deferred") as receiver:
+        with sb.get_queue_receiver("deferred", keep_alive=None) as receiver:
             received = receiver.receive_messages(max_message_count=2, max_wait_time=2)
             for message in received:
                 receiver.defer_message(message)
         numbers = [message.sequence_number for message in received]
-        with sb.get_queue_receiver("deferred", receive_mode="receiveanddelete") as deleting:
+        with sb.get_queue_receiver("deferred", receive_mode="receiveanddelete",
+                keep_alive=None) as deleting:
             taken = deleting.receive_deferred_messages(numbers)
             assert [str(message) for message in taken] == ["a", "b"]
             assert taken[0].lock_token is None
@@ -323,17 +326,20 @@ def test_a_session_receiver_receives_only_its_own_session_s_deferred_messages(ad
     numbers = {}
     with client(admin) as sb:
         for session in ("s1", "s2"):
-            with sb.get_queue_receiver("deferred-sessions", session_id=session) as receiver:
+            with sb.get_queue_receiver("deferred-sessions", session_id=session,
+                    keep_alive=None) as receiver:
                 [message] = receiver.receive_messages(max_wait_time=2)
                 receiver.defer_message(message)
                 numbers[session] = message.sequence_number
-        with sb.get_queue_receiver("deferred-sessions", session_id="s1") as receiver:
+        with sb.get_queue_receiver("deferred-sessions", session_id="s1",
+                keep_alive=None) as receiver:
             with pytest.raises(exceptions.MessageNotFoundError):
                 receiver.receive_deferred_messages([numbers["s2"]])
             [mine] = receiver.receive_deferred_messages([numbers["s1"]])
             assert (str(mine), mine.locked_until_utc) == ("mine", None)  # the session's lock
             receiver.complete_message(mine)
-        with sb.get_queue_receiver("deferred-sessions", session_id="s2") as receiver:
+        with sb.get_queue_receiver("deferred-sessions", session_id="s2",
+                keep_alive=None) as receiver:
             [theirs] = receiver.receive_deferred_messages([numbers["s2"]])
             receiver.complete_message(theirs)
 
@@ -343,13 +349,13 @@ def test_scheduled_messages_get_sequence_numbers_and_a_cancelled_one_never_comes
         admin: str) -> None:
     at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
     with client(admin) as sb:
-        with sb.get_queue_sender("to-schedule") as sender:
+        with sb.get_queue_sender("to-schedule", keep_alive=None) as sender:
             first, second = sender.schedule_messages([Message("cancelled"), Message("kept")], at)
             assert second == first + 1
             sender.cancel_scheduled_messages(first)
             with pytest.raises(exceptions.MessageNotFoundError):
                 sender.cancel_scheduled_messages(first)
-        with sb.get_queue_receiver("to-schedule") as receiver:
+        with sb.get_queue_receiver("to-schedule", keep_alive=None) as receiver:
             [peeked] = receiver.peek_messages(max_message_count=5)
             assert (peeked.sequence_number, peeked.state) == (
                 second, servicebus.ServiceBusMessageState.SCHEDULED)
@@ -365,11 +371,11 @@ def test_scheduled_messages_get_sequence_numbers_and_a_cancelled_one_never_comes
 def test_a_message_scheduled_on_a_topic_is_cancelled_in_its_subscriptions(admin: str) -> None:
     at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
     with client(admin) as sb:
-        with sb.get_topic_sender("fanout") as sender:
+        with sb.get_topic_sender("fanout", keep_alive=None) as sender:
             [number] = sender.schedule_messages(Message("later"), at)
-        with sb.get_subscription_receiver("fanout", "all") as receiver:
+        with sb.get_subscription_receiver("fanout", "all", keep_alive=None) as receiver:
             assert [m.sequence_number for m in receiver.peek_messages()] == [number]
-            with sb.get_topic_sender("fanout") as sender:
+            with sb.get_topic_sender("fanout", keep_alive=None) as sender:
                 sender.cancel_scheduled_messages(number)
             assert receiver.peek_messages() == []
 
@@ -380,12 +386,14 @@ def test_listing_sessions_gives_those_with_messages_or_state_and_filters_by_upda
     with client(admin) as sb:
         assert list(sb.list_queue_sessions("listed-sessions")) == []
         send(admin, "listed-sessions", Message("x", session_id="with-message"))
-        with sb.get_queue_receiver("listed-sessions", session_id="with-state") as receiver:
+        with sb.get_queue_receiver("listed-sessions", session_id="with-state",
+                keep_alive=None) as receiver:
             receiver.session.set_state("before")
         time.sleep(0.05)
         cutoff = datetime.datetime.now(datetime.UTC)
         time.sleep(0.05)
-        with sb.get_queue_receiver("listed-sessions", session_id="updated") as receiver:
+        with sb.get_queue_receiver("listed-sessions", session_id="updated",
+                keep_alive=None) as receiver:
             receiver.session.set_state("after")
         assert sorted(sb.list_queue_sessions("listed-sessions")) == [
             "updated", "with-message", "with-state"]
@@ -404,6 +412,7 @@ def test_a_next_session_attach_without_a_timeout_waits_the_namespace_s_wait() ->
     with running_or_skip(servicebus_server(entities=entities)) as string, client(string) as sb:
         started = time.monotonic()
         with pytest.raises(exceptions.OperationTimeoutError, match="timeout of 00:00:02"), \
-                sb.get_queue_receiver("idle", session_id=servicebus.NEXT_AVAILABLE_SESSION):
+                sb.get_queue_receiver("idle", session_id=servicebus.NEXT_AVAILABLE_SESSION,
+                        keep_alive=None):
             pass
         assert 1.5 < time.monotonic() - started < 10

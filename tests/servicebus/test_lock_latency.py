@@ -153,6 +153,7 @@ class _SlowOnFirstDelivery(ServiceBusSharedStreamTrigger):
             yield TriggerEvent({"delivery_count": message.delivery_count})
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 async def test_a_lapse_nobody_failed_on_is_not_counted_toward_dead_lettering(
     far_server: tuple[ThreadedServiceBusServer, str],
 ) -> None:
@@ -205,7 +206,7 @@ async def test_the_sdk_seam_of_batched_renewal_does_what_the_producer_relies_on(
     async with ServiceBusClient.from_connection_string(server.connection_string) as client:
         async with client.get_queue_sender(queue, keep_alive=None) as sender:
             await sender.send_messages([ServiceBusMessage(f"pin{n}") for n in range(3)])
-        async with client.get_queue_receiver(queue, prefetch_count=0) as receiver:
+        async with client.get_queue_receiver(queue, prefetch_count=0, keep_alive=None) as receiver:
             received = await receiver.receive_messages(max_message_count=3, max_wait_time=5)
             assert len(received) == 3
             first_ends = [m.locked_until_utc for m in received]

@@ -65,7 +65,7 @@ def send(server: ThreadedServiceBusServer, queue: str) -> None:
     """Messages ``{"id": i}`` with a ``city`` property, in order: ``i`` is sequence ``i + 1``."""
     with servicebus.ServiceBusClient.from_connection_string(
             server.connection_string, keep_alive=None) as client, \
-            client.get_queue_sender(queue) as sender:
+            client.get_queue_sender(queue, keep_alive=None) as sender:
         sender.send_messages([servicebus.ServiceBusMessage(
             json.dumps({"id": i}), application_properties={"city": CITIES[i % len(CITIES)]})
             for i in IDS])
@@ -93,7 +93,7 @@ def keep_dead_letters(server: ThreadedServiceBusServer, queue: str, database: Pa
     with servicebus.ServiceBusClient.from_connection_string(
             server.connection_string, keep_alive=None) as client, SqliteStore(database) as store, \
             client.get_queue_receiver(queue, sub_queue=servicebus.ServiceBusSubQueue.DEAD_LETTER,
-                                      max_wait_time=1) as receiver:
+                                      max_wait_time=1, keep_alive=None) as receiver:
         for message in receiver.receive_messages(max_message_count=50, max_wait_time=1):
             assert store.add_dead_letter(letter_of(message, trigger_id))
             receiver.complete_message(message)
@@ -101,6 +101,7 @@ def keep_dead_letters(server: ThreadedServiceBusServer, queue: str, database: Pa
     return kept
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(240)
 async def test_a_fixed_watcher_gets_its_dead_letters_and_the_other_nothing(
     server: ThreadedServiceBusServer, tmp_path: Path,
@@ -166,10 +167,10 @@ async def test_a_rebuilt_letter_is_the_message_the_filter_got(
     queue = server.take_queue(sessions=False)
     async with servicebus.aio.ServiceBusClient.from_connection_string(
             server.connection_string) as client:
-        async with client.get_queue_sender(queue) as sender:
+        async with client.get_queue_sender(queue, keep_alive=None) as sender:
             await sender.send_messages(servicebus.ServiceBusMessage(
                 b'{"id": 7}', application_properties={"city": "Zürich", "note": "ok"}))
-        async with client.get_queue_receiver(queue, max_wait_time=2) as receiver:
+        async with client.get_queue_receiver(queue, max_wait_time=2, keep_alive=None) as receiver:
             (received,) = await receiver.receive_messages(max_message_count=1)
             await receiver.complete_message(received)
     live = read_message(queue, received, amqp.AmqpMessageBodyType)

@@ -87,7 +87,7 @@ async def test_letters_come_back_to_the_queue(harness: ServiceBusHarness) -> Non
     await producer_for({"connection_string": harness.server.connection_string,
                         "queue": queue}).republish(LETTERS)
 
-    received = await receive(harness.client.get_queue_receiver(queue), 2)
+    received = await receive(harness.client.get_queue_receiver(queue, keep_alive=None), 2)
     assert_copies(received, session=None)
 
 
@@ -98,7 +98,7 @@ async def test_on_a_session_queue_they_share_one_session(harness: ServiceBusHarn
                         "sessions": True}).republish(LETTERS)
 
     received = await receive(harness.client.get_queue_receiver(
-        queue, session_id="sharedstream-redrive"), 2)
+        queue, session_id="sharedstream-redrive", keep_alive=None), 2)
     assert_copies(received, session="sharedstream-redrive")
 
 
@@ -106,7 +106,8 @@ async def test_for_a_subscription_they_go_to_its_topic(harness: ServiceBusHarnes
     await producer_for({"connection_string": harness.server.connection_string,
                         "topic": "events", "subscription": "all"}).republish(LETTERS)
 
-    received = await receive(harness.client.get_subscription_receiver("events", "all"), 2)
+    received = await receive(harness.client.get_subscription_receiver("events", "all",
+            keep_alive=None), 2)
     assert_copies(received, session=None)
 
 

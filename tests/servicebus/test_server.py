@@ -75,7 +75,7 @@ async def test_a_sent_message_is_received_with_the_broker_facts_then_completed(
         Message("one", application_properties={"kind": "order"}, subject="new",
                 message_id="m-1", correlation_id="c-1"),
         Message("two")])
-    async with client.get_queue_receiver("complete") as receiver:
+    async with client.get_queue_receiver("complete", keep_alive=None) as receiver:
         first, second = await receive(receiver, 2)
         assert bodies([first, second]) == ["one", "two"]
         assert first.application_properties == {b"kind": b"order"}
@@ -98,7 +98,7 @@ async def test_a_sent_message_is_received_with_the_broker_facts_then_completed(
 async def test_an_abandoned_message_comes_back_with_its_delivery_count_one_higher(
         client: Any) -> None:
     await send(client, "abandon", Message("flaky"))
-    async with client.get_queue_receiver("abandon") as receiver:
+    async with client.get_queue_receiver("abandon", keep_alive=None) as receiver:
         [first] = await receive(receiver, 1)
         await receiver.abandon_message(first)
         [second] = await receive(receiver, 1)
@@ -112,13 +112,14 @@ async def test_a_dead_lettered_message_is_in_the_dead_letter_queue_with_its_reas
         client: Any) -> None:
     await send(client, "dead-letter", [Message("poison", application_properties={"n": 1}),
                                        Message("plain")])
-    async with client.get_queue_receiver("dead-letter") as receiver:
+    async with client.get_queue_receiver("dead-letter", keep_alive=None) as receiver:
         poison, plain = await receive(receiver, 2)
         await receiver.dead_letter_message(poison, reason="rejected",
                                            error_description="the watcher refused it")
         await receiver.dead_letter_message(plain)
         assert await receiver.receive_messages(max_wait_time=0.3) == []
-    async with client.get_queue_receiver("dead-letter", sub_queue="deadletter") as dlq:
+    async with client.get_queue_receiver("dead-letter", sub_queue="deadletter",
+            keep_alive=None) as dlq:
         letters = await receive(dlq, 2)
         assert bodies(letters) == ["poison", "plain"]
         assert (letters[0].dead_letter_reason,
@@ -154,14 +155,14 @@ async def test_value_and_sequence_bodies_are_carried_as_sent(client: Any) -> Non
         return [(m.body_type, m.body if m.body_type == kinds.VALUE else list(m.body))
                 for m in messages]
 
-    async with client.get_queue_receiver("bodies") as receiver:
+    async with client.get_queue_receiver("bodies", keep_alive=None) as receiver:
         assert shown(await receiver.peek_messages(10)) == wanted
         received = await receive(receiver, 5)
         assert shown(received) == wanted
         await receiver.dead_letter_message(received[0], reason="kept")
         for message in received[1:]:
             await receiver.complete_message(message)
-    async with client.get_queue_receiver("bodies", sub_queue="deadletter") as dlq:
+    async with client.get_queue_receiver("bodies", sub_queue="deadletter", keep_alive=None) as dlq:
         [letter] = await receive(dlq, 1)
         assert shown([letter]) == wanted[:1]
         assert letter.dead_letter_reason == "kept"
@@ -173,7 +174,7 @@ async def test_value_and_sequence_bodies_are_carried_as_sent(client: Any) -> Non
 
 async def test_an_expired_lock_redelivers_and_the_old_lock_token_is_lost(client: Any) -> None:
     await send(client, "expiry", Message("slow"))
-    async with client.get_queue_receiver("expiry") as receiver:
+    async with client.get_queue_receiver("expiry", keep_alive=None) as receiver:
         [first] = await receive(receiver, 1)
         assert first.locked_until_utc <= now() + datetime.timedelta(seconds=LOCK_SECONDS)
         [second] = await receive(receiver, 1, wait=LOCK_SECONDS + 2)
@@ -186,7 +187,7 @@ async def test_an_expired_lock_redelivers_and_the_old_lock_token_is_lost(client:
 
 async def test_renewing_the_lock_keeps_the_message_past_its_lock_duration(client: Any) -> None:
     await send(client, "renew", Message("long job"))
-    async with client.get_queue_receiver("renew") as receiver:
+    async with client.get_queue_receiver("renew", keep_alive=None) as receiver:
         [message] = await receive(receiver, 1)
         first_until = message.locked_until_utc
         for _ in range(3):
@@ -208,7 +209,7 @@ async def test_one_renew_lock_request_renews_many_locks_and_a_lost_one_fails_it_
     ``renew_message_lock`` sends it with one token), which the producer batches with.
     """
     await send(client, "renew-batch", [Message(f"r{i}") for i in range(3)])
-    async with client.get_queue_receiver("renew-batch") as receiver:
+    async with client.get_queue_receiver("renew-batch", keep_alive=None) as receiver:
         messages = await receive(receiver, 3)
         tokens = [m.lock_token for m in messages]
         before = [m.locked_until_utc for m in messages]
@@ -230,7 +231,7 @@ async def test_one_renew_lock_request_renews_many_locks_and_a_lost_one_fails_it_
 async def test_a_message_abandoned_max_delivery_count_times_is_dead_lettered(
         client: Any) -> None:
     await send(client, "poison", Message("never works"))
-    async with client.get_queue_receiver("poison") as receiver:
+    async with client.get_queue_receiver("poison", keep_alive=None) as receiver:
         counts = []
         for _ in range(3):  # the queue's max_delivery_count
             [message] = await receive(receiver, 1)
@@ -238,7 +239,7 @@ async def test_a_message_abandoned_max_delivery_count_times_is_dead_lettered(
             await receiver.abandon_message(message)
         assert counts == [0, 1, 2]
         assert await receiver.receive_messages(max_wait_time=0.3) == []
-    async with client.get_queue_receiver("poison", sub_queue="deadletter") as dlq:
+    async with client.get_queue_receiver("poison", sub_queue="deadletter", keep_alive=None) as dlq:
         [letter] = await receive(dlq, 1)
         assert str(letter) == "never works"
         assert letter.dead_letter_reason == "MaxDeliveryCountExceeded"
@@ -250,7 +251,7 @@ async def test_a_message_abandoned_max_delivery_count_times_is_dead_lettered(
 
 async def test_peek_shows_messages_without_locking_them(client: Any) -> None:
     await send(client, "peek", [Message(f"p{i}") for i in range(3)])
-    async with client.get_queue_receiver("peek") as receiver:
+    async with client.get_queue_receiver("peek", keep_alive=None) as receiver:
         peeked = await receiver.peek_messages(10, sequence_number=1)
         assert bodies(peeked) == ["p0", "p1", "p2"]
         assert [m.lock_token for m in peeked] == [None] * 3
@@ -270,7 +271,7 @@ async def test_a_batch_arrives_as_separate_messages(client: Any) -> None:
             batch.add_message(Message(f"b{i}", application_properties={"i": i}))
         await sender.send_messages(batch)
         await sender.send_messages([Message("list-1"), Message("list-2")])
-    async with client.get_queue_receiver("batch") as receiver:
+    async with client.get_queue_receiver("batch", keep_alive=None) as receiver:
         received = await receive(receiver, 7)
         assert bodies(received) == [*(f"b{i}" for i in range(5)), "list-1", "list-2"]
         assert [m.application_properties[b"i"] for m in received[:5]] == list(range(5))
@@ -282,7 +283,8 @@ async def test_a_batch_arrives_as_separate_messages(client: Any) -> None:
 async def test_receive_and_delete_removes_messages_on_delivery(client: Any) -> None:
     await send(client, "receive-and-delete", [Message("gone-1"), Message("gone-2")])
     mode = servicebus.ServiceBusReceiveMode.RECEIVE_AND_DELETE
-    async with client.get_queue_receiver("receive-and-delete", receive_mode=mode) as receiver:
+    async with client.get_queue_receiver("receive-and-delete", receive_mode=mode,
+            keep_alive=None) as receiver:
         received = await receive(receiver, 2)
         assert bodies(received) == ["gone-1", "gone-2"]
         assert [m.lock_token for m in received] == [None, None]
@@ -295,8 +297,8 @@ async def test_receive_and_delete_removes_messages_on_delivery(client: Any) -> N
 
 async def test_a_receiver_gets_no_more_than_its_credit(client: Any) -> None:
     await send(client, "credit", [Message(f"c{i}") for i in range(4)])
-    async with client.get_queue_receiver("credit") as first, \
-            client.get_queue_receiver("credit", prefetch_count=2) as second:
+    async with client.get_queue_receiver("credit", keep_alive=None) as first, \
+            client.get_queue_receiver("credit", prefetch_count=2, keep_alive=None) as second:
         [one] = await receive(first, 1)
         rest = await receive(second, 3)
         assert sorted(bodies([one, *rest])) == ["c0", "c1", "c2", "c3"]  # none locked twice
@@ -319,7 +321,7 @@ async def test_sessions_keep_their_order_and_have_one_receiver_each(
 async def check_sessions(client: Any, once: Any) -> None:
     await send(client, "sessions", [Message(f"{s}{i}", session_id=s)
                                     for i in range(3) for s in ("a", "b")])
-    async with client.get_queue_receiver("sessions", session_id="a") as session_a:
+    async with client.get_queue_receiver("sessions", session_id="a", keep_alive=None) as session_a:
         assert session_a.session.session_id == "a"
         first = await receive(session_a, 3)
         assert bodies(first) == ["a0", "a1", "a2"]
@@ -328,11 +330,12 @@ async def check_sessions(client: Any, once: Any) -> None:
         again = await receive(session_a, 1)
         assert (bodies(again), again[0].delivery_count) == (["a0"], 1)  # back first
         with pytest.raises(exceptions.SessionCannotBeLockedError):
-            async with once.get_queue_receiver("sessions", session_id="a") as second:
+            async with once.get_queue_receiver("sessions", session_id="a",
+                    keep_alive=None) as second:
                 await second.receive_messages(max_wait_time=0.3)
         next_session = servicebus.NEXT_AVAILABLE_SESSION
         async with client.get_queue_receiver("sessions", session_id=next_session,
-                                             max_wait_time=5) as session_b:
+                                             max_wait_time=5, keep_alive=None) as session_b:
             received = await receive(session_b, 3)
             assert session_b.session.session_id == "b"
             assert bodies(received) == ["b0", "b1", "b2"]
@@ -344,7 +347,8 @@ async def check_sessions(client: Any, once: Any) -> None:
 
 async def test_a_session_lock_is_renewed_and_keeps_state(client: Any) -> None:
     await send(client, "session-lock", Message("x", session_id="s"))
-    async with client.get_queue_receiver("session-lock", session_id="s") as receiver:
+    async with client.get_queue_receiver("session-lock", session_id="s",
+            keep_alive=None) as receiver:
         session = receiver.session
         before = session.locked_until_utc
         await asyncio.sleep(0.1)
@@ -361,14 +365,15 @@ async def test_an_expired_session_lock_hands_the_session_over_with_counts_raised
                                           Message("second", session_id="s")])
     async with servicebus_aio.ServiceBusClient.from_connection_string(
             servicebus_connection_string, retry_total=0) as once:
-        async with once.get_queue_receiver("session-expiry", session_id="s") as lapsed:
+        async with once.get_queue_receiver("session-expiry", session_id="s",
+                keep_alive=None) as lapsed:
             [held] = await receive(lapsed, 1)
             await asyncio.sleep(LOCK_SECONDS + 0.3)
             with pytest.raises(exceptions.SessionLockLostError):
                 await lapsed.complete_message(held)
         next_session = servicebus.NEXT_AVAILABLE_SESSION
         async with once.get_queue_receiver("session-expiry", session_id=next_session,
-                                           max_wait_time=2) as taker:
+                                           max_wait_time=2, keep_alive=None) as taker:
             received = await receive(taker, 2)
             assert [(str(m), m.delivery_count) for m in received] == [("first", 1),
                                                                        ("second", 0)]
@@ -377,7 +382,7 @@ async def test_an_expired_session_lock_hands_the_session_over_with_counts_raised
         started = time.monotonic()
         with pytest.raises(exceptions.OperationTimeoutError):  # no session has messages now
             async with once.get_queue_receiver("session-expiry", session_id=next_session,
-                                               max_wait_time=1) as nobody:
+                                               max_wait_time=1, keep_alive=None) as nobody:
                 await nobody.receive_messages(max_wait_time=0.3)
         assert time.monotonic() - started < 5
 
@@ -397,7 +402,8 @@ async def test_a_topic_copies_each_message_to_the_subscriptions_whose_filter_it_
                 "eu": ["paris", "order"]}
 
     async def drain(subscription: str) -> list[str]:
-        async with client.get_subscription_receiver("events", subscription) as receiver:
+        async with client.get_subscription_receiver("events", subscription,
+                keep_alive=None) as receiver:
             received = await receive(receiver, len(expected[subscription]))
             for message in received:
                 await receiver.complete_message(message)
@@ -415,9 +421,9 @@ async def test_the_sync_sdk_sends_receives_and_settles(servicebus_connection_str
     def use_the_sync_sdk() -> list[str]:
         with servicebus.ServiceBusClient.from_connection_string(
                 servicebus_connection_string, keep_alive=None) as sync_client:
-            with sync_client.get_queue_sender("sync") as sender:
+            with sync_client.get_queue_sender("sync", keep_alive=None) as sender:
                 sender.send_messages([Message("sync-1"), Message("sync-2")])
-            with sync_client.get_queue_receiver("sync") as receiver:
+            with sync_client.get_queue_receiver("sync", keep_alive=None) as receiver:
                 received = receiver.receive_messages(max_message_count=2, max_wait_time=WAIT)
                 receiver.abandon_message(received[0])
                 receiver.complete_message(received[1])

@@ -113,7 +113,7 @@ async def test_sessions_keep_their_order_while_other_sessions_proceed(
     try:
         healthy = session.run()
         flaky = session.run(Script(fail={b"a1": 1}))
-        async with sessions.client.get_queue_sender(stream.name) as sender:
+        async with sessions.client.get_queue_sender(stream.name, keep_alive=None) as sender:
             for n in range(4):  # interleaved: a0 b0 c0 a1 b1 c1 ...
                 for name in "abc":
                     await sender.send_messages(ServiceBusMessage(f"{name}{n}", session_id=name))
@@ -138,6 +138,7 @@ async def test_sessions_keep_their_order_while_other_sessions_proceed(
         await session.close()
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 async def test_a_watcher_slower_than_the_lock_causes_no_redelivery(
     plain: ServiceBusHarness, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -159,6 +160,7 @@ async def test_a_watcher_slower_than_the_lock_causes_no_redelivery(
         await session.close()
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 async def test_a_watcher_slower_than_the_session_lock_causes_no_redelivery(
     sessions: ServiceBusHarness,
 ) -> None:
@@ -183,7 +185,8 @@ async def test_a_message_delivered_too_often_is_dead_lettered_on_arrival(
     """Poison by delivery count: never fanned out, dead-lettered with the reason, not lost."""
     stream = await plain.create_stream()
     await plain.produce(stream, [b"poison"])
-    async with plain.client.get_queue_receiver(stream.name, max_wait_time=2) as taker:
+    async with plain.client.get_queue_receiver(stream.name, max_wait_time=2,
+            keep_alive=None) as taker:
         for _ in range(3):  # a consumer takes it and gives it back: delivery count 3
             [message] = await taker.receive_messages(max_message_count=1, max_wait_time=2)
             await taker.abandon_message(message)
@@ -209,6 +212,7 @@ def nested(depth: int) -> dict[str, Any]:
     return value
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 async def test_odd_bodies_neither_stall_nor_poison_their_neighbours(
     harness: ServiceBusHarness,
 ) -> None:
@@ -315,7 +319,7 @@ async def test_watchers_of_a_topic_subscription_match_on_properties(
         **kwargs, match={"properties": {"tenant": tenant}}), n).start()
         for n, tenant in enumerate(["t1", "t2"], 1)]
     try:
-        async with plain.client.get_topic_sender("events") as sender:
+        async with plain.client.get_topic_sender("events", keep_alive=None) as sender:
             await sender.send_messages([
                 ServiceBusMessage(json.dumps({"n": n}), application_properties={
                     "tenant": "t1" if n % 2 else "t2"}) for n in range(6)])

@@ -186,6 +186,7 @@ def send_then_kill(string: str, queue: str, body: str, pid: int) -> None:
 
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 def test_a_sigkilled_server_restarts_with_every_accepted_send_and_no_completed_message(
     tmp_path: Path,
 ) -> None:
@@ -203,9 +204,10 @@ def test_a_sigkilled_server_restarts_with_every_accepted_send_and_no_completed_m
                   "SharedAccessKey=v;UseDevelopmentEmulator=true;")
         with servicebus.ServiceBusClient.from_connection_string(
                 string, keep_alive=None, retry_total=0) as client:
-            with client.get_queue_sender(queue) as sender:
+            with client.get_queue_sender(queue, keep_alive=None) as sender:
                 sender.send_messages([servicebus.ServiceBusMessage(f"m{i}") for i in range(6)])
-            with client.get_queue_receiver(queue) as receiver:  # its locks outlive it
+            with client.get_queue_receiver(queue,
+                    keep_alive=None) as receiver:  # its locks outlive it
                 received = receiver.receive_messages(max_message_count=3, max_wait_time=2)
                 assert len(received) == 3
                 receiver.complete_message(received[0])
@@ -217,7 +219,9 @@ def test_a_sigkilled_server_restarts_with_every_accepted_send_and_no_completed_m
         server.process.wait(timeout=10)
         server.start()
         with servicebus.ServiceBusClient.from_connection_string(
-                string, keep_alive=None) as client, client.get_queue_receiver(queue) as receiver:
+                string,
+                        keep_alive=None) as client, client.get_queue_receiver(queue,
+                                keep_alive=None) as receiver:
             again = receiver.receive_messages(max_message_count=10, max_wait_time=2)
             seen = {str(m): (m.sequence_number, m.delivery_count) for m in again}
             for message in again:

@@ -58,7 +58,7 @@ async def send(connection_string: str, options: dict[str, str], body: bytes) -> 
     """Send ``body`` to the queue with the SDK's own client, over TLS."""
     client = aio.ServiceBusClient.from_connection_string(
         connection_string, transport_type=servicebus.TransportType.Amqp, **options)
-    async with client, client.get_queue_sender(QUEUE) as sender:
+    async with client, client.get_queue_sender(QUEUE, keep_alive=None) as sender:
         await sender.send_messages(servicebus.ServiceBusMessage(body))
 
 

@@ -48,6 +48,7 @@ def body(index: int, poison: int) -> bytes:
     return json.dumps({"id": index, "poison": index == poison}).encode()
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("poison", [
     pytest.param(HELD, id="poison-held-at-the-kill"),

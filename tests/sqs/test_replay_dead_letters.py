@@ -57,6 +57,7 @@ async def send(client: Any, url: str) -> dict[int, str]:
     return sent
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @pytest.mark.timeout(240)
 async def test_a_fixed_watcher_gets_its_dead_letters_and_the_other_nothing(
     sqs_endpoint: str, tmp_path: Path,

@@ -95,6 +95,7 @@ async def test_deletes_are_batched(standard: SqsHarness) -> None:
         await session.close()
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 async def test_visibility_is_renewed_for_a_slow_subscriber(standard: SqsHarness) -> None:
     stream = await standard.create_stream()
     session = Session(standard, stream)

@@ -354,6 +354,7 @@ _ops = st.lists(
 )
 
 
+@pytest.mark.slow  # over 6 s: the slow CI step (keeps the default run under 15 minutes)
 @settings(max_examples=300, deadline=None)
 @given(first=_sync_ops, ops=_ops)
 def test_write_events_matches_the_per_row_reference(first: Op, ops: list[Op]) -> None:

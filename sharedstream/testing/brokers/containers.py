@@ -228,11 +228,12 @@ def _wait_for_entities(connection_string: str, entities: Mapping[str, Any],
         try:
             with sdk.ServiceBusClient.from_connection_string(connection_string) as client:
                 if queues:
-                    receiver = client.get_queue_receiver(queues[0]["name"], max_wait_time=1)
+                    receiver = client.get_queue_receiver(queues[0]["name"], max_wait_time=1,
+                            keep_alive=None)
                 else:
                     receiver = client.get_subscription_receiver(
                         topics[0]["name"], topics[0]["subscriptions"][0]["name"],
-                        max_wait_time=1)
+                        max_wait_time=1, keep_alive=None)
                 with receiver:
                     receiver.peek_messages(max_message_count=1)
         except Exception as exc:  # not ready yet, whatever the SDK raised: try again
