@@ -22,7 +22,8 @@ message:
 * :data:`LEAVE` - fanned out to nobody: leave it to the broker (its lease lapses).
 
 The floor's own message comes back first (the broker redelivers it before
-the lane's later ones); seeing it again lifts the floor. A lane whose floor
+the lane's later ones); seeing it again lifts the floor, and so does its
+dead-lettering when it arrives (``forget`` with its lane). A lane whose floor
 never comes back (another consumer took the message) is forgotten once more
 than ``capacity`` lanes hold one; so are the oldest tallies. Forgetting only
 makes the poison rule later, never early. Pure and synchronous.
@@ -112,7 +113,15 @@ class LaneFloors(Generic[K]):
         discount = max(self.bounced.get(key), taken - self.failures.get(key))
         return self.policy.poisoned_on_arrival(deliveries - discount)
 
-    def forget(self, key: K) -> None:
-        """``key`` is resolved for good (settled, dead-lettered): drop its tallies."""
+    def forget(self, key: K, *, lane: Hashable | None = None) -> None:
+        """``key`` is resolved for good (settled, dead-lettered): drop its tallies.
+
+        Given its ``lane``, a floor ``key`` holds there is lifted too: a
+        message dead-lettered when it arrived (poison by the store's count)
+        never comes back to be placed, and its lane's later messages would
+        otherwise bounce behind it for good.
+        """
+        if lane is not None and self._floors.get(lane) == key:
+            del self._floors[lane]
         self.failures.forget(key)
         self.bounced.forget(key)

@@ -158,3 +158,37 @@ def test_a_kill_storm_dead_letters_no_healthy_message(tmp_path: Path, sessions: 
                   for i in range(STORM_KILLS)]
         log = storm.finish(STORM_KILLS)
         storm.check(f"{STORM_KILLS} kills, events stored after each: {stored}", log)
+
+
+@pytest.mark.slow  # about 20 s: the slow CI step
+@pytest.mark.timeout(300)
+def test_a_session_goes_on_after_its_floor_is_dead_lettered_on_arrival(tmp_path: Path) -> None:
+    """A session's message that failed here, then arrives poison by the store's count.
+
+    The first triggerer fails on the poison message once (the store counts
+    it) and is killed while its trigger waits to run again. The second
+    fails on it once more: the message becomes its session's floor (the
+    session's later messages are abandoned behind it), and it comes back
+    delivered too often, with two failures in the store for a
+    ``max_redeliveries`` of 1: it is dead-lettered on arrival, never placed
+    again. Its floor must go with it: before, it held the session, whose
+    healthy messages were abandoned over and over until the delivery
+    ceiling dead-lettered them too (a kill storm's livelock, 1 run in 6 on
+    a loaded machine).
+    """
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    with running(servicebus_process(tmp_path, queue, sessions=True)) as server:
+        storm = Storm(server, tmp_path, queue, sessions=True, total=40, max_redeliveries=1)
+        cli = storm.d.cli
+        plain = cli.env
+        cli.env = {**plain, "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_INITIAL": "60",
+                   "SHAREDSTREAM__TRIGGERER__RESTART_BACKOFF_MAX": "60"}
+        first = cli.start(0, log_level="INFO")
+        try:
+            wait_until(lambda: f"cannot handle message {POISON}" in cli.log(0), 60,
+                       "the poison message's first failure", first, cli.log_path(0))
+        finally:
+            kill(first)
+        cli.env = plain
+        log = storm.finish(1)
+        storm.check("the poison failed once before a kill", log)

@@ -51,6 +51,21 @@ def test_a_failure_holds_an_ordered_lane_until_it_comes_back() -> None:
     assert lanes.place("key", "m2", ACKED, ordered=True) == SETTLE
 
 
+def test_a_floor_dead_lettered_on_arrival_no_longer_holds_its_lane() -> None:
+    lanes = floors(max_redeliveries=1)
+    assert lanes.place("key", "m1", FAILED, ordered=True) == AGAIN
+    assert lanes.place("key", "m2", ACKED, ordered=True) == BOUNCE
+    # m1 comes back poison by the store's count and is dead-lettered before it is placed.
+    lanes.forget("m1", lane="key")
+    assert lanes.floor("key") is None
+    assert lanes.place("key", "m2", ACKED, ordered=True) == SETTLE
+    # Forgetting a message that does not hold its lane's floor leaves the floor.
+    assert lanes.place("key", "m3", FAILED, ordered=True) == AGAIN
+    lanes.forget("m4", lane="key")
+    lanes.forget("m3")
+    assert lanes.floor("key") == "m3"
+
+
 def test_a_lane_of_one_message_never_holds_a_floor() -> None:
     lanes = floors()
     assert lanes.place(("message", "m1"), "m1", FAILED, ordered=False) == AGAIN
