@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from sharedstream.brokerkit.calls import BrokerCalls
+from sharedstream.brokerkit.cancellation import cancellation_kept
 from sharedstream.engine.keyvalue_log import KeyValueLogger
 from sharedstream.producers._servicebus_settle import said
 from sharedstream.producers._servicebus_types import ServiceBusPayload
@@ -163,8 +164,9 @@ class BatchedLockRenewal:
             return None
         self._calls.count("RenewLock")
         try:
-            answer = await renew_locks(*(p.received.lock_token for p in payloads),
-                                       timeout=self._timeout())
+            with cancellation_kept():  # the SDK can lose a stop's cancellation
+                answer = await renew_locks(*(p.received.lock_token for p in payloads),
+                                           timeout=self._timeout())
         except TypeError as exc:  # the private call's signature changed
             self._without_seam(f"_renew_locks refused the call ({said(exc)})")
             return None
@@ -190,8 +192,9 @@ class BatchedLockRenewal:
             for payload in payloads:  # one at a time too: the same request, one token each
                 self._calls.count("RenewLock")
                 try:
-                    answers.append(await payload.receiver.renew_message_lock(
-                        payload.received, timeout=timeout))
+                    with cancellation_kept():  # the SDK can lose a stop's cancellation
+                        answers.append(await payload.receiver.renew_message_lock(
+                            payload.received, timeout=timeout))
                 except Exception as exc:  # noqa: BLE001 - sorted below, per message
                     answers.append(exc)
         for payload, answer in zip(payloads, answers, strict=True):

@@ -33,6 +33,7 @@ from typing import Any
 
 from sharedstream.brokerkit.batches import in_batches
 from sharedstream.brokerkit.calls import BrokerCalls
+from sharedstream.brokerkit.cancellation import cancellation_kept
 from sharedstream.brokerkit.deadletters import DeadLetterDesk
 from sharedstream.brokerkit.floors import LaneFloors
 from sharedstream.brokerkit.redelivery import DeliveryTally
@@ -110,7 +111,8 @@ async def settle_each(
             async with turns.lock(group[0].receiver):
                 for payload in group:
                     try:
-                        await settle(payload)
+                        with cancellation_kept():  # the SDK can lose a stop's cancellation
+                            await settle(payload)
                     except Exception as exc:  # noqa: BLE001 - the caller reports them
                         failed.append((payload, exc))
         return failed

@@ -47,6 +47,13 @@ abandoned behind it, uncounted, so they come again after it, in order. A
 receiver lets its session go once a receive finds nothing and nothing it
 received is outstanding.
 
+**Stopping.** The poll's workers stop by cancellation. The SDK can lose
+one (on Python 3.11 its frame reads swallow a cancellation that meets a
+frame), and a session worker that then took the accept's timeout for "no
+session free" would ask again forever: every SDK call runs under
+:func:`~sharedstream.brokerkit.cancellation.cancellation_kept`, which raises
+the lost cancellation once the call returns.
+
 **Back-pressure.** Receiving pauses while ``max_in_flight`` messages are
 received and not yet advanced; nothing is prefetched beyond what a receive
 call asks for (a prefetched message's lock would tick unseen).
@@ -73,6 +80,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mappin
 from typing import Any, TypeVar
 
 from sharedstream.brokerkit.calls import BrokerCalls
+from sharedstream.brokerkit.cancellation import cancellation_kept
 from sharedstream.brokerkit.deadletters import (
     REASON_MAX_REDELIVERIES,
     REASON_REJECTED,
@@ -255,7 +263,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         self.calls.count(operation)
         servicebus_exceptions = _sdk("azure.servicebus.exceptions")
         try:
-            return await call()
+            with cancellation_kept():  # the SDK can lose a stop's cancellation: keep it
+                return await call()
         except servicebus_exceptions.ServiceBusError as exc:
             raise sdk_error(f"{operation} on {self.entity}", exc) from exc
 
@@ -502,7 +511,8 @@ class ServiceBusSharedStreamProducer(SharedStreamProducer):
         """``close()``, given up after :data:`CLOSE_TIMEOUT` seconds (one warning says so)."""
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT):
-                await close()
+                with cancellation_kept():  # else a deadline the SDK loses leaves it unbounded
+                    await close()
         except TimeoutError:
             log.warning("closing the SDK's handle did not finish; given up", entity=self.entity,
                         handle=what, timeout_s=CLOSE_TIMEOUT)

@@ -14,6 +14,7 @@ piece with its contract in its module docstring:
   :mod:`.redelivery` (poison and ``unseen`` accounting), :mod:`.lease`
   (renewing leases: SQS visibility, Pub/Sub ack deadlines, Service Bus
   locks), :mod:`.workers` (a poll's background tasks and the inbox they fill),
+  :mod:`.cancellation` (a cancellation an SDK call lost, raised again),
   :mod:`.settle` (settle senders: a bounded backlog of deletes, acks
   or completes sent in batches by a few senders, drained on close),
   :mod:`.batches`, :mod:`.fingerprints` (settings fingerprints, one consumer

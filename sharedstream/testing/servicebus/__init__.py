@@ -22,14 +22,21 @@ namespace's keys, :mod:`.auth`).
   CBS, settlement and credit;
 * :mod:`.state_file` - the optional ``--state-file`` that keeps entities and
   messages across a restart (locks are lost, as with a real outage);
+* :mod:`.amqp_rewrite`, :mod:`.amqp_front` - the AMQP port: a relay in
+  front of proton (which listens on loopback) that ends TLS and renumbers
+  the client's delivery-ids as Service Bus tolerates them (pure, and on
+  sockets);
 * :mod:`.websocket`, :mod:`.websocket_front` - AMQP over WebSockets
   (``--websocket-port``): RFC 6455 without I/O, and the relay that serves
   it in front of the AMQP port;
+* :mod:`.front` - what both relays share: an asyncio loop on a thread of
+  its own, TLS, bounded pumps, a stop that ends every connection;
 * :mod:`.server` - :func:`~.server.serve` and the command line
   ``python -m sharedstream.testing.servicebus --port N --queue orders ...``.
 
 Start it from tests with :func:`sharedstream.testing.brokers.servicebus_server`
 or the ``servicebus_connection_string`` fixture. Importing this package,
 :mod:`.model`, :mod:`.auth`, :mod:`.store`, :mod:`.state` or :mod:`.config` imports no proton
-module, nor do :mod:`.websocket` and :mod:`.websocket_front`; the others do.
+module, nor do :mod:`.amqp_rewrite`, :mod:`.amqp_front`, :mod:`.front`,
+:mod:`.websocket` and :mod:`.websocket_front`; the others do.
 """

@@ -15,10 +15,13 @@ PATH`` (:mod:`.state_file`) the state outlives the process: a server
 restarted on the same file has the last one's entities and messages, and
 the entities document applies only when the file does not exist yet.
 
-With ``--websocket-port N`` it also takes AMQP over WebSockets on port
-``N`` (Service Bus's is 443: ``TransportType.AmqpOverWebsocket``), through
-a relay to its own AMQP port (:mod:`.websocket_front`): ``wss`` with
-``--tls-dir``, else ``ws``.
+Proton listens on a loopback port of its own, plain; the AMQP port clients
+reach is a relay in front of it (:mod:`.amqp_front`) that ends TLS with
+``--tls-dir`` and renumbers the client's deliveries as Service Bus
+tolerates them (:mod:`.amqp_rewrite`). With ``--websocket-port N`` it also
+takes AMQP over WebSockets on port ``N`` (Service Bus's is 443:
+``TransportType.AmqpOverWebsocket``), through a relay to that AMQP port
+(:mod:`.websocket_front`): ``wss`` with ``--tls-dir``, else ``ws``.
 """
 
 from __future__ import annotations
@@ -31,25 +34,30 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from proton import Event, Handler, SSLDomain
+from proton import Event, Handler
 from proton.reactor import Container
 
 from sharedstream.testing.servicebus import config
+from sharedstream.testing.servicebus.amqp_front import AmqpFront
+from sharedstream.testing.servicebus.front import RelayFront, listen
 from sharedstream.testing.servicebus.model import DEFAULT_KEY, AccessKey, Namespace, Refused
 from sharedstream.testing.servicebus.service import ServiceBusService
 from sharedstream.testing.servicebus.state import ServiceBusState
 from sharedstream.testing.servicebus.state_file import StateFile
 from sharedstream.testing.servicebus.websocket_front import WebSocketFront
-from sharedstream.testing.tls import ServerCertificates, make_certificates
+from sharedstream.testing.tls import make_certificates
 
 __all__ = ["ServerControl", "connection_string", "main", "serve", "tls_connection_string"]
 
 TICK = 0.05
 """Seconds between lock-expiry sweeps: the precision of lock durations."""
+PROTON_HOST = "127.0.0.1"
+"""Where proton itself listens (any free port), reached by the AMQP front only."""
 
 
 def connection_string(host: str, port: int, key: AccessKey = DEFAULT_KEY) -> str:
@@ -130,8 +138,11 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     :class:`~.websocket_front.WebSocketFront` does: ``wss`` with the same
     certificate when ``tls_dir`` is given, else ``ws``; it listens before
     the AMQP port does, so a client that reaches that one reaches it too.
-    Blocks the calling thread; every event and every state change runs on
-    it (the WebSocket relay has a thread of its own, outside the state).
+    Clients reach proton (on :data:`PROTON_HOST`, any free port) through
+    the AMQP front on ``host:port`` (:class:`~.amqp_front.AmqpFront`, which
+    serves the TLS). Blocks the calling thread; every event and every state
+    change runs on it (each front has a thread of its own, outside the
+    state).
     """
     if websocket_port is not None and not 0 < websocket_port < 65536:
         raise ValueError(f"websocket_port is a port number, not {websocket_port}")
@@ -147,43 +158,33 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, state: ServiceBusState | No
     container = Container(service)
     container.container_id = "sharedstream-servicebus-test-server"
     certificates = None if tls_dir is None else make_certificates(tls_dir)
-    front_socket = None if websocket_port is None else socket.create_server((host, websocket_port))
-    try:
-        acceptor = container.listen(f"{host}:{port}", ssl_domain=_server_domain(certificates))
-    except BaseException:
+    with ExitStack() as sockets:
+        front_socket = None if websocket_port is None else sockets.enter_context(
+            listen(host, websocket_port))
+        amqp_socket = sockets.enter_context(listen(host, port))
+        acceptor = container.listen(f"{PROTON_HOST}:0")
+        listening = acceptor._selectable._delegate  # proton's port: it was asked for any
+        if not isinstance(listening, socket.socket):
+            raise TypeError(f"proton listens on {listening!r}, not a socket")
+        sockets.enter_context(listening)  # proton leaves it open: a server in a thread must not
+        bound: int = amqp_socket.getsockname()[1]
+        fronts: list[RelayFront] = [AmqpFront(amqp_socket, PROTON_HOST,
+                                              listening.getsockname()[1], certificates)]
         if front_socket is not None:
-            front_socket.close()
-        raise
-    listening = acceptor._selectable._delegate  # the bound port, when 0 asked for any
-    if not isinstance(listening, socket.socket):
-        raise TypeError(f"proton listens on {listening!r}, not a socket")
-    bound: int = listening.getsockname()[1]
-    container.schedule(0, _Ticker(service, control, container))
-    front = None if front_socket is None else WebSocketFront(
-        front_socket, host, bound, certificates)
-    try:
-        if front is not None:
-            front.start()
-        if ready is not None:
-            ready(bound)
-        container.run()
-    finally:
-        if front is not None:
-            front.stop()
-        acceptor.close()
-        listening.close()  # proton leaves it open: a server run in a thread must not leak it
-        if kept is not None:
-            kept.save(state)
-
-
-def _server_domain(files: ServerCertificates | None) -> SSLDomain | None:
-    """Proton's TLS settings for a server with the certificate ``files`` (``None``: no TLS)."""
-    if files is None:
-        return None
-    domain = SSLDomain(SSLDomain.MODE_SERVER)
-    domain.set_credentials(str(files.cert_file), str(files.key_file), None)
-    domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)  # clients show no certificate
-    return domain
+            fronts.append(WebSocketFront(front_socket, host, bound, certificates))
+        container.schedule(0, _Ticker(service, control, container))
+        try:
+            for front in fronts:
+                front.start()
+            if ready is not None:
+                ready(bound)
+            container.run()
+        finally:
+            for front in reversed(fronts):
+                front.stop()
+            acceptor.close()
+            if kept is not None:
+                kept.save(state)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

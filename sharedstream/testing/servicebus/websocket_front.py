@@ -2,12 +2,14 @@
 
 :class:`WebSocketFront` listens on a port of its own (Service Bus's is 443),
 completes the WebSocket upgrade (:func:`.websocket.parse_upgrade`), opens a
-connection to the server's AMQP port as any client would, and relays: the
-payload of every binary frame the client sends goes to the AMQP port, and
-every chunk the AMQP port sends back goes to the client as one binary
-frame. Everything AMQP (SASL, CBS, links, limits, the log) stays the
-server's own, unchanged; the front knows nothing of AMQP. It runs an
-asyncio loop on a thread of its own, beside the proton container's.
+connection to the server's AMQP port as any client would (that port is
+the AMQP front, :mod:`.amqp_front`, so these clients' deliveries are
+renumbered as theirs are), and relays: the payload of every binary frame
+the client sends goes to the AMQP port, and every chunk the AMQP port
+sends back goes to the client as one binary frame. Everything AMQP (SASL,
+CBS, links, limits, the log) stays the server's own, unchanged; this front
+knows nothing of AMQP. It is a :class:`~.front.RelayFront`: an asyncio
+loop on a thread of its own, beside the proton container's.
 
 Invariants:
 
@@ -21,12 +23,12 @@ Invariants:
 3. A ping is answered with a pong of the same payload. A close from the
    client is answered with a close of its code (1000 when it gave none) and
    ends both connections; when the AMQP side ends first, the front sends
-   close 1000 and waits up to :data:`CLOSE_TIMEOUT` for the client's. A
+   close 1000 and waits up to :data:`.front.CLOSE_TIMEOUT` for the client's. A
    protocol error is closed with its code (1002; 1003 for a text message,
    AMQP being binary; 1009 for an oversized frame), then both end. No data
    frame follows a close the front sent.
 4. Bounded: the request head (:data:`.websocket.MAX_HEAD`), the upgrade
-   and the AMQP connect (:data:`HANDSHAKE_TIMEOUT` each, TLS included), a
+   and the AMQP connect (:data:`.front.HANDSHAKE_TIMEOUT` each, TLS included), a
    frame (:data:`.websocket.MAX_FRAME_PAYLOAD`); each write waits for its
    peer to drain, so a slow side slows the other instead of filling memory.
 5. :meth:`WebSocketFront.stop` ends every connection and the thread.
@@ -37,145 +39,50 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import threading
-from dataclasses import dataclass
 
 from sharedstream.engine.keyvalue_log import key_value_logger
 from sharedstream.testing.servicebus import websocket
+from sharedstream.testing.servicebus.front import (
+    CHUNK,
+    CLOSE_TIMEOUT,
+    HANDSHAKE_TIMEOUT,
+    RelayFront,
+    Upstream,
+    dial_host,
+    end,
+    served_tls,
+)
 from sharedstream.testing.servicebus.websocket import CloseCode, Frame, Opcode
 from sharedstream.testing.tls import ServerCertificates
 
-__all__ = ["CLOSE_TIMEOUT", "HANDSHAKE_TIMEOUT", "Upstream", "WebSocketFront"]
-
-HANDSHAKE_TIMEOUT = 10.0
-"""Seconds for a client's TLS handshake and upgrade request, and for the AMQP connect."""
-CLOSE_TIMEOUT = 5.0
-"""Seconds to wait for the client's close after the front's, or for a connection to end."""
-CHUNK = 64 * 1024
-"""The most read from either side at once (so the largest binary frame sent)."""
+__all__ = ["WebSocketFront"]
 
 _log = key_value_logger(__name__)
 
 
-@dataclass(frozen=True)
-class Upstream:
-    """Where the AMQP port is, and the TLS to reach it with (``None``: plain)."""
-
-    host: str
-    port: int
-    tls: ssl.SSLContext | None = None
-
-    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to the AMQP port (``OSError`` or ``TimeoutError`` when it fails)."""
-        return await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, ssl=self.tls, limit=CHUNK),
-            HANDSHAKE_TIMEOUT)
-
-
-def _dial_host(host: str) -> str:
-    """The address to reach a port bound on ``host`` (a wildcard one through loopback)."""
-    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
-
-
-class WebSocketFront:
+class WebSocketFront(RelayFront):
     """The relay of the module docstring, serving an already listening socket.
 
     ``listening``: bound and listening (the server binds it before its AMQP
     port, so a client that reaches the AMQP port finds this one too); the
     front closes it when it stops. ``amqp_host``/``amqp_port``: the
     server's AMQP port. ``certificates``: the AMQP port's, when it serves
-    TLS (invariant 1). :meth:`start` and :meth:`stop` are called from any
-    one thread; all else runs on the front's own.
+    TLS (invariant 1). :meth:`start` and :meth:`stop`
+    (:class:`~.front.RelayFront`'s) are called from any one thread; all
+    else runs on the front's own.
     """
 
     def __init__(self, listening: socket.socket, amqp_host: str, amqp_port: int,
                  certificates: ServerCertificates | None = None) -> None:
-        self._listening = listening
-        self._served_tls: ssl.SSLContext | None = None
+        super().__init__(listening, served_tls(certificates), name="servicebus-websocket-front",
+                         limit=websocket.MAX_HEAD)
         upstream_tls = None
         if certificates is not None:
-            self._served_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            self._served_tls.load_cert_chain(certificates.cert_file, certificates.key_file)
             upstream_tls = ssl.create_default_context(cafile=certificates.ca_file)
-        self._upstream = Upstream(_dial_host(amqp_host), amqp_port, upstream_tls)
-        self._thread = threading.Thread(target=self._run, name="servicebus-websocket-front",
-                                        daemon=True)
-        self._ready = threading.Event()
-        self._failure: Exception | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._upstream = Upstream(dial_host(amqp_host), amqp_port, upstream_tls)
 
-    @property
-    def port(self) -> int:
-        """The port the front listens on."""
-        port: int = self._listening.getsockname()[1]
-        return port
-
-    def start(self, timeout: float = 10.0) -> None:
-        """Serve on the front's thread; return once it accepts connections.
-
-        Raises what stopped it from serving (``RuntimeError`` if it did not
-        serve within ``timeout`` seconds).
-        """
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError(f"the WebSocket front did not start within {timeout} s")
-        if self._failure is not None:
-            raise self._failure
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """End every connection and the thread (invariant 5); idempotent."""
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(stopping.set)
-            except RuntimeError:  # the loop closed in between: the thread is ending anyway
-                _log.debug("the WebSocket front's loop had closed")
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        self._listening.close()
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._serve())
-        except Exception as exc:  # noqa: BLE001 - handed to start()'s caller, or logged
-            if self._ready.is_set():
-                _log.exception("the WebSocket front failed")
-            self._failure = exc
-        finally:
-            self._ready.set()
-
-    async def _serve(self) -> None:
-        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
-        server = await asyncio.start_server(
-            self._accepted, sock=self._listening, ssl=self._served_tls,
-            ssl_handshake_timeout=None if self._served_tls is None else HANDSHAKE_TIMEOUT,
-            limit=websocket.MAX_HEAD)
-        try:
-            self._ready.set()
-            await self._stopping.wait()
-        finally:
-            server.close()  # no new connection; then end the open ones (invariant 5)
-            for task in self._connections:
-                task.cancel()
-            if self._connections:
-                await asyncio.wait(self._connections, timeout=CLOSE_TIMEOUT)
-            await server.wait_closed()  # from Python 3.12 on, it waits for the connections
-
-    async def _accepted(self, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()  # never None: asyncio runs this callback as a task
-        owned = {task} if task is not None else set()
-        self._connections |= owned  # so that stop() can end it
-        try:
-            await self._upgrade_and_relay(reader, writer)
-        finally:
-            self._connections -= owned
-            await _end(writer)
-
-    async def _upgrade_and_relay(self, reader: asyncio.StreamReader,
-                                 writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer the upgrade, then relay until either side ends (module docstring)."""
         peer = writer.get_extra_info("peername")
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT)
@@ -199,7 +106,7 @@ class WebSocketFront:
             writer.write(answer)
             await _Relay(reader, writer, amqp_reader, amqp_writer).run()
         finally:
-            await _end(amqp_writer)
+            await end(amqp_writer)
 
 
 async def _refuse(writer: asyncio.StreamWriter, peer: object,
@@ -210,15 +117,6 @@ async def _refuse(writer: asyncio.StreamWriter, peer: object,
         await writer.drain()
     except OSError:
         _log.debug("the refused client left before the answer", peer=peer)
-
-
-async def _end(writer: asyncio.StreamWriter) -> None:
-    """Flush and close ``writer``'s connection; abort it if it does not end in time."""
-    writer.close()
-    try:
-        await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
-    except (OSError, TimeoutError):  # the peer broke the connection or hangs: drop it
-        writer.transport.abort()
 
 
 class _Relay:
