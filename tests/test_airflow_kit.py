@@ -104,7 +104,7 @@ def create_run_through_db_errors(server: AirflowServer, run_id: str,
 def test_a_run_is_created_once_and_its_task_sees_the_first_conf(
         airflow_server: AirflowServer, conf_writer: Path) -> None:
     first = {"name": "x1", "amount": 42}
-    status, created = create_run(airflow_server, "x1", first)
+    status, created = create_run_through_db_errors(airflow_server, "x1", first)
     assert status == 200, created
     assert isinstance(created, dict)
     assert created["dag_run_id"] == "x1"
@@ -124,7 +124,8 @@ def test_a_run_is_created_once_and_its_task_sees_the_first_conf(
 def test_dag_runs_reads_every_page_oldest_first(
         airflow_server: AirflowServer, conf_writer: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for index in range(3):
-        status, answer = create_run(airflow_server, f"page-{index}", {"name": f"page-{index}"})
+        status, answer = create_run_through_db_errors(airflow_server, f"page-{index}",
+                                                      {"name": f"page-{index}"})
         assert status == 200, answer
     monkeypatch.setattr(airflow_kit, "_PAGE", 2)
 
