@@ -248,7 +248,7 @@ class Settlements:
             number = payload.message.sequence_number
             if id(payload) in refused:
                 continue
-            self._floors.forget(number, lane=payload.lane)
+            self._floors.forget(payload.lane, number)
             self._taken.forget(number)
             self._letters.sent(f"{number}", f"{self.entity}/$DeadLetterQueue", reason, verdicts)
         self._done([payload for payload, *_ in items])

@@ -504,7 +504,7 @@ class PubSubSharedStreamProducer(SharedStreamProducer):
     async def _ack_disposed(self, payloads: list[PubSubPayload]) -> None:
         for payload in payloads:
             self._settle_lease(payload.ack_id)
-            self._floors.forget(payload.message_id, lane=payload.lane)
+            self._floors.forget(payload.lane, payload.message_id)
         await self._acks.put(payloads)
 
     # -- re-driving ----------------------------------------------------------------------

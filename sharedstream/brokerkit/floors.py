@@ -23,7 +23,7 @@ message:
 
 The floor's own message comes back first (the broker redelivers it before
 the lane's later ones); seeing it again lifts the floor, and so does its
-dead-lettering when it arrives (``forget`` with its lane). A lane whose floor
+dead-lettering when it arrives (``forget``). A lane whose floor
 never comes back (another consumer took the message) is forgotten once more
 than ``capacity`` lanes hold one; so are the oldest tallies. Forgetting only
 makes the poison rule later, never early. Pure and synchronous.
@@ -95,7 +95,7 @@ class LaneFloors(Generic[K]):
         if outcome.rejected:
             return REJECTED
         if outcome.acked:
-            self.forget(key)
+            self._forget_tallies(key)  # its floor, if it held one, is lifted above
             return SETTLE
         return LEAVE
 
@@ -113,15 +113,18 @@ class LaneFloors(Generic[K]):
         discount = max(self.bounced.get(key), taken - self.failures.get(key))
         return self.policy.poisoned_on_arrival(deliveries - discount)
 
-    def forget(self, key: K, *, lane: Hashable | None = None) -> None:
-        """``key`` is resolved for good (settled, dead-lettered): drop its tallies.
+    def forget(self, lane: Hashable, key: K) -> None:
+        """``key`` of ``lane`` is resolved for good (settled, dead-lettered): drop its tallies.
 
-        Given its ``lane``, a floor ``key`` holds there is lifted too: a
-        message dead-lettered when it arrived (poison by the store's count)
-        never comes back to be placed, and its lane's later messages would
+        A floor ``key`` holds on ``lane`` is lifted too: a message
+        dead-lettered when it arrived (poison by the store's count) never
+        comes back to be placed, and its lane's later messages would
         otherwise bounce behind it for good.
         """
-        if lane is not None and self._floors.get(lane) == key:
+        if self._floors.get(lane) == key:
             del self._floors[lane]
+        self._forget_tallies(key)
+
+    def _forget_tallies(self, key: K) -> None:
         self.failures.forget(key)
         self.bounced.forget(key)

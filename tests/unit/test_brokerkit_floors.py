@@ -56,13 +56,12 @@ def test_a_floor_dead_lettered_on_arrival_no_longer_holds_its_lane() -> None:
     assert lanes.place("key", "m1", FAILED, ordered=True) == AGAIN
     assert lanes.place("key", "m2", ACKED, ordered=True) == BOUNCE
     # m1 comes back poison by the store's count and is dead-lettered before it is placed.
-    lanes.forget("m1", lane="key")
+    lanes.forget("key", "m1")
     assert lanes.floor("key") is None
     assert lanes.place("key", "m2", ACKED, ordered=True) == SETTLE
-    # Forgetting a message that does not hold its lane's floor leaves the floor.
+    # Forgetting a message that does not hold the lane's floor leaves the floor.
     assert lanes.place("key", "m3", FAILED, ordered=True) == AGAIN
-    lanes.forget("m4", lane="key")
-    lanes.forget("m3")
+    lanes.forget("key", "m4")
     assert lanes.floor("key") == "m3"
 
 
@@ -112,7 +111,7 @@ def test_settling_and_forgetting_drop_the_tallies() -> None:
     assert lanes.place("k", "m", ACKED, ordered=False) == SETTLE
     assert (lanes.failures.get("m"), lanes.bounced.get("m")) == (0, 0)
     lanes.place("k", "n", FAILED, ordered=False)
-    lanes.forget("n")
+    lanes.forget("k", "n")
     assert lanes.failures.get("n") == 0
 
 
