@@ -76,42 +76,19 @@ def conf_writer(airflow_server: AirflowServer, tmp_path_factory: pytest.TempPath
     return out
 
 
-def create_run(server: AirflowServer, run_id: str, conf: dict[str, object]) -> tuple[int, object]:
-    return server.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
-                          {"dag_run_id": run_id, "logical_date": None, "conf": conf})
-
-
-def create_run_through_db_errors(server: AirflowServer, run_id: str,
-                                 conf: dict[str, object]) -> tuple[int, object]:
-    """:func:`create_run`, asked again (up to 3 times, 2 s apart) while Airflow answers 500
-    ``Database error``: its SQLite database, locked a moment on a loaded machine (CI runs
-    the fidelity suite's 25 processes meanwhile). A later 409 means an earlier try committed:
-    the run is then read back, as 200."""
-    retried = False
-    for _ in range(3):
-        status, answer = create_run(server, run_id, conf)
-        if not (status == 500 and "Database error" in str(answer)):
-            break
-        retried = True
-        time.sleep(2)
-    if status == 409 and retried:
-        status, answer = server.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
-    return status, answer
-
-
 @pytest.mark.airflow
 @pytest.mark.timeout(300)
 def test_a_run_is_created_once_and_its_task_sees_the_first_conf(
         airflow_server: AirflowServer, conf_writer: Path) -> None:
     first = {"name": "x1", "amount": 42}
-    status, created = create_run_through_db_errors(airflow_server, "x1", first)
+    status, created = airflow_server.create_run(DAG_ID, "x1", first)
     assert status == 200, created
     assert isinstance(created, dict)
     assert created["dag_run_id"] == "x1"
     assert created["conf"] == first
 
-    status, _ = create_run(airflow_server, "x1", {"name": "x1", "amount": 7})
-    assert status == 409
+    status, answer = airflow_server.create_run(DAG_ID, "x1", {"name": "x1", "amount": 7})
+    assert status == 409, answer
 
     [run] = [run for run in airflow_server.wait_for_runs(DAG_ID, 1, timeout=120)
              if run["dag_run_id"] == "x1"]
@@ -124,8 +101,8 @@ def test_a_run_is_created_once_and_its_task_sees_the_first_conf(
 def test_dag_runs_reads_every_page_oldest_first(
         airflow_server: AirflowServer, conf_writer: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for index in range(3):
-        status, answer = create_run_through_db_errors(airflow_server, f"page-{index}",
-                                                      {"name": f"page-{index}"})
+        status, answer = airflow_server.create_run(DAG_ID, f"page-{index}",
+                                                   {"name": f"page-{index}"})
         assert status == 200, answer
     monkeypatch.setattr(airflow_kit, "_PAGE", 2)
 
@@ -205,8 +182,7 @@ def test_the_api_answers_again_after_a_restart(airflow_server: AirflowServer,
     airflow_server.restart_api_server()
 
     assert airflow_server.request("GET", "/api/v2/monitor/health")[0] == 200
-    status, answer = create_run_through_db_errors(airflow_server, "after-restart",
-                                                  {"name": "after-restart"})
+    status, answer = airflow_server.create_run(DAG_ID, "after-restart", {"name": "after-restart"})
     assert status == 200, answer
     assert airflow_server.token() == token  # the JWT secret outlives the process
     airflow_server.wait_for_runs(DAG_ID, len(airflow_server.dag_runs(DAG_ID)), timeout=120)
@@ -257,6 +233,63 @@ def test_a_hung_scheduler_is_started_again(airflow_server: AirflowServer, tmp_pa
         else:
             pytest.fail(f"the scheduler did not become healthy again: {health}")
         assert (hanging.home / "logs-of-processes" / "scheduler.log.1").is_file()
+
+
+# -- create_run's retries, without Airflow ---------------------------------------------------
+
+DB_ERROR = {"detail": "Database error"}  # what an SQLite Airflow answers when its file is locked
+
+
+def scripted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+             answers: list[tuple[int, object]]) -> tuple[AirflowServer, list[str]]:
+    """An unstarted :class:`AirflowServer` whose ``request`` gives ``answers`` in turn (no sleeps);
+    the list of ``"METHOD path"`` it was asked."""
+    server = AirflowServer(tmp_path)
+    asked: list[str] = []
+
+    def request(method: str, path: str, body: object = None) -> tuple[int, object]:
+        asked.append(f"{method} {path}")
+        return answers.pop(0)
+
+    monkeypatch.setattr(server, "request", request)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    return server, asked
+
+
+def test_create_run_asks_again_through_database_errors(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    run = {"dag_run_id": "r 1", "conf": {"n": 1}}
+    server, asked = scripted(monkeypatch, tmp_path, [(500, DB_ERROR), (500, DB_ERROR), (200, run)])
+
+    assert server.create_run("my dag", "r 1", {"n": 1}) == (200, run)
+    assert asked == ["POST /api/v2/dags/my%20dag/dagRuns"] * 3
+
+
+def test_a_409_after_a_retry_is_the_earlier_try_when_the_conf_is_ours(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ours = {"dag_run_id": "r", "conf": {"n": 1}}
+    server, asked = scripted(monkeypatch, tmp_path, [(500, DB_ERROR), (409, "exists"), (200, ours)])
+    assert server.create_run("d", "r", {"n": 1}) == (200, ours)
+    assert asked[-1] == "GET /api/v2/dags/d/dagRuns/r"
+
+    theirs = {"dag_run_id": "r", "conf": {"n": 2}}
+    server, _ = scripted(monkeypatch, tmp_path, [(500, DB_ERROR), (409, "exists"), (200, theirs)])
+    assert server.create_run("d", "r", {"n": 1}) == (409, "exists")
+
+
+def test_a_409_without_a_retry_and_other_errors_come_back_as_they_came(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    server, asked = scripted(monkeypatch, tmp_path, [(409, "exists")])
+    assert server.create_run("d", "r", {}) == (409, "exists")
+    assert asked == ["POST /api/v2/dags/d/dagRuns"]  # not read back: nothing was retried
+
+    server, asked = scripted(monkeypatch, tmp_path, [(500, "Internal Server Error")])
+    assert server.create_run("d", "r", {}) == (500, "Internal Server Error")
+    assert len(asked) == 1
+
+    server, asked = scripted(monkeypatch, tmp_path, [(500, DB_ERROR)] * 4)
+    assert server.create_run("d", "r", {}) == (500, DB_ERROR)  # four tries, then the last answer
+    assert len(asked) == 4
 
 
 # -- the virtualenv cache, without Airflow ----------------------------------------------------

@@ -493,6 +493,33 @@ class AirflowServer:
                                    f"{_import_errors(errors)}; see {self._log('dag-processor')})")
             time.sleep(0.25)
 
+    def create_run(self, dag_id: str, run_id: str, conf: Mapping[str, Any],
+                   attempts: int = 4) -> tuple[int, Any]:
+        """``POST /api/v2/dags/{dag_id}/dagRuns`` (no logical date); the status and the answer.
+
+        An SQLite Airflow answers ``500 Database error`` now and then on a
+        loaded machine (its database locked past its 5 s wait): that answer
+        is asked again, 2 s later, up to ``attempts`` tries in all. A
+        ``409`` after such a retry is read back: when the run there has
+        ``conf``, an earlier try committed it and the answer is that run
+        with ``200``; otherwise the ``409`` stands (the run was someone
+        else's). Any other status is returned as it came.
+        """
+        path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns"
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": dict(conf)}
+        retried = False
+        for attempt in range(attempts):
+            status, answer = self.request("POST", path, body)
+            if not (status == 500 and "Database error" in str(answer)) or attempt == attempts - 1:
+                break
+            retried = True
+            time.sleep(2)
+        if status == 409 and retried:
+            read, found = self.request("GET", f"{path}/{quote(run_id, safe='')}")
+            if read == 200 and isinstance(found, dict) and found.get("conf") == body["conf"]:
+                return read, found
+        return status, answer
+
     def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
         """Every run of ``dag_id``, oldest first (all pages); raises :class:`AirflowApiError`."""
         runs: list[dict[str, Any]] = []

@@ -238,10 +238,8 @@ async def test_a_manual_runs_conf_reaches_the_task_at_the_top(
 async def test_a_run_airflow_got_elsewhere_is_undeliverable(
         dags: Dags, target: AirflowTarget) -> None:
     run = document()
-    status, _ = dags.server.request("POST", f"/api/v2/dags/{RUNS_DAG}/dagRuns",
-                                    {"dag_run_id": airflow_run_id(run.run_id),
-                                     "logical_date": None, "conf": {}})
-    assert status == 200
+    status, answer = dags.server.create_run(RUNS_DAG, airflow_run_id(run.run_id), {})
+    assert status == 200, answer
     with pytest.raises(TargetError, match=f"Airflow already has a run "
                                           f"'{airflow_run_id(run.run_id)}' of DAG "
                                           f"'{RUNS_DAG}' that sharedstream did not create"
