@@ -36,11 +36,7 @@ Guarantees:
 6. Once started, a component that exits by itself is started again within
    a second, as a process supervisor would (an SQLite Airflow's scheduler
    exits on a long ``database is locked``); :attr:`AirflowServer.restarts`
-   counts it. The SQLite database is in WAL mode and its connections wait up
-   to 30 s for a lock (5 s by default: a loaded machine's API then answered
-   ``500 Database error``), which makes that rare. An ``environment`` that
-   sets ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS`` (or its ``_ASYNC``)
-   keeps Airflow's default instead.
+   counts it. The SQLite database is in WAL mode, which makes that rare.
 7. Once started, a scheduler the health endpoint reports unhealthy (no
    heartbeat) for ``hang_timeout`` s while its process runs is stopped and
    started again, as a liveness probe would: a scheduler that hung after an
@@ -123,14 +119,6 @@ heartbeat for 30 s under load without being hung (seen in the Airflow benchmark)
 _REQUEST_TIMEOUT = 30.0
 _STOP_TIMEOUT = 10.0
 _PAGE = 100  # the API's default [api] maximum_page_limit
-_SQLITE_BUSY_TIMEOUT = 30.0
-"""Seconds an SQLite Airflow's connections wait for a lock (Python's ``sqlite3`` waits 5)."""
-_KIT_MODULE = "sharedstream_airflow_kit"
-_SQLITE_CONNECT_ARGS = {
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{_KIT_MODULE}.SYNC",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{_KIT_MODULE}.ASYNC",
-}
-"""Airflow imports its connections' ``connect_args`` from these dotted names."""
 _SIMPLE_AUTH = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 
 
@@ -348,7 +336,7 @@ class AirflowServer:
         inherited = {key: value for key, value in os.environ.items()
                      if not key.startswith("AIRFLOW")
                      and key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        env = {
+        return {
             **inherited,
             "PATH": os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", os.defpath)]),
             "VIRTUAL_ENV": str(venv),
@@ -378,15 +366,6 @@ class AirflowServer:
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH": str(self.home / "bundles"),
             **self._environment,
         }
-        if env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite") and not any(
-                key in self._environment for key in _SQLITE_CONNECT_ARGS):
-            # <home>/config is on every component's sys.path (Airflow adds it for local settings).
-            (self.home / "config").mkdir(exist_ok=True)
-            (self.home / "config" / f"{_KIT_MODULE}.py").write_text(
-                f"SYNC = {{'timeout': {_SQLITE_BUSY_TIMEOUT}}}\n"
-                f"ASYNC = {{'timeout': {_SQLITE_BUSY_TIMEOUT}}}\n")
-            env.update(_SQLITE_CONNECT_ARGS)
-        return env
 
     def _log(self, name: str) -> Path:
         return self.home / "logs-of-processes" / f"{name}.log"
