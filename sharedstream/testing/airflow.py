@@ -483,7 +483,7 @@ class AirflowServer:
         """
         deadline = time.monotonic() + timeout
         while True:
-            status, dag = self.request("GET", f"/api/v2/dags/{quote(dag_id, safe='')}")
+            status, dag = self.request("GET", _dag_path(dag_id))
             if status == 200 and isinstance(dag, dict) and dag.get("is_paused") is False:
                 return dag
             if time.monotonic() > deadline:
@@ -505,7 +505,7 @@ class AirflowServer:
         with ``200``; otherwise the ``409`` stands (the run was someone
         else's). Any other status is returned as it came.
         """
-        path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns"
+        path = f"{_dag_path(dag_id)}/dagRuns"
         body = {"dag_run_id": run_id, "logical_date": None, "conf": dict(conf)}
         retried = False
         for attempt in range(attempts):
@@ -524,8 +524,7 @@ class AirflowServer:
         """Every run of ``dag_id``, oldest first (all pages); raises :class:`AirflowApiError`."""
         runs: list[dict[str, Any]] = []
         while True:
-            path = (f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns"
-                    f"?limit={_PAGE}&offset={len(runs)}&order_by=id")
+            path = f"{_dag_path(dag_id)}/dagRuns?limit={_PAGE}&offset={len(runs)}&order_by=id"
             status, page = self.request("GET", path)
             if status != 200 or not isinstance(page, dict):
                 raise AirflowApiError(f"GET {path}", status, page)
@@ -552,6 +551,11 @@ class AirflowServer:
                                    f" after {timeout:.0f} s (runs by state: {seen}; task logs "
                                    f"under {self.home / 'logs'})")
             time.sleep(0.25)
+
+
+def _dag_path(dag_id: str) -> str:
+    """``/api/v2/dags/{dag_id}``, the id quoted."""
+    return f"/api/v2/dags/{quote(dag_id, safe='')}"
 
 
 def _parsed(raw: bytes) -> Any:
