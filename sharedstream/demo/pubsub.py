@@ -106,13 +106,17 @@ class PubSubDemoBroker:
 
     async def _serve(self) -> None:
         grpc_aio: Any = importlib.import_module("grpc.aio")
-        from sharedstream.testing.pubsub.server import SERVER_OPTIONS  # noqa: PLC0415
+        from sharedstream.testing.pubsub.server import (  # noqa: PLC0415
+            SERVER_OPTIONS,
+            quiet_gone_clients,
+        )
         from sharedstream.testing.pubsub.service import PubSubService  # noqa: PLC0415
 
         self._service = PubSubService(pull_wait=0.5)
         self._stop_serving = asyncio.Event()
         server = grpc_aio.server(handlers=self._service.handlers(), options=SERVER_OPTIONS)
         port = server.add_insecure_port("127.0.0.1:0")
+        quiet_gone_clients()  # a second Ctrl-C leaves the publisher's last answer untaken
         await server.start()
         self.host = f"127.0.0.1:{port}"
         try:

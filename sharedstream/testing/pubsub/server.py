@@ -23,7 +23,7 @@ import grpc.aio
 from sharedstream.testing.pubsub.service import PAYLOAD_LIMIT, PubSubService
 from sharedstream.testing.tls import make_certificates
 
-__all__ = ["SERVER_OPTIONS", "ClientGoneFilter", "main", "serve"]
+__all__ = ["SERVER_OPTIONS", "ClientGoneFilter", "main", "quiet_gone_clients", "serve"]
 
 SERVER_OPTIONS = (("grpc.max_receive_message_length", 2 * PAYLOAD_LIMIT),
                   ("grpc.max_send_message_length", -1))
@@ -41,9 +41,9 @@ class ClientGoneFilter(logging.Filter):
     its call's answer with nobody to take it; gRPC's aio server logs that as
     ``ExecuteBatchError raised in core by servicer method ...`` with a
     traceback. For a test server that is no error of its own. Every other
-    record passes. :func:`serve` installs one on the ``grpc._cython.cygrpc``
-    logger for the rest of the process (gRPC can log such a call after the
-    server stopped).
+    record passes. :func:`quiet_gone_clients` installs one on the
+    ``grpc._cython.cygrpc`` logger for the rest of the process (gRPC can log
+    such a call after the server stopped).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -52,6 +52,18 @@ class ClientGoneFilter(logging.Filter):
 
 
 _GRPC_CORE_LOG = "grpc._cython.cygrpc"
+
+
+def quiet_gone_clients() -> None:
+    """Install a :class:`ClientGoneFilter` on gRPC's core logger, once per process, for good.
+
+    Every gRPC server of the test service calls this before it starts
+    (:func:`serve`, the demo's). Never removed: gRPC can log a gone client's
+    call after ``server.stop()`` has returned (seen on a demo's second Ctrl-C).
+    """
+    core_log = logging.getLogger(_GRPC_CORE_LOG)
+    if not any(isinstance(installed, ClientGoneFilter) for installed in core_log.filters):
+        core_log.addFilter(ClientGoneFilter())
 
 
 async def serve(host: str = "127.0.0.1", port: int = 0, *,
@@ -77,11 +89,7 @@ async def serve(host: str = "127.0.0.1", port: int = 0, *,
         files = make_certificates(tls_dir)
         bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials(
             [(files.key_file.read_bytes(), files.cert_file.read_bytes())]))
-    core_log = logging.getLogger(_GRPC_CORE_LOG)
-    if not any(isinstance(installed, ClientGoneFilter) for installed in core_log.filters):
-        # Installed for the process, never removed: gRPC can log a gone client's call
-        # after server.stop() has returned (seen on a demo's second Ctrl-C).
-        core_log.addFilter(ClientGoneFilter())
+    quiet_gone_clients()
     await server.start()
     try:
         async with asyncio.TaskGroup() as tasks:
