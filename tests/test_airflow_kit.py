@@ -293,6 +293,67 @@ def test_a_409_without_a_retry_and_other_errors_come_back_as_they_came(
     assert len(asked) == 4
 
 
+def sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+         answers: list[tuple[int, object]]) -> tuple[AirflowServer, list[str]]:
+    """An unstarted :class:`AirflowServer` whose wire (``_send``) gives ``answers`` in turn, a
+    token already fetched (no sleeps); the list of ``"METHOD path"`` sent."""
+    server = AirflowServer(tmp_path)
+    asked: list[str] = []
+
+    def send(method: str, path: str, body: object, token: str | None,
+             timeout: float = 30.0) -> tuple[int, object]:
+        asked.append(f"{method} {path}")
+        return answers.pop(0)
+
+    monkeypatch.setattr(server, "_send", send)
+    monkeypatch.setattr(server, "token", lambda: "a token")
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    return server, asked
+
+
+def test_a_read_answered_500_is_asked_again_and_a_write_is_not(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    page = {"asset_events": [], "total_entries": 0}
+    server, asked = sent(monkeypatch, tmp_path, [(500, "Internal Server Error"), (503, ""),
+                                                 (200, page)])
+    assert server.request("GET", "/api/v2/assets/events") == (200, page)
+    assert asked == ["GET /api/v2/assets/events"] * 3
+
+    server, asked = sent(monkeypatch, tmp_path, [(500, DB_ERROR)] * 4)
+    assert server.request("GET", "/api/v2/x") == (500, DB_ERROR)  # four tries, the last answer
+    assert len(asked) == 4
+
+    server, asked = sent(monkeypatch, tmp_path, [(500, DB_ERROR), (404, "no such asset")])
+    assert server.request("POST", "/api/v2/assets/events", {}) == (500, DB_ERROR)
+    assert server.request("GET", "/api/v2/assets/9") == (404, "no such asset")  # not retried
+    assert len(asked) == 2
+
+
+def test_errors_are_the_logs_error_records_and_exception_lines(tmp_path: Path) -> None:
+    server = AirflowServer(tmp_path)
+    server.home = tmp_path / "home"
+    log = server.home / "logs-of-processes" / "api-server.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join([
+        "2026-11-29T15:16:28Z [info     ] request finished status_code=200",
+        "2026-11-29T15:16:29Z [error    ] Error with id hii4gCPr, statement: INSERT ...",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database is locked",
+        "2026-11-29T15:16:30Z [info     ] request finished status_code=500",
+        "    pydantic_core.ValidationError: 1 validation error for AssetEventResponse",
+        "2026-11-29T15:16:31Z [critical ] the API server stops",
+    ]))
+
+    assert server.errors() == [
+        "2026-11-29T15:16:29Z [error    ] Error with id hii4gCPr, statement: INSERT ...",
+        "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database is locked",
+        "    pydantic_core.ValidationError: 1 validation error for AssetEventResponse",
+        "2026-11-29T15:16:31Z [critical ] the API server stops"]
+    assert server.errors(limit=1) == ["2026-11-29T15:16:31Z [critical ] the API server stops"]
+    assert server.errors("scheduler") == []  # no such log
+
+
 # -- the virtualenv cache, without Airflow ----------------------------------------------------
 
 FAKE_PIP = textwrap.dedent("""

@@ -56,6 +56,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -117,6 +118,10 @@ _WATCHED_FOR_HANGS = ("scheduler",)
 """Components a missed heartbeat restarts (guarantee 7): a busy triggerer misses its
 heartbeat for 30 s under load without being hung (seen in the Airflow benchmark)."""
 _REQUEST_TIMEOUT = 30.0
+_ERROR_LINE = re.compile(r"\[(error|critical)\s*\]|^\s*[A-Za-z_][\w.]*(Error|Exception)\b.*:")
+_READ_TRIES = 4
+"""Tries of a ``GET`` answered 5xx (:meth:`AirflowServer.request`): CI once saw a lone
+``500 Internal Server Error`` to a read of asset events, the database under load."""
 _STOP_TIMEOUT = 10.0
 _PAGE = 100  # the API's default [api] maximum_page_limit
 _SIMPLE_AUTH = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
@@ -427,10 +432,23 @@ class AirflowServer:
 
         Returns the HTTP status and the parsed JSON answer (the text when it
         is not JSON, ``None`` when empty); never raises for a status code.
-        On 401 it fetches a new token and sends once more. Raises ``OSError``
+        On 401 it fetches a new token and sends once more. A ``GET`` answered
+        5xx is asked again, 1 s apart, up to :data:`_READ_TRIES` tries in
+        all (a read changes nothing, and an SQLite Airflow on a loaded
+        machine answers 500 now and then); any other method's 5xx comes back
+        as it came (see :meth:`create_run`). Raises ``OSError``
         (``urllib.error.URLError`` included) when the API does not answer
         within 30 s, and what :meth:`token` raises.
         """
+        tries = _READ_TRIES if method == "GET" else 1
+        for attempt in range(tries):
+            status, answer = self._signed_in(method, path, body)
+            if status < 500 or attempt == tries - 1:
+                break
+            time.sleep(1)
+        return status, answer
+
+    def _signed_in(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         token = self.token()
         status, answer = self._send(method, path, body, token)
         if status == 401:
@@ -469,6 +487,21 @@ class AirflowServer:
         with self._lifecycle:
             process = self._processes.get(component)
             return process.pid if process is not None and process.poll() is None else None
+
+    def errors(self, component: str = "api-server", limit: int = 20) -> list[str]:
+        """The last ``limit`` error lines of ``component``'s log, oldest first.
+
+        Its ``[error]`` and ``[critical]`` records and the last line of each
+        traceback (``...Error: why``), each cut at 300 characters; empty when
+        there are none or no log. For a failure's report: a bare ``500
+        Internal Server Error`` says why only here.
+        """
+        try:
+            text = self._log(component).read_text(errors="replace")
+        except OSError:
+            return []
+        found = [line[:300] for line in text.splitlines() if _ERROR_LINE.search(line)]
+        return found[-limit:]
 
     def connection_uri(self) -> str:
         """The API as an ``AIRFLOW_CONN_*``-style URI: ``http://admin:<password>@127.0.0.1:<port>``."""

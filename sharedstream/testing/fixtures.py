@@ -252,7 +252,8 @@ def postgres_database(postgres_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def airflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[airflow_kit.AirflowServer]:
+def airflow_server(tmp_path_factory: pytest.TempPathFactory,
+                   request: pytest.FixtureRequest) -> Iterator[airflow_kit.AirflowServer]:
     """A real Airflow 3 for the session (API server, scheduler, DAG processor), no DAGs at first.
 
     Tests write DAG files into ``server.dags_folder`` under names of their
@@ -261,8 +262,17 @@ def airflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[airflow
     use installs it (about 30 s, cached; see
     :func:`~sharedstream.testing.airflow_venv.airflow_venv`), each start
     about 10 s more. Skipped when it cannot be installed, failed where ``CI`` is
-    set; a start that fails fails the tests.
+    set; a start that fails fails the tests. When a test of the session
+    failed, the API server's last error lines (``AirflowServer.errors()``)
+    are printed before it stops: its log goes with its home directory.
     """
     dags = tmp_path_factory.mktemp("airflow-dags")
     with _running_or_skip_unless_ci("Apache Airflow", airflow_kit.airflow_server(dags)) as server:
         yield server
+        if request.session.testsfailed:
+            reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+            errors = server.errors()
+            if reporter is not None and errors:
+                reporter.write_line(f"\nAirflow's API server, its last {len(errors)} error lines:")
+                for line in errors:
+                    reporter.write_line(f"  {line}")
