@@ -270,9 +270,20 @@ def airflow_server(tmp_path_factory: pytest.TempPathFactory,
     with _running_or_skip_unless_ci("Apache Airflow", airflow_kit.airflow_server(dags)) as server:
         yield server
         if request.session.testsfailed:
-            reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-            errors = server.errors()
-            if reporter is not None and errors:
-                reporter.write_line(f"\nAirflow's API server, its last {len(errors)} error lines:")
-                for line in errors:
-                    reporter.write_line(f"  {line}")
+            _report_airflow_errors(request.config, server.errors())
+
+
+def _report_airflow_errors(config: pytest.Config, errors: list[str]) -> None:
+    """Write ``errors`` to the terminal, past pytest's capture.
+
+    Captured, they would belong to the last test's teardown, shown only if
+    that test failed.
+    """
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or not errors:
+        return
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        reporter.write_line(f"\nAirflow's API server's last error lines ({len(errors)}):")
+        for line in errors:
+            reporter.write_line(f"  {line}")
