@@ -28,7 +28,7 @@ mode in its home, ours ``sqlite:///`` in the run's folder; ``postgresql`` -
 one PostgreSQL server of the testing kit for the whole benchmark
 (:func:`~sharedstream.testing.brokers.postgres.postgres_server`, ``fsync``
 on) and a fresh database on it per run: Airflow's through psycopg2
-(:func:`~sharedstream.testing.airflow.postgres_metadata_conn`; its virtualenv
+(:func:`~sharedstream.testing.airflow.postgres_metadata`; its virtualenv
 then also has :data:`~sharedstream.testing.airflow.POSTGRES_EXTRA`, a
 virtualenv of its own, so the default one is untouched), ours through
 ``sharedstream init --db postgresql://...``.
@@ -121,9 +121,8 @@ from sharedstream.runtime.serde import unpack_event_payload
 from sharedstream.store.factory import sqlite_path
 from sharedstream.testing.airflow import (
     DEFAULT_AIRFLOW_VERSION,
-    POSTGRES_EXTRA,
     AirflowServer,
-    postgres_metadata_conn,
+    postgres_metadata,
 )
 from sharedstream.testing.brokers import tansu_broker
 from sharedstream.testing.brokers.postgres import fresh_database, postgres_server
@@ -626,8 +625,9 @@ async def _run_airflow(case: Case, url: str | None) -> Run:
                    "PYTHONPATH": str(code)}
     extra = [PROVIDER]
     if url is not None:
-        environment["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = postgres_metadata_conn(url)
-        extra += POSTGRES_EXTRA
+        database_extra, database_environment = postgres_metadata(url)
+        environment.update(database_environment)
+        extra += database_extra
     expected = expected_events(case.messages, case.k)
     tally = Tally()
     # No liveness restarts: a triggerer busy with the load misses its heartbeat for 30 s

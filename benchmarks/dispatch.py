@@ -90,7 +90,7 @@ from sharedstream.dispatch.document import EventDocument, RunDocument
 from sharedstream.dispatch.target import Delivery, TargetContext, check_options
 from sharedstream.runtime.serde import pack_event_payload, unpack_event_payload
 from sharedstream.store import DagSpec, PendingEvent, SqliteStore, TriggerSpec, WatcherSpec
-from sharedstream.testing.airflow import POSTGRES_EXTRA, AirflowServer, postgres_metadata_conn
+from sharedstream.testing.airflow import AirflowServer, postgres_metadata
 from sharedstream.testing.brokers import tansu_broker
 from sharedstream.testing.brokers.postgres import fresh_database, postgres_server
 from sharedstream.testing.triggerers import TriggererCluster
@@ -158,9 +158,8 @@ def bench_airflow(database: str, dags: Path) -> Iterator[AirflowServer]:
             yield server
         return
     with postgres_server(durable=True) as admin, fresh_database(admin, prefix="airflow") as url:
-        conn = postgres_metadata_conn(url)
-        with AirflowServer(dags, extra=POSTGRES_EXTRA,
-                           environment={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": conn}) as server:
+        extra, environment = postgres_metadata(url)
+        with AirflowServer(dags, extra=extra, environment=environment) as server:
             yield server
 
 

@@ -8,6 +8,7 @@ file, create runs through the REST API and watch them finish, and restart
 the API server under a live client.
 
 The unit tests at the end need no Airflow: the PostgreSQL connection URL Airflow gets,
+how the ``airflow_server`` fixture chooses its metadata database,
 where the virtualenv cache lives,
 that a complete one is reused without running pip, that two builders make
 one virtualenv, and what a failed install says; a few lines of Python stand
@@ -40,6 +41,7 @@ from sharedstream.testing.airflow import AirflowServer, airflow_venv, airflow_ve
 from sharedstream.testing.airflow_venv import VENV_ENV
 from sharedstream.testing.brokers import BrokerDidNotStart, BrokerNotInstalled
 from sharedstream.testing.brokers.process import port_answers
+from sharedstream.testing.fixtures import AIRFLOW_DB_ENV, airflow_database
 
 DAG_ID = "kit_conf_writer"
 
@@ -405,6 +407,36 @@ def test_a_postgresql_url_becomes_airflows_psycopg2_connection() -> None:
     assert "asyncpg" in airflow_kit.POSTGRES_EXTRA  # Airflow 3's async engine
     with pytest.raises(ValueError, match="not a postgresql:// URL: sqlite://"):
         airflow_kit.postgres_metadata_conn("sqlite:///airflow.db")
+
+    extra, environment = airflow_kit.postgres_metadata(url)
+    assert extra == airflow_kit.POSTGRES_EXTRA
+    assert environment == {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
+                           "postgresql+psycopg2://postgres@127.0.0.1:5433/airflow_1"}
+    with pytest.raises(ValueError, match="not a postgresql:// URL"):
+        airflow_kit.postgres_metadata("mysql://airflow")
+
+
+@pytest.mark.parametrize(("value", "database"), [
+    (None, "sqlite"), ("", "sqlite"), ("sqlite", "sqlite"),
+    ("postgresql", "postgresql"), (" PostgreSQL ", "postgresql"),
+])
+def test_the_fixtures_metadata_database_is_chosen_by_the_environment(
+        monkeypatch: pytest.MonkeyPatch, value: str | None, database: str) -> None:
+    if value is None:
+        monkeypatch.delenv(AIRFLOW_DB_ENV, raising=False)
+    else:
+        monkeypatch.setenv(AIRFLOW_DB_ENV, value)
+
+    assert airflow_database() == database
+
+
+def test_an_unknown_metadata_database_is_refused_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(AIRFLOW_DB_ENV, "mysql")
+
+    with pytest.raises(ValueError, match=r"^SHAREDSTREAM_AIRFLOW_DB='mysql': "
+                                         r"choose sqlite or postgresql$"):
+        airflow_database()
 
 
 def test_a_named_venv_with_airflow_is_used_as_is(tmp_path: Path,

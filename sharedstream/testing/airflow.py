@@ -9,9 +9,11 @@ metadata database in a temporary ``AIRFLOW_HOME``, ``airflow db migrate``,
 then one process each for the API server, the scheduler and the DAG
 processor (and the triggerer when asked), all configured by environment.
 The server object speaks to the REST API with the standard library only.
-For a PostgreSQL metadata database instead, give the server
-``extra=POSTGRES_EXTRA`` and ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` set to
-:func:`postgres_metadata_conn` of the database's URL in ``environment``.
+For a PostgreSQL metadata database instead, give the server the ``extra``
+and ``environment`` that :func:`postgres_metadata` returns for the
+database's URL (:data:`POSTGRES_EXTRA`, and
+``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` set to :func:`postgres_metadata_conn`
+of it).
 
 Guarantees:
 
@@ -99,6 +101,7 @@ __all__ = [
     "airflow_server",
     "airflow_venv",
     "airflow_venv_path",
+    "postgres_metadata",
     "postgres_metadata_conn",
 ]
 
@@ -138,6 +141,17 @@ def postgres_metadata_conn(url: str) -> str:
     if not url.startswith("postgresql://"):
         raise ValueError(f"not a postgresql:// URL: {url.split(':', 1)[0]}://...")
     return url.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+
+def postgres_metadata(url: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``(extra, environment)`` of an Airflow whose metadata DB is the PostgreSQL database ``url``.
+
+    Give both to :class:`AirflowServer` (add your own to them as needed):
+    :data:`POSTGRES_EXTRA` for its virtualenv, and
+    ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` (:func:`postgres_metadata_conn`
+    of ``url``). Raises ``ValueError`` for a URL that is not ``postgresql://``.
+    """
+    return POSTGRES_EXTRA, {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres_metadata_conn(url)}
 
 
 class AirflowApiError(LocalBrokerError):

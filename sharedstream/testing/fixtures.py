@@ -33,7 +33,9 @@ fixture                   value
 ``airflow_server``        a real Apache Airflow 3 (:mod:`sharedstream.testing.airflow`,
                           installed from PyPI into its own virtualenv on first
                           use): an ``AirflowServer`` on the session's
-                          ``dags_folder``
+                          ``dags_folder``; its metadata in SQLite, or in
+                          PostgreSQL where ``$SHAREDSTREAM_AIRFLOW_DB`` is
+                          ``postgresql``
 ========================  =====================================================
 
 PostgreSQL and Airflow are the exceptions to the skip rule: where ``CI`` is
@@ -68,6 +70,7 @@ from sharedstream.testing.brokers.postgres import fresh_database, postgres_serve
 from sharedstream.testing.brokers.servicebus import servicebus_server
 
 __all__ = [
+    "airflow_database",
     "airflow_server",
     "fauxqs_endpoint",
     "kafka_container",
@@ -84,6 +87,13 @@ __all__ = [
 
 POSTGRES_URL_ENV = "SHAREDSTREAM_TEST_POSTGRES_URL"
 """Names an existing PostgreSQL server (a role that may create databases) to test against."""
+
+AIRFLOW_DB_ENV = "SHAREDSTREAM_AIRFLOW_DB"
+"""Where the ``airflow_server`` fixture's Airflow keeps its metadata: ``sqlite`` (unset: the
+default) or ``postgresql`` (a fresh database on a server found or started as ``postgres_url``
+does)."""
+
+AIRFLOW_DBS = ("sqlite", "postgresql")
 
 SERVICEBUS_ENV = "SHAREDSTREAM_SERVICEBUS_CONNECTION_STRING"
 """Names a real namespace or the official emulator to use instead of the kit's test server."""
@@ -236,6 +246,13 @@ def postgres_url() -> Iterator[str]:
     (its role must be allowed to create databases). Without PostgreSQL the
     tests skip, or fail where ``CI`` is set.
     """
+    with _postgres_admin() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _postgres_admin() -> Iterator[str]:
+    """What ``postgres_url`` yields, for the block."""
     given = os.environ.get(POSTGRES_URL_ENV)
     if given:
         yield given
@@ -265,12 +282,43 @@ def airflow_server(tmp_path_factory: pytest.TempPathFactory,
     set; a start that fails fails the tests. When a test of the session
     failed, the API server's last error lines (``AirflowServer.errors()``)
     are printed before it stops: its log goes with its home directory.
+
+    The metadata database is SQLite in Airflow's home unless
+    ``$SHAREDSTREAM_AIRFLOW_DB`` is ``postgresql``: then a fresh database on
+    a PostgreSQL server found or started as ``postgres_url`` does (the one
+    ``$SHAREDSTREAM_TEST_POSTGRES_URL`` names, or a throwaway cluster of
+    its own), dropped after Airflow stopped, with Airflow's PostgreSQL
+    drivers in a virtualenv of their own
+    (:func:`~sharedstream.testing.airflow.postgres_metadata`). Any other
+    value fails the tests that use the fixture, naming the variable.
     """
+    database = airflow_database()
     dags = tmp_path_factory.mktemp("airflow-dags")
-    with _running_or_skip_unless_ci("Apache Airflow", airflow_kit.airflow_server(dags)) as server:
+    with contextlib.ExitStack() as stack:
+        extra: tuple[str, ...] = ()
+        environment: dict[str, str] = {}
+        if database == "postgresql":
+            admin = stack.enter_context(_postgres_admin())
+            url = stack.enter_context(fresh_database(admin, prefix="airflow"))
+            extra, environment = airflow_kit.postgres_metadata(url)
+        server = stack.enter_context(_running_or_skip_unless_ci(
+            "Apache Airflow",
+            airflow_kit.airflow_server(dags, extra=extra, environment=environment)))
         yield server
         if request.session.testsfailed:
             _report_airflow_errors(request.config, server.errors())
+
+
+def airflow_database() -> str:
+    """``$SHAREDSTREAM_AIRFLOW_DB`` checked: ``sqlite`` (also when unset) or ``postgresql``.
+
+    Raises ``ValueError`` naming the variable for any other value.
+    """
+    value = os.environ.get(AIRFLOW_DB_ENV, "").strip().lower() or "sqlite"
+    if value not in AIRFLOW_DBS:
+        raise ValueError(f"{AIRFLOW_DB_ENV}={os.environ[AIRFLOW_DB_ENV]!r}: "
+                         f"choose {' or '.join(AIRFLOW_DBS)}")
+    return value
 
 
 def _report_airflow_errors(config: pytest.Config, errors: list[str]) -> None:
