@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _e2e import BUCKETS, cpu_seconds, expected_events, say, write_definitions
+from _e2e import BUCKETS, compile_checkout, cpu_seconds, expected_events, say, write_definitions
 from _triggerer_config import BENCH_ENVIRONMENT
 from kafka_e2e import (
     DEFINITIONS_HEADER,
@@ -469,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.messages, args.repeat = 3_000, 1
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    compile_checkout()  # each case's clock includes starting the triggerers
     workdir = Path(tempfile.mkdtemp(prefix="sharedstream-scale-out-"))
     try:
         with servers(workdir) as (bootstrap, admin, meter):

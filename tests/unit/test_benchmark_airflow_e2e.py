@@ -283,3 +283,26 @@ def test_a_filter_floor_of_other_filters_is_refused(
         'record["bucket"] == self.bucket', 'record["bucket"] != self.bucket'))
     with pytest.raises(RuntimeError, match="not the benchmark's filters"):
         asyncio.run(bench.filter_floor(tmp_path / "floor", 10, 100, 0))
+
+
+def test_our_package_is_byte_compiled_linked_folders_too(bench: ModuleType) -> None:
+    import importlib.util  # noqa: PLC0415 - only this test reads the bytecode cache
+
+    import sharedstream  # noqa: PLC0415
+
+    package = Path(sharedstream.__file__).parent
+    linked = package / "producers"
+    assert linked.is_symlink()  # compileall alone skips it: the helper must not
+    sources = [package / "runtime" / "cli.py", linked / "kafka.py",
+               package / "triggers" / "kafka.py"]
+
+    sys.modules["_e2e"].compile_checkout()
+
+    for source in sources:
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        assert cached.is_file(), cached
+        # valid for this source: the header holds the source's mtime and size
+        header = cached.read_bytes()[:16]
+        stat = source.stat()
+        assert int.from_bytes(header[8:12], "little") == int(stat.st_mtime) & 0xFFFFFFFF
+        assert int.from_bytes(header[12:16], "little") == stat.st_size & 0xFFFFFFFF
