@@ -93,6 +93,7 @@ from sharedstream.store._sqlite_dead_letters import insert_dead_letter
 from sharedstream.store._sqlite_events import (
     Definitions,
     StaleDefinitions,
+    bind_as_is,
     load_definitions,
     write_batch,
 )
@@ -151,6 +152,7 @@ class SqliteStore(SharedSql):
         self.path = Path(path)
         self.location = str(self.path)
         self._defs = Definitions()
+        bind_as_is()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)

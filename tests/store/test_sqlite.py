@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -461,3 +463,28 @@ def test_opening_a_second_store_keeps_the_first_ones_writes_visible(tmp_path: Pa
     assert Path(f"{path}-wal").exists()
     second.close()
     first.close()
+
+
+def test_bytes_and_none_bind_through_identity_adapters_as_before(store: SqliteStore) -> None:
+    # Opening a store registers them (sqlite3 otherwise formats and drops an
+    # AttributeError per such parameter); what is stored must not change.
+    assert sqlite3.adapters[(bytes, sqlite3.PrepareProtocol)](b"\x00ab") == b"\x00ab"
+    assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)](None) is None
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (v)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(b"\x00ab",), (None,), (b"",)])
+    assert conn.execute("SELECT typeof(v), v FROM t ORDER BY rowid").fetchall() == [
+        ("blob", b"\x00ab"), ("null", None), ("blob", b"")]
+
+
+def test_an_applications_own_adapters_are_kept(tmp_path: Path) -> None:
+    script = (
+        "import sqlite3, sys\n"
+        "mine = lambda value: b'mine'\n"
+        "sqlite3.register_adapter(bytes, mine)\n"
+        "from sharedstream.store import SqliteStore\n"
+        "SqliteStore(sys.argv[1]).close()\n"
+        "assert sqlite3.adapters[(bytes, sqlite3.PrepareProtocol)] is mine\n"
+        "assert (type(None), sqlite3.PrepareProtocol) in sqlite3.adapters\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "s.db")], check=True)
