@@ -10,16 +10,23 @@ watcher module, DAG file and Kafka connection (K ``BucketWatcher`` triggers
 on one topic of 4 partitions on Tansu, one run queued per event) - under
 callgrind, with instrumentation off until the K triggers are running. It is
 switched on, N records are produced (``_e2e.message_body``, as in the
-headline), and the counts are dumped once all N events are stored.
+headline), and the counts are dumped once the group's committed offsets
+reach the end of the topic (every record acknowledged, so its events
+stored before); the events stored are then checked against
+``_e2e.expected_events``.
 
-Two filters (``--filters``, default both):
+Three filters (``--filters``, default all):
 
 * ``json`` - the headline's watchers: each of the K decodes every record
   (``json.loads``) and compares its bucket;
 * ``bytes`` - the same watchers testing their bucket with a ``bytes`` search
   first, decoding their own matches only. The main thread's count is then
   nearly all ours: fetching, the fan-out, resolution, packing, the gate and
-  the acks. ``json - bytes`` is what the watchers' decoding costs.
+  the acks. ``json - bytes`` is what the watchers' decoding costs;
+* ``none`` - the same search for a bucket no record has: nothing is
+  decoded or stored, so ``bytes - none`` is what the events cost (one per
+  record at K = 10: the matching record's decoding, then ours: its raw
+  event's identity, packing, the gate, the write's confirmation).
 
 Per case: instructions per record on the main thread (the event loop: the
 consumer, the filters, the gate) and on the other threads together (the
@@ -36,7 +43,7 @@ Writes ``benchmarks/results/instructions.{json,csv,png}`` (``--name``).
 Needs valgrind (``apt-get install valgrind``).
 
 Usage: ``python benchmarks/instructions.py [--messages N] [--k K]
-[--filters json,bytes] [--rev REV ...] [--output-dir D] [--name STEM]``
+[--filters json,bytes,none] [--rev REV ...] [--output-dir D] [--name STEM]``
 """
 
 from __future__ import annotations
@@ -58,17 +65,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _e2e import say
+from _e2e import expected_events, say
 from _revisions import export_revision, working_tree_revision
 from _triggerer_config import BENCH_ENVIRONMENT
 from airflow_e2e import WATCHERS, _our_running, kafka_connection, wait_running, write_dag
-from kafka_e2e import create_topic, produce
+from kafka_e2e import create_topic, produce, wait_committed
 
 from sharedstream.testing.brokers import tansu_broker
 from sharedstream.testing.triggerers import TriggererCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FILTERS = ("json", "bytes")
+FILTERS = ("json", "bytes", "none")
 ACK_TIMEOUT = "3600"  # seconds: nothing may time out at callgrind's pace
 LIMIT = 1800.0  # seconds for one case's N events to be stored
 
@@ -76,16 +83,18 @@ _DECODE_ALL = ('            record = json.loads(value)\n'
                '            if record["bucket"] == self.bucket:\n')
 _DECODE_MATCHES = ("            if value.find(b'\"bucket\": %d,' % self.bucket) >= 0:\n"
                    "                record = json.loads(value)\n")
+_MATCH_NOTHING = ("            if value.find(b'\"bucket\": %d,' % (self.bucket - 10)) >= 0:\n"
+                  "                record = json.loads(value)\n")  # buckets are 0-9: no match
 
 
 def watchers_text(filter_: str) -> str:
-    """The sharedstream watcher module's text for ``filter_`` (``json`` or ``bytes``)."""
+    """The sharedstream watcher module's text for ``filter_`` (one of :data:`FILTERS`)."""
     text = WATCHERS.format(prefix="sharedstream.airflow.")
     if filter_ == "json":
         return text
     if _DECODE_ALL not in text:  # the headline's watcher changed: say so, never measure json
         raise RuntimeError("airflow_e2e.WATCHERS no longer decodes as this benchmark expects")
-    return text.replace(_DECODE_ALL, _DECODE_MATCHES)
+    return text.replace(_DECODE_ALL, _DECODE_MATCHES if filter_ == "bytes" else _MATCH_NOTHING)
 
 
 _TOTALS = re.compile(r"^(?:totals|summary):\s+(\d+)", re.MULTILINE)
@@ -154,16 +163,18 @@ async def measure(bootstrap: str, work: Path, *, revision: str, tree: Path | Non
         await wait_running(lambda: _our_running(cluster), k, label=name, limit=600)
         _control("-i", "on", process.pid)
         started = time.monotonic()
-        await produce(bootstrap, topic, messages, 4)
-        while _stored(db) < messages:
-            if process.poll() is not None:
-                raise RuntimeError(f"{name}: the triggerer exited {process.returncode}:\n"
-                                   + (folder / "triggerer.log").read_text()[-2000:])
-            if time.monotonic() - started > LIMIT:
-                raise TimeoutError(f"{name}: {_stored(db)}/{messages} stored after {LIMIT:.0f} s")
-            await asyncio.sleep(0.5)
+        ends = await produce(bootstrap, topic, messages, 4)
+        # Every record acknowledged: its events stored first (the persistence gate).
+        await wait_committed(bootstrap, topic, ends, [f"{topic}.g"], started=time.perf_counter(),
+                             limit=LIMIT, label=name)
         seconds = time.monotonic() - started
         _control("-d", process.pid)
+        if process.poll() is not None:
+            raise RuntimeError(f"{name}: the triggerer exited {process.returncode}:\n"
+                               + (folder / "triggerer.log").read_text()[-2000:])
+        expected = 0 if filter_ == "none" else expected_events(messages, k)
+        if _stored(db) != expected:
+            raise RuntimeError(f"{name}: {_stored(db)} events stored, {expected} expected")
     finally:
         process.kill()
         process.wait()
@@ -223,9 +234,15 @@ def print_table(counts: Sequence[Count]) -> None:
     by_case = {(c.revision, c.filter): c for c in counts}
     for revision in dict.fromkeys(c.revision for c in counts):
         decoded, searched = by_case.get((revision, "json")), by_case.get((revision, "bytes"))
+        bare = by_case.get((revision, "none"))
         if decoded is not None and searched is not None:
             print(f"{revision}: the watchers' decoding {decoded.main - searched.main:,.0f} "
                   f"instructions/record, the rest of the main thread {searched.main:,.0f}")
+        if searched is not None and bare is not None:
+            print(f"{revision}: the events (one per record at K = 10) "
+                  f"{searched.main - bare.main:,.0f} on the main thread, "
+                  f"{searched.other_threads - bare.other_threads:,.0f} on the others; "
+                  f"without them {bare.main:,.0f} and {bare.other_threads:,.0f}")
 
 
 def write_results(args: argparse.Namespace, counts: Sequence[Count]) -> None:
@@ -283,7 +300,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=5_000, help="records per case (5,000)")
     parser.add_argument("--k", type=int, default=10, help="watchers (10)")
     parser.add_argument("--filters", type=filters, default=list(FILTERS),
-                        help="json, bytes or both (json,bytes)")
+                        help="some of json, bytes, none (all)")
     parser.add_argument("--rev", action="append", default=[],
                         help="also measure this commit, before the working tree (repeatable)")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)

@@ -1,7 +1,8 @@
 """The instruction-count benchmark's own parts (``benchmarks/instructions.py``), no valgrind.
 
 Its ``bytes`` watchers must fire exactly the events the headline's ``json``
-watchers fire (only the decoding they skip may differ), and it must refuse
+watchers fire (only the decoding they skip may differ), its ``none``
+watchers none at all after the same search, and it must refuse
 to run rather than measure the ``json`` watchers twice if the headline's
 watcher text changes. Its reader of callgrind's dumps must give each thread
 its own count, the main thread being thread 1.
@@ -68,6 +69,19 @@ def test_the_bytes_watchers_fire_what_the_json_ones_fire(bench: ModuleType,
     assert fired["bytes"] == fired["json"]
     assert [len(events) for events in fired["json"]] == [25] * 12
     assert fired["json"][3][0] == {"id": 3, "watcher": 3}
+
+
+def test_the_none_watchers_search_as_the_bytes_ones_and_fire_nothing(
+        bench: ModuleType, tmp_path: Path) -> None:
+    from _e2e import message_body  # noqa: PLC0415 - beside the benchmark, on its path
+
+    values = [message_body(index).encode() for index in range(250)]
+    text = bench.watchers_text("none")
+    assert text.count(".find(") == bench.watchers_text("bytes").count(".find(") == 1
+    watcher_class = _watcher_class(text, tmp_path, "w_none")
+    for j in range(12):
+        watcher = watcher_class(topics=["t"], kafka_config_id="k", bucket=j % 10, watcher=j)
+        assert asyncio.run(_fired(watcher, values)) == []
 
 
 def test_a_changed_headline_watcher_is_refused_not_measured_as_json(
