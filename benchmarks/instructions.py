@@ -1,19 +1,19 @@
 """Instructions per record of our triggerer on the headline's live Kafka workload (callgrind).
 
 Wall-clock figures on these shared 2-core machines move 10-20% between runs
-of the same code (our CPU per record in ``airflow_e2e.py`` ranged 0.056-0.100
-ms on identical work), so a change worth a few percent cannot be seen in
-them. Valgrind's callgrind counts the instructions a process executes; that
-count moves 0.5-3% between runs of the same code here. This runs the sharedstream side of
-``airflow_e2e.py`` - ``python -m sharedstream triggerer`` with the same
-watcher module, DAG file and Kafka connection (K ``BucketWatcher`` triggers
-on one topic of 4 partitions on Tansu, one run queued per event) - under
-callgrind, with instrumentation off until the K triggers are running. It is
-switched on, N records are produced (``_e2e.message_body``, as in the
-headline), and the counts are dumped once the group's committed offsets
-reach the end of the topic (every record acknowledged, so its events
-stored before); the events stored are then checked against
-``_e2e.expected_events``.
+of the same code (our CPU per record in ``airflow_e2e.py`` ranged
+0.056-0.100 ms on identical work), so a change worth a few percent cannot be
+seen in them. Valgrind's callgrind counts the instructions a process
+executes; that count moves 0.5-3% between runs of the same code here. This
+runs the sharedstream side of ``airflow_e2e.py`` - ``python -m sharedstream
+triggerer`` with the same watcher module, DAG file and Kafka connection (K
+``BucketWatcher`` triggers on one topic of 4 partitions on Tansu, one run
+queued per event) - under callgrind, with instrumentation off until the K
+triggers are running. It is switched on, N records are produced
+(``_e2e.message_body``, as in the headline), and the counts are dumped once
+the group's committed offsets reach the end of the topic (every record
+acknowledged, so its events stored before); the events stored are then
+checked against ``_e2e.expected_events``.
 
 Three filters (``--filters``, default all):
 
@@ -160,7 +160,7 @@ async def measure(bootstrap: str, work: Path, *, revision: str, tree: Path | Non
     out = folder / "callgrind.out"
     process = _start_under_callgrind(cluster, definitions, out)
     try:
-        await wait_running(lambda: _our_running(cluster), k, label=name, limit=600)
+        await wait_running(lambda: _running(cluster, process, name), k, label=name, limit=600)
         _control("-i", "on", process.pid)
         started = time.monotonic()
         ends = await produce(bootstrap, topic, messages, 4)
@@ -169,9 +169,7 @@ async def measure(bootstrap: str, work: Path, *, revision: str, tree: Path | Non
                              limit=LIMIT, label=name)
         seconds = time.monotonic() - started
         _control("-d", process.pid)
-        if process.poll() is not None:
-            raise RuntimeError(f"{name}: the triggerer exited {process.returncode}:\n"
-                               + (folder / "triggerer.log").read_text()[-2000:])
+        _running(cluster, process, name)  # still up: it did not die after acknowledging
         expected = 0 if filter_ == "none" else expected_events(messages, k)
         if _stored(db) != expected:
             raise RuntimeError(f"{name}: {_stored(db)} events stored, {expected} expected")
@@ -184,6 +182,14 @@ async def measure(bootstrap: str, work: Path, *, revision: str, tree: Path | Non
     main = totals.pop(1)
     return Count(revision, filter_, messages, k, main / messages,
                  sum(totals.values()) / messages, seconds)
+
+
+def _running(cluster: TriggererCluster, process: subprocess.Popen[bytes], name: str) -> int:
+    """Triggers the triggerer runs; raises at once if it exited (a bad tree, say)."""
+    if process.poll() is not None:
+        raise RuntimeError(f"{name}: the triggerer exited {process.returncode}:\n"
+                           + (cluster.dir / "triggerer.log").read_text()[-2000:])
+    return _our_running(cluster)
 
 
 def _start_under_callgrind(cluster: TriggererCluster, definitions: Path,
@@ -239,7 +245,8 @@ def print_table(counts: Sequence[Count]) -> None:
             print(f"{revision}: the watchers' decoding {decoded.main - searched.main:,.0f} "
                   f"instructions/record, the rest of the main thread {searched.main:,.0f}")
         if searched is not None and bare is not None:
-            print(f"{revision}: the events (one per record at K = 10) "
+            per_record = expected_events(searched.messages, searched.k) / searched.messages
+            print(f"{revision}: the events ({per_record:g} per record) "
                   f"{searched.main - bare.main:,.0f} on the main thread, "
                   f"{searched.other_threads - bare.other_threads:,.0f} on the others; "
                   f"without them {bare.main:,.0f} and {bare.other_threads:,.0f}")
