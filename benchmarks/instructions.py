@@ -56,7 +56,6 @@ import os
 import platform
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,14 @@ from pathlib import Path
 from _e2e import expected_events, say
 from _revisions import export_revision, working_tree_revision
 from _triggerer_config import BENCH_ENVIRONMENT
-from airflow_e2e import WATCHERS, _our_running, kafka_connection, wait_running, write_dag
+from airflow_e2e import (
+    WATCHERS,
+    Database,
+    _our_running,
+    kafka_connection,
+    wait_running,
+    write_dag,
+)
 from kafka_e2e import create_topic, produce, wait_committed
 
 from sharedstream.testing.brokers import tansu_broker
@@ -133,15 +139,6 @@ class Count:
         return self.main + self.other_threads
 
 
-def _stored(db: Path) -> int:
-    try:
-        with sqlite3.connect(db) as conn:
-            (count,) = conn.execute("SELECT count(*) FROM trigger_events").fetchone()
-    except sqlite3.Error:  # not made yet
-        return 0
-    return int(count)
-
-
 async def measure(bootstrap: str, work: Path, *, revision: str, tree: Path | None, filter_: str,
                   messages: int, k: int) -> Count:
     """Run one case: the triggerer under callgrind, instrumented from the first record on."""
@@ -152,8 +149,8 @@ async def measure(bootstrap: str, work: Path, *, revision: str, tree: Path | Non
     await create_topic(bootstrap, topic, 4)
     env = {**BENCH_ENVIRONMENT, "SHAREDSTREAM__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": ACK_TIMEOUT,
            "AIRFLOW_CONN_KAFKA_BENCH": kafka_connection(bootstrap, f"{topic}.g")}
-    db = folder / "sharedstream.db"
-    cluster = TriggererCluster(folder, f"sqlite:///{db}", env,
+    database = Database(f"sqlite:///{folder / 'sharedstream.db'}")
+    cluster = TriggererCluster(folder, database.url, env,
                                pythonpath=() if tree is None else (tree,))
     (folder / "bench_watchers.py").write_text(watchers_text(filter_))
     definitions = write_dag(folder, "sharedstream", topic, k)
@@ -162,17 +159,20 @@ async def measure(bootstrap: str, work: Path, *, revision: str, tree: Path | Non
     try:
         await wait_running(lambda: _running(cluster, process, name), k, label=name, limit=600)
         _control("-i", "on", process.pid)
-        started = time.monotonic()
+        started = time.perf_counter()
         ends = await produce(bootstrap, topic, messages, 4)
         # Every record acknowledged: its events stored first (the persistence gate).
-        await wait_committed(bootstrap, topic, ends, [f"{topic}.g"], started=time.perf_counter(),
+        await wait_committed(bootstrap, topic, ends, [f"{topic}.g"], started=started,
                              limit=LIMIT, label=name)
-        seconds = time.monotonic() - started
+        seconds = time.perf_counter() - started
         _control("-d", process.pid)
         _running(cluster, process, name)  # still up: it did not die after acknowledging
         expected = 0 if filter_ == "none" else expected_events(messages, k)
-        if _stored(db) != expected:
-            raise RuntimeError(f"{name}: {_stored(db)} events stored, {expected} expected")
+        ((stored, distinct),) = database.rows(
+            "SELECT count(*), count(DISTINCT idem_key) FROM trigger_events")
+        if stored != expected or distinct != expected:
+            raise RuntimeError(f"{name}: {stored} events stored ({distinct} distinct), "
+                               f"{expected} expected")
     finally:
         process.kill()
         process.wait()
